@@ -1,0 +1,65 @@
+"""oncelog's exception hierarchy.
+
+Every error a caller can act on has its own class, named after Kafka's where one
+exists, so a broker embedding oncelog can map each to a protocol error code.
+Errors about bytes carry the file and position when they are known.
+"""
+
+from __future__ import annotations
+
+
+class OncelogError(Exception):
+    """Base class of every error oncelog raises on purpose."""
+
+
+class RetriableError(OncelogError):
+    """The same call may succeed later without any change by the caller."""
+
+
+class CorruptRecordError(OncelogError):
+    """Bytes that fail a checksum or cannot be parsed as a record batch.
+
+    `path` and `position` name where the bytes came from when they were read from
+    a file; both are None for a buffer handed in by a caller.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, position: int | None = None):
+        where = ""
+        if path is not None:
+            where = f"{path}"
+            if position is not None:
+                where += f" at position {position}"
+            where += ": "
+        elif position is not None:
+            where = f"at position {position}: "
+        super().__init__(where + message)
+        self.path = path
+        self.position = position
+
+
+class InvalidRecordError(OncelogError):
+    """A well-formed batch that breaks an append rule (e.g. a control batch from a client)."""
+
+
+class RecordTooLargeError(InvalidRecordError):
+    """A batch larger than `LogConfig.max_batch_bytes`."""
+
+
+class OffsetOutOfRangeError(OncelogError):
+    """A read outside [log_start_offset, log_end_offset]."""
+
+
+class NotASegmentError(CorruptRecordError):
+    """A file that does not hold record batches where a segment was expected."""
+
+
+class LogClosedError(OncelogError):
+    """An operation on a Log after `close()`."""
+
+
+class StorageFailedError(OncelogError):
+    """An fsync or write failed; the log refuses appends until it is reopened.
+
+    A retried fsync can report success after the kernel has dropped the dirty
+    pages (PostgreSQL's "fsyncgate"), so the only safe reaction is to fail closed.
+    """

@@ -1,0 +1,212 @@
+"""The filesystem seam: every byte oncelog persists goes through `FileSystem`.
+
+`OsFileSystem` is the real thing. The fault-injecting twin (brief §9) implements the
+same two protocols and keeps unsynced state in memory, so it can materialise any
+crash state a Linux filesystem may legally leave. For that to be possible the
+engine must never touch `os`, `open()` or `mmap` for persistent data directly.
+
+The interface is deliberately positional (pread/pwrite at explicit offsets, no
+file cursor): the twin then needs no cursor state, and every write names the
+exact bytes it may tear.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Sequence
+from typing import Protocol
+
+Buffer = bytes | bytearray | memoryview
+
+# Linux caps one writev() at IOV_MAX (1024) buffers.
+_IOV_MAX = 1024
+
+
+class FileHandle(Protocol):
+    """An open file. Positions are explicit; there is no cursor."""
+
+    @property
+    def path(self) -> str: ...
+
+    def size(self) -> int: ...
+
+    def pread(self, size: int, offset: int) -> bytes:
+        """Up to `size` bytes at `offset`; fewer only at end of file."""
+        ...
+
+    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+        """Write every buffer back to back at `offset`; returns the bytes written.
+
+        Returns only when all bytes are in the OS page cache, so they survive a
+        kill -9 of the process (not a power loss: that needs fsync).
+        """
+        ...
+
+    def truncate(self, size: int) -> None: ...
+
+    def fsync(self) -> None:
+        """Data and metadata durable. Raises OSError on failure (then fail closed)."""
+        ...
+
+    def fdatasync(self) -> None: ...
+
+    def mmap(self, size: int, *, writable: bool) -> MappedRegion:
+        """Map the first `size` bytes (the file must already be that long)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class MappedRegion(Protocol):
+    """A shared memory map: writes reach the page cache at once, like write()."""
+
+    @property
+    def buffer(self) -> memoryview: ...
+
+    def flush(self) -> None:
+        """msync: make the mapped bytes durable."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class FileSystem(Protocol):
+    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def listdir(self, path: str) -> list[str]: ...
+
+    def mkdir(self, path: str) -> None:
+        """Create `path` and missing parents; no error if it exists."""
+        ...
+
+    def rename(self, src: str, dst: str) -> None:
+        """Atomic replace; durable only after fsync_dir of dst's directory."""
+        ...
+
+    def unlink(self, path: str) -> None: ...
+
+    def fsync_dir(self, path: str) -> None:
+        """Make the directory's entries (creates, renames, unlinks) durable."""
+        ...
+
+
+class OsMappedRegion:
+    def __init__(self, mapping: mmap.mmap):
+        self._mapping = mapping
+        self._view = memoryview(mapping)
+
+    @property
+    def buffer(self) -> memoryview:
+        return self._view
+
+    def flush(self) -> None:
+        self._mapping.flush()
+
+    def close(self) -> None:
+        # Views derived from the buffer (numpy arrays) must be gone by now, or the
+        # mmap refuses to close; that is a bug in the caller, so let it raise.
+        self._view.release()
+        self._mapping.close()
+
+
+class OsFile:
+    def __init__(self, path: str, fd: int, writable: bool):
+        self._path = path
+        self._fd = fd
+        self._writable = writable
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def pread(self, size: int, offset: int) -> bytes:
+        chunks = []
+        while size > 0:
+            chunk = os.pread(self._fd, size, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size -= len(chunk)
+            offset += len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+        total = 0
+        pending = [memoryview(b).cast("B") for b in buffers if len(b)]
+        while pending:
+            batch = pending[:_IOV_MAX]
+            written = os.pwritev(self._fd, batch, offset)
+            if written <= 0:
+                raise OSError(f"pwritev wrote {written} bytes to {self._path}")
+            total += written
+            offset += written
+            # A short write (signal, quota) is legal: resume after the written bytes.
+            while written and pending:
+                head = pending[0]
+                if written >= len(head):
+                    written -= len(head)
+                    pending.pop(0)
+                else:
+                    pending[0] = head[written:]
+                    written = 0
+        return total
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+
+    def fsync(self) -> None:
+        os.fsync(self._fd)
+
+    def fdatasync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def mmap(self, size: int, *, writable: bool) -> MappedRegion:
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        return OsMappedRegion(mmap.mmap(self._fd, size, access=access))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class OsFileSystem:
+    """The real operating system."""
+
+    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
+        flags = os.O_RDWR if writable else os.O_RDONLY
+        if create:
+            flags |= os.O_CREAT
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        return OsFile(path, fd, writable)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def mkdir(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+DEFAULT_FS: FileSystem = OsFileSystem()

@@ -1,0 +1,282 @@
+"""RecordBatch: a zero-copy view of one Kafka v2 batch, plus the batch builder.
+
+Pure: no I/O. A RecordBatch parses the 61-byte header once and exposes each field;
+records are decoded only when `records()` is called, so scanning a segment costs one
+struct unpack per batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+import crc32c
+
+from oncelog.errors import CorruptRecordError
+from oncelog.segments import format as fmt
+from oncelog.segments.compression import MAX_DECOMPRESSED_BYTES, compress, decompress
+from oncelog.segments.records import Record, decode_records, encode_records, normalise_records
+
+Buffer = bytes | bytearray | memoryview
+
+# The smallest legal batchLength: the header after the length field, no records.
+MIN_BATCH_LENGTH = fmt.HEADER_SIZE - fmt.LOG_OVERHEAD
+
+
+class TruncatedBatchError(CorruptRecordError):
+    """The buffer ends inside a batch.
+
+    At the end of a segment this is what a writer crashing mid-write leaves, so the
+    caller (recovery) may treat it as end of log rather than corruption.
+    """
+
+
+def batch_size_at(buffer: Buffer, position: int = 0) -> int:
+    """Total size of the batch starting at `position`, from its length field only.
+
+    Raises TruncatedBatchError when the buffer ends before the size-and-magic prefix
+    and CorruptRecordError when the length is impossible.
+    """
+    if len(buffer) - position < fmt.SIZE_AND_MAGIC_BYTES:
+        raise TruncatedBatchError(
+            f"{len(buffer) - position} bytes left, a batch header needs {fmt.HEADER_SIZE}",
+            position=position,
+        )
+    _, length, _, magic = fmt.SIZE_AND_MAGIC_STRUCT.unpack_from(buffer, position)
+    if magic != fmt.MAGIC_V2:
+        raise CorruptRecordError(f"magic {magic} is not 2 (record batch v2)", position=position)
+    if length < MIN_BATCH_LENGTH:
+        raise CorruptRecordError(f"batchLength {length} is below the minimum {MIN_BATCH_LENGTH}", position=position)
+    return length + fmt.LOG_OVERHEAD
+
+
+class RecordBatch:
+    """A view of the batch at the start of `buffer` (which may hold more after it)."""
+
+    __slots__ = ("_buffer", "_header")
+
+    def __init__(self, buffer: Buffer):
+        view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+        size = batch_size_at(view)
+        if len(view) < size:
+            raise TruncatedBatchError(f"batch of {size} bytes but only {len(view)} remain", position=0)
+        self._buffer = view[:size]
+        self._header = fmt.HEADER_STRUCT.unpack_from(view)
+
+    # -- header fields ---------------------------------------------------------
+    @property
+    def buffer(self) -> memoryview:
+        return self._buffer
+
+    @property
+    def size(self) -> int:
+        return len(self._buffer)
+
+    @property
+    def base_offset(self) -> int:
+        return int(self._header[0])
+
+    @property
+    def batch_length(self) -> int:
+        return int(self._header[1])
+
+    @property
+    def partition_leader_epoch(self) -> int:
+        return int(self._header[2])
+
+    @property
+    def magic(self) -> int:
+        return int(self._header[3])
+
+    @property
+    def crc(self) -> int:
+        return int(self._header[4])
+
+    @property
+    def attributes(self) -> int:
+        return int(self._header[5])
+
+    @property
+    def last_offset_delta(self) -> int:
+        return int(self._header[6])
+
+    @property
+    def base_timestamp(self) -> int:
+        return int(self._header[7])
+
+    @property
+    def max_timestamp(self) -> int:
+        return int(self._header[8])
+
+    @property
+    def producer_id(self) -> int:
+        return int(self._header[9])
+
+    @property
+    def producer_epoch(self) -> int:
+        return int(self._header[10])
+
+    @property
+    def base_sequence(self) -> int:
+        return int(self._header[11])
+
+    @property
+    def records_count(self) -> int:
+        return int(self._header[12])
+
+    # -- derived fields --------------------------------------------------------
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def last_sequence(self) -> int:
+        """Sequence of the last record; wraps from INT32_MAX to 0 like Kafka's."""
+        base = self.base_sequence
+        if base == fmt.NO_SEQUENCE:
+            return fmt.NO_SEQUENCE
+        return (base + self.last_offset_delta) % (fmt.INT32_MAX + 1)
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & fmt.COMPRESSION_MASK
+
+    @property
+    def compression_name(self) -> str:
+        return fmt.COMPRESSION_NAMES.get(self.compression, f"unknown({self.compression})")
+
+    @property
+    def is_log_append_time(self) -> bool:
+        return bool(self.attributes & fmt.TIMESTAMP_TYPE_MASK)
+
+    @property
+    def timestamp_type(self) -> str:
+        return "LogAppendTime" if self.is_log_append_time else "CreateTime"
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & fmt.TRANSACTIONAL_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & fmt.CONTROL_MASK)
+
+    # -- checks and decoding ---------------------------------------------------
+    def compute_crc(self) -> int:
+        return int(crc32c.crc32c(self._buffer[fmt.ATTRIBUTES_OFFSET :]))
+
+    def is_valid(self) -> bool:
+        try:
+            self.validate()
+        except CorruptRecordError:
+            return False
+        return True
+
+    def validate(self) -> None:
+        """Structural checks that hold for any stored batch, compacted ones included.
+
+        The stricter rules for client appends (count == lastOffsetDelta + 1, no
+        control batches) live in the log's append path, because compacted Kafka
+        logs legally hold batches that break them.
+        """
+        if self.magic != fmt.MAGIC_V2:
+            raise CorruptRecordError(f"magic {self.magic} is not 2")
+        computed = self.compute_crc()
+        if computed != self.crc:
+            raise CorruptRecordError(f"CRC mismatch: stored {self.crc:#010x}, computed {computed:#010x}")
+        if self.last_offset_delta < 0:
+            raise CorruptRecordError(f"lastOffsetDelta {self.last_offset_delta} is negative")
+        if self.records_count < 0 or self.records_count > self.last_offset_delta + 1:
+            raise CorruptRecordError(
+                f"recordsCount {self.records_count} does not fit lastOffsetDelta {self.last_offset_delta}"
+            )
+        if self.compression not in fmt.COMPRESSION_NAMES:
+            raise CorruptRecordError(f"unknown compression codec {self.compression}")
+
+    def records(self, max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES) -> Iterator[Record]:
+        body = bytes(self._buffer[fmt.HEADER_SIZE :])
+        if self.compression != fmt.COMPRESSION_NONE:
+            body = decompress(self.compression, body, max_decompressed_bytes)
+        # Each record takes at least 7 bytes, which bounds a corrupt count.
+        if self.records_count < 0 or self.records_count * 7 > len(body):
+            raise CorruptRecordError(f"recordsCount {self.records_count} cannot fit {len(body)} bytes")
+        append_time = self.max_timestamp if self.is_log_append_time else None
+        return decode_records(body, self.records_count, self.base_offset, self.base_timestamp, append_time)
+
+    def __repr__(self) -> str:
+        return (
+            f"RecordBatch(base_offset={self.base_offset}, last_offset={self.last_offset}, "
+            f"count={self.records_count}, size={self.size}, producer_id={self.producer_id}, "
+            f"producer_epoch={self.producer_epoch}, base_sequence={self.base_sequence})"
+        )
+
+
+def iter_batches(buffer: Buffer, position: int = 0) -> Iterator[RecordBatch]:
+    """Walk batches header by header; no CRC check, no record decoding.
+
+    Raises TruncatedBatchError if the buffer ends inside a batch and
+    CorruptRecordError (with the position) if a header is impossible. Deciding
+    whether that is a torn tail or corruption is the caller's business.
+    """
+    view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    end = len(view)
+    while position < end:
+        size = batch_size_at(view, position)
+        if end - position < size:
+            raise TruncatedBatchError(f"batch of {size} bytes but only {end - position} remain", position=position)
+        yield RecordBatch(view[position : position + size])
+        position += size
+
+
+def encode_batch(
+    records: Iterable[object],
+    *,
+    base_offset: int = 0,
+    producer_id: int = fmt.NO_PRODUCER_ID,
+    producer_epoch: int = fmt.NO_PRODUCER_EPOCH,
+    base_sequence: int = fmt.NO_SEQUENCE,
+    is_transactional: bool = False,
+    timestamp_ms: int | None = None,
+    compression: str | int | None = None,
+    partition_leader_epoch: int = fmt.NO_PARTITION_LEADER_EPOCH,
+) -> bytes:
+    """Build one v2 batch. A record is (key, value), (key, value, headers) or a Record.
+
+    Records without their own timestamp get `timestamp_ms` (default: now).
+    """
+    triples, own_stamps = normalise_records(records)
+    if not triples:
+        raise ValueError("a batch needs at least one record")
+    codec = _codec(compression)
+    default_ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+    stamps = [default_ts if ts is None else ts for ts in own_stamps]
+    base_ts = stamps[0]
+    body = compress(codec, encode_records(triples, stamps, base_ts))
+    attributes = codec | (fmt.TRANSACTIONAL_MASK if is_transactional else 0)
+    covered = fmt.CRC_COVERED_HEADER_STRUCT.pack(
+        attributes,
+        len(triples) - 1,
+        base_ts,
+        max(stamps),
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        len(triples),
+    )
+    crc = crc32c.crc32c(body, crc32c.crc32c(covered))
+    length = fmt.HEADER_SIZE - fmt.LOG_OVERHEAD + len(body)
+    prefix = fmt.SIZE_AND_MAGIC_STRUCT.pack(base_offset, length, partition_leader_epoch, fmt.MAGIC_V2)
+    return b"".join((prefix, fmt.UINT32.pack(crc), covered, body))
+
+
+def _codec(compression: str | int | None) -> int:
+    if compression is None:
+        return fmt.COMPRESSION_NONE
+    if isinstance(compression, int):
+        if compression not in fmt.COMPRESSION_NAMES:
+            raise ValueError(f"unknown compression codec {compression}")
+        return compression
+    try:
+        return fmt.COMPRESSION_CODES[compression]
+    except KeyError:
+        raise ValueError(f"compression is one of {sorted(fmt.COMPRESSION_CODES)}, got {compression!r}") from None

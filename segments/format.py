@@ -1,0 +1,72 @@
+"""Constants of Kafka's record batch v2 layout (brief §3), shared by codec and readers.
+
+All multi-byte fields are big-endian. The CRC (CRC-32C) covers bytes
+[ATTRIBUTES_OFFSET, end), so baseOffset, batchLength, partitionLeaderEpoch and
+magic can be rewritten without recomputing it.
+"""
+
+from __future__ import annotations
+
+import struct
+
+BASE_OFFSET_OFFSET = 0  # i64
+LENGTH_OFFSET = 8  # i32, batch size minus LOG_OVERHEAD
+PARTITION_LEADER_EPOCH_OFFSET = 12  # i32
+MAGIC_OFFSET = 16  # i8
+CRC_OFFSET = 17  # u32
+ATTRIBUTES_OFFSET = 21  # i16; first byte covered by the CRC
+LAST_OFFSET_DELTA_OFFSET = 23  # i32
+BASE_TIMESTAMP_OFFSET = 27  # i64
+MAX_TIMESTAMP_OFFSET = 35  # i64
+PRODUCER_ID_OFFSET = 43  # i64
+PRODUCER_EPOCH_OFFSET = 51  # i16
+BASE_SEQUENCE_OFFSET = 53  # i32
+RECORDS_COUNT_OFFSET = 57  # i32
+HEADER_SIZE = 61
+
+# baseOffset + batchLength: the bytes not counted by batchLength.
+LOG_OVERHEAD = 12
+# Enough of the header to know a batch's size and magic.
+SIZE_AND_MAGIC_BYTES = 17
+
+MAGIC_V2 = 2
+
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_MASK = 0x08  # set: LogAppendTime
+TRANSACTIONAL_MASK = 0x10
+CONTROL_MASK = 0x20
+
+COMPRESSION_NONE = 0
+COMPRESSION_GZIP = 1
+COMPRESSION_SNAPPY = 2
+COMPRESSION_LZ4 = 3
+COMPRESSION_ZSTD = 4
+COMPRESSION_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+COMPRESSION_CODES = {name: code for code, name in COMPRESSION_NAMES.items()}
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_PARTITION_LEADER_EPOCH = -1
+NO_TIMESTAMP = -1
+
+INT32_MAX = 2**31 - 1
+
+# The whole header in one unpack: baseOffset, batchLength, partitionLeaderEpoch,
+# magic, crc, attributes, lastOffsetDelta, baseTimestamp, maxTimestamp,
+# producerId, producerEpoch, baseSequence, recordsCount.
+HEADER_STRUCT = struct.Struct(">qiibIhiqqqhii")
+# The fields the CRC covers, from ATTRIBUTES_OFFSET to the first record.
+CRC_COVERED_HEADER_STRUCT = struct.Struct(">hiqqqhii")
+SIZE_AND_MAGIC_STRUCT = struct.Struct(">qiib")
+INT64 = struct.Struct(">q")
+INT32 = struct.Struct(">i")
+UINT32 = struct.Struct(">I")
+
+assert HEADER_STRUCT.size == HEADER_SIZE
+assert SIZE_AND_MAGIC_STRUCT.size == SIZE_AND_MAGIC_BYTES
+assert CRC_COVERED_HEADER_STRUCT.size == HEADER_SIZE - ATTRIBUTES_OFFSET
+
+# Control records (transaction markers): key = version i16 + type i16.
+CONTROL_TYPE_ABORT = 0
+CONTROL_TYPE_COMMIT = 1
