@@ -1,0 +1,229 @@
+"""Sparse offset and time indexes, memory-mapped, in Kafka's on-disk layout.
+
+- `.index`: 8-byte entries (relative offset of a batch's last offset i32, file
+  position of that batch i32).
+- `.timeindex`: 12-byte entries (max timestamp so far i64, relative offset i32).
+
+Files are pre-allocated to `max_index_bytes` while the segment is active and trimmed
+to their entries when it is closed or rolled, as Kafka does, so a closed index's
+size is its entry count. A pre-allocated file left by a crash has a zero-filled
+tail; `_valid_prefix` stops at the first entry that breaks monotonicity, and the
+loader rebuilds the active segment's indexes anyway.
+
+Lookups binary-search the mapped bytes with struct, because numpy's searchsorted on
+big-endian fields would first copy the whole column.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+from oncelog.recovery.fs import FileHandle, FileSystem, MappedRegion
+
+
+class OffsetPosition(NamedTuple):
+    offset: int
+    position: int
+
+
+class TimestampOffset(NamedTuple):
+    timestamp_ms: int
+    offset: int
+
+
+class IndexFullError(Exception):
+    """Internal: the caller must roll the segment before appending another entry."""
+
+
+class _MappedIndex:
+    ENTRY = struct.Struct(">ii")
+    DTYPE = np.dtype([("key", ">i4"), ("value", ">i4")])
+
+    def __init__(self, fs: FileSystem, path: str, base_offset: int, max_index_bytes: int):
+        self.path = path
+        self.base_offset = base_offset
+        self._handle: FileHandle = fs.open(path, create=True)
+        entry_bytes = self.ENTRY.size
+        file_bytes = self._handle.size()
+        entries_on_disk = file_bytes // entry_bytes
+        # Pre-allocate so the mapping never has to grow while the segment is active.
+        self.max_entries = max(max_index_bytes // entry_bytes, entries_on_disk)
+        if file_bytes != self.max_entries * entry_bytes:
+            self._handle.truncate(self.max_entries * entry_bytes)
+        self._region: MappedRegion | None = None
+        self._view: memoryview = memoryview(b"")
+        if self.max_entries:
+            self._region = self._handle.mmap(self.max_entries * entry_bytes, writable=True)
+            self._view = self._region.buffer
+        self.entries = self._valid_prefix(entries_on_disk)
+
+    # -- subclasses say what a sane sequence of entries is -------------------
+    def _valid_prefix(self, entries: int) -> int:
+        raise NotImplementedError
+
+    def _array(self, entries: int) -> np.ndarray:
+        return np.frombuffer(self._view, dtype=self.DTYPE, count=entries)
+
+    def _entry(self, n: int) -> tuple[int, int]:
+        return self.ENTRY.unpack_from(self._view, n * self.ENTRY.size)  # type: ignore[return-value]
+
+    @property
+    def is_full(self) -> bool:
+        # One slot stays free for the entry written when the segment is sealed.
+        return self.entries >= self.max_entries - 1
+
+    def _append(self, first: int, second: int) -> None:
+        if self.entries >= self.max_entries:
+            raise IndexFullError(self.path)
+        self.ENTRY.pack_into(self._view, self.entries * self.ENTRY.size, first, second)
+        self.entries += 1
+
+    def _floor(self, key: int, strict: bool) -> int:
+        """Index of the last entry whose first field is <= key (< key if strict); -1 if none."""
+        lo, hi = 0, self.entries
+        unpack = self.ENTRY.unpack_from
+        size = self.ENTRY.size
+        view = self._view
+        while lo < hi:
+            mid = (lo + hi) // 2
+            probe = unpack(view, mid * size)[0]
+            if probe < key or (not strict and probe == key):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo - 1
+
+    def reset(self) -> None:
+        self.entries = 0
+
+    def flush(self) -> None:
+        if self._region is not None:
+            self._region.flush()
+
+    def _unmap(self) -> None:
+        if self._region is not None:
+            self._view = memoryview(b"")
+            self._region.close()
+            self._region = None
+
+    def trim(self) -> None:
+        """Shrink the file to its entries; the index takes no more appends.
+
+        Done when a segment is sealed, so a closed index's size is its entry
+        count, as in Kafka.
+        """
+        self._unmap()
+        self._handle.truncate(self.entries * self.ENTRY.size)
+        self.max_entries = self.entries
+        if self.entries:
+            self._region = self._handle.mmap(self.entries * self.ENTRY.size, writable=True)
+            self._view = self._region.buffer
+
+    def close(self) -> None:
+        """Unmap and trim the file to its entries."""
+        self._unmap()
+        self._handle.truncate(self.entries * self.ENTRY.size)
+        self._handle.close()
+
+    def fsync(self) -> None:
+        self.flush()
+        # fsync too: msync covers the pages, not the file size set by truncate.
+        self._handle.fsync()
+
+
+class OffsetIndex(_MappedIndex):
+    ENTRY = struct.Struct(">ii")
+    DTYPE = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
+
+    def _valid_prefix(self, entries: int) -> int:
+        if entries == 0:
+            return 0
+        arr = self._array(entries)
+        rel = arr["relative_offset"].astype(np.int64)
+        pos = arr["position"].astype(np.int64)
+        # Offsets and positions both strictly increase; the first bad entry (a
+        # zero-filled pre-allocated tail, or garbage) ends the valid prefix.
+        ok = (np.diff(rel) > 0) & (np.diff(pos) > 0)
+        bad = np.flatnonzero(~ok)
+        valid = entries if bad.size == 0 else int(bad[0]) + 1
+        if rel[0] < 0 or pos[0] < 0:
+            return 0
+        return valid
+
+    def append(self, last_offset: int, position: int) -> None:
+        rel = last_offset - self.base_offset
+        if self.entries:
+            prev_rel, prev_pos = self._entry(self.entries - 1)
+            # Assert before writing: a non-monotone entry would mislead every lookup.
+            assert rel > prev_rel and position > prev_pos, (self.path, rel, position, prev_rel, prev_pos)
+        self._append(rel, position)
+
+    def lookup(self, offset: int) -> OffsetPosition:
+        """The last entry at or below `offset`; scanning from its position finds `offset`."""
+        n = self._floor(offset - self.base_offset, strict=False)
+        if n < 0:
+            return OffsetPosition(self.base_offset, 0)
+        rel, position = self._entry(n)
+        return OffsetPosition(self.base_offset + rel, position)
+
+    def last_entry(self) -> OffsetPosition:
+        if not self.entries:
+            return OffsetPosition(self.base_offset, 0)
+        rel, position = self._entry(self.entries - 1)
+        return OffsetPosition(self.base_offset + rel, position)
+
+    def truncate_to_position(self, position: int) -> None:
+        """Drop entries that point at or past `position` (the log was cut there)."""
+        while self.entries and self._entry(self.entries - 1)[1] >= position:
+            self.entries -= 1
+
+
+class TimeIndex(_MappedIndex):
+    ENTRY = struct.Struct(">qi")
+    DTYPE = np.dtype([("timestamp_ms", ">i8"), ("relative_offset", ">i4")])
+
+    def _valid_prefix(self, entries: int) -> int:
+        if entries == 0:
+            return 0
+        arr = self._array(entries)
+        ts = arr["timestamp_ms"].astype(np.int64)
+        rel = arr["relative_offset"].astype(np.int64)
+        ok = (np.diff(ts) > 0) & (np.diff(rel) >= 0)
+        bad = np.flatnonzero(~ok)
+        if rel[0] < 0:
+            return 0
+        return entries if bad.size == 0 else int(bad[0]) + 1
+
+    def maybe_append(self, timestamp_ms: int, offset: int) -> None:
+        """Add an entry only when the timestamp grows (Kafka's rule)."""
+        if self.entries and self._entry(self.entries - 1)[0] >= timestamp_ms:
+            return
+        rel = offset - self.base_offset
+        assert rel >= 0, (self.path, offset)
+        self._append(timestamp_ms, rel)
+
+    def lookup_before(self, timestamp_ms: int) -> TimestampOffset | None:
+        """The last entry with a timestamp strictly below `timestamp_ms`.
+
+        Every batch up to that entry's offset has a max timestamp below the target,
+        so a search for the first record at or after the target may start there.
+        """
+        n = self._floor(timestamp_ms, strict=True)
+        if n < 0:
+            return None
+        ts, rel = self._entry(n)
+        return TimestampOffset(ts, self.base_offset + rel)
+
+    def last_entry(self) -> TimestampOffset | None:
+        if not self.entries:
+            return None
+        ts, rel = self._entry(self.entries - 1)
+        return TimestampOffset(ts, self.base_offset + rel)
+
+    def truncate_to_offset(self, offset: int) -> None:
+        """Drop entries at or past `offset`."""
+        while self.entries and self.base_offset + self._entry(self.entries - 1)[1] >= offset:
+            self.entries -= 1
