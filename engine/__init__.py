@@ -6,15 +6,22 @@ from oncelog.errors import (
     CorruptRecordError,
     InvalidRecordError,
     LogClosedError,
+    LogFailedError,
     NotASegmentError,
     OffsetOutOfRangeError,
     OncelogError,
     RecordTooLargeError,
-    StorageFailedError,
 )
+from oncelog.log import Log
+from oncelog.results import AppendResult, FetchResult
 from oncelog.segments import Record, RecordBatch, encode_batch, iter_batches
+from oncelog.segments.index import TimestampOffset
 
 __all__ = [
+    "AppendResult",
+    "FetchResult",
+    "Log",
+    "TimestampOffset",
     "CorruptRecordError",
     "InvalidRecordError",
     "LogClosedError",
@@ -25,7 +32,7 @@ __all__ = [
     "Record",
     "RecordBatch",
     "RecordTooLargeError",
-    "StorageFailedError",
+    "LogFailedError",
     "encode_batch",
     "errors",
     "iter_batches",

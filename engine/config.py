@@ -39,4 +39,6 @@ class LogConfig:
         if self.max_batch_bytes < 61 + 8:
             raise ValueError(f"max_batch_bytes must hold a batch header, got {self.max_batch_bytes}")
         if self.timestamp_type not in ("CreateTime", "LogAppendTime"):
-            raise ValueError(f"timestamp_type must be CreateTime or LogAppendTime, got {self.timestamp_type!r}")
+            raise ValueError(
+                f"timestamp_type must be CreateTime or LogAppendTime, got {self.timestamp_type!r}"
+            )

@@ -57,7 +57,7 @@ class LogClosedError(OncelogError):
     """An operation on a Log after `close()`."""
 
 
-class StorageFailedError(OncelogError):
+class LogFailedError(OncelogError):
     """An fsync or write failed; the log refuses appends until it is reopened.
 
     A retried fsync can report success after the kernel has dropped the dirty

@@ -22,13 +22,13 @@ from oncelog.errors import (
     CorruptRecordError,
     InvalidRecordError,
     LogClosedError,
+    LogFailedError,
     NotASegmentError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
-    StorageFailedError,
 )
 from oncelog.recovery.fs import DEFAULT_FS, Buffer, FileSystem
-from oncelog.recovery.loader import load_segments
+from oncelog.recovery.loader import LoadReport, load_segments
 from oncelog.results import AppendResult, FetchResult
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, encode_batch
@@ -45,7 +45,13 @@ def wall_clock_ms() -> int:
 
 class Log:
     def __init__(
-        self, directory: str, config: LogConfig, fs: FileSystem, clock: Clock, segments: list[LogSegment]
+        self,
+        directory: str,
+        config: LogConfig,
+        fs: FileSystem,
+        clock: Clock,
+        segments: list[LogSegment],
+        load_report: LoadReport,
     ):
         assert segments, "a log always has an active segment"
         self.directory = directory
@@ -53,6 +59,8 @@ class Log:
         self._fs = fs
         self._clock = clock
         self._segments = segments
+        # What opening found: segments, rebuilt indexes, a cut torn tail.
+        self.load_report = load_report
         self._base_offsets = [segment.base_offset for segment in segments]
         self._lock = threading.RLock()
         self._closed = False
@@ -73,8 +81,8 @@ class Log:
         config = config or LogConfig()
         fs = fs or DEFAULT_FS
         fs.mkdir(directory)
-        segments = load_segments(fs, directory, config)
-        return cls(directory, config, fs, clock or wall_clock_ms, segments)
+        segments, report = load_segments(fs, directory, config)
+        return cls(directory, config, fs, clock or wall_clock_ms, segments, report)
 
     # -- properties --------------------------------------------------------------
     @property
@@ -144,13 +152,16 @@ class Log:
             )
         batch = RecordBatch(buffer)
         if batch.size != len(buffer):
-            raise CorruptRecordError(f"buffer holds {len(buffer)} bytes but its batchLength says {batch.size}")
+            raise CorruptRecordError(
+                f"buffer holds {len(buffer)} bytes but its batchLength says {batch.size}"
+            )
         batch.validate()
         if origin == "replication":
             return batch
         if batch.records_count <= 0 or batch.last_offset_delta + 1 != batch.records_count:
             raise InvalidRecordError(
-                f"recordsCount {batch.records_count} must be lastOffsetDelta + 1 = {batch.last_offset_delta + 1}"
+                f"recordsCount {batch.records_count} must equal lastOffsetDelta + 1 "
+                f"({batch.last_offset_delta + 1})"
             )
         if batch.is_control:
             raise InvalidRecordError("clients may not append control batches")
@@ -160,31 +171,44 @@ class Log:
 
     def _append_validated(self, views: list[RecordBatch], origin: Origin) -> list[AppendResult]:
         now_ms = self._clock()
-        append_time = self.config.timestamp_type == "LogAppendTime"
-        results: list[AppendResult] = []
-        buffers: list[Buffer] = []
-        metas: list[BatchMeta] = []
-        pending_bytes = 0
+        append_time_ms = now_ms if self.config.timestamp_type == "LogAppendTime" else None
+        # Plan first, with no I/O, so a request refused for its offsets writes nothing.
+        plan: list[tuple[RecordBatch, int, int, int]] = []
         next_offset = self.log_end_offset
         for batch in views:
             if origin == "replication":
                 # A follower keeps its leader's offsets; gaps (compaction) are legal.
                 base = batch.base_offset
                 if base < next_offset:
-                    raise InvalidRecordError(f"replicated batch at offset {base} is below the log end {next_offset}")
+                    raise InvalidRecordError(
+                        f"replicated batch at offset {base} is below the log end {next_offset}"
+                    )
             else:
                 base = next_offset
             last = base + batch.last_offset_delta
-            max_ts = now_ms if append_time else batch.max_timestamp
-            if self._should_roll(pending_bytes + batch.size, max_ts, last):
-                self._write(buffers, metas)
-                buffers, metas, pending_bytes = [], [], 0
-                self._roll(base)
-            buffers.extend(self._stamped(batch, base, now_ms if append_time else None))
-            metas.append(BatchMeta(last, max_ts, batch.size))
-            pending_bytes += batch.size
-            results.append(AppendResult(base, last, now_ms if append_time else -1, False))
+            plan.append(
+                (batch, base, last, batch.max_timestamp if append_time_ms is None else append_time_ms)
+            )
             next_offset = last + 1
+
+        results: list[AppendResult] = []
+        buffers: list[Buffer] = []
+        metas: list[BatchMeta] = []
+        # The active segment as it will be once the pending buffers are written.
+        segment_bytes = self.active_segment.size
+        first_timestamp_ms = self.active_segment.first_batch_timestamp_ms
+        for batch, base, last, max_ts in plan:
+            if self._should_roll(segment_bytes, first_timestamp_ms, batch.size, max_ts, last):
+                self._write(buffers, metas)
+                buffers, metas = [], []
+                self._roll(base)
+                segment_bytes, first_timestamp_ms = 0, None
+            buffers.extend(self._stamped(batch, base, append_time_ms))
+            metas.append(BatchMeta(last, max_ts, batch.size))
+            segment_bytes += batch.size
+            if first_timestamp_ms is None:
+                first_timestamp_ms = max_ts
+            results.append(AppendResult(base, last, -1 if append_time_ms is None else append_time_ms, False))
         self._write(buffers, metas)
         return results
 
@@ -205,15 +229,23 @@ class Log:
         fmt.UINT32.pack_into(out, fmt.CRC_OFFSET, crc32c.crc32c(memoryview(out)[fmt.ATTRIBUTES_OFFSET :]))
         return [out]
 
-    def _should_roll(self, incoming_bytes: int, max_timestamp_ms: int, last_offset: int) -> bool:
+    def _should_roll(
+        self,
+        segment_bytes: int,
+        first_timestamp_ms: int | None,
+        incoming_bytes: int,
+        max_timestamp_ms: int,
+        last_offset: int,
+    ) -> bool:
+        """Kafka's roll rules, for a segment of `segment_bytes` about to take one more batch."""
+        if segment_bytes == 0:
+            return False  # an empty segment takes any batch, however large
+        if segment_bytes + incoming_bytes > self.config.segment_bytes:
+            return True
+        # segment_ms counts from the first batch's timestamp, so a restart does not reset it.
+        if first_timestamp_ms is not None and max_timestamp_ms - first_timestamp_ms > self.config.segment_ms:
+            return True
         active = self.active_segment
-        if active.size == 0:
-            return False
-        if active.size + incoming_bytes > self.config.segment_bytes:
-            return True
-        first_ts = active.first_batch_timestamp_ms
-        if first_ts is not None and max_timestamp_ms - first_ts > self.config.segment_ms:
-            return True
         # Index entries hold offsets relative to the base as i32.
         return active.indexes_full or last_offset - active.base_offset > fmt.INT32_MAX
 
@@ -224,7 +256,7 @@ class Log:
             self.active_segment.append(buffers, metas)
         except OSError as exc:
             self._failure = exc
-            raise StorageFailedError(f"write to {self.active_segment.path} failed: {exc}") from exc
+            raise LogFailedError(f"write to {self.active_segment.path} failed: {exc}") from exc
 
     # -- rolling and durability ----------------------------------------------------
     def roll(self) -> LogSegment:
@@ -251,7 +283,7 @@ class Log:
             )
         except OSError as exc:
             self._failure = exc
-            raise StorageFailedError(f"rolling {old.path} failed: {exc}") from exc
+            raise LogFailedError(f"rolling {old.path} failed: {exc}") from exc
         self._segments.append(segment)
         self._base_offsets.append(base_offset)
         return segment
@@ -261,7 +293,7 @@ class Log:
         with self._lock:
             self._check_open()
             if self._failure is not None:
-                raise StorageFailedError(f"{self.directory} failed earlier: {self._failure}")
+                raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
             for segment in self._segments:
                 if segment.unflushed:
                     try:
@@ -270,7 +302,7 @@ class Log:
                         # Fail closed: a retried fsync may "succeed" after the kernel
                         # dropped the dirty pages (fsyncgate).
                         self._failure = exc
-                        raise StorageFailedError(f"fsync of {segment.path} failed: {exc}") from exc
+                        raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
 
     def close(self) -> None:
         with self._lock:
@@ -297,16 +329,20 @@ class Log:
     def _check_writable(self) -> None:
         self._check_open()
         if self._failure is not None:
-            raise StorageFailedError(f"{self.directory} refuses appends until reopened: {self._failure}")
+            raise LogFailedError(f"{self.directory} refuses appends until reopened: {self._failure}")
 
     # -- reads ---------------------------------------------------------------------
-    def read(self, start_offset: int, max_bytes: int = 1_048_576, *, max_offset: int | None = None) -> FetchResult:
+    def read(
+        self, start_offset: int, max_bytes: int = 1_048_576, *, max_offset: int | None = None
+    ) -> FetchResult:
         """Whole batches from the one holding `start_offset`, about `max_bytes` of them."""
         with self._lock:
             self._check_open()
             start, end = self.log_start_offset, self.log_end_offset
             if not start <= start_offset <= end:
-                raise OffsetOutOfRangeError(f"offset {start_offset} is outside [{start}, {end}] of {self.directory}")
+                raise OffsetOutOfRangeError(
+                    f"offset {start_offset} is outside [{start}, {end}] of {self.directory}"
+                )
             batches: list[RecordBatch] = []
             first = bisect.bisect_right(self._base_offsets, start_offset) - 1
             for segment in self._segments[max(first, 0) :]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import NamedTuple
 
 from oncelog.config import LogConfig
 from oncelog.errors import NotASegmentError
@@ -42,11 +43,24 @@ def list_segment_bases(fs: FileSystem, directory: str) -> list[int]:
     return sorted(bases)
 
 
-def load_segments(fs: FileSystem, directory: str, config: LogConfig) -> list[LogSegment]:
+class LoadReport(NamedTuple):
+    """What loading a partition directory found and did."""
+
+    segments: int
+    indexes_rebuilt: int
+    # Bytes cut from the end of the active segment, and why.
+    truncated_bytes: int = 0
+    tail_error: str | None = None
+
+
+def load_segments(fs: FileSystem, directory: str, config: LogConfig) -> tuple[list[LogSegment], LoadReport]:
     bases = list_segment_bases(fs, directory)
     if not bases:
-        return [_open(fs, directory, 0, config, create=True)]
+        return [_open(fs, directory, 0, config, create=True)], LoadReport(1, 0)
     segments: list[LogSegment] = []
+    rebuilt = 0
+    truncated = 0
+    tail_error: str | None = None
     try:
         for n, base in enumerate(bases):
             indexes_present = all(
@@ -56,17 +70,20 @@ def load_segments(fs: FileSystem, directory: str, config: LogConfig) -> list[Log
             segment = _open(fs, directory, base, config)
             segments.append(segment)
             if n < len(bases) - 1:
-                _load_sealed(segment, indexes_present, next_base=bases[n + 1])
+                rebuilt += _load_sealed(segment, indexes_present, next_base=bases[n + 1])
             else:
-                _recover_active(segment)
+                truncated, tail_error = _recover_active(segment)
+                rebuilt += 1
     except BaseException:
         for segment in segments:
             segment.close()
         raise
-    return segments
+    return segments, LoadReport(len(segments), rebuilt, truncated, tail_error)
 
 
-def _open(fs: FileSystem, directory: str, base: int, config: LogConfig, *, create: bool = False) -> LogSegment:
+def _open(
+    fs: FileSystem, directory: str, base: int, config: LogConfig, *, create: bool = False
+) -> LogSegment:
     return LogSegment.open(
         fs,
         directory,
@@ -77,7 +94,8 @@ def _open(fs: FileSystem, directory: str, base: int, config: LogConfig, *, creat
     )
 
 
-def _load_sealed(segment: LogSegment, indexes_present: bool, next_base: int) -> None:
+def _load_sealed(segment: LogSegment, indexes_present: bool, next_base: int) -> int:
+    """Trust the indexes of a sealed segment if they look sane; returns 1 if rebuilt."""
     last_entry = segment.offset_index.last_entry()
     last_time = segment.time_index.last_entry()
     sane = (
@@ -93,16 +111,21 @@ def _load_sealed(segment: LogSegment, indexes_present: bool, next_base: int) -> 
         assert last_time is not None or segment.size == 0
         if last_time is not None:
             segment.max_timestamp_ms, segment.offset_of_max_timestamp = last_time
-    else:
-        log.info("rebuilding indexes of %s", segment.path)
-        error = segment.rebuild(validate=False)
-        if error is not None:
-            raise error
-    segment.seal()
-
-
-def _recover_active(segment: LogSegment) -> None:
-    error = segment.rebuild(validate=True)
+        segment.seal()
+        return 0
+    log.info("rebuilding indexes of %s", segment.path)
+    error = segment.rebuild(validate=False)
     if error is not None:
-        removed = segment.truncate_to_size()
-        log.warning("cut %d bytes of torn tail from %s: %s", removed, segment.path, error)
+        raise error
+    segment.seal()
+    return 1
+
+
+def _recover_active(segment: LogSegment) -> tuple[int, str | None]:
+    """Rescan the active segment with CRC checks and cut it at the first bad batch."""
+    error = segment.rebuild(validate=True)
+    if error is None:
+        return 0, None
+    removed = segment.truncate_to_size()
+    log.warning("cut %d bytes of torn tail from %s: %s", removed, segment.path, error)
+    return removed, str(error)

@@ -39,15 +39,17 @@ def batch_size_at(buffer: Buffer, position: int = 0) -> int:
     """
     if len(buffer) - position < fmt.SIZE_AND_MAGIC_BYTES:
         raise TruncatedBatchError(
-            f"{len(buffer) - position} bytes left, a batch header needs {fmt.HEADER_SIZE}",
+            f"{len(buffer) - position} bytes left, a batch needs {fmt.SIZE_AND_MAGIC_BYTES} to give its size",
             position=position,
         )
     _, length, _, magic = fmt.SIZE_AND_MAGIC_STRUCT.unpack_from(buffer, position)
     if magic != fmt.MAGIC_V2:
         raise CorruptRecordError(f"magic {magic} is not 2 (record batch v2)", position=position)
     if length < MIN_BATCH_LENGTH:
-        raise CorruptRecordError(f"batchLength {length} is below the minimum {MIN_BATCH_LENGTH}", position=position)
-    return length + fmt.LOG_OVERHEAD
+        raise CorruptRecordError(
+            f"batchLength {length} is below the minimum {MIN_BATCH_LENGTH}", position=position
+        )
+    return int(length) + fmt.LOG_OVERHEAD
 
 
 class RecordBatch:
@@ -223,7 +225,9 @@ def iter_batches(buffer: Buffer, position: int = 0) -> Iterator[RecordBatch]:
     while position < end:
         size = batch_size_at(view, position)
         if end - position < size:
-            raise TruncatedBatchError(f"batch of {size} bytes but only {end - position} remain", position=position)
+            raise TruncatedBatchError(
+                f"batch of {size} bytes but only {end - position} remain", position=position
+            )
         yield RecordBatch(view[position : position + size])
         position += size
 
@@ -279,4 +283,6 @@ def _codec(compression: str | int | None) -> int:
     try:
         return fmt.COMPRESSION_CODES[compression]
     except KeyError:
-        raise ValueError(f"compression is one of {sorted(fmt.COMPRESSION_CODES)}, got {compression!r}") from None
+        raise ValueError(
+            f"compression is one of {sorted(fmt.COMPRESSION_CODES)}, got {compression!r}"
+        ) from None

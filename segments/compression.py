@@ -13,7 +13,6 @@ to make the reader allocate without limit.
 from __future__ import annotations
 
 import gzip
-import io
 import struct
 import zlib
 
@@ -60,7 +59,7 @@ def compress(codec: int, data: bytes) -> bytes:
 
 
 def decompress(codec: int, data: bytes, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> bytes:
-    """Inflate a batch body. Any failure is a CorruptRecordError."""
+    """Inflate a batch body. Any failure, a truncated stream included, is a CorruptRecordError."""
     name = COMPRESSION_NAMES.get(codec)
     if name is None:
         raise CorruptRecordError(f"unknown compression codec {codec}")
@@ -68,13 +67,11 @@ def decompress(codec: int, data: bytes, max_bytes: int = MAX_DECOMPRESSED_BYTES)
         if codec == COMPRESSION_NONE:
             out = data
         elif codec == COMPRESSION_GZIP:
-            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-            out = inflater.decompress(data, max_bytes + 1)
+            out = _gzip_decompress(data, max_bytes)
         elif codec == COMPRESSION_SNAPPY:
             out = _snappy_decompress(data, max_bytes)
         elif codec == COMPRESSION_LZ4:
-            lz4_inflater = lz4.frame.LZ4FrameDecompressor()
-            out = lz4_inflater.decompress(data, max_length=max_bytes + 1)
+            out = _lz4_decompress(data, max_bytes)
         else:
             out = _zstd_decompress(data, max_bytes)
     except CorruptRecordError:
@@ -86,9 +83,74 @@ def decompress(codec: int, data: bytes, max_bytes: int = MAX_DECOMPRESSED_BYTES)
     return bytes(out)
 
 
+def _require_whole_stream(name: str, eof: bool, out_bytes: int, max_bytes: int, unused: bytes) -> None:
+    # A stream that stops early is a truncated body: the batch CRC may still match
+    # (a client bug), and the records decoded from it would be silently short.
+    if out_bytes > max_bytes:
+        raise CorruptRecordError(f"{name} body inflates past {max_bytes} bytes")
+    if not eof:
+        raise CorruptRecordError(f"{name} body ends before its stream does (truncated)")
+    if unused:
+        raise CorruptRecordError(f"{len(unused)} bytes after the end of the {name} stream")
+
+
+def _gzip_decompress(data: bytes, max_bytes: int) -> bytes:
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    out = inflater.decompress(data, max_bytes + 1)
+    _require_whole_stream("gzip", inflater.eof, len(out), max_bytes, inflater.unused_data)
+    return out
+
+
+def _lz4_decompress(data: bytes, max_bytes: int) -> bytes:
+    inflater = lz4.frame.LZ4FrameDecompressor()
+    out = inflater.decompress(data, max_length=max_bytes + 1)
+    _require_whole_stream("lz4", inflater.eof, len(out), max_bytes, inflater.unused_data)
+    return bytes(out)
+
+
+# zstd's decompressobj has no output bound, so input goes in small pieces: one piece
+# can inflate to at most a few tens of MiB before the running total is checked.
+_ZSTD_INPUT_PIECE_BYTES = 1024
+
+
+def _zstd_decompress(data: bytes, max_bytes: int) -> bytes:
+    # Concatenated frames decode to the concatenation of their contents (zstd spec).
+    out = bytearray()
+    rest = data
+    while True:
+        inflater = zstandard.ZstdDecompressor().decompressobj()
+        consumed = 0
+        while consumed < len(rest) and not inflater.eof and len(out) <= max_bytes:
+            out += inflater.decompress(rest[consumed : consumed + _ZSTD_INPUT_PIECE_BYTES])
+            consumed += _ZSTD_INPUT_PIECE_BYTES
+        _require_whole_stream("zstd", inflater.eof, len(out), max_bytes, b"")
+        rest = inflater.unused_data + rest[consumed:]
+        if not rest:
+            return bytes(out)
+
+
+def _snappy_uncompressed_length(block: bytes) -> int:
+    """The length prefix of a raw snappy block (unsigned LEB128), read before inflating."""
+    value = 0
+    for n, byte in enumerate(block[:5]):
+        value |= (byte & 0x7F) << (7 * n)
+        if byte < 0x80:
+            return value
+    raise CorruptRecordError("snappy block has no valid length prefix")
+
+
+def _snappy_raw(block: bytes, budget_bytes: int) -> bytes:
+    # cramjam allocates the declared length up front; a 5-byte body claiming 4 GiB
+    # must be refused before that allocation.
+    declared = _snappy_uncompressed_length(block)
+    if declared > budget_bytes:
+        raise CorruptRecordError(f"snappy block of {declared} bytes inflates past {budget_bytes} bytes")
+    return bytes(cramjam.snappy.decompress_raw(block))
+
+
 def _snappy_decompress(data: bytes, max_bytes: int) -> bytes:
     if not data.startswith(_XERIAL_MAGIC):
-        return bytes(cramjam.snappy.decompress_raw(data))
+        return _snappy_raw(data, max_bytes)
     pos = _XERIAL_HEADER.size
     out = bytearray()
     while pos < len(data):
@@ -98,21 +160,6 @@ def _snappy_decompress(data: bytes, max_bytes: int) -> bytes:
         pos += 4
         if block_bytes < 0 or pos + block_bytes > len(data):
             raise CorruptRecordError(f"xerial snappy block of {block_bytes} bytes is truncated")
-        out += bytes(cramjam.snappy.decompress_raw(data[pos : pos + block_bytes]))
-        if len(out) > max_bytes:
-            raise CorruptRecordError(f"snappy body inflates past {max_bytes} bytes")
+        out += _snappy_raw(data[pos : pos + block_bytes], max_bytes - len(out))
         pos += block_bytes
-    return bytes(out)
-
-
-def _zstd_decompress(data: bytes, max_bytes: int) -> bytes:
-    # A stream reader, because Kafka's frames may omit the content size and
-    # decompressobj() has no output bound.
-    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
-    out = bytearray()
-    while len(out) <= max_bytes:
-        chunk = reader.read(min(1 << 20, max_bytes + 1 - len(out)))
-        if not chunk:
-            break
-        out += chunk
     return bytes(out)

@@ -68,7 +68,8 @@ class _MappedIndex:
         return np.frombuffer(self._view, dtype=self.DTYPE, count=entries)
 
     def _entry(self, n: int) -> tuple[int, int]:
-        return self.ENTRY.unpack_from(self._view, n * self.ENTRY.size)  # type: ignore[return-value]
+        first, second = self.ENTRY.unpack_from(self._view, n * self.ENTRY.size)
+        return int(first), int(second)
 
     @property
     def is_full(self) -> bool:

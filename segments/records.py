@@ -42,7 +42,11 @@ def encode_varint(value: int) -> bytes:
 
 
 def decode_varint(data: bytes, pos: int, max_bytes: int = 10) -> tuple[int, int]:
-    """(value, next position) of the zigzag varint at `pos`."""
+    """(value, next position) of the zigzag varint at `pos`.
+
+    `max_bytes` is 5 for an int32 field and 10 for an int64 one; a value wider than
+    the field is corrupt (Java would silently drop the high bits).
+    """
     raw = 0
     shift = 0
     end = pos + max_bytes
@@ -55,6 +59,8 @@ def decode_varint(data: bytes, pos: int, max_bytes: int = 10) -> tuple[int, int]
         pos += 1
         raw |= (b & 0x7F) << shift
         if b < 0x80:
+            if raw >> (32 if max_bytes == 5 else 64):
+                raise CorruptRecordError(f"varint at byte {pos} overflows a {max_bytes}-byte field")
             return (raw >> 1) ^ -(raw & 1), pos
         shift += 7
 

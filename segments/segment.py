@@ -63,6 +63,7 @@ def scan_file(
     inside a batch and CorruptRecordError when a header is impossible, each with
     the file and absolute position.
     """
+    assert chunk_bytes >= fmt.HEADER_SIZE, chunk_bytes  # a chunk must hold a header
     pos = start
     while pos < end:
         want = min(chunk_bytes, end - pos)
@@ -153,7 +154,10 @@ class LogSegment:
             fs, join(directory, segment_file_name(base_offset, INDEX_SUFFIX)), base_offset, max_index_bytes
         )
         time_index = TimeIndex(
-            fs, join(directory, segment_file_name(base_offset, TIME_INDEX_SUFFIX)), base_offset, max_index_bytes
+            fs,
+            join(directory, segment_file_name(base_offset, TIME_INDEX_SUFFIX)),
+            base_offset,
+            max_index_bytes,
         )
         if is_new:
             # Without this a power loss can drop the new files' directory entries

@@ -66,7 +66,8 @@ def sample_batch(**overrides: object) -> bytes:
 
 def simple_batch(count: int, base_offset: int = 0, **kwargs: object) -> bytes:
     records = [(f"k{i}".encode(), f"v{i}".encode() * (i + 1)) for i in range(count)]
-    return encode_batch(records, base_offset=base_offset, timestamp_ms=1_000, **kwargs)  # type: ignore[arg-type]
+    kwargs.setdefault("timestamp_ms", 1_000)
+    return encode_batch(records, base_offset=base_offset, **kwargs)  # type: ignore[arg-type]
 
 
 def patch(raw: bytes, offset: int, fmt: str, value: int, *, recompute_crc: bool = True) -> bytes:
@@ -86,9 +87,7 @@ def unpack(raw: bytes, offset: int, fmt: str) -> int:
 
 
 @pytest.mark.parametrize(("name", "offset", "fmt"), HEADER_FIELDS)
-def test_every_header_property_matches_the_bytes_at_its_offset(
-    name: str, offset: int, fmt: str
-) -> None:
+def test_header_property_matches_the_bytes_at_its_offset(name: str, offset: int, fmt: str) -> None:
     raw = sample_batch()
     assert getattr(RecordBatch(raw), name) == unpack(raw, offset, fmt)
 
@@ -241,11 +240,11 @@ def test_control_attribute_bit_5_makes_a_control_batch() -> None:
 
 
 @pytest.mark.parametrize(
-    ("compression", "code"),
+    ("codec", "code"),
     [(None, 0), ("none", 0), ("gzip", 1), ("snappy", 2), ("lz4", 3), ("zstd", 4), (3, 3)],
 )
-def test_compression_flag_is_attribute_bits_0_to_2(compression: str | int | None, code: int) -> None:
-    raw = simple_batch(3, compression=compression)
+def test_compression_flag_is_attribute_bits_0_to_2(codec: str | int | None, code: int) -> None:
+    raw = simple_batch(3, compression=codec)
     batch = RecordBatch(raw)
     assert unpack(raw, 21, ">h") & 0x07 == code
     assert batch.compression == code
@@ -254,9 +253,8 @@ def test_compression_flag_is_attribute_bits_0_to_2(compression: str | int | None
 
 
 def test_compression_bits_do_not_leak_into_other_flags() -> None:
-    batch = RecordBatch(
-        simple_batch(2, compression="zstd", producer_id=1, producer_epoch=0, base_sequence=0)
-    )
+    raw = simple_batch(2, compression="zstd", producer_id=1, producer_epoch=0, base_sequence=0)
+    batch = RecordBatch(raw)
     assert batch.attributes == 4
     assert not batch.is_transactional
     assert not batch.is_control
@@ -358,9 +356,8 @@ def test_base_offset_is_not_covered_by_the_crc(new_base_offset: int) -> None:
     batch = RecordBatch(raw)
     batch.validate()
     assert batch.base_offset == new_base_offset
-    assert [r.offset for r in batch.records()] == [
-        new_base_offset + i for i in range(len(SAMPLE_RECORDS))
-    ]
+    expected = [new_base_offset + i for i in range(len(SAMPLE_RECORDS))]
+    assert [r.offset for r in batch.records()] == expected
 
 
 def test_flipping_every_base_offset_byte_keeps_the_crc_valid() -> None:

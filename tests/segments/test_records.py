@@ -228,8 +228,8 @@ def test_empty_key_and_value_are_distinct_from_null() -> None:
 
 def test_null_key_is_encoded_as_length_minus_one() -> None:
     data = encode_records([(None, b"v", [])], [5], 5)
-    # length 7 (zigzag 0e), attributes 0, timestampDelta 0, offsetDelta 0, key length -1 (zigzag 01),
-    # value length 1 (zigzag 02) + b"v", header count 0.
+    # length 7 (zigzag 0e), attributes 0, timestampDelta 0, offsetDelta 0,
+    # key length -1 (zigzag 01), value length 1 (zigzag 02) + b"v", header count 0.
     assert data == bytes([14, 0, 0, 0, 1, 2]) + b"v" + b"\x00"
 
 

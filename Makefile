@@ -1,0 +1,43 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# Both create .venv and install everything the project needs.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# mypy cannot follow setuptools' package-dir mapping, so it checks a tree of
+# symlinks laid out as the installed package would be.
+TYPECHECK_TREE := build/typecheck
+
+.PHONY: demo test lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/oncelog demo --data-dir data/demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/oncelog
+	for f in engine/*; do ln -s "$(CURDIR)/$$f" $(TYPECHECK_TREE)/oncelog/; done
+	ln -s "$(CURDIR)/segments" $(TYPECHECK_TREE)/oncelog/segments
+	ln -s "$(CURDIR)/recovery" $(TYPECHECK_TREE)/oncelog/recovery
+	cd $(TYPECHECK_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p oncelog
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest bench --benchmark-only --benchmark-columns=median,ops,rounds
+
+clean:
+	rm -rf $(VENV) build data .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks

@@ -1,0 +1,434 @@
+"""The `oncelog` command line: `dump` (inspect segment files) and `demo`.
+
+`oncelog dump` is modelled on Kafka's `kafka-dump-log.sh` (DumpLogSegments): one
+line per batch with every header field, and with `--records` one line per record.
+It is strictly read-only: files are opened through the filesystem seam with
+`writable=False` and streamed with `scan_file`, so memory stays bounded whatever
+the segment size and nothing on disk is ever created or changed.
+
+Exit status: 0 when everything was dumped, 2 for bad input (a missing path, a
+directory without segments, a file that is not a segment, a corrupt or torn batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import struct
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+from oncelog.errors import CorruptRecordError
+from oncelog.recovery.fs import DEFAULT_FS, FileSystem
+from oncelog.segments import format as fmt
+from oncelog.segments.batch import RecordBatch, TruncatedBatchError
+from oncelog.segments.records import Record
+from oncelog.segments.segment import LOG_SUFFIX, parse_segment_file_name, scan_file
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+# Key and payload are shown up to this many characters.
+MAX_SHOWN_CHARS = 200
+
+# Kafka's ControlRecordType. Only ABORT and COMMIT (transaction markers) are decoded;
+# the others (KRaft's __cluster_metadata) are shown by number and name.
+CONTROL_TYPE_NAMES = {
+    fmt.CONTROL_TYPE_ABORT: "ABORT",
+    fmt.CONTROL_TYPE_COMMIT: "COMMIT",
+    2: "LEADER_CHANGE",
+    3: "SNAPSHOT_HEADER",
+    4: "SNAPSHOT_FOOTER",
+    5: "KRAFT_VERSION",
+    6: "KRAFT_VOTERS",
+}
+_CONTROL_KEY = struct.Struct(">hh")  # version, type
+_END_TXN_MARKER_VALUE = struct.Struct(">hi")  # version, coordinatorEpoch
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+PROG = "oncelog"
+
+DESCRIPTION = """\
+oncelog: a durable on-disk log engine storing Apache Kafka v2 record batches.
+
+Tools for looking at oncelog (and Kafka) data directories."""
+
+EPILOG = """\
+examples:
+  oncelog dump data/orders-0/00000000000000000000.log
+  oncelog dump --records /var/lib/kafka/orders-0 | head -50
+  oncelog demo --data-dir ./data/demo
+
+Run `oncelog <command> --help` for the options of a command."""
+
+DUMP_DESCRIPTION = """\
+Print the record batches of a segment file (%020d.log) or of every segment of a
+partition directory (in offset order), one line per batch, like Kafka's
+kafka-dump-log.sh (DumpLogSegments). Strictly read-only: nothing is created or
+modified, so it is safe on a live or damaged log.
+
+Each batch line shows its header: baseOffset, lastOffset, count, producer id,
+epoch and sequences, partitionLeaderEpoch, isTransactional, isControl, its byte
+position in the file, its max timestamp (CreateTime or LogAppendTime), size,
+compression codec, stored CRC and whether it is valid (CRC-32C and structure).
+A summary line ends each file.
+
+Exit status is 2 if PATH does not exist, holds no segments, or a file is not a
+segment, has an impossible batch header or ends in the middle of a batch; what
+was readable is printed first and the error (file and byte position) goes to
+stderr. A batch whose CRC does not match is shown with `isvalid: false` and does
+not change the exit status."""
+
+DUMP_EPILOG = """\
+examples:
+  oncelog dump data/orders-0/00000000000000000000.log
+  oncelog dump data/orders-0                    # every segment, in offset order
+  oncelog dump --records data/orders-0 | head   # records too (key, payload, headers)"""
+
+DEMO_DESCRIPTION = """\
+Run the oncelog demo: create a log in DATA_DIR, append to it, crash-recover it
+and read it back, printing what happens along the way."""
+
+DEMO_EPILOG = """\
+example:
+  oncelog demo --data-dir ./data/demo"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=formatter
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    dump = commands.add_parser(
+        "dump",
+        help="print the record batches (and optionally records) of segment files",
+        description=DUMP_DESCRIPTION,
+        epilog=DUMP_EPILOG,
+        formatter_class=formatter,
+    )
+    dump.add_argument(
+        "path",
+        metavar="PATH",
+        help="a segment file (%%020d.log) or a partition directory",
+    )
+    dump.add_argument(
+        "--records",
+        action="store_true",
+        help="after each batch, print one line per record: offset, timestamp, key and value "
+        "sizes, sequence, header keys, key and payload (UTF-8, escaped, truncated to "
+        f"{MAX_SHOWN_CHARS} characters); control records are decoded as transaction markers",
+    )
+    dump.add_argument(
+        "--no-validate",
+        dest="validate",
+        action="store_false",
+        help="skip the CRC-32C and structure check of each batch (faster on big segments); "
+        "the batch lines then have no isvalid field",
+    )
+    dump.set_defaults(handler=_run_dump)
+
+    demo = commands.add_parser(
+        "demo",
+        help="run the end-to-end demo in a scratch data directory",
+        description=DEMO_DESCRIPTION,
+        epilog=DEMO_EPILOG,
+        formatter_class=formatter,
+    )
+    demo.add_argument(
+        "--data-dir",
+        default=os.path.join(".", "data", "demo"),
+        help="where the demo keeps its log (default: %(default)s)",
+    )
+    demo.set_defaults(handler=_run_demo)
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Run the command line; returns the exit status (0 ok, 2 bad input or corruption)."""
+    stdout = sys.stdout if out is None else out
+    stderr = sys.stderr if err is None else err
+    parser = build_parser()
+    try:
+        args = parser.parse_args(None if argv is None else list(argv))
+    except SystemExit as exc:  # --help, or a usage error (argparse prints it)
+        return _exit_code(exc)
+    try:
+        status: int = args.handler(args, stdout, stderr)
+    except BrokenPipeError:
+        # The reader went away (`oncelog dump ... | head`): not an error.
+        _silence_stdout(stdout)
+        return EXIT_OK
+    return status
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return EXIT_OK
+    if isinstance(exc.code, int):
+        return exc.code
+    return EXIT_BAD_INPUT
+
+
+def _silence_stdout(stream: TextIO) -> None:
+    """Point fd 1 at /dev/null so the interpreter's final flush does not fail again."""
+    if stream is not sys.stdout and stream is not sys.__stdout__:
+        return
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+
+
+# -- demo ---------------------------------------------------------------------------
+
+
+def _run_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        from oncelog.demo import run_demo
+    except ModuleNotFoundError as exc:
+        if exc.name != "oncelog.demo":
+            raise
+        print(f"{PROG} demo: the demo is not installed ({exc})", file=err)
+        return 1
+    return int(run_demo(args.data_dir))
+
+
+# -- dump ---------------------------------------------------------------------------
+
+
+@dataclass
+class _FileSummary:
+    batches: int = 0
+    records: int = 0
+    bytes: int = 0
+    last_offset: int | None = None
+
+
+def _run_dump(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    path: str = args.path
+    files = _segment_files(path, err)
+    if files is None:
+        return EXIT_BAD_INPUT
+    status = EXIT_OK
+    for file_path in files:
+        ok = dump_file(
+            file_path,
+            out,
+            err,
+            records=args.records,
+            validate=args.validate,
+            fs=DEFAULT_FS,
+        )
+        if not ok:
+            status = EXIT_BAD_INPUT
+    return status
+
+
+def _segment_files(path: str, err: TextIO) -> list[str] | None:
+    """The files to dump for PATH, or None (after printing why) if there are none."""
+    if os.path.isdir(path):
+        try:
+            names = DEFAULT_FS.listdir(path)
+        except OSError as exc:
+            print(f"{PROG} dump: cannot list {path}: {exc.strerror or exc}", file=err)
+            return None
+        logs = [name for name in names if name.endswith(LOG_SUFFIX)]
+        if not logs:
+            print(f"{PROG} dump: no {LOG_SUFFIX} segment files in directory {path}", file=err)
+            return None
+
+        def order(name: str) -> tuple[int, int, str]:
+            base = parse_segment_file_name(name, LOG_SUFFIX)
+            return (0, base, name) if base is not None else (1, 0, name)
+
+        return [os.path.join(path, name) for name in sorted(logs, key=order)]
+    if not os.path.exists(path):
+        print(f"{PROG} dump: no such file or directory: {path}", file=err)
+        return None
+    # Any other file given explicitly is attempted: if it is not a segment, the scan says so.
+    return [path]
+
+
+def dump_file(
+    path: str,
+    out: TextIO,
+    err: TextIO,
+    *,
+    records: bool = False,
+    validate: bool = True,
+    fs: FileSystem = DEFAULT_FS,
+) -> bool:
+    """Dump one segment file to `out`; returns False (after reporting to `err`) on error."""
+    try:
+        handle = fs.open(path, writable=False)
+    except OSError as exc:
+        print(f"{PROG} dump: cannot open {path}: {exc.strerror or exc}", file=err)
+        return False
+    summary = _FileSummary()
+    try:
+        base = parse_segment_file_name(os.path.basename(path), LOG_SUFFIX)
+        print(f"Dumping {path}", file=out)
+        print(f"Log starting offset: {'unknown' if base is None else base}", file=out)
+        size = handle.size()
+        try:
+            for position, batch in scan_file(handle, 0, size):
+                print(_batch_line(batch, position, validate), file=out)
+                summary.batches += 1
+                summary.bytes = position + batch.size
+                summary.last_offset = batch.last_offset
+                if records:
+                    summary.records += _dump_records(batch, out)
+        except CorruptRecordError as exc:
+            print(_summary_line(summary, records), file=out)
+            out.flush()
+            print(f"{PROG} dump: {_describe_error(exc, path, size, summary)}", file=err)
+            return False
+        except OSError as exc:
+            print(_summary_line(summary, records), file=out)
+            out.flush()
+            print(f"{PROG} dump: cannot read {path}: {exc.strerror or exc}", file=err)
+            return False
+    finally:
+        handle.close()
+    print(_summary_line(summary, records), file=out)
+    return True
+
+
+def _describe_error(
+    exc: CorruptRecordError,
+    path: str,
+    file_size: int,
+    summary: _FileSummary,
+) -> str:
+    where = str(exc)
+    if exc.path is None:  # scan_file names the file; be safe if it ever does not
+        where = f"{path} at position {summary.bytes}: {where}"
+    truncated = isinstance(exc, TruncatedBatchError)
+    # At the very start, the wrong magic or too few bytes to hold a size and magic
+    # means this is no segment at all (a torn first batch still has both).
+    at_start = summary.batches == 0 and (exc.position or 0) == 0
+    if at_start and (not truncated or file_size < fmt.SIZE_AND_MAGIC_BYTES):
+        return f"not a Kafka v2 segment: {where}"
+    if truncated:
+        return f"file ends in the middle of a batch: {where}"
+    return f"corrupt batch header: {where}"
+
+
+def _summary_line(summary: _FileSummary, records: bool) -> str:
+    counted = f"{summary.records} records, " if records else ""
+    last = "none" if summary.last_offset is None else str(summary.last_offset)
+    return f"Summary: {summary.batches} batches, {counted}{summary.bytes} bytes, last offset {last}"
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _batch_line(batch: RecordBatch, position: int, validate: bool) -> str:
+    line = (
+        f"baseOffset: {batch.base_offset} lastOffset: {batch.last_offset}"
+        f" count: {batch.records_count}"
+        f" baseSequence: {batch.base_sequence} lastSequence: {batch.last_sequence}"
+        f" producerId: {batch.producer_id} producerEpoch: {batch.producer_epoch}"
+        f" partitionLeaderEpoch: {batch.partition_leader_epoch}"
+        f" isTransactional: {_bool(batch.is_transactional)}"
+        f" isControl: {_bool(batch.is_control)}"
+        f" position: {position} {batch.timestamp_type}: {batch.max_timestamp}"
+        f" size: {batch.size} magic: {batch.magic} compresscodec: {batch.compression_name}"
+        f" crc: {batch.crc}"  # unpacked as u32: unsigned decimal, like Kafka
+    )
+    if validate:
+        line += f" isvalid: {_bool(batch.is_valid())}"
+    return line
+
+
+def _dump_records(batch: RecordBatch, out: TextIO) -> int:
+    """Print the batch's records; returns how many were decoded."""
+    count = 0
+    try:
+        for record in batch.records():
+            print(_record_line(batch, record), file=out)
+            count += 1
+    except CorruptRecordError as exc:
+        print(f"| corrupt records: {exc}", file=out)
+    return count
+
+
+def _record_line(batch: RecordBatch, record: Record) -> str:
+    if batch.base_sequence >= 0:
+        delta = record.offset - batch.base_offset
+        sequence = (batch.base_sequence + delta) % (fmt.INT32_MAX + 1)
+    else:
+        sequence = fmt.NO_SEQUENCE
+    header_keys = ", ".join(_shown(key.encode("utf-8")) for key, _ in record.headers)
+    prefix = (
+        f"| offset: {record.offset} {batch.timestamp_type}: {record.timestamp_ms}"
+        f" keySize: {_size(record.key)} valueSize: {_size(record.value)}"
+        f" sequence: {sequence} headerKeys: [{header_keys}]"
+    )
+    if batch.is_control:
+        marker = _control_fields(record)
+        if marker.startswith("endTxnMarker"):
+            return f"{prefix} {marker}"
+        if marker:
+            prefix += f" {marker}"
+    return f"{prefix} key: {_shown(record.key)} payload: {_shown(record.value)}"
+
+
+def _control_fields(record: Record) -> str:
+    """`endTxnMarker: ... coordinatorEpoch: N` for a decodable transaction marker,
+    `controlType: N (NAME)` for another control record, "" if the key is unreadable."""
+    key = record.key
+    if key is None or len(key) < _CONTROL_KEY.size:
+        return ""
+    _, control_type = _CONTROL_KEY.unpack_from(key)
+    value = record.value
+    is_marker = control_type in (fmt.CONTROL_TYPE_ABORT, fmt.CONTROL_TYPE_COMMIT)
+    if is_marker and value is not None and len(value) >= _END_TXN_MARKER_VALUE.size:
+        _, coordinator_epoch = _END_TXN_MARKER_VALUE.unpack_from(value)
+        name = CONTROL_TYPE_NAMES[control_type]
+        return f"endTxnMarker: {name} coordinatorEpoch: {coordinator_epoch}"
+    name = CONTROL_TYPE_NAMES.get(control_type, "UNKNOWN")
+    return f"controlType: {control_type} ({name})"
+
+
+def _size(data: bytes | None) -> int:
+    return -1 if data is None else len(data)
+
+
+def _shown(data: bytes | None) -> str:
+    """UTF-8 text on one line: bad bytes and non-printable characters escaped, truncated."""
+    if data is None:
+        return "null"
+    # A character is at most 4 bytes, so this slice holds more than enough to show.
+    text = bytes(data[: 4 * MAX_SHOWN_CHARS + 4]).decode("utf-8", errors="backslashreplace")
+    shown = "".join(c if c.isprintable() else _escape(c) for c in text[:MAX_SHOWN_CHARS])
+    if len(text) > MAX_SHOWN_CHARS:
+        shown += "..."
+    return shown
+
+
+def _escape(char: str) -> str:
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,651 @@
+"""`oncelog dump` and the command line (engine/cli.py).
+
+Fixture partitions are real Kafka broker output, read in place (never copied). Every
+expectation about them is computed independently from the raw file bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import crc32c
+import pytest
+
+from oncelog import cli
+from oncelog.recovery.fs import DEFAULT_FS, FileHandle
+from oncelog.segments import RecordBatch, encode_batch, iter_batches
+from oncelog.segments.records import Record
+from oncelog.segments.segment import SCAN_CHUNK_BYTES
+
+FIXTURES = Path(
+    os.environ.get("ONCELOG_FIXTURES")
+    or Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "kafka"
+)
+COMMAND_DIR = FIXTURES / "flink-on-prem" / "_confluent-command-0"  # lz4 batches
+MONITORING_DIR = FIXTURES / "flink-on-prem" / "_confluent-monitoring-0"  # lz4 + LogAppendTime
+PROMOTIONS_DIR = FIXTURES / "flink-on-prem" / "promotions-0"  # multi-record batches
+BIG_DIR = FIXTURES / "flink-on-prem" / "customers_keyed-0"  # ~3 MB, 27482 records
+METADATA_DIR = FIXTURES / "LDI-POC" / "__cluster_metadata-0"  # KRaft, one control batch
+CONSUMER_OFFSETS_DIR = FIXTURES / "LDI-POC" / "__consumer_offsets-6"
+
+# Header layout written out here, independently of segments/format.py.
+CRC_AT = 17
+ATTRIBUTES_AT = 21
+RECORDS_COUNT_AT = 57
+LOG_APPEND_TIME_BIT = 0x08
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+
+SEGMENT_NAME = "00000000000000000000.log"
+
+
+def needs(path: Path) -> Path:
+    assert path.is_dir(), f"fixture {path} is missing"
+    return path
+
+
+def only_log(directory: Path) -> Path:
+    (log,) = sorted(directory.glob("*.log"))
+    return log
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str], str]:
+    status = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out.splitlines(), captured.err
+
+
+def batch_lines(lines: list[str]) -> list[dict[str, str]]:
+    """The batch lines as {field: value}; every batch field value is one token."""
+    out = []
+    for line in lines:
+        if line.startswith("baseOffset: "):
+            tokens = line.split()
+            assert all(name.endswith(":") for name in tokens[::2]), line
+            pairs = zip(tokens[::2], tokens[1::2], strict=True)
+            out.append({name[:-1]: value for name, value in pairs})
+    return out
+
+
+def record_lines(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("| offset: ")]
+
+
+def raw_headers(data: bytes) -> list[tuple[int, int, int, int]]:
+    """(position, baseOffset, lastOffset, attributes) of each batch, by struct alone."""
+    out = []
+    pos = 0
+    while pos < len(data):
+        base_offset, length = struct.unpack_from(">qi", data, pos)
+        (attributes, last_delta) = struct.unpack_from(">hi", data, pos + ATTRIBUTES_AT)
+        out.append((pos, base_offset, base_offset + last_delta, attributes))
+        pos += 12 + length
+    return out
+
+
+def patch(batch: bytes, *, set_attributes: int = 0, records_count: int | None = None) -> bytes:
+    """Set attribute bits and/or the record count, then recompute the CRC-32C."""
+    buf = bytearray(batch)
+    (attributes,) = struct.unpack_from(">h", buf, ATTRIBUTES_AT)
+    struct.pack_into(">h", buf, ATTRIBUTES_AT, attributes | set_attributes)
+    if records_count is not None:
+        struct.pack_into(">i", buf, RECORDS_COUNT_AT, records_count)
+    struct.pack_into(">I", buf, CRC_AT, crc32c.crc32c(bytes(buf[ATTRIBUTES_AT:])))
+    return bytes(buf)
+
+
+def write_segment(directory: Path, *batches: bytes, name: str = SEGMENT_NAME) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_bytes(b"".join(batches))
+    return path
+
+
+# -- fixtures: real Kafka segments ---------------------------------------------------
+
+
+def test_dump_partition_dir_matches_independent_scan(capsys: pytest.CaptureFixture[str]) -> None:
+    directory = needs(COMMAND_DIR)
+    data = only_log(directory).read_bytes()
+    expected = list(iter_batches(data))
+
+    status, lines, err = run(capsys, "dump", str(directory))
+
+    assert status == 0, err
+    assert err == ""
+    assert lines[0] == f"Dumping {directory / SEGMENT_NAME}"
+    assert lines[1] == "Log starting offset: 0"
+    printed = batch_lines(lines)
+    assert len(printed) == len(expected) > 0
+    assert [(p["baseOffset"], p["lastOffset"]) for p in printed] == [
+        (str(b.base_offset), str(b.last_offset)) for b in expected
+    ]
+    assert all(p["compresscodec"] == "lz4" for p in printed)
+    assert all(p["isvalid"] == "true" and p["magic"] == "2" for p in printed)
+    last = expected[-1].base_offset + expected[-1].last_offset_delta
+    assert lines[-1] == f"Summary: {len(expected)} batches, {len(data)} bytes, last offset {last}"
+
+
+@pytest.mark.parametrize(
+    "directory", [PROMOTIONS_DIR, CONSUMER_OFFSETS_DIR, METADATA_DIR, BIG_DIR], ids=lambda p: p.name
+)
+def test_batch_fields_match_raw_bytes(capsys: pytest.CaptureFixture[str], directory: Path) -> None:
+    data = only_log(needs(directory)).read_bytes()
+    raw = raw_headers(data)
+
+    status, lines, err = run(capsys, "dump", str(directory))
+
+    assert status == 0, err
+    printed = batch_lines(lines)
+    assert len(printed) == len(raw)
+    ends = [pos for pos, *_ in raw[1:]] + [len(data)]
+    for fields, (pos, base, last, attributes), end in zip(printed, raw, ends, strict=True):
+        assert fields["position"] == str(pos)
+        assert fields["baseOffset"] == str(base)
+        assert fields["lastOffset"] == str(last)
+        assert fields["isControl"] == ("true" if attributes & CONTROL_BIT else "false")
+        (crc,) = struct.unpack_from(">I", data, pos + CRC_AT)
+        assert fields["crc"] == str(crc)  # unsigned, like Kafka
+        assert fields["size"] == str(end - pos)
+
+
+def test_records_one_line_per_record(capsys: pytest.CaptureFixture[str]) -> None:
+    data = only_log(needs(PROMOTIONS_DIR)).read_bytes()
+    expected = [r for batch in iter_batches(data) for r in batch.records()]
+    assert len(expected) > len(list(iter_batches(data)))  # some batches hold several
+
+    status, lines, err = run(capsys, "dump", "--records", str(PROMOTIONS_DIR))
+
+    assert status == 0, err
+    records = record_lines(lines)
+    assert len(records) == len(expected)
+    for line, record in zip(records, expected, strict=True):
+        assert line.startswith(f"| offset: {record.offset} CreateTime: {record.timestamp_ms} ")
+        value_size = -1 if record.value is None else len(record.value)
+        assert f" valueSize: {value_size} " in line
+    assert f"batches, {len(expected)} records, {len(data)} bytes" in lines[-1]
+
+
+def test_records_follow_their_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    status, lines, _ = run(capsys, "dump", "--records", str(needs(PROMOTIONS_DIR)))
+
+    assert status == 0
+    current: tuple[int, int] | None = None
+    for line in lines:
+        if line.startswith("baseOffset: "):
+            fields = batch_lines([line])[0]
+            current = (int(fields["baseOffset"]), int(fields["lastOffset"]))
+        elif line.startswith("| offset: "):
+            assert current is not None
+            offset = int(line.split()[2])
+            assert current[0] <= offset <= current[1]
+
+
+def test_log_append_time_fixture(capsys: pytest.CaptureFixture[str]) -> None:
+    data = only_log(needs(MONITORING_DIR)).read_bytes()
+    append_time = [b for b in iter_batches(data) if b.attributes & LOG_APPEND_TIME_BIT]
+    assert append_time
+
+    status, lines, _ = run(capsys, "dump", str(MONITORING_DIR))
+
+    assert status == 0
+    printed = batch_lines(lines)
+    with_append_time = [p for p in printed if "LogAppendTime" in p]
+    assert len(with_append_time) == len(append_time)
+    stamps = [str(b.max_timestamp) for b in append_time]
+    assert [p["LogAppendTime"] for p in with_append_time] == stamps
+    assert not any("CreateTime" in p for p in with_append_time)
+
+
+def test_log_append_time_built_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    create = encode_batch([(b"k", b"v0")], timestamp_ms=1_000)
+    append = patch(
+        encode_batch([(b"k", b"v1"), (b"k", b"v2")], base_offset=1, timestamp_ms=2_000),
+        set_attributes=LOG_APPEND_TIME_BIT,
+    )
+    assert RecordBatch(append).is_valid()
+    path = write_segment(tmp_path, create, append)
+
+    status, lines, _ = run(capsys, "dump", "--records", str(path))
+
+    assert status == 0
+    first, second = batch_lines(lines)
+    assert first["CreateTime"] == "1000" and "LogAppendTime" not in first
+    assert second["LogAppendTime"] == "2000" and "CreateTime" not in second
+    assert second["isvalid"] == "true"
+    records = record_lines(lines)
+    assert records[0].startswith("| offset: 0 CreateTime: 1000 ")
+    assert records[1].startswith("| offset: 1 LogAppendTime: 2000 ")
+    assert records[2].startswith("| offset: 2 LogAppendTime: 2000 ")
+
+
+def test_kraft_control_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    data = only_log(needs(METADATA_DIR)).read_bytes()
+    control = [b for b in iter_batches(data) if b.attributes & CONTROL_BIT]
+    assert len(control) == 1
+
+    status, lines, _ = run(capsys, "dump", "--records", str(METADATA_DIR))
+
+    assert status == 0
+    printed = [p for p in batch_lines(lines) if p["isControl"] == "true"]
+    assert [p["baseOffset"] for p in printed] == [str(control[0].base_offset)]
+    (control_type,) = struct.unpack_from(">h", next(control[0].records()).key or b"", 2)
+    marked = [line for line in record_lines(lines) if "controlType:" in line]
+    assert len(marked) == 1
+    assert f" controlType: {control_type} " in marked[0]
+    assert "endTxnMarker" not in marked[0]
+
+
+@pytest.mark.parametrize(("kind", "name"), [(0, "ABORT"), (1, "COMMIT")])
+def test_transaction_marker(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    kind: int,
+    name: str,
+) -> None:
+    data = encode_batch(
+        [(b"a", b"x"), (b"b", b"y")],
+        producer_id=7,
+        producer_epoch=3,
+        base_sequence=0,
+        is_transactional=True,
+    )
+    marker = encode_batch(
+        [(struct.pack(">hh", 0, kind), struct.pack(">hi", 0, 42))],
+        base_offset=2,
+        producer_id=7,
+        producer_epoch=3,
+        is_transactional=True,
+    )
+    path = write_segment(tmp_path, data, patch(marker, set_attributes=CONTROL_BIT))
+
+    status, lines, _ = run(capsys, "dump", "--records", str(path))
+
+    assert status == 0
+    first, second = batch_lines(lines)
+    assert first["isTransactional"] == "true" and first["isControl"] == "false"
+    assert second["isTransactional"] == "true" and second["isControl"] == "true"
+    records = record_lines(lines)
+    assert len(records) == 3
+    assert records[2].startswith("| offset: 2 CreateTime: ")
+    assert records[2].endswith(f" endTxnMarker: {name} coordinatorEpoch: 42")
+    assert "endTxnMarker" not in records[0]
+
+
+def test_undecodable_control_record_is_printed_raw(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A COMMIT key whose value is too short for a marker, and a key too short for a type.
+    batch = encode_batch([(struct.pack(">hh", 0, 1), b"\x00"), (b"\x00", b"zz")])
+    path = write_segment(tmp_path, patch(batch, set_attributes=CONTROL_BIT))
+
+    status, lines, _ = run(capsys, "dump", "--records", str(path))
+
+    assert status == 0
+    first, second = record_lines(lines)
+    assert "endTxnMarker" not in first
+    assert " controlType: 1 " in first and first.endswith("payload: \\x00")
+    assert "controlType" not in second and second.endswith("key: \\x00 payload: zz")
+
+
+# -- record formatting ---------------------------------------------------------------
+
+
+def test_record_line_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = [
+        Record(10, 5_000, b"key-1", b"hello", (("a", b"1"), ("b", None))),
+        Record(11, 5_001, None, None, ()),
+        Record(12, 5_002, b"\xff\xfe", "line1\nline2\té".encode(), ()),
+    ]
+    batch = encode_batch(records, base_offset=10, producer_id=9, base_sequence=100)
+    path = write_segment(tmp_path, batch)
+
+    status, lines, _ = run(capsys, "dump", "--records", str(path))
+
+    assert status == 0
+    (fields,) = batch_lines(lines)
+    assert fields["baseSequence"] == "100" and fields["lastSequence"] == "102"
+    assert record_lines(lines) == [
+        "| offset: 10 CreateTime: 5000 keySize: 5 valueSize: 5 sequence: 100 headerKeys: [a, b]"
+        " key: key-1 payload: hello",
+        "| offset: 11 CreateTime: 5001 keySize: -1 valueSize: -1 sequence: 101 headerKeys: []"
+        " key: null payload: null",
+        "| offset: 12 CreateTime: 5002 keySize: 2 valueSize: 14 sequence: 102 headerKeys: []"
+        " key: \\xff\\xfe payload: line1\\nline2\\té",
+    ]
+
+
+def test_no_sequence_and_long_payload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_segment(tmp_path, encode_batch([(None, b"x" * 10_000)], timestamp_ms=1))
+
+    status, lines, _ = run(capsys, "dump", "--records", str(path))
+
+    assert status == 0
+    (line,) = record_lines(lines)
+    assert " sequence: -1 " in line and " valueSize: 10000 " in line
+    payload = line.split(" payload: ", 1)[1]
+    assert payload.startswith("x" * 150) and payload.endswith("...")
+    assert len(payload) < 300
+
+
+def test_corrupt_records_are_reported_and_dump_continues(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One record but a count of 2 (with a good CRC): the second record runs off the end.
+    bad = patch(encode_batch([(b"k", b"v" * 50)]), records_count=2)
+    good = encode_batch([(b"k", b"after")], base_offset=1)
+    path = write_segment(tmp_path, bad, good)
+
+    status, lines, _ = run(capsys, "dump", "--records", str(path))
+
+    assert status == 0
+    assert len(batch_lines(lines)) == 2
+    corrupt = [i for i, line in enumerate(lines) if line.startswith("| corrupt records: ")]
+    assert len(corrupt) == 1
+    assert lines[corrupt[0] + 1].startswith("baseOffset: 1 ")
+    assert record_lines(lines)[-1].endswith("payload: after")
+
+
+# -- damaged and wrong input ---------------------------------------------------------
+
+
+def test_bit_flip_is_reported_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first = encode_batch([(b"k", b"value-0")], timestamp_ms=1)
+    second = bytearray(encode_batch([(b"k", b"value-1")], base_offset=1, timestamp_ms=1))
+    second[-3] ^= 0x04  # inside the value: the header stays walkable
+    path = write_segment(tmp_path, first, bytes(second))
+
+    status, lines, err = run(capsys, "dump", str(path))
+
+    assert status == 0, err
+    assert [p["isvalid"] for p in batch_lines(lines)] == ["true", "false"]
+
+    status, lines, _ = run(capsys, "dump", "--no-validate", str(path))
+
+    assert status == 0
+    assert [("isvalid" in p) for p in batch_lines(lines)] == [False, False]
+
+
+def test_not_a_segment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("These are my notes, not a Kafka segment.\n" * 5)
+
+    status, lines, err = run(capsys, "dump", str(notes))
+
+    assert status == 2
+    assert batch_lines(lines) == []
+    assert lines[0] == f"Dumping {notes}"
+    assert len(err.strip().splitlines()) == 1
+    assert str(notes) in err and "position 0" in err
+    assert "not a Kafka v2 segment" in err
+
+
+def test_tiny_file_is_not_a_segment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = tmp_path / "hostname"
+    tiny.write_text("box\n")
+
+    status, _, err = run(capsys, "dump", str(tiny))
+
+    assert status == 2
+    assert str(tiny) in err and "position 0" in err and "not a Kafka v2 segment" in err
+
+
+def test_truncated_mid_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first = encode_batch([(b"k", b"one")], timestamp_ms=1)
+    second = encode_batch([(b"k", b"two"), (b"k", b"three")], base_offset=1, timestamp_ms=1)
+    path = write_segment(tmp_path, first, second[:-10])
+
+    status, lines, err = run(capsys, "dump", "--records", str(path))
+
+    assert status == 2
+    assert [p["baseOffset"] for p in batch_lines(lines)] == ["0"]
+    assert record_lines(lines)[0].endswith("payload: one")
+    assert lines[-1] == f"Summary: 1 batches, 1 records, {len(first)} bytes, last offset 0"
+    assert len(err.strip().splitlines()) == 1
+    assert str(path) in err and f"position {len(first)}" in err
+    assert "middle of a batch" in err
+
+
+def test_impossible_header_after_good_batch(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first = encode_batch([(b"k", b"one")], timestamp_ms=1)
+    path = write_segment(tmp_path, first, b"\x00" * 100)
+
+    status, lines, err = run(capsys, "dump", str(path))
+
+    assert status == 2
+    assert len(batch_lines(lines)) == 1
+    assert str(path) in err and f"position {len(first)}" in err and "corrupt" in err
+
+
+def test_missing_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope" / SEGMENT_NAME
+
+    status, lines, err = run(capsys, "dump", str(missing))
+
+    assert status == 2
+    assert lines == []
+    assert str(missing) in err
+
+
+def test_directory_without_segments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "00000000000000000000.index").write_bytes(b"")
+
+    status, lines, err = run(capsys, "dump", str(tmp_path))
+
+    assert status == 2
+    assert lines == []
+    assert str(tmp_path) in err and ".log" in err
+
+
+def test_empty_segment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_segment(tmp_path, name="00000000000000000042.log")
+
+    status, lines, err = run(capsys, "dump", str(path))
+
+    assert status == 0, err
+    assert lines == [
+        f"Dumping {path}",
+        "Log starting offset: 42",
+        "Summary: 0 batches, 0 bytes, last offset none",
+    ]
+
+
+def test_directory_dumps_segments_in_offset_order(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    write_segment(tmp_path, encode_batch([(b"k", b"v")], base_offset=5), name=f"{5:020d}.log")
+    write_segment(tmp_path, encode_batch([(b"k", b"v")], base_offset=0), name=f"{0:020d}.log")
+    bad = write_segment(tmp_path, b"\x00" * 30, name=f"{900:020d}.log")
+    write_segment(tmp_path, encode_batch([(b"k", b"v")], base_offset=10), name=f"{10:020d}.log")
+    (tmp_path / f"{0:020d}.index").write_bytes(b"\x00" * 8)
+
+    status, lines, err = run(capsys, "dump", str(tmp_path))
+
+    assert [line for line in lines if line.startswith("Log starting offset")] == [
+        "Log starting offset: 0",
+        "Log starting offset: 5",
+        "Log starting offset: 10",
+        "Log starting offset: 900",
+    ]
+    assert [p["baseOffset"] for p in batch_lines(lines)] == ["0", "5", "10"]
+    assert sum(line.startswith("Summary: ") for line in lines) == 4
+    # The bad segment is reported, but it does not hide the others.
+    assert status == 2
+    assert str(bad) in err and "position 0" in err
+
+
+class RecordingHandle:
+    def __init__(self, handle: FileHandle, reads: list[int]):
+        self._handle = handle
+        self._reads = reads
+        self.path = handle.path
+
+    def size(self) -> int:
+        return self._handle.size()
+
+    def pread(self, size: int, offset: int) -> bytes:
+        self._reads.append(size)
+        return self._handle.pread(size, offset)
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class RecordingFs:
+    """Passes opens and reads to the real filesystem and records them; nothing else."""
+
+    def __init__(self) -> None:
+        self.opened: list[tuple[str, bool, bool]] = []
+        self.reads: list[int] = []
+
+    def open(self, path: str, *, create: bool = False, writable: bool = True) -> RecordingHandle:
+        self.opened.append((path, create, writable))
+        return RecordingHandle(DEFAULT_FS.open(path, create=create, writable=writable), self.reads)
+
+    def listdir(self, path: str) -> list[str]:
+        return DEFAULT_FS.listdir(path)
+
+
+def test_dump_is_read_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches = [encode_batch([(b"k", b"v")]), encode_batch([(b"k", b"w")], base_offset=1)]
+    path = write_segment(tmp_path, *batches)
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
+    fs = RecordingFs()
+    monkeypatch.setattr(cli, "DEFAULT_FS", fs)
+
+    status, lines, _ = run(capsys, "dump", "--records", str(tmp_path))
+
+    assert status == 0
+    assert len(batch_lines(lines)) == 2
+    assert fs.opened == [(str(path), False, False)]
+    after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
+    assert after == before
+
+
+def test_streams_in_bounded_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment larger than the scan chunk is read piecewise, never whole."""
+    value = bytes(range(256)) * 400  # ~100 KiB, incompressible enough not to matter
+    count = SCAN_CHUNK_BYTES // len(value) + 10
+    batches = [encode_batch([(b"k", value)], base_offset=i) for i in range(count)]
+    path = write_segment(tmp_path, *batches)
+    size = path.stat().st_size
+    assert size > SCAN_CHUNK_BYTES
+    fs = RecordingFs()
+    monkeypatch.setattr(cli, "DEFAULT_FS", fs)
+
+    status, lines, _ = run(capsys, "dump", str(path))
+
+    assert status == 0
+    assert [p["baseOffset"] for p in batch_lines(lines)] == [str(i) for i in range(count)]
+    assert lines[-1] == f"Summary: {count} batches, {size} bytes, last offset {count - 1}"
+    assert len(fs.reads) >= 2
+    assert max(fs.reads) <= SCAN_CHUNK_BYTES < size
+
+
+# -- help, exit codes, pipes, demo ---------------------------------------------------
+
+
+def test_top_level_help(capsys: pytest.CaptureFixture[str]) -> None:
+    status, lines, _ = run(capsys, "--help")
+
+    text = "\n".join(lines)
+    assert status == 0
+    assert "dump" in text and "demo" in text
+    assert "example" in text and "oncelog dump " in text
+
+
+def test_dump_help(capsys: pytest.CaptureFixture[str]) -> None:
+    status, lines, _ = run(capsys, "dump", "--help")
+
+    text = "\n".join(lines)
+    assert status == 0
+    assert text.startswith("usage: oncelog dump")
+    assert "--records" in text and "--no-validate" in text
+    assert "example" in text and "oncelog dump " in text
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert cli.main(["dump"]) == 2
+    assert cli.main(["frobnicate"]) == 2
+    assert "usage: oncelog" in capsys.readouterr().err
+
+
+def test_console_script_help() -> None:
+    script = shutil.which("oncelog", path=os.path.dirname(sys.executable))
+    assert script is not None, "the oncelog console script is not installed next to python"
+
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+
+    assert result.returncode == 0, result.stderr
+    assert "dump" in result.stdout and "example" in result.stdout
+
+
+def test_console_script_into_closed_pipe_exits_quietly() -> None:
+    """`oncelog dump --records BIG | head -1`: the reader leaves early; no traceback, status 0."""
+    needs(BIG_DIR)
+    script = shutil.which("oncelog", path=os.path.dirname(sys.executable))
+    assert script is not None
+
+    proc = subprocess.Popen(
+        [script, "dump", "--records", str(BIG_DIR)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    status = proc.wait(timeout=120)
+
+    assert first.startswith(b"Dumping ")
+    assert stderr == b""
+    assert status == 0
+
+
+def test_broken_pipe_returns_zero(tmp_path: Path) -> None:
+    class ClosingPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            if self.tell() > 200:
+                raise BrokenPipeError(32, "Broken pipe")
+            return super().write(text)
+
+    batches = [encode_batch([(b"k", b"v")], base_offset=i) for i in range(50)]
+    path = write_segment(tmp_path, *batches)
+    out = ClosingPipe()
+    err = io.StringIO()
+
+    status = cli.main(["dump", str(path)], out=out, err=err)
+
+    assert status == 0
+    assert out.getvalue().startswith(f"Dumping {path}")
+    assert err.getvalue() == ""
+
+
+def test_demo_runs_run_demo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def run_demo(data_dir: str) -> int:
+        calls.append(data_dir)
+        return 7
+
+    fake = types.ModuleType("oncelog.demo")
+    fake.run_demo = run_demo  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "oncelog.demo", fake)
+
+    assert cli.main(["demo", "--data-dir", str(tmp_path / "d")]) == 7
+    assert cli.main(["demo"]) == 7
+    assert calls == [str(tmp_path / "d"), os.path.join(".", "data", "demo")]
