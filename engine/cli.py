@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import struct
 import sys
@@ -158,6 +159,8 @@ def main(
     """Run the command line; returns the exit status (0 ok, 2 bad input or corruption)."""
     stdout = sys.stdout if out is None else out
     stderr = sys.stderr if err is None else err
+    # Library warnings (a torn tail cut on open, say) reach the operator as one line each.
+    logging.basicConfig(level=logging.WARNING, format="oncelog: %(levelname)s: %(message)s", stream=stderr)
     parser = build_parser()
     try:
         args = parser.parse_args(None if argv is None else list(argv))
