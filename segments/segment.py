@@ -214,7 +214,7 @@ class LogSegment:
         """
         self.offset_index.reset()
         self.time_index.reset()
-        self.size_on_disk = self._handle.size()
+        size_on_disk = self._handle.size()
         self.size = 0
         self.next_offset = self.base_offset
         self.max_timestamp_ms = fmt.NO_TIMESTAMP
@@ -223,7 +223,7 @@ class LogSegment:
         self.bytes_since_last_index_entry = 0
         prev_last_offset = self.base_offset - 1
         try:
-            for position, batch in scan_file(self._handle, 0, self.size_on_disk):
+            for position, batch in scan_file(self._handle, 0, size_on_disk):
                 if validate:
                     batch.validate()
                 if batch.base_offset <= prev_last_offset or batch.last_offset < batch.base_offset:
