@@ -13,6 +13,8 @@ from oncelog.errors import (
     RecordTooLargeError,
 )
 from oncelog.log import Log
+from oncelog.producer_state import BatchMetadata, ProducerStateEntry
+from oncelog.recovery.loader import RecoveryReport
 from oncelog.results import AppendResult, FetchResult
 from oncelog.segments import Record, RecordBatch, encode_batch, iter_batches
 from oncelog.segments.index import TimestampOffset
@@ -24,7 +26,17 @@ __all__ = [
     "TimestampOffset",
     "CorruptRecordError",
     "InvalidRecordError",
+    "BatchMetadata",
+    "CorruptLogError",
+    "CorruptSnapshotError",
+    "InvalidProducerEpochError",
     "LogClosedError",
+    "LogDirLockedError",
+    "LogFailedError",
+    "OutOfOrderSequenceError",
+    "ProducerStateEntry",
+    "ProducerStateFullError",
+    "RecoveryReport",
     "LogConfig",
     "NotASegmentError",
     "OffsetOutOfRangeError",
@@ -32,7 +44,6 @@ __all__ = [
     "Record",
     "RecordBatch",
     "RecordTooLargeError",
-    "LogFailedError",
     "encode_batch",
     "errors",
     "iter_batches",

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal
 
 TimestampType = Literal["CreateTime", "LogAppendTime"]
+OnCorruption = Literal["raise", "truncate"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +23,14 @@ class LogConfig:
     max_batch_bytes: int = 1024 * 1024 + 12
     # "LogAppendTime" stamps the append time into every batch (attributes bit 3).
     timestamp_type: TimestampType = "CreateTime"
+    # fsync after this many appended messages / this long since the last flush;
+    # None leaves durability to explicit flush() calls (Kafka's default).
+    flush_messages: int | None = None
+    flush_ms: int | None = None
+    # Bad bytes below the recovery point: raise CorruptLogError, or cut the log there.
+    on_corruption: OnCorruption = "raise"
+    # Rows in the producer table (172 bytes each, touched only as producers arrive).
+    producer_capacity: int = 100_000
 
     def __post_init__(self) -> None:
         # A 61-byte header plus one minimal record must fit in a segment and a batch.
@@ -38,6 +47,14 @@ class LogConfig:
             raise ValueError(f"segment_index_bytes must hold a few entries, got {self.segment_index_bytes}")
         if self.max_batch_bytes < 61 + 8:
             raise ValueError(f"max_batch_bytes must hold a batch header, got {self.max_batch_bytes}")
+        if self.flush_messages is not None and self.flush_messages <= 0:
+            raise ValueError(f"flush_messages must be positive or None, got {self.flush_messages}")
+        if self.flush_ms is not None and self.flush_ms < 0:
+            raise ValueError(f"flush_ms must be >= 0 or None, got {self.flush_ms}")
+        if self.on_corruption not in ("raise", "truncate"):
+            raise ValueError(f"on_corruption must be 'raise' or 'truncate', got {self.on_corruption!r}")
+        if self.producer_capacity <= 0:
+            raise ValueError(f"producer_capacity must be positive, got {self.producer_capacity}")
         if self.timestamp_type not in ("CreateTime", "LogAppendTime"):
             raise ValueError(
                 f"timestamp_type must be CreateTime or LogAppendTime, got {self.timestamp_type!r}"

@@ -1,12 +1,13 @@
-"""`oncelog demo`: append, crash a writer with SIGKILL, recover, and show the result.
+"""`oncelog demo`: idempotent producers, a SIGKILL, recovery, and retries after it.
 
-The demo is self-checking: it exits non-zero if any acknowledged batch is missing
-or out of place after recovery.
+Self-checking: it exits non-zero if any acknowledged batch is missing or moved,
+or if a retry after recovery is not recognised as a duplicate.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -15,111 +16,144 @@ import time
 from typing import TextIO
 
 from oncelog.config import LogConfig
+from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from oncelog.log import Log
 from oncelog.segments import encode_batch
 
 DEMO_CONFIG = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=1024)
-PRODUCERS = 3
-CHILD_ACKS_BEFORE_KILL = 400
+PRODUCER_IDS = (1001, 1002, 1003)
+ACKS_BEFORE_KILL = 1500
 
 
-def _payload(producer_id: int, sequence: int) -> bytes:
-    return f"producer={producer_id} seq={sequence} ".encode() * 4
+def _batch(producer_id: int, epoch: int, sequence: int) -> bytes:
+    value = f"producer={producer_id} epoch={epoch} seq={sequence} ".encode() * 3
+    return encode_batch(
+        [(b"key-%d" % producer_id, value)],
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        base_sequence=sequence,
+        timestamp_ms=int(time.time() * 1000),
+    )
 
 
-def _child(directory: str) -> None:
-    """Append forever, printing each acknowledged (first offset, producer, sequence)."""
+def _child(directory: str, seed: int) -> None:
+    """Append forever; print 'offset pid seq duplicate' for each acknowledged append."""
+    rng = random.Random(seed)
     log = Log.open(directory, DEMO_CONFIG)
-    sequence = [0] * PRODUCERS
-    n = 0
+    sequence = dict.fromkeys(PRODUCER_IDS, 0)
     while True:
-        pid = n % PRODUCERS
-        batch = encode_batch(
-            [(b"key-%d" % pid, _payload(pid, sequence[pid]))],
-            producer_id=pid,
-            producer_epoch=0,
-            base_sequence=sequence[pid],
-        )
+        pid = rng.choice(PRODUCER_IDS)
+        batch = _batch(pid, 0, sequence[pid])
         result = log.append(batch)
-        # The append returned, so the batch is in the page cache: it survives kill -9.
-        print(result.first_offset, pid, sequence[pid], flush=True)
+        # append() returned: the batch is in the page cache and survives kill -9.
+        print(result.first_offset, pid, sequence[pid], 0, flush=True)
+        if rng.random() < 0.1:
+            # A producer that timed out waiting for its ack sends the batch again.
+            retry = log.append(batch)
+            print(retry.first_offset, pid, sequence[pid], int(retry.duplicate), flush=True)
         sequence[pid] += 1
-        n += 1
 
 
 def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
     directory = os.path.join(data_dir, "demo-0")
     if os.path.exists(directory):
         shutil.rmtree(directory)
+    failures: list[str] = []
 
     def say(text: str = "") -> None:
         print(text, file=out)
 
-    say(f"1. Appending 300 batches from {PRODUCERS} producers to {directory} (64 KiB segments)")
+    say(f"1. The append rules, on {directory}")
     with Log.open(directory, DEMO_CONFIG) as log:
-        for n in range(300):
-            pid = n % PRODUCERS
-            log.append_records(
-                [(b"key-%d" % pid, _payload(pid, n // PRODUCERS))],
-                producer_id=pid,
-                producer_epoch=0,
-                base_sequence=n // PRODUCERS,
-            )
-        log.flush()
-        say(f"   log end offset {log.log_end_offset}, {len(log.segments)} segments, {log.size_bytes} bytes")
-        fetched = log.read(150, max_bytes=400)
-        for record in list(fetched.records())[:2]:
-            value = record.value or b""
-            say(f"   read offset {record.offset}: key={record.key!r} value={value[:28]!r}...")
+        pid = 999
+        first = log.append(_batch(pid, 0, 0))
+        retry = log.append(_batch(pid, 0, 0))
+        say(
+            f"   producer {pid} seq 0 -> offset {first.first_offset}; the same batch again -> "
+            f"duplicate={retry.duplicate}, offset {retry.first_offset}"
+        )
+        if not retry.duplicate or retry.first_offset != first.first_offset:
+            failures.append("a retry was not recognised as a duplicate")
+        try:
+            log.append(_batch(pid, 0, 5))
+            failures.append("a sequence gap was accepted")
+        except OutOfOrderSequenceError as exc:
+            say(f"   seq 5 after seq 0 -> OutOfOrderSequenceError: {exc}")
+        bumped = log.append(_batch(pid, 1, 0))
+        say(f"   epoch 1 seq 0 (a new incarnation) -> offset {bumped.first_offset}")
+        try:
+            log.append(_batch(pid, 0, 1))
+            failures.append("a zombie producer was not fenced")
+        except InvalidProducerEpochError as exc:
+            say(f"   epoch 0 again (the zombie) -> InvalidProducerEpochError: {exc}")
 
-    say(f"2. A child process appends; it is killed with SIGKILL after {CHILD_ACKS_BEFORE_KILL} acks")
+    say(f"2. A child process appends from {len(PRODUCER_IDS)} producers, retrying 10% of its batches;")
+    say(f"   it is killed with SIGKILL after {ACKS_BEFORE_KILL} acknowledgements, without close()")
     child = subprocess.Popen(
-        [sys.executable, "-c", f"from oncelog.demo import _child; _child({directory!r})"],
+        [sys.executable, "-c", f"from oncelog.demo import _child; _child({directory!r}, 7)"],
         stdout=subprocess.PIPE,
         text=True,
     )
     assert child.stdout is not None
-    acked: list[tuple[int, int, int]] = []
+    lines: list[str] = []
     for line in child.stdout:
-        offset, pid, seq = (int(field) for field in line.split())
-        acked.append((offset, pid, seq))
-        if len(acked) >= CHILD_ACKS_BEFORE_KILL:
+        lines.append(line)
+        if len(lines) >= ACKS_BEFORE_KILL:
             break
     child.send_signal(signal.SIGKILL)
-    # Acks already in the pipe were acknowledged too. The last line may be cut
-    # short by the kill, and an ack that never arrived whole does not count.
+    # Acks still in the pipe count too; a line cut short by the kill was never an ack.
     rest, _ = child.communicate()
-    for line in rest.split("\n")[:-1]:
-        offset, pid, seq = (int(field) for field in line.split())
-        acked.append((offset, pid, seq))
-    say(f"   child killed after {len(acked)} acknowledged appends (last offset {acked[-1][0]})")
+    lines.extend(line + "\n" for line in rest.split("\n")[:-1])
+    acks = [tuple(int(field) for field in line.split()) for line in lines]
+    retried = sum(1 for *_, duplicate in acks if duplicate)
+    say(f"   child killed: {len(acks)} acks, {retried} of them retries answered as duplicates")
 
-    say("3. Simulating a torn write at the tail, as a power loss mid-write leaves")
-    active = sorted(name for name in os.listdir(directory) if name.endswith(".log"))[-1]
-    half = encode_batch([(b"torn", b"x" * 500)], timestamp_ms=int(time.time() * 1000))[:300]
-    with open(os.path.join(directory, active), "ab") as handle:
-        handle.write(half)
-    say(f"   appended 300 bytes of a 600-byte batch to {active}")
-
-    say("4. Reopening: recovery scans the active segment and cuts the torn tail")
-    started = time.perf_counter()
+    say("3. Reopening after the crash")
     with Log.open(directory, DEMO_CONFIG) as log:
-        elapsed_ms = (time.perf_counter() - started) * 1000
-        report = log.load_report
-        say(f"   recovered in {elapsed_ms:.1f} ms: log end offset {log.log_end_offset}")
-        say(f"   cut {report.truncated_bytes} bytes of torn tail ({report.tail_error})")
-        missing = []
-        for offset, pid, seq in acked:
+        report = log.recovery_report
+        say(
+            f"   clean={report.clean} segments={len(log.segments)} scanned={report.segments_scanned} "
+            f"bytes_scanned={report.bytes_scanned} replayed={report.batches_replayed} "
+            f"snapshot_offset={report.snapshot_offset} truncated={report.truncated_bytes} "
+            f"in {report.duration_s * 1000:.1f} ms"
+        )
+        say(f"   log end offset {log.log_end_offset}")
+        for entry in log.producers():
+            say(
+                f"   producer {entry.producer_id}: epoch {entry.producer_epoch}, last seq {entry.last_sequence} "
+                f"at offset {entry.last_offset}, {len(entry.batches)} batches in its dedupe window"
+            )
+        for offset, pid, seq, _ in acks:
             batch = log.read(offset, max_bytes=1).batches[0]
-            record = next(batch.records())
-            if batch.base_offset != offset or batch.producer_id != pid or record.value != _payload(pid, seq):
-                missing.append(offset)
-        next_result = log.append_records([(b"after", b"recovery")])
-        say(f"   every one of {len(acked)} acknowledged child appends is at its offset: {not missing}")
-        say(f"   the next append lands at offset {next_result.first_offset}")
+            if (batch.base_offset, batch.producer_id, batch.base_sequence) != (offset, pid, seq):
+                failures.append(f"acknowledged batch pid={pid} seq={seq} is not at offset {offset}")
+        say(f"   every acknowledged batch is at its offset: {not failures}")
+
+        say("4. Each producer retries the 5 batches its recovered dedupe window holds")
+        say("   (a batch written just before the kill may never have been acked: a real client retries it)")
+        acked_offset = {(p, s): o for o, p, s, d in acks if not d}
+        for pid in PRODUCER_IDS:
+            entry = log.producer_state(pid)
+            window = entry.batches if entry else ()
+            answers = [log.append(_batch(pid, 0, meta.first_sequence)) for meta in window]
+            ok = all(
+                a.duplicate
+                and a.first_offset == meta.first_offset
+                and acked_offset.get((pid, meta.first_sequence), meta.first_offset) == meta.first_offset
+                for a, meta in zip(answers, window, strict=True)
+            )
+            if not ok or not window:
+                failures.append(f"producer {pid}: a retry after recovery was not answered as a duplicate")
+            shown = [
+                f"{m.first_sequence}{'' if (pid, m.first_sequence) in acked_offset else '*'}" for m in window
+            ]
+            say(
+                f"   producer {pid}: seqs {shown} -> duplicates at original offsets "
+                f"{[a.first_offset for a in answers]}: {ok}"
+            )
+        say("   (* written but not acknowledged before the kill)")
     say()
-    say(f"Inspect it: oncelog dump {directory} --records | head")
-    if missing:
-        say(f"FAILED: {len(missing)} acknowledged batches lost, first at offset {missing[0]}")
-        return 1
-    return 0
+    say(f"Inspect it: oncelog dump {directory} | head")
+    for failure in failures:
+        say(f"FAILED: {failure}")
+    return 1 if failures else 0

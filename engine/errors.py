@@ -33,6 +33,7 @@ class CorruptRecordError(OncelogError):
         elif position is not None:
             where = f"at position {position}: "
         super().__init__(where + message)
+        self.reason = message  # the message without the file and position
         self.path = path
         self.position = position
 
@@ -58,8 +59,42 @@ class LogClosedError(OncelogError):
 
 
 class LogFailedError(OncelogError):
-    """An fsync or write failed; the log refuses appends until it is reopened.
+    """A write or fsync failed; the log refuses appends until it is reopened.
 
     A retried fsync can report success after the kernel has dropped the dirty
     pages (PostgreSQL's "fsyncgate"), so the only safe reaction is to fail closed.
     """
+
+
+class LogDirLockedError(OncelogError):
+    """Another Log (in this process or another) has the directory open."""
+
+
+class CorruptLogError(OncelogError):
+    """Bad bytes below the recovery point: not a torn tail, real corruption.
+
+    Data below the recovery point was fsynced, so a checksum failure there means
+    the disk or something else changed it. oncelog refuses to serve it; opening
+    with `LogConfig(on_corruption="truncate")` cuts the log there instead.
+    """
+
+    def __init__(self, message: str, *, path: str, position: int):
+        super().__init__(f"{path} at position {position}: {message}")
+        self.path = path
+        self.position = position
+
+
+class CorruptSnapshotError(OncelogError):
+    """A producer-state snapshot that is short, has a bad CRC or an unknown version."""
+
+
+class InvalidProducerEpochError(OncelogError):
+    """A batch from an older producer epoch: a zombie producer, fenced."""
+
+
+class OutOfOrderSequenceError(OncelogError):
+    """A sequence gap, a partial overlap, or a duplicate older than the dedupe window."""
+
+
+class ProducerStateFullError(RetriableError):
+    """The producer table is full of live producers; retry after some expire."""

@@ -1,46 +1,62 @@
-"""Log: one partition directory of segments, with append, read and roll.
+"""Log: one partition directory of segments, with idempotent append, read and roll.
 
-Appends are validated in full before a byte is written, so a rejected request
-leaves the log byte-for-byte unchanged. Offsets are stamped into the batch header
-by rewriting only the first 17 bytes (the CRC does not cover them): the body is
-handed to the kernel as-is with a vectored write.
+Appends are checked in full (batch validation, then Kafka's producer rules) before
+a byte is written, so a rejected request leaves the log byte-for-byte unchanged,
+and producer state changes only after the bytes are in the segment. Offsets are
+stamped by rewriting only the first 8 bytes (the CRC does not cover them): the
+body goes to the kernel as-is in a vectored write.
+
+Durability (brief §5): a roll fsyncs the old segment and writes the snapshot at
+the new base before the recovery point (in the metadata store) moves there, so
+an unclean open validates only the active segment. A clean close leaves a marker
+that the next open deletes before loading, so a crash while loading is unclean.
 """
 
 from __future__ import annotations
 
-import bisect
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Literal
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import crc32c
 
 from oncelog.config import LogConfig
-from oncelog.errors import (
-    CorruptRecordError,
-    InvalidRecordError,
-    LogClosedError,
-    LogFailedError,
-    NotASegmentError,
-    OffsetOutOfRangeError,
-    RecordTooLargeError,
-)
-from oncelog.recovery.fs import DEFAULT_FS, Buffer, FileSystem
-from oncelog.recovery.loader import LoadReport, load_segments
+from oncelog.errors import InvalidRecordError, LogClosedError, LogDirLockedError, LogFailedError
+from oncelog.producer_state import BatchMetadata, ProducerAppendInfo, ProducerStateEntry
+from oncelog.reads import read_log
+from oncelog.recovery import snapshot as snapshots
+from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore
+from oncelog.recovery.loader import RECOVERY_POINT_KEY, LoadedLog, LogLoader, RecoveryReport, write_offsets
 from oncelog.results import AppendResult, FetchResult
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.index import TimestampOffset
 from oncelog.segments.segment import BatchMeta, LogSegment
+from oncelog.validation import Origin, validate_batch
 
-Origin = Literal["client", "replication"]
 Clock = Callable[[], int]
+
+LOCK_FILE = ".lock"
+CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
+METADATA_DIR = "meta.lmdb"
 
 
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
+
+
+class _Planned:
+    """One batch of a request after checks: where it goes, or the duplicate it is."""
+
+    __slots__ = ("base", "batch", "duplicate", "last", "max_ts")
+
+    def __init__(self, batch: RecordBatch, base: int, last: int, max_ts: int, duplicate: bool):
+        self.batch = batch
+        self.base = base
+        self.last = last
+        self.max_ts = max_ts
+        self.duplicate = duplicate
 
 
 class Log:
@@ -50,22 +66,29 @@ class Log:
         config: LogConfig,
         fs: FileSystem,
         clock: Clock,
-        segments: list[LogSegment],
-        load_report: LoadReport,
+        loaded: LoadedLog,
+        store: MetadataStore,
+        dir_lock: DirLock,
     ):
-        assert segments, "a log always has an active segment"
+        assert loaded.segments, "a log always has an active segment"
         self.directory = directory
         self.config = config
         self._fs = fs
         self._clock = clock
-        self._segments = segments
-        # What opening found: segments, rebuilt indexes, a cut torn tail.
-        self.load_report = load_report
-        self._base_offsets = [segment.base_offset for segment in segments]
+        self._segments = loaded.segments
+        self._base_offsets = [segment.base_offset for segment in self._segments]
+        self._producers = loaded.producers
+        self._store = store
+        self._dir_lock = dir_lock
+        self.recovery_point = loaded.recovery_point
+        # What opening read and did: clean or not, bytes scanned, tail cut.
+        self.recovery_report: RecoveryReport = loaded.report
         self._lock = threading.RLock()
         self._closed = False
         # Set by the first failed write or fsync; appends are refused until reopen.
         self._failure: BaseException | None = None
+        self._unflushed_messages = 0
+        self._last_flush_ms = clock()
 
     @classmethod
     def open(
@@ -81,10 +104,28 @@ class Log:
         config = config or LogConfig()
         fs = fs or DEFAULT_FS
         fs.mkdir(directory)
-        segments, report = load_segments(fs, directory, config)
-        return cls(directory, config, fs, clock or wall_clock_ms, segments, report)
+        try:
+            dir_lock = fs.lock(os.path.join(directory, LOCK_FILE))
+        except BlockingIOError:
+            raise LogDirLockedError(f"{directory} is already open in another Log") from None
+        store: MetadataStore | None = None
+        try:
+            marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
+            clean = fs.exists(marker)
+            if clean:
+                fs.unlink(marker)
+                # fsync(dir): a crash during loading must find no marker and count as unclean.
+                fs.fsync_dir(directory)
+            store = fs.open_store(os.path.join(directory, METADATA_DIR))
+            loaded = LogLoader(fs, directory, config, store, clean=clean).load()
+        except BaseException:
+            if store is not None:
+                store.close()
+            dir_lock.release()
+            raise
+        return cls(directory, config, fs, clock or wall_clock_ms, loaded, store, dir_lock)
 
-    # -- properties --------------------------------------------------------------
+    # -- properties ------------------------------------------------------------------
     @property
     def log_start_offset(self) -> int:
         return self._segments[0].base_offset
@@ -105,9 +146,19 @@ class Log:
     def size_bytes(self) -> int:
         return sum(segment.size for segment in self._segments)
 
-    # -- appends -----------------------------------------------------------------
+    def producer_state(self, producer_id: int) -> ProducerStateEntry | None:
+        with self._lock:
+            return self._producers.get(producer_id)
+
+    def producers(self) -> Iterator[ProducerStateEntry]:
+        """Every producer's state, oldest first (a snapshot taken under the lock)."""
+        with self._lock:
+            entries = list(self._producers.entries())
+        return iter(entries)
+
+    # -- appends ---------------------------------------------------------------------
     def append(self, batch_bytes: Buffer, *, origin: Origin = "client") -> AppendResult:
-        """Validate one encoded batch, stamp its offsets and write it."""
+        """Validate one encoded batch, check its producer, stamp its offsets and write it."""
         return self.append_batches([batch_bytes], origin=origin)[0]
 
     def append_records(
@@ -136,46 +187,34 @@ class Log:
     def append_batches(self, batches: Sequence[Buffer], *, origin: Origin = "client") -> list[AppendResult]:
         """Append many batches with as few write() calls as the segments allow.
 
-        Every batch is validated first; if any is bad, nothing is written.
+        Every batch is checked first; if any is refused, nothing is written. A
+        duplicate (a retry of one of its producer's last 5 batches) is not written
+        and comes back with its original offsets and `duplicate=True`.
         """
         if origin not in ("client", "replication"):
             raise ValueError(f"origin is 'client' or 'replication', got {origin!r}")
-        views = [self._validate(buffer, origin) for buffer in batches]
+        views = [validate_batch(buffer, origin, self.config.max_batch_bytes) for buffer in batches]
         with self._lock:
             self._check_writable()
-            return self._append_validated(views, origin)
+            plan = self._plan(views, origin)
+            results = self._execute(plan)
+            self._maybe_flush(sum(p.batch.records_count for p in plan if not p.duplicate))
+            return results
 
-    def _validate(self, buffer: Buffer, origin: Origin) -> RecordBatch:
-        if len(buffer) > self.config.max_batch_bytes:
-            raise RecordTooLargeError(
-                f"batch of {len(buffer)} bytes exceeds max_batch_bytes={self.config.max_batch_bytes}"
-            )
-        batch = RecordBatch(buffer)
-        if batch.size != len(buffer):
-            raise CorruptRecordError(
-                f"buffer holds {len(buffer)} bytes but its batchLength says {batch.size}"
-            )
-        batch.validate()
-        if origin == "replication":
-            return batch
-        if batch.records_count <= 0 or batch.last_offset_delta + 1 != batch.records_count:
-            raise InvalidRecordError(
-                f"recordsCount {batch.records_count} must equal lastOffsetDelta + 1 "
-                f"({batch.last_offset_delta + 1})"
-            )
-        if batch.is_control:
-            raise InvalidRecordError("clients may not append control batches")
-        if batch.producer_id >= 0 and batch.base_sequence < 0:
-            raise InvalidRecordError(f"producer {batch.producer_id} sent baseSequence {batch.base_sequence}")
-        return batch
-
-    def _append_validated(self, views: list[RecordBatch], origin: Origin) -> list[AppendResult]:
-        now_ms = self._clock()
-        append_time_ms = now_ms if self.config.timestamp_type == "LogAppendTime" else None
-        # Plan first, with no I/O, so a request refused for its offsets writes nothing.
-        plan: list[tuple[RecordBatch, int, int, int]] = []
+    def _plan(self, views: list[RecordBatch], origin: Origin) -> list[_Planned]:
+        """Offsets and producer checks for a request, with no I/O and no state change."""
+        append_time_ms = self._clock() if self.config.timestamp_type == "LogAppendTime" else None
+        info = ProducerAppendInfo(self._producers)
+        plan: list[_Planned] = []
         next_offset = self.log_end_offset
         for batch in views:
+            pid = batch.producer_id
+            max_ts = batch.max_timestamp if append_time_ms is None else append_time_ms
+            if origin == "client" and pid >= 0:
+                duplicate = info.check(pid, batch.producer_epoch, batch.base_sequence, batch.last_sequence)
+                if duplicate is not None:
+                    plan.append(_Planned(batch, duplicate.first_offset, duplicate.last_offset, max_ts, True))
+                    continue
             if origin == "replication":
                 # A follower keeps its leader's offsets; gaps (compaction) are legal.
                 base = batch.base_offset
@@ -186,46 +225,81 @@ class Log:
             else:
                 base = next_offset
             last = base + batch.last_offset_delta
-            plan.append(
-                (batch, base, last, batch.max_timestamp if append_time_ms is None else append_time_ms)
-            )
+            if pid >= 0 and not batch.is_control:
+                info.add(
+                    pid,
+                    batch.producer_epoch,
+                    BatchMetadata(batch.base_sequence, batch.last_sequence, base, last, max_ts),
+                )
+            plan.append(_Planned(batch, base, last, max_ts, False))
             next_offset = last + 1
+        return plan
 
+    def _execute(self, plan: list[_Planned]) -> list[AppendResult]:
+        append_time = self.config.timestamp_type == "LogAppendTime"
         results: list[AppendResult] = []
-        buffers: list[Buffer] = []
-        metas: list[BatchMeta] = []
-        # The active segment as it will be once the pending buffers are written.
+        group: list[_Planned] = []
+        # The active segment as it will be once the pending group is written.
         segment_bytes = self.active_segment.size
         first_timestamp_ms = self.active_segment.first_batch_timestamp_ms
-        for batch, base, last, max_ts in plan:
-            if self._should_roll(segment_bytes, first_timestamp_ms, batch.size, max_ts, last):
-                self._write(buffers, metas)
-                buffers, metas = [], []
-                self._roll(base)
+        for p in plan:
+            if p.duplicate:
+                results.append(AppendResult(p.base, p.last, -1, True))
+                continue
+            if self._should_roll(segment_bytes, first_timestamp_ms, p.batch.size, p.max_ts, p.last):
+                self._write_group(group)
+                group = []
+                self._roll(p.base)
                 segment_bytes, first_timestamp_ms = 0, None
-            buffers.extend(self._stamped(batch, base, append_time_ms))
-            metas.append(BatchMeta(last, max_ts, batch.size))
-            segment_bytes += batch.size
+            group.append(p)
+            segment_bytes += p.batch.size
             if first_timestamp_ms is None:
-                first_timestamp_ms = max_ts
-            results.append(AppendResult(base, last, -1 if append_time_ms is None else append_time_ms, False))
-        self._write(buffers, metas)
+                first_timestamp_ms = p.max_ts
+            results.append(AppendResult(p.base, p.last, p.max_ts if append_time else -1, False))
+        self._write_group(group)
         return results
 
-    def _stamped(self, batch: RecordBatch, base_offset: int, append_time_ms: int | None) -> list[Buffer]:
+    def _write_group(self, group: list[_Planned]) -> None:
+        """Write the group's bytes, then (only then) apply it to producer state."""
+        if not group:
+            return
+        buffers: list[Buffer] = []
+        for p in group:
+            buffers.extend(self._stamped(p))
+        metas = [BatchMeta(p.last, p.max_ts, p.batch.size) for p in group]
+        try:
+            self.active_segment.append(buffers, metas)
+        except OSError as exc:
+            self._failure = exc
+            raise LogFailedError(f"write to {self.active_segment.path} failed: {exc}") from exc
+        for p in group:
+            batch = p.batch
+            if batch.producer_id >= 0:
+                self._producers.replay_batch(
+                    batch.producer_id,
+                    batch.producer_epoch,
+                    batch.base_sequence,
+                    batch.last_sequence,
+                    p.base,
+                    p.last,
+                    p.max_ts,
+                    batch.is_control,
+                )
+
+    def _stamped(self, p: _Planned) -> list[Buffer]:
         """The batch's bytes with its base offset set (and its timestamp on LogAppendTime)."""
-        buf = batch.buffer
-        if append_time_ms is None:
-            prefix = fmt.INT64.pack(base_offset)
+        buf = p.batch.buffer
+        if self.config.timestamp_type != "LogAppendTime":
+            prefix = fmt.INT64.pack(p.base)
             if buf[: fmt.LENGTH_OFFSET] == prefix:
                 return [buf]
             return [prefix, buf[fmt.LENGTH_OFFSET :]]
         # LogAppendTime changes CRC-covered fields, so this path copies the batch.
         out = bytearray(buf)
-        fmt.INT64.pack_into(out, fmt.BASE_OFFSET_OFFSET, base_offset)
-        attributes = batch.attributes | fmt.TIMESTAMP_TYPE_MASK
+        fmt.INT64.pack_into(out, fmt.BASE_OFFSET_OFFSET, p.base)
+        attributes = p.batch.attributes | fmt.TIMESTAMP_TYPE_MASK
         out[fmt.ATTRIBUTES_OFFSET : fmt.ATTRIBUTES_OFFSET + 2] = attributes.to_bytes(2, "big", signed=True)
-        fmt.INT64.pack_into(out, fmt.MAX_TIMESTAMP_OFFSET, append_time_ms)
+        fmt.INT64.pack_into(out, fmt.MAX_TIMESTAMP_OFFSET, p.max_ts)
         fmt.UINT32.pack_into(out, fmt.CRC_OFFSET, crc32c.crc32c(memoryview(out)[fmt.ATTRIBUTES_OFFSET :]))
         return [out]
 
@@ -249,16 +323,7 @@ class Log:
         # Index entries hold offsets relative to the base as i32.
         return active.indexes_full or last_offset - active.base_offset > fmt.INT32_MAX
 
-    def _write(self, buffers: list[Buffer], metas: list[BatchMeta]) -> None:
-        if not metas:
-            return
-        try:
-            self.active_segment.append(buffers, metas)
-        except OSError as exc:
-            self._failure = exc
-            raise LogFailedError(f"write to {self.active_segment.path} failed: {exc}") from exc
-
-    # -- rolling and durability ----------------------------------------------------
+    # -- rolling and durability --------------------------------------------------------
     def roll(self) -> LogSegment:
         """Start a new active segment at the log end (no-op on an empty active segment)."""
         with self._lock:
@@ -270,9 +335,12 @@ class Log:
     def _roll(self, base_offset: int) -> LogSegment:
         old = self.active_segment
         try:
-            # fsync the sealed segment now: only the active one is scanned on open.
+            # fsync the old segment: the recovery point below moves past it.
             old.flush()
             old.seal()
+            # The snapshot is durable (write_snapshot fsyncs) before the recovery
+            # point relies on it (KAFKA-5829).
+            snapshots.write_snapshot(self._fs, self.directory, base_offset, self._producers.live_rows())
             segment = LogSegment.open(
                 self._fs,
                 self.directory,
@@ -281,6 +349,7 @@ class Log:
                 max_index_bytes=self.config.segment_index_bytes,
                 create=True,
             )
+            self._set_recovery_point(base_offset)
         except OSError as exc:
             self._failure = exc
             raise LogFailedError(f"rolling {old.path} failed: {exc}") from exc
@@ -288,12 +357,27 @@ class Log:
         self._base_offsets.append(base_offset)
         return segment
 
+    def _set_recovery_point(self, offset: int) -> None:
+        # One durable LMDB commit; only ever called after what it covers was fsynced.
+        write_offsets(self._store, {RECOVERY_POINT_KEY: offset})
+        self.recovery_point = offset
+
+    def _maybe_flush(self, appended_messages: int) -> None:
+        self._unflushed_messages += appended_messages
+        flush_messages, flush_ms = self.config.flush_messages, self.config.flush_ms
+        due = (flush_messages is not None and self._unflushed_messages >= flush_messages) or (
+            flush_ms is not None and self._clock() - self._last_flush_ms >= flush_ms
+        )
+        if due:
+            self.flush()
+
     def flush(self) -> None:
         """Make every appended batch durable (survives power loss)."""
         with self._lock:
             self._check_open()
             if self._failure is not None:
                 raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
+            end = self.log_end_offset
             for segment in self._segments:
                 if segment.unflushed:
                     try:
@@ -303,18 +387,40 @@ class Log:
                         # dropped the dirty pages (fsyncgate).
                         self._failure = exc
                         raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
+            if end > self.recovery_point:
+                self._set_recovery_point(end)
+            self._unflushed_messages = 0
+            self._last_flush_ms = self._clock()
 
     def close(self) -> None:
+        """Flush, snapshot at the log end and leave the clean-shutdown marker."""
         with self._lock:
             if self._closed:
                 return
+            clean = False
             try:
                 if self._failure is None:
                     self.flush()
+                    end = self.log_end_offset
+                    snapshots.write_snapshot(self._fs, self.directory, end, self._producers.live_rows())
+                    clean = True
             finally:
                 self._closed = True
                 for segment in self._segments:
                     segment.close()
+                if clean:
+                    self._write_clean_marker()
+                self._store.close()
+                self._dir_lock.release()
+
+    def _write_clean_marker(self) -> None:
+        marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
+        handle = self._fs.open(marker, create=True)
+        # fsync: the marker promises that the trimmed indexes and the snapshot are on disk.
+        handle.fsync()
+        handle.close()
+        # fsync(dir): the marker's directory entry must survive power loss, or the next open rescans.
+        self._fs.fsync_dir(self.directory)
 
     def __enter__(self) -> Log:
         return self
@@ -331,26 +437,16 @@ class Log:
         if self._failure is not None:
             raise LogFailedError(f"{self.directory} refuses appends until reopened: {self._failure}")
 
-    # -- reads ---------------------------------------------------------------------
+    # -- reads -----------------------------------------------------------------------
     def read(
         self, start_offset: int, max_bytes: int = 1_048_576, *, max_offset: int | None = None
     ) -> FetchResult:
         """Whole batches from the one holding `start_offset`, about `max_bytes` of them."""
         with self._lock:
             self._check_open()
-            start, end = self.log_start_offset, self.log_end_offset
-            if not start <= start_offset <= end:
-                raise OffsetOutOfRangeError(
-                    f"offset {start_offset} is outside [{start}, {end}] of {self.directory}"
-                )
-            batches: list[RecordBatch] = []
-            first = bisect.bisect_right(self._base_offsets, start_offset) - 1
-            for segment in self._segments[max(first, 0) :]:
-                batches = segment.read(start_offset, max_bytes, max_offset)
-                if batches or (max_offset is not None and segment.next_offset >= max_offset):
-                    break
-        next_offset = batches[-1].last_offset + 1 if batches else start_offset
-        return FetchResult(batches, start_offset, next_offset, end)
+            return read_log(
+                self._segments, self._base_offsets, start_offset, max_bytes, max_offset, self.directory
+            )
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampOffset | None:
         """The first record whose timestamp is at or after `timestamp_ms`, if any."""
@@ -364,6 +460,3 @@ class Log:
 
     def __repr__(self) -> str:
         return f"Log({self.directory}, start={self.log_start_offset}, end={self.log_end_offset})"
-
-
-__all__ = ["AppendResult", "FetchResult", "Log", "NotASegmentError"]

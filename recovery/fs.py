@@ -12,10 +12,13 @@ exact bytes it may tear.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
+
+import lmdb
 
 Buffer = bytes | bytearray | memoryview
 
@@ -71,8 +74,34 @@ class MappedRegion(Protocol):
     def close(self) -> None: ...
 
 
+class MetadataStore(Protocol):
+    """Small durable key/value metadata (recovery point, start offset, ...).
+
+    `put` is one atomic, durable commit: after a crash either all of it or none of
+    it is there. The OS implementation is LMDB; the fault twin models the commit.
+    """
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def put(self, values: Mapping[str, bytes]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class DirLock(Protocol):
+    def release(self) -> None: ...
+
+
 class FileSystem(Protocol):
     def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle: ...
+
+    def open_store(self, path: str) -> MetadataStore:
+        """Open (creating) the metadata store kept in directory `path`."""
+        ...
+
+    def lock(self, path: str) -> DirLock:
+        """Take an exclusive lock on the file `path`; BlockingIOError if already held."""
+        ...
 
     def exists(self, path: str) -> bool: ...
 
@@ -176,8 +205,55 @@ class OsFile:
             self._fd = -1
 
 
+class LmdbStore:
+    # Metadata is a handful of keys; 16 MiB of address space is plenty and costs nothing.
+    MAP_BYTES = 16 * 1024 * 1024
+
+    def __init__(self, path: str):
+        # sync and metasync: a commit returns only once it is durable, which is
+        # what lets the recovery point promise "everything below me was fsynced".
+        self._env = lmdb.open(path, map_size=self.MAP_BYTES, subdir=True, sync=True, metasync=True, max_dbs=0)
+
+    def get(self, key: str) -> bytes | None:
+        with self._env.begin() as txn:
+            value = txn.get(key.encode())
+        return None if value is None else bytes(value)
+
+    def put(self, values: Mapping[str, bytes]) -> None:
+        with self._env.begin(write=True) as txn:
+            for key, value in values.items():
+                txn.put(key.encode(), value)
+
+    def close(self) -> None:
+        self._env.close()
+
+
+class OsDirLock:
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = -1
+
+
 class OsFileSystem:
     """The real operating system."""
+
+    def open_store(self, path: str) -> MetadataStore:
+        return LmdbStore(path)
+
+    def lock(self, path: str) -> DirLock:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            # flock locks the open file description, so a second open in this very
+            # process conflicts too, not only another process.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(fd)
+            raise
+        return OsDirLock(fd)
 
     def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
         flags = os.O_RDWR if writable else os.O_RDONLY

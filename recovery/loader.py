@@ -1,32 +1,75 @@
-"""Loading a partition directory: find the segments, check them, cut a torn tail.
+"""LogLoader: open a partition directory and restore the log and its producer state.
 
-This is the minimal loader of issue 2. Sealed segments were fsynced when they
-rolled, so their indexes are trusted after a sanity check. The active segment may
-end in a torn write, so it is rescanned with CRC checks and cut at the first bad
-batch: a crash mid-write leaves a truncated or zero-filled tail, which is EOF, not
-corruption. (Issue 3 adds the recovery point and snapshots, and tells corruption
-below the recovery point apart from a torn tail.)
+Clean open (the shutdown marker was there): every segment's indexes are trusted
+after a sanity check, and the snapshot written at close holds the producer state.
+
+Unclean open (brief §5), in the order that keeps cost proportional to the tail:
+  1. Segments below the recovery point were fsynced and are trusted as above.
+  2. From the segment holding the recovery point on, every batch is validated
+     (size, magic, CRC, offsets increasing) and the indexes rebuilt. The first bad
+     batch ends the log: a crash mid-write leaves a truncated, zero-filled or
+     garbage tail, which is EOF, not corruption. A bad batch *below* the recovery
+     point cannot be a torn write (it was fsynced), so it raises CorruptLogError
+     unless `on_corruption="truncate"`.
+  3. Producer state: the newest valid snapshot at or below the new log end, then
+     the batch headers after it (records are never decoded). A snapshot that is
+     short or corrupt is set aside and the next older one is tried.
+  4. The caller-facing guarantee: what was validated is fsynced before it is
+     served (KAFKA-10101), then the recovery point moves to the log end and a
+     fresh snapshot is written there.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
+import struct
+import time
 from typing import NamedTuple
 
 from oncelog.config import LogConfig
-from oncelog.errors import NotASegmentError
-from oncelog.recovery.fs import FileSystem
-from oncelog.segments.segment import (
-    INDEX_SUFFIX,
-    LOG_SUFFIX,
-    TIME_INDEX_SUFFIX,
-    LogSegment,
-    parse_segment_file_name,
-    segment_file_name,
-)
+from oncelog.errors import CorruptLogError, CorruptRecordError, CorruptSnapshotError, NotASegmentError
+from oncelog.producer_state import ProducerStateManager
+from oncelog.recovery import snapshot as snapshots
+from oncelog.recovery.fs import FileSystem, MetadataStore
+from oncelog.segments.batch import RecordBatch
+from oncelog.segments.segment import LOG_SUFFIX, LogSegment, parse_segment_file_name
 
 log = logging.getLogger(__name__)
+
+RECOVERY_POINT_KEY = "recovery_point"
+_OFFSET = struct.Struct(">q")
+
+
+class RecoveryReport(NamedTuple):
+    """What opening a log read and did; tests use it to prove only the tail was read."""
+
+    clean: bool
+    segments_scanned: int
+    bytes_scanned: int
+    batches_replayed: int
+    truncated_bytes: int
+    snapshot_offset: int | None
+    duration_s: float
+    indexes_rebuilt: int = 0
+    tail_error: str | None = None
+
+
+class LoadedLog(NamedTuple):
+    segments: list[LogSegment]
+    producers: ProducerStateManager
+    recovery_point: int
+    report: RecoveryReport
+
+
+def read_offset(store: MetadataStore, key: str) -> int | None:
+    raw = store.get(key)
+    return None if raw is None else int(_OFFSET.unpack(raw)[0])
+
+
+def write_offsets(store: MetadataStore, values: dict[str, int]) -> None:
+    store.put({key: _OFFSET.pack(value) for key, value in values.items()})
 
 
 def list_segment_bases(fs: FileSystem, directory: str) -> list[int]:
@@ -43,89 +86,224 @@ def list_segment_bases(fs: FileSystem, directory: str) -> list[int]:
     return sorted(bases)
 
 
-class LoadReport(NamedTuple):
-    """What loading a partition directory found and did."""
+class LogLoader:
+    def __init__(
+        self, fs: FileSystem, directory: str, config: LogConfig, store: MetadataStore, *, clean: bool
+    ):
+        self.fs = fs
+        self.directory = directory
+        self.config = config
+        self.store = store
+        self.clean = clean
+        self.producers = ProducerStateManager(config.producer_capacity)
+        self.segments: list[LogSegment] = []
+        self._bytes_scanned = 0
+        self._segments_scanned = 0
+        self._replayed = 0
+        self._truncated = 0
+        self._rebuilt = 0
+        self._tail_error: str | None = None
+        self._validated: list[LogSegment] = []
 
-    segments: int
-    indexes_rebuilt: int
-    # Bytes cut from the end of the active segment, and why.
-    truncated_bytes: int = 0
-    tail_error: str | None = None
+    def load(self) -> LoadedLog:
+        started = time.perf_counter()
+        try:
+            snapshot_offset = self._load()
+        except BaseException:
+            for segment in self.segments:
+                segment.close()
+            raise
+        end = self.segments[-1].next_offset
+        if not self.clean:
+            # Serve nothing recovery has not made durable (KAFKA-10101); only then
+            # may the recovery point move past it.
+            for segment in self._validated:
+                if segment in self.segments:
+                    segment.flush()
+            snapshots.write_snapshot(self.fs, self.directory, end, self.producers.live_rows())
+            write_offsets(self.store, {RECOVERY_POINT_KEY: end})
+        self._remove_stray_snapshots(end)
+        report = RecoveryReport(
+            clean=self.clean,
+            segments_scanned=self._segments_scanned,
+            bytes_scanned=self._bytes_scanned,
+            batches_replayed=self._replayed,
+            truncated_bytes=self._truncated,
+            snapshot_offset=snapshot_offset,
+            duration_s=time.perf_counter() - started,
+            indexes_rebuilt=self._rebuilt,
+            tail_error=self._tail_error,
+        )
+        return LoadedLog(self.segments, self.producers, end, report)
 
+    # -- the steps -------------------------------------------------------------------
+    def _load(self) -> int | None:
+        self._remove_temp_files()
+        bases = list_segment_bases(self.fs, self.directory)
+        if not bases:
+            self.segments.append(self._open(0, create=True))
+            return None
+        for base in bases:
+            self.segments.append(self._open(base))
+        recovery_point = read_offset(self.store, RECOVERY_POINT_KEY) or 0
+        # Unclean: validate from the segment holding the recovery point to the end.
+        first_unsafe = len(bases) if self.clean else max(bisect.bisect_right(bases, recovery_point) - 1, 0)
+        for n in range(first_unsafe):
+            next_base = bases[n + 1] if n + 1 < len(bases) else None
+            if next_base is None and not self._load_active_cleanly(self.segments[n]):
+                # The marker said clean but the active segment disagrees: validate it.
+                self.clean = False
+                first_unsafe = n
+                break
+            self._load_trusted(self.segments[n], next_base, recovery_point)
 
-def load_segments(fs: FileSystem, directory: str, config: LogConfig) -> tuple[list[LogSegment], LoadReport]:
-    bases = list_segment_bases(fs, directory)
-    if not bases:
-        return [_open(fs, directory, 0, config, create=True)], LoadReport(1, 0)
-    segments: list[LogSegment] = []
-    rebuilt = 0
-    truncated = 0
-    tail_error: str | None = None
-    try:
-        for n, base in enumerate(bases):
-            indexes_present = all(
-                fs.exists(os.path.join(directory, segment_file_name(base, suffix)))
-                for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
-            )
-            segment = _open(fs, directory, base, config)
-            segments.append(segment)
-            if n < len(bases) - 1:
-                rebuilt += _load_sealed(segment, indexes_present, next_base=bases[n + 1])
-            else:
-                truncated, tail_error = _recover_active(segment)
-                rebuilt += 1
-    except BaseException:
-        for segment in segments:
-            segment.close()
-        raise
-    return segments, LoadReport(len(segments), rebuilt, truncated, tail_error)
+        snapshot_offset, has_state = self._load_newest_snapshot(limit=None)
+        validated_from = bases[first_unsafe] if first_unsafe < len(bases) else None
+        self._replay_trusted(snapshot_offset, until=validated_from)
+        self._validate_tail(first_unsafe, recovery_point, snapshot_offset)
+        end = self.segments[-1].next_offset
+        if has_state and snapshot_offset is not None and snapshot_offset > end:
+            # The snapshot describes data recovery cut away: start over from an older one.
+            log.warning("snapshot at %d is past the recovered log end %d; replaying", snapshot_offset, end)
+            snapshots.delete_snapshot(self.fs, self.directory, snapshot_offset)
+            self.producers.clear()
+            snapshot_offset, _ = self._load_newest_snapshot(limit=end)
+            self._replay_trusted(snapshot_offset, until=None)
+        return snapshot_offset
 
+    def _open(self, base: int, *, create: bool = False) -> LogSegment:
+        return LogSegment.open(
+            self.fs,
+            self.directory,
+            base,
+            index_interval_bytes=self.config.index_interval_bytes,
+            max_index_bytes=self.config.segment_index_bytes,
+            create=create,
+        )
 
-def _open(
-    fs: FileSystem, directory: str, base: int, config: LogConfig, *, create: bool = False
-) -> LogSegment:
-    return LogSegment.open(
-        fs,
-        directory,
-        base,
-        index_interval_bytes=config.index_interval_bytes,
-        max_index_bytes=config.segment_index_bytes,
-        create=create,
-    )
+    def _load_active_cleanly(self, segment: LogSegment) -> bool:
+        try:
+            return segment.load_from_indexes(None)
+        except CorruptRecordError as exc:
+            log.warning("clean shutdown marker, but %s", exc)
+            return False
 
-
-def _load_sealed(segment: LogSegment, indexes_present: bool, next_base: int) -> int:
-    """Trust the indexes of a sealed segment if they look sane; returns 1 if rebuilt."""
-    last_entry = segment.offset_index.last_entry()
-    last_time = segment.time_index.last_entry()
-    sane = (
-        indexes_present
-        and last_entry.position < max(segment.size, 1)
-        and last_entry.offset < next_base
-        and (last_time is not None or segment.size == 0)
-    )
-    if sane:
-        segment.next_offset = segment.base_offset
-        for _, batch in segment.scan(last_entry.position):
-            segment.next_offset = batch.last_offset + 1
-        assert last_time is not None or segment.size == 0
-        if last_time is not None:
-            segment.max_timestamp_ms, segment.offset_of_max_timestamp = last_time
+    def _load_trusted(self, segment: LogSegment, next_base: int | None, recovery_point: int) -> None:
+        if next_base is None:
+            return  # the active segment, already loaded by _load_active_cleanly
+        if not segment.load_from_indexes(next_base):
+            log.info("rebuilding indexes of %s", segment.path)
+            self._rebuilt += 1
+            self._bytes_scanned += segment.size
+            error = segment.rebuild(validate=False)
+            if error is not None:
+                self._corruption_below_recovery_point(segment, error, recovery_point)
         segment.seal()
-        return 0
-    log.info("rebuilding indexes of %s", segment.path)
-    error = segment.rebuild(validate=False)
-    if error is not None:
-        raise error
-    segment.seal()
-    return 1
 
+    def _load_newest_snapshot(self, limit: int | None) -> tuple[int | None, bool]:
+        """Load the newest readable snapshot (at or below `limit`); set corrupt ones aside."""
+        for offset in reversed(snapshots.list_snapshot_offsets(self.fs, self.directory)):
+            if limit is not None and offset > limit:
+                continue
+            try:
+                rows = snapshots.read_snapshot(self.fs, self.directory, offset)
+            except CorruptSnapshotError as exc:
+                log.warning("setting aside corrupt snapshot: %s", exc)
+                snapshots.set_aside(self.fs, self.directory, offset)
+                continue
+            self.producers.load_rows(rows)
+            return offset, True
+        return None, False
 
-def _recover_active(segment: LogSegment) -> tuple[int, str | None]:
-    """Rescan the active segment with CRC checks and cut it at the first bad batch."""
-    error = segment.rebuild(validate=True)
-    if error is None:
-        return 0, None
-    removed = segment.truncate_to_size()
-    log.warning("cut %d bytes of torn tail from %s: %s", removed, segment.path, error)
-    return removed, str(error)
+    def _replay_trusted(self, snapshot_offset: int | None, until: int | None) -> None:
+        """Replay batch headers from the snapshot up to offset `until` (None: the end)."""
+        start_offset = snapshot_offset if snapshot_offset is not None else self.segments[0].base_offset
+        for segment in self.segments:
+            if until is not None and segment.base_offset >= until:
+                break
+            if segment.next_offset <= start_offset:
+                continue
+            position = segment.offset_index.lookup(start_offset).position
+            self._bytes_scanned += segment.size - position
+            for _, batch in segment.scan(position):
+                self._apply(batch, start_offset)
+
+    def _validate_tail(self, first_unsafe: int, recovery_point: int, snapshot_offset: int | None) -> None:
+        replay_from = snapshot_offset if snapshot_offset is not None else self.segments[0].base_offset
+        n = first_unsafe
+        while n < len(self.segments):
+            segment = self.segments[n]
+            self._segments_scanned += 1
+            self._validated.append(segment)
+            self._bytes_scanned += segment.size
+            self._rebuilt += 1
+            error = segment.rebuild(validate=True, on_batch=lambda batch: self._apply(batch, replay_from))
+            if error is not None:
+                if segment.next_offset < recovery_point:
+                    self._corruption_below_recovery_point(segment, error, recovery_point)
+                self._cut_tail(n, str(error))
+                return
+            if n + 1 < len(self.segments):
+                segment.seal()
+            n += 1
+
+    def _corruption_below_recovery_point(
+        self, segment: LogSegment, error: Exception, recovery_point: int
+    ) -> None:
+        position = segment.size
+        if self.config.on_corruption != "truncate":
+            raise CorruptLogError(
+                f"{getattr(error, 'reason', error)}; this data is below the recovery point "
+                f"{recovery_point}, so it was fsynced "
+                "and this is corruption, not a torn write. Open with LogConfig(on_corruption='truncate') "
+                "to cut the log here",
+                path=segment.path,
+                position=position,
+            )
+        log.error("cutting %s at %d below the recovery point: %s", segment.path, position, error)
+        self._cut_tail(self.segments.index(segment), str(error))
+
+    def _cut_tail(self, n: int, why: str) -> None:
+        """Cut segment n at its last good batch and delete every segment after it."""
+        segment = self.segments[n]
+        self._truncated += segment.truncate_to_size()
+        for later in self.segments[n + 1 :]:
+            self._truncated += later.size
+            later.delete()
+        del self.segments[n + 1 :]
+        self._tail_error = why
+        log.warning("cut %d bytes of torn tail from %s: %s", self._truncated, segment.path, why)
+
+    def _apply(self, batch: RecordBatch, from_offset: int) -> None:
+        if batch.producer_id < 0 or batch.base_offset < from_offset:
+            return
+        self.producers.replay_batch(
+            batch.producer_id,
+            batch.producer_epoch,
+            batch.base_sequence,
+            batch.last_sequence,
+            batch.base_offset,
+            batch.last_offset,
+            batch.max_timestamp,
+            batch.is_control,
+        )
+        self._replayed += 1
+
+    # -- housekeeping ------------------------------------------------------------------
+    def _remove_temp_files(self) -> None:
+        for name in self.fs.listdir(self.directory):
+            if name.endswith(snapshots.SNAPSHOT_SUFFIX + snapshots.TMP_SUFFIX):
+                # A snapshot write that crashed before its rename: never valid.
+                self.fs.unlink(os.path.join(self.directory, name))
+
+    def _remove_stray_snapshots(self, end: int) -> None:
+        """Keep snapshots at segment bases and at the log end; delete the rest."""
+        keep = {segment.base_offset for segment in self.segments} | {end}
+        removed = False
+        for offset in snapshots.list_snapshot_offsets(self.fs, self.directory):
+            if offset not in keep:
+                snapshots.delete_snapshot(self.fs, self.directory, offset)
+                removed = True
+        if removed:
+            # fsync(dir): a stray snapshot that comes back after a crash could be loaded.
+            self.fs.fsync_dir(self.directory)

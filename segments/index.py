@@ -59,6 +59,7 @@ class _MappedIndex:
             self._region = self._handle.mmap(self.max_entries * entry_bytes, writable=True)
             self._view = self._region.buffer
         self.entries = self._valid_prefix(entries_on_disk)
+        self.is_sealed = False
 
     # -- subclasses say what a sane sequence of entries is -------------------
     def _valid_prefix(self, entries: int) -> int:
@@ -119,6 +120,7 @@ class _MappedIndex:
         self._unmap()
         self._handle.truncate(self.entries * self.ENTRY.size)
         self.max_entries = self.entries
+        self.is_sealed = True
         if self.entries:
             self._region = self._handle.mmap(self.entries * self.ENTRY.size, writable=True)
             self._view = self._region.buffer

@@ -9,7 +9,7 @@ All I/O goes through the filesystem seam.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 from oncelog.errors import CorruptRecordError
@@ -90,14 +90,8 @@ def scan_file(
                 used = size
         except CorruptRecordError as exc:
             cls = type(exc)
-            raise cls(_strip_where(exc), path=handle.path, position=pos + used) from None
+            raise cls(exc.reason, path=handle.path, position=pos + used) from None
         pos += used
-
-
-def _strip_where(exc: CorruptRecordError) -> str:
-    text = str(exc)
-    prefix = f"at position {exc.position}: " if exc.position is not None else ""
-    return text[len(prefix) :] if prefix and text.startswith(prefix) else text
 
 
 class LogSegment:
@@ -204,7 +198,9 @@ class LogSegment:
         return self.offset_index.is_full or self.time_index.is_full
 
     # -- loading -----------------------------------------------------------------
-    def rebuild(self, *, validate: bool) -> CorruptRecordError | None:
+    def rebuild(
+        self, *, validate: bool, on_batch: Callable[[RecordBatch], None] | None = None
+    ) -> CorruptRecordError | None:
         """Rescan the whole file, rebuilding both indexes and the in-memory state.
 
         With `validate`, each batch's CRC is checked too. Scanning stops at the first
@@ -233,11 +229,60 @@ class LogSegment:
                 prev_last_offset = batch.last_offset
                 self._index_batch(position, BatchMeta(batch.last_offset, batch.max_timestamp, batch.size))
                 self.size = position + batch.size
+                if on_batch is not None:
+                    on_batch(batch)
         except CorruptRecordError as exc:
             if exc.path is None:
                 return CorruptRecordError(str(exc), path=self.path, position=self.size)
             return exc
         return None
+
+    def load_from_indexes(self, next_base_offset: int | None) -> bool:
+        """Trust the indexes of a segment closed cleanly; False if they fail a sanity check.
+
+        A sealed segment ends where the next one starts, so nothing is read. The
+        active one (`next_base_offset` None) reads only its tail after the last
+        offset index entry, at most about `index_interval_bytes` plus a batch.
+        """
+        last_entry = self.offset_index.last_entry()
+        last_time = self.time_index.last_entry()
+        if self.size > 0 and (last_time is None or last_entry.position >= self.size):
+            return False
+        if next_base_offset is not None and last_entry.offset >= next_base_offset:
+            return False
+        if last_time is not None:
+            self.max_timestamp_ms, self.offset_of_max_timestamp = last_time
+        if next_base_offset is not None:
+            self.next_offset = next_base_offset
+            return True
+        self.next_offset = self.base_offset
+        self.bytes_since_last_index_entry = 0
+        for position, batch in self.scan(last_entry.position):
+            # The tail is short, so check it fully: bytes appended behind a clean
+            # close's back must not slip in unvalidated.
+            if not batch.is_valid() or batch.base_offset < self.next_offset:
+                return False
+            self.next_offset = batch.last_offset + 1
+            if batch.max_timestamp > self.max_timestamp_ms:
+                self.max_timestamp_ms, self.offset_of_max_timestamp = batch.max_timestamp, batch.last_offset
+            self.bytes_since_last_index_entry = self.size - position
+        if self.size:
+            self.first_batch_timestamp_ms = self._first_batch_timestamp()
+        return True
+
+    def _first_batch_timestamp(self) -> int:
+        header = self._handle.pread(fmt.HEADER_SIZE, 0)
+        return int(fmt.HEADER_STRUCT.unpack_from(header)[8])
+
+    def delete(self) -> None:
+        """Close and remove the segment's files."""
+        paths = [self.path, self.offset_index.path, self.time_index.path]
+        self.close()
+        for path in paths:
+            if self.fs.exists(path):
+                self.fs.unlink(path)
+        # fsync(dir): a deleted segment must not reappear after a crash and be replayed.
+        self.fs.fsync_dir(self.directory)
 
     def truncate_to_size(self) -> int:
         """Cut the file at the logical size; returns the bytes removed."""
@@ -254,26 +299,27 @@ class LogSegment:
         end = self.size if end_position is None else end_position
         return scan_file(self._handle, start_position, end)
 
-    def read(self, start_offset: int, max_bytes: int, max_offset: int | None = None) -> list[RecordBatch]:
-        """Whole batches from the one holding `start_offset`, up to `max_bytes`.
+    def read(self, start_offset: int, max_bytes: int, max_offset: int | None = None) -> list[ScannedBatch]:
+        """Whole batches (with their positions) from the one holding `start_offset`.
 
-        At least one batch is returned when any qualifies, even if it alone is
-        larger than `max_bytes`, so a reader always makes progress. Batches whose
+        At most about `max_bytes`, but at least one batch when any qualifies, even
+        if it alone is larger, so a reader always makes progress. Batches whose
         last offset reaches `max_offset` are left out.
         """
         end = self.size
         start = self.offset_index.lookup(start_offset).position
-        out: list[RecordBatch] = []
+        out: list[ScannedBatch] = []
         taken = 0
         chunk = self.index_interval_bytes + max_bytes + fmt.HEADER_SIZE
-        for _, batch in scan_file(self._handle, start, end, chunk):
+        for scanned in scan_file(self._handle, start, end, chunk):
+            batch = scanned.batch
             if batch.last_offset < start_offset:
                 continue
             if max_offset is not None and batch.last_offset >= max_offset:
                 break
             if out and taken + batch.size > max_bytes:
                 break
-            out.append(batch)
+            out.append(scanned)
             taken += batch.size
             if taken >= max_bytes:
                 break
@@ -311,6 +357,9 @@ class LogSegment:
         self.time_index.trim()
 
     def close(self) -> None:
+        # The final time entry lets the next clean open take the max timestamp from the index.
+        if self.max_timestamp_ms != fmt.NO_TIMESTAMP and not self.time_index.is_sealed:
+            self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
         self.offset_index.close()
         self.time_index.close()
         self._handle.close()

@@ -7,6 +7,7 @@ raw and decodes them with struct, independently of the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import os
@@ -21,6 +22,7 @@ import pytest
 
 from oncelog.config import LogConfig
 from oncelog.errors import (
+    CorruptLogError,
     CorruptRecordError,
     InvalidRecordError,
     LogClosedError,
@@ -30,7 +32,7 @@ from oncelog.errors import (
     RecordTooLargeError,
 )
 from oncelog.log import Log
-from oncelog.recovery.fs import Buffer, FileHandle, MappedRegion, OsFileSystem
+from oncelog.recovery.fs import Buffer, DirLock, FileHandle, MappedRegion, MetadataStore, OsFileSystem
 from oncelog.results import AppendResult, FetchResult
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.records import Record
@@ -963,7 +965,7 @@ class TestTornTail:
         with Log.open(log_dir, config) as again:
             assert again.log_end_offset == end + 2
 
-    def test_a_torn_write_inside_the_only_segment_cuts_back_to_the_last_whole_batch(
+    def test_a_cut_below_the_recovery_point_is_corruption_unless_truncation_is_asked_for(
         self,
         log_dir: Path,
     ) -> None:
@@ -973,8 +975,14 @@ class TestTornTail:
             sizes = [b.size for b in first.read(0).batches]
         path = log_files(log_dir)[0]
         data = path.read_bytes()
+        # close() fsynced both batches, so losing part of the second is not a torn write.
         path.write_bytes(data[: sizes[0] + sizes[1] - 5])
-        with Log.open(log_dir, small_index_config()) as recovered:
+        with pytest.raises(CorruptLogError) as raised:
+            Log.open(log_dir, small_index_config())
+        assert raised.value.path == str(path)
+        assert raised.value.position == sizes[0]
+        config = dataclasses.replace(small_index_config(), on_corruption="truncate")
+        with Log.open(log_dir, config) as recovered:
             assert recovered.log_end_offset == 2
             assert path.stat().st_size == sizes[0]
             assert recovered.append(make_batch(1)).first_offset == 2
@@ -1082,6 +1090,12 @@ class FsyncFailingFileSystem:
 
     def fsync_dir(self, path: str) -> None:
         self._os.fsync_dir(path)
+
+    def open_store(self, path: str) -> MetadataStore:
+        return self._os.open_store(path)
+
+    def lock(self, path: str) -> DirLock:
+        return self._os.lock(path)
 
 
 class TestFsyncFailureFailsClosed:

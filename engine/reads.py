@@ -1,0 +1,48 @@
+"""The read path: whole batches from a list of segments, CRC-checked before serving.
+
+Batches below the recovery point are not rescanned when a log opens, so a bit flip
+there (a lying disk, a stray write) is first met here. Every batch served is
+CRC-checked; a failure raises CorruptLogError naming the file and position rather
+than handing the bytes to a consumer. CRC-32C runs at about 11 GB/s, so this
+costs little next to the read itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from oncelog.errors import CorruptLogError, CorruptRecordError, OffsetOutOfRangeError
+from oncelog.results import FetchResult
+from oncelog.segments.batch import RecordBatch
+from oncelog.segments.segment import LogSegment, ScannedBatch
+
+
+def read_log(
+    segments: list[LogSegment],
+    base_offsets: list[int],
+    start_offset: int,
+    max_bytes: int,
+    max_offset: int | None,
+    directory: str,
+) -> FetchResult:
+    start, end = segments[0].base_offset, segments[-1].next_offset
+    if not start <= start_offset <= end:
+        raise OffsetOutOfRangeError(f"offset {start_offset} is outside [{start}, {end}] of {directory}")
+    scanned: list[ScannedBatch] = []
+    first = max(bisect.bisect_right(base_offsets, start_offset) - 1, 0)
+    for segment in segments[first:]:
+        scanned = segment.read(start_offset, max_bytes, max_offset)
+        if scanned or (max_offset is not None and segment.next_offset >= max_offset):
+            break
+    for position, batch in scanned:
+        try:
+            batch.validate()
+        except CorruptRecordError as exc:
+            raise CorruptLogError(
+                f"batch at offset {batch.base_offset} fails its check: {exc}",
+                path=segment.path,
+                position=position,
+            ) from exc
+    batches: list[RecordBatch] = [batch for _, batch in scanned]
+    next_offset = batches[-1].last_offset + 1 if batches else start_offset
+    return FetchResult(batches, start_offset, next_offset, end)

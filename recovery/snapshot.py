@@ -1,0 +1,200 @@
+"""Producer-state snapshot files: `%020d.snapshot`, state as of that offset (exclusive).
+
+oncelog writes its own version, which keeps every producer's full 5-batch dedupe
+window, so dedupe is as strong after a restart as before it:
+
+    i16 version (0x6F6C)  u32 crc32c over [6, EOF)  u32 header bytes
+    msgpack header {offset, producers, row_bytes, fields}
+    producers x 172-byte rows (the producer table's dtype, little-endian)
+
+It also reads Kafka's v1 layout (i16 version=1, u32 crc32c over [6, EOF), i32 count,
+46-byte big-endian entries), which keeps only each producer's last batch.
+
+Writes go tmp file -> fsync -> rename -> fsync(dir), so a crash leaves either the
+old set of snapshots or the new one, never a half-written file under the real name.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import crc32c
+import msgpack
+import numpy as np
+
+from oncelog.errors import CorruptSnapshotError
+from oncelog.producer_state import PRODUCER_DTYPE, SEQUENCE_MODULUS, WINDOW
+from oncelog.recovery.fs import FileSystem
+
+SNAPSHOT_SUFFIX = ".snapshot"
+TMP_SUFFIX = ".tmp"
+CORRUPT_SUFFIX = ".corrupt"
+
+ONCELOG_VERSION = 0x6F6C
+KAFKA_V1_VERSION = 1
+_PREFIX = struct.Struct(">hI")  # version, crc
+_HEADER_LEN = struct.Struct(">I")
+_KAFKA_COUNT = struct.Struct(">i")
+KAFKA_V1_ENTRY = np.dtype(
+    [
+        ("producer_id", ">i8"),
+        ("producer_epoch", ">i2"),
+        ("last_sequence", ">i4"),
+        ("last_offset", ">i8"),
+        ("offset_delta", ">i4"),
+        ("timestamp_ms", ">i8"),
+        ("coordinator_epoch", ">i4"),
+        ("txn_first_offset", ">i8"),
+    ]
+)
+assert KAFKA_V1_ENTRY.itemsize == 46
+# The row layout, as text: a snapshot written with another layout is refused, not misread.
+_LAYOUT = str(PRODUCER_DTYPE.descr)
+# A snapshot header is a few dozen bytes; anything larger is corruption.
+_MAX_HEADER_BYTES = 64 * 1024
+
+
+def snapshot_file_name(offset: int) -> str:
+    return f"{offset:020d}{SNAPSHOT_SUFFIX}"
+
+
+def list_snapshot_offsets(fs: FileSystem, directory: str) -> list[int]:
+    """Offsets of the `%020d.snapshot` files, ascending."""
+    offsets = []
+    for name in fs.listdir(directory):
+        stem = name[: -len(SNAPSHOT_SUFFIX)] if name.endswith(SNAPSHOT_SUFFIX) else ""
+        if len(stem) == 20 and stem.isdigit():
+            offsets.append(int(stem))
+    return sorted(offsets)
+
+
+def encode_snapshot(offset: int, rows: np.ndarray) -> bytes:
+    assert rows.dtype == PRODUCER_DTYPE, rows.dtype
+    header: bytes = msgpack.packb(
+        {
+            "offset": offset,
+            "producers": len(rows),
+            "row_bytes": PRODUCER_DTYPE.itemsize,
+            "fields": _LAYOUT,
+        }
+    )
+    body = _HEADER_LEN.pack(len(header)) + header + rows.tobytes()
+    return _PREFIX.pack(ONCELOG_VERSION, crc32c.crc32c(body)) + body
+
+
+def decode_snapshot(data: bytes, offset: int, path: str = "<buffer>") -> np.ndarray:
+    """The producer rows in a snapshot, oncelog's or Kafka's v1."""
+    if len(data) < _PREFIX.size:
+        raise CorruptSnapshotError(f"{path}: {len(data)} bytes is shorter than a snapshot header")
+    version, stored_crc = _PREFIX.unpack_from(data)
+    body = memoryview(data)[_PREFIX.size :]
+    computed = crc32c.crc32c(body)
+    if computed != stored_crc:
+        raise CorruptSnapshotError(
+            f"{path}: CRC mismatch (stored {stored_crc:#010x}, computed {computed:#010x})"
+        )
+    if version == ONCELOG_VERSION:
+        return _decode_oncelog(body, offset, path)
+    if version == KAFKA_V1_VERSION:
+        return _decode_kafka_v1(body, path)
+    raise CorruptSnapshotError(f"{path}: unknown snapshot version {version}")
+
+
+def _decode_oncelog(body: memoryview, offset: int, path: str) -> np.ndarray:
+    if len(body) < _HEADER_LEN.size:
+        raise CorruptSnapshotError(f"{path}: header length is missing")
+    (header_bytes,) = _HEADER_LEN.unpack_from(body)
+    if header_bytes > min(_MAX_HEADER_BYTES, len(body) - _HEADER_LEN.size):
+        raise CorruptSnapshotError(f"{path}: header of {header_bytes} bytes does not fit")
+    try:
+        header = msgpack.unpackb(body[_HEADER_LEN.size : _HEADER_LEN.size + header_bytes])
+    except Exception as exc:  # msgpack raises several types for bad input
+        raise CorruptSnapshotError(f"{path}: header does not parse: {exc}") from exc
+    if not isinstance(header, dict) or header.get("offset") != offset:
+        raise CorruptSnapshotError(f"{path}: header {header!r} does not describe offset {offset}")
+    if header.get("row_bytes") != PRODUCER_DTYPE.itemsize or header.get("fields") != _LAYOUT:
+        raise CorruptSnapshotError(f"{path}: rows have a layout this version does not know")
+    rows_data = body[_HEADER_LEN.size + header_bytes :]
+    count = header.get("producers")
+    if not isinstance(count, int) or count * PRODUCER_DTYPE.itemsize != len(rows_data):
+        raise CorruptSnapshotError(f"{path}: {len(rows_data)} bytes of rows for {count} producers")
+    rows = np.frombuffer(rows_data, dtype=PRODUCER_DTYPE).copy()
+    # Assert after reading: every row is a live producer with a sane window.
+    if count and (
+        not np.all(rows["live"] == 1)
+        or not np.all(rows["window_count"] <= WINDOW)
+        or len(np.unique(rows["producer_id"])) != count
+    ):
+        raise CorruptSnapshotError(f"{path}: rows fail their invariants")
+    return rows
+
+
+def _decode_kafka_v1(body: memoryview, path: str) -> np.ndarray:
+    if len(body) < _KAFKA_COUNT.size:
+        raise CorruptSnapshotError(f"{path}: entry count is missing")
+    (count,) = _KAFKA_COUNT.unpack_from(body)
+    entries_data = body[_KAFKA_COUNT.size :]
+    if count < 0 or count * KAFKA_V1_ENTRY.itemsize != len(entries_data):
+        raise CorruptSnapshotError(f"{path}: {len(entries_data)} bytes of entries for {count} producers")
+    entries = np.frombuffer(entries_data, dtype=KAFKA_V1_ENTRY)
+    rows = np.zeros(count, PRODUCER_DTYPE)
+    rows["producer_id"] = entries["producer_id"]
+    rows["producer_epoch"] = entries["producer_epoch"]
+    rows["last_activity_ms"] = entries["timestamp_ms"]
+    rows["coordinator_epoch"] = entries["coordinator_epoch"]
+    rows["txn_first_offset"] = entries["txn_first_offset"]
+    rows["live"] = 1
+    # Kafka keeps one batch per producer; a producer with no sequence (only
+    # transaction markers so far) has none.
+    has_batch = entries["last_sequence"] >= 0
+    rows["window_count"] = has_batch.astype(np.uint8)
+    last_seq = entries["last_sequence"].astype(np.int64)
+    delta = entries["offset_delta"].astype(np.int64)
+    rows["last_sequence"][:, 0] = np.where(has_batch, last_seq, 0)
+    rows["first_sequence"][:, 0] = np.where(has_batch, (last_seq - delta) % SEQUENCE_MODULUS, 0)
+    rows["last_offset"][:, 0] = np.where(has_batch, entries["last_offset"], 0)
+    rows["offset_delta"][:, 0] = np.where(has_batch, delta, 0)
+    rows["max_timestamp_ms"][:, 0] = np.where(has_batch, entries["timestamp_ms"], 0)
+    return rows
+
+
+def write_snapshot(fs: FileSystem, directory: str, offset: int, rows: np.ndarray) -> str:
+    """Write the snapshot durably; returns its path."""
+    data = encode_snapshot(offset, rows)
+    path = os.path.join(directory, snapshot_file_name(offset))
+    tmp_path = path + TMP_SUFFIX
+    handle = fs.open(tmp_path, create=True)
+    try:
+        handle.truncate(0)
+        handle.pwritev([data], 0)
+        # fsync before rename: otherwise a crash can leave the new name on empty or partial data.
+        handle.fsync()
+    finally:
+        handle.close()
+    # rename: atomically replaces any older snapshot at this offset; readers never see a partial file.
+    fs.rename(tmp_path, path)
+    # fsync(dir): without it a power loss can forget the rename, and the snapshot with it.
+    fs.fsync_dir(directory)
+    return path
+
+
+def read_snapshot(fs: FileSystem, directory: str, offset: int) -> np.ndarray:
+    path = os.path.join(directory, snapshot_file_name(offset))
+    handle = fs.open(path, writable=False)
+    try:
+        data = handle.pread(handle.size(), 0)
+    finally:
+        handle.close()
+    return decode_snapshot(data, offset, path)
+
+
+def set_aside(fs: FileSystem, directory: str, offset: int) -> None:
+    """Rename a corrupt snapshot out of the way, keeping it for inspection."""
+    path = os.path.join(directory, snapshot_file_name(offset))
+    # rename, not unlink: the bytes stay for a post-mortem; the next load ignores them.
+    fs.rename(path, path + CORRUPT_SUFFIX)
+
+
+def delete_snapshot(fs: FileSystem, directory: str, offset: int) -> None:
+    fs.unlink(os.path.join(directory, snapshot_file_name(offset)))
