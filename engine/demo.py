@@ -120,8 +120,9 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
         say(f"   log end offset {log.log_end_offset}")
         for entry in log.producers():
             say(
-                f"   producer {entry.producer_id}: epoch {entry.producer_epoch}, last seq {entry.last_sequence} "
-                f"at offset {entry.last_offset}, {len(entry.batches)} batches in its dedupe window"
+                f"   producer {entry.producer_id}: epoch {entry.producer_epoch}, "
+                f"last seq {entry.last_sequence} at offset {entry.last_offset}, "
+                f"{len(entry.batches)} batches in its dedupe window"
             )
         for offset, pid, seq, _ in acks:
             batch = log.read(offset, max_bytes=1).batches[0]
@@ -133,8 +134,8 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
         say("   (a batch written just before the kill may never have been acked: a real client retries it)")
         acked_offset = {(p, s): o for o, p, s, d in acks if not d}
         for pid in PRODUCER_IDS:
-            entry = log.producer_state(pid)
-            window = entry.batches if entry else ()
+            state = log.producer_state(pid)
+            window = state.batches if state else ()
             answers = [log.append(_batch(pid, 0, meta.first_sequence)) for meta in window]
             ok = all(
                 a.duplicate
