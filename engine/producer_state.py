@@ -101,7 +101,8 @@ class _Working:
         self.batches.append(batch)
         if len(self.batches) > WINDOW:
             del self.batches[0]
-        self.last_activity_ms = max(self.last_activity_ms, batch.max_timestamp_ms)
+        # Kafka's lastTimestamp: the newest batch's, even if an older one had a later time.
+        self.last_activity_ms = batch.max_timestamp_ms
 
 
 def in_sequence(last_sequence: int, next_sequence: int) -> bool:
@@ -168,7 +169,7 @@ class ProducerStateManager:
     # -- writing -----------------------------------------------------------------
     def _write(self, slot: int, w: _Working) -> None:
         count = len(w.batches)
-        assert 0 < count <= WINDOW or (count == 0 and w.producer_epoch >= -1), w
+        assert 0 <= count <= WINDOW, w  # assert before writing: the row format holds at most WINDOW
         pad = [0] * (WINDOW - count)
         b = w.batches
         _ROW.pack_into(
@@ -255,7 +256,7 @@ class ProducerStateManager:
             if producer_epoch != w.producer_epoch:
                 w.producer_epoch = producer_epoch
                 w.batches = []
-            w.last_activity_ms = max(w.last_activity_ms, max_timestamp_ms)
+            w.last_activity_ms = max_timestamp_ms
         else:
             w.add_batch(
                 producer_epoch,

@@ -144,7 +144,7 @@ class LogLoader:
             self.segments.append(self._open(0, create=True))
             return None
         for base in bases:
-            self.segments.append(self._open(base))
+            self.segments.append(self._open(base, sealed=base != bases[-1]))
         recovery_point = read_offset(self.store, RECOVERY_POINT_KEY) or 0
         # Unclean: validate from the segment holding the recovery point to the end.
         first_unsafe = len(bases) if self.clean else max(bisect.bisect_right(bases, recovery_point) - 1, 0)
@@ -171,7 +171,7 @@ class LogLoader:
             self._replay_trusted(snapshot_offset, until=None)
         return snapshot_offset
 
-    def _open(self, base: int, *, create: bool = False) -> LogSegment:
+    def _open(self, base: int, *, create: bool = False, sealed: bool = False) -> LogSegment:
         return LogSegment.open(
             self.fs,
             self.directory,
@@ -179,6 +179,7 @@ class LogLoader:
             index_interval_bytes=self.config.index_interval_bytes,
             max_index_bytes=self.config.segment_index_bytes,
             create=create,
+            sealed=sealed,
         )
 
     def _load_active_cleanly(self, segment: LogSegment) -> bool:

@@ -7,8 +7,9 @@
 Files are pre-allocated to `max_index_bytes` while the segment is active and trimmed
 to their entries when it is closed or rolled, as Kafka does, so a closed index's
 size is its entry count. A pre-allocated file left by a crash has a zero-filled
-tail; `_valid_prefix` stops at the first entry that breaks monotonicity, and the
-loader rebuilds the active segment's indexes anyway.
+tail, found by binary search; the loader rebuilds the active segment's indexes
+after a crash anyway, and sanity-checks a sealed one's last entry (as Kafka does)
+rather than reading every entry.
 
 Lookups binary-search the mapped bytes with struct, because numpy's searchsorted on
 big-endian fields would first copy the whole column.
@@ -42,35 +43,57 @@ class _MappedIndex:
     ENTRY = struct.Struct(">ii")
     DTYPE = np.dtype([("key", ">i4"), ("value", ">i4")])
 
-    def __init__(self, fs: FileSystem, path: str, base_offset: int, max_index_bytes: int):
+    def __init__(self, fs: FileSystem, path: str, base_offset: int, max_index_bytes: int, *, sealed: bool):
+        """Open (creating) an index file.
+
+        An active segment's index is pre-allocated to `max_index_bytes` so the
+        mapping never grows. A sealed one is mapped at its size and never written:
+        opening a log of many segments then costs no truncates.
+        """
         self.path = path
         self.base_offset = base_offset
+        self.max_index_bytes = max_index_bytes
         self._handle: FileHandle = fs.open(path, create=True)
-        entry_bytes = self.ENTRY.size
-        file_bytes = self._handle.size()
-        entries_on_disk = file_bytes // entry_bytes
-        # Pre-allocate so the mapping never has to grow while the segment is active.
-        self.max_entries = max(max_index_bytes // entry_bytes, entries_on_disk)
-        if file_bytes != self.max_entries * entry_bytes:
-            self._handle.truncate(self.max_entries * entry_bytes)
         self._region: MappedRegion | None = None
         self._view: memoryview = memoryview(b"")
-        if self.max_entries:
-            self._region = self._handle.mmap(self.max_entries * entry_bytes, writable=True)
+        entries_on_disk = self._handle.size() // self.ENTRY.size
+        self.max_entries = entries_on_disk
+        self.is_sealed = sealed
+        self._map(entries_on_disk if sealed else max(max_index_bytes // self.ENTRY.size, entries_on_disk))
+        self.entries = self._entries_before_zero_tail(entries_on_disk)
+
+    def _map(self, max_entries: int) -> None:
+        self._unmap()
+        if self._handle.size() != max_entries * self.ENTRY.size:
+            self._handle.truncate(max_entries * self.ENTRY.size)
+        self.max_entries = max_entries
+        if max_entries:
+            self._region = self._handle.mmap(max_entries * self.ENTRY.size, writable=True)
             self._view = self._region.buffer
-        self.entries = self._valid_prefix(entries_on_disk)
-        self.is_sealed = False
 
-    # -- subclasses say what a sane sequence of entries is -------------------
-    def _valid_prefix(self, entries: int) -> int:
-        raise NotImplementedError
+    def _entries_before_zero_tail(self, entries: int) -> int:
+        """Entries before a zero-filled tail (a pre-allocated file left by a crash).
 
-    def _array(self, entries: int) -> np.ndarray:
-        return np.frombuffer(self._view, dtype=self.DTYPE, count=entries)
+        Binary search: the zeros are a suffix, and no real entry is all zeros (the
+        first batch at position 0 never gets an offset entry). O(log n), so opening
+        a log does not cost a pass over every index.
+        """
+        lo, hi = 0, entries
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if any(self._entry(mid)):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def _entry(self, n: int) -> tuple[int, int]:
         first, second = self.ENTRY.unpack_from(self._view, n * self.ENTRY.size)
         return int(first), int(second)
+
+    def array(self) -> np.ndarray:
+        """The entries as a numpy array (a view of the mapping; drop it before close)."""
+        return np.frombuffer(self._view, dtype=self.DTYPE, count=self.entries)
 
     @property
     def is_full(self) -> bool:
@@ -99,11 +122,11 @@ class _MappedIndex:
         return lo - 1
 
     def reset(self) -> None:
+        """Drop every entry, ready to be rebuilt (re-allocating a sealed index)."""
+        if self.is_sealed:
+            self._map(self.max_index_bytes // self.ENTRY.size)
+            self.is_sealed = False
         self.entries = 0
-
-    def flush(self) -> None:
-        if self._region is not None:
-            self._region.flush()
 
     def _unmap(self) -> None:
         if self._region is not None:
@@ -112,49 +135,28 @@ class _MappedIndex:
             self._region = None
 
     def trim(self) -> None:
-        """Shrink the file to its entries; the index takes no more appends.
+        """Shrink the file to its entries, durably; the index takes no more appends.
 
-        Done when a segment is sealed, so a closed index's size is its entry
-        count, as in Kafka.
+        Done when a segment is sealed, so a closed index's size is its entry count,
+        as in Kafka.
         """
-        self._unmap()
-        self._handle.truncate(self.entries * self.ENTRY.size)
-        self.max_entries = self.entries
+        self._map(self.entries)
+        # fsync: a crash must not bring back the zero-filled pre-allocated tail, and
+        # on Linux it also writes back the entries written through the mapping.
+        self._handle.fsync()
         self.is_sealed = True
-        if self.entries:
-            self._region = self._handle.mmap(self.entries * self.ENTRY.size, writable=True)
-            self._view = self._region.buffer
 
     def close(self) -> None:
         """Unmap and trim the file to its entries."""
+        if not self.is_sealed:
+            self.trim()
         self._unmap()
-        self._handle.truncate(self.entries * self.ENTRY.size)
         self._handle.close()
-
-    def fsync(self) -> None:
-        self.flush()
-        # fsync too: msync covers the pages, not the file size set by truncate.
-        self._handle.fsync()
 
 
 class OffsetIndex(_MappedIndex):
     ENTRY = struct.Struct(">ii")
     DTYPE = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
-
-    def _valid_prefix(self, entries: int) -> int:
-        if entries == 0:
-            return 0
-        arr = self._array(entries)
-        rel = arr["relative_offset"].astype(np.int64)
-        pos = arr["position"].astype(np.int64)
-        # Offsets and positions both strictly increase; the first bad entry (a
-        # zero-filled pre-allocated tail, or garbage) ends the valid prefix.
-        ok = (np.diff(rel) > 0) & (np.diff(pos) > 0)
-        bad = np.flatnonzero(~ok)
-        valid = entries if bad.size == 0 else int(bad[0]) + 1
-        if rel[0] < 0 or pos[0] < 0:
-            return 0
-        return valid
 
     def append(self, last_offset: int, position: int) -> None:
         rel = last_offset - self.base_offset
@@ -187,18 +189,6 @@ class OffsetIndex(_MappedIndex):
 class TimeIndex(_MappedIndex):
     ENTRY = struct.Struct(">qi")
     DTYPE = np.dtype([("timestamp_ms", ">i8"), ("relative_offset", ">i4")])
-
-    def _valid_prefix(self, entries: int) -> int:
-        if entries == 0:
-            return 0
-        arr = self._array(entries)
-        ts = arr["timestamp_ms"].astype(np.int64)
-        rel = arr["relative_offset"].astype(np.int64)
-        ok = (np.diff(ts) > 0) & (np.diff(rel) >= 0)
-        bad = np.flatnonzero(~ok)
-        if rel[0] < 0:
-            return 0
-        return entries if bad.size == 0 else int(bad[0]) + 1
 
     def maybe_append(self, timestamp_ms: int, offset: int) -> None:
         """Add an entry only when the timestamp grows (Kafka's rule)."""

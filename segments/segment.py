@@ -137,6 +137,7 @@ class LogSegment:
         index_interval_bytes: int,
         max_index_bytes: int,
         create: bool = False,
+        sealed: bool = False,
     ) -> LogSegment:
         log_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
         is_new = not fs.exists(log_path)
@@ -145,13 +146,18 @@ class LogSegment:
         handle = fs.open(log_path, create=True)
         join = os.path.join
         offset_index = OffsetIndex(
-            fs, join(directory, segment_file_name(base_offset, INDEX_SUFFIX)), base_offset, max_index_bytes
+            fs,
+            join(directory, segment_file_name(base_offset, INDEX_SUFFIX)),
+            base_offset,
+            max_index_bytes,
+            sealed=sealed,
         )
         time_index = TimeIndex(
             fs,
             join(directory, segment_file_name(base_offset, TIME_INDEX_SUFFIX)),
             base_offset,
             max_index_bytes,
+            sealed=sealed,
         )
         if is_new:
             # Without this a power loss can drop the new files' directory entries
@@ -341,16 +347,20 @@ class LogSegment:
 
     # -- durability and lifecycle -----------------------------------------------
     def flush(self) -> None:
-        """fsync the segment and its indexes."""
+        """fsync the segment file.
+
+        The active segment's indexes are not fsynced here: after a crash the loader
+        rebuilds them from the log, and trim() (on seal and close) makes them
+        durable exactly when a later open will trust them.
+        """
         # fsync: without it a power loss may drop batches acknowledged as durable.
         self._handle.fsync()
-        # Indexes are rebuildable, but a flushed one lets a clean restart skip the scan.
-        self.offset_index.fsync()
-        self.time_index.fsync()
         self.unflushed = False
 
     def seal(self) -> None:
         """Called when the segment stops being active: final time entry, trim indexes."""
+        if self.offset_index.is_sealed and self.time_index.is_sealed:
+            return
         if self.max_timestamp_ms != fmt.NO_TIMESTAMP:
             self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
         self.offset_index.trim()

@@ -1,0 +1,1137 @@
+"""LogLoader: snapshots on roll, unclean recovery of the tail only, damaged tails (issue 3, brief §5).
+
+Mirrors recovery/loader.py; test names follow Kafka's LogLoaderTest. A crash is
+simulated by copying the partition directory while its Log is still open (the
+copy holds exactly what the page cache held, and no clean-shutdown marker), or by
+a child process that calls os._exit without closing. Producer state after
+recovery is compared with a replay of the recovered .log files done here, header
+by header with `iter_batches`, independently of the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import random
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from oncelog.config import LogConfig
+from oncelog.errors import CorruptLogError, LogDirLockedError, LogFailedError
+from oncelog.log import Log
+from oncelog.recovery import snapshot as snapshots
+from oncelog.recovery.fs import Buffer, DirLock, FileHandle, MappedRegion, MetadataStore, OsFileSystem
+from oncelog.recovery.loader import RECOVERY_POINT_KEY, read_offset
+from oncelog.results import AppendResult
+from oncelog.segments import RecordBatch, encode_batch, iter_batches
+
+T0 = 1_700_000_000_000
+HEADER_SIZE = 61
+LENGTH_AT = 8
+WINDOW = 5
+MARKER = ".clean_shutdown"
+
+# ~2 KiB segments of ~150-byte batches: a dozen batches per segment, no index
+# entries (the interval is 4 KiB), so the whole active segment is the tail.
+CONFIG = LogConfig(segment_bytes=2048, segment_index_bytes=4096)
+
+
+# -- producers and batches ------------------------------------------------------------
+@dataclass
+class Sent:
+    producer_id: int
+    producer_epoch: int
+    first_sequence: int
+    last_sequence: int
+    first_offset: int
+    last_offset: int
+    data: bytes
+
+
+@dataclass
+class Producers:
+    """Idempotent producers with their next sequence; remembers every batch sent."""
+
+    epochs: dict[int, int] = field(default_factory=dict)
+    sequences: dict[int, int] = field(default_factory=dict)
+    sent: list[Sent] = field(default_factory=list)
+
+    def batch(self, pid: int, count: int = 1, value_size: int = 60, timestamp_ms: int = T0) -> bytes:
+        seq = self.sequences.get(pid, 0)
+        records = [
+            (f"k{pid}-{seq + i}".encode(), bytes([(pid + seq + i) % 256]) * value_size) for i in range(count)
+        ]
+        return encode_batch(
+            records,
+            producer_id=pid,
+            producer_epoch=self.epochs.setdefault(pid, 0),
+            base_sequence=seq,
+            timestamp_ms=timestamp_ms,
+        )
+
+    def append(self, log: Log, pid: int, count: int = 1, value_size: int = 60) -> AppendResult:
+        seq = self.sequences.get(pid, 0)
+        data = self.batch(pid, count, value_size, T0 + len(self.sent))
+        result = log.append(data)
+        assert not result.duplicate
+        self.sequences[pid] = seq + count
+        self.sent.append(
+            Sent(pid, self.epochs[pid], seq, seq + count - 1, result.first_offset, result.last_offset, data)
+        )
+        return result
+
+    def bump_epoch(self, pid: int) -> None:
+        self.epochs[pid] = self.epochs.get(pid, 0) + 1
+        self.sequences[pid] = 0
+
+    def workload(
+        self, log: Log, rng: random.Random, batches: int, pids: Sequence[int] = (11, 12, 13)
+    ) -> None:
+        for _ in range(batches):
+            pid = rng.choice(pids)
+            if rng.random() < 0.05:
+                self.bump_epoch(pid)
+            self.append(log, pid, rng.randint(1, 3), rng.randint(20, 60))
+
+
+# -- producer state, from the engine and from an independent replay --------------------------
+State = dict[int, tuple[int, int, int, int, tuple[tuple[int, int, int, int, int], ...]]]
+
+
+def engine_state(log: Log) -> State:
+    """pid -> (epoch, last sequence, last offset, last activity, window) as the Log reports it."""
+    return {
+        e.producer_id: (
+            e.producer_epoch,
+            e.last_sequence,
+            e.last_offset,
+            e.last_activity_ms,
+            tuple(tuple(b) for b in e.batches),
+        )
+        for e in log.producers()
+    }
+
+
+def replay_state(directory: Path) -> State:
+    """The same, by replaying every batch of every .log file from offset 0 (brief §4 rules)."""
+    epochs: dict[int, int] = {}
+    windows: dict[int, list[tuple[int, int, int, int, int]]] = {}
+    activity: dict[int, int] = {}
+    for log_file in sorted(directory.glob("*.log")):
+        for batch in iter_batches(log_file.read_bytes()):
+            pid = batch.producer_id
+            if pid < 0:
+                continue
+            if epochs.get(pid) != batch.producer_epoch:
+                epochs[pid] = batch.producer_epoch
+                windows[pid] = []
+            # Kafka's lastTimestamp: the newest batch's, even if an older one had a later time.
+            activity[pid] = batch.max_timestamp
+            if batch.is_control:
+                continue
+            window = windows[pid]
+            window.append(
+                (
+                    batch.base_sequence,
+                    batch.last_sequence,
+                    batch.base_offset,
+                    batch.last_offset,
+                    batch.max_timestamp,
+                )
+            )
+            del window[:-WINDOW]
+    state: State = {}
+    for pid, window in windows.items():
+        last = window[-1] if window else (-1, -1, -1, -1, -1)
+        state[pid] = (epochs[pid], last[1], last[3], activity[pid], tuple(window))
+    return state
+
+
+def full_replay_by_engine(directory: Path, scratch: Path) -> State:
+    """The engine's own full replay: a copy without any snapshot must replay from offset 0."""
+    shutil.copytree(directory, scratch)
+    for snapshot_file in scratch.glob("*.snapshot"):
+        snapshot_file.unlink()
+    with Log.open(scratch, CONFIG) as replayed:
+        assert replayed.recovery_report.snapshot_offset is None
+        return engine_state(replayed)
+
+
+# -- files --------------------------------------------------------------------------
+def crash_copy(source: Path, target: Path) -> Path:
+    """What a crash (kill -9) leaves: every file as the page cache holds it, no marker."""
+    shutil.copytree(source, target)
+    assert not (target / MARKER).exists()
+    return target
+
+
+def segment_path(directory: Path, base: int) -> Path:
+    return directory / f"{base:020d}.log"
+
+
+def snapshot_path(directory: Path, offset: int) -> Path:
+    return directory / f"{offset:020d}.snapshot"
+
+
+def snapshot_offsets(directory: Path) -> list[int]:
+    return sorted(int(p.name[:20]) for p in directory.glob("*.snapshot"))
+
+
+def batch_positions(log_file: Path) -> list[tuple[int, int, int]]:
+    """(position, size, base offset) of every batch in a .log file, walked by length field."""
+    data = log_file.read_bytes()
+    out = []
+    pos = 0
+    while pos < len(data):
+        size = int.from_bytes(data[pos + LENGTH_AT : pos + LENGTH_AT + 4], "big") + 12
+        out.append((pos, size, int.from_bytes(data[pos : pos + 8], "big", signed=True)))
+        pos += size
+    return out
+
+
+def flip_byte(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def read_everything(log: Log) -> list[RecordBatch]:
+    out: list[RecordBatch] = []
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        fetched = log.read(offset)
+        assert fetched.batches, f"nothing read at {offset} below {log.log_end_offset}"
+        out.extend(fetched.batches)
+        offset = fetched.next_offset
+    return out
+
+
+def copy_fixture(source: Path, tmp_path: Path) -> Path:
+    target = tmp_path / source.name
+    shutil.copytree(source, target)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    return target
+
+
+def fixtures_root() -> Path:
+    configured = os.environ.get("ONCELOG_FIXTURES")
+    if configured:
+        return Path(configured)
+    # tests/recovery/<this file> -> repo -> its parent holds shared/fixtures/kafka.
+    return Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "kafka"
+
+
+FIXTURES = fixtures_root()
+
+
+def fixture_partition_params() -> list[object]:
+    found = sorted({p.parent for p in FIXTURES.glob("*/*/*.log")}) if FIXTURES.is_dir() else []
+    if not found:
+        return [pytest.param(None, id="fixtures-missing")]
+    return [pytest.param(p, id=str(p.relative_to(FIXTURES))) for p in found]
+
+
+# -- a log with several segments, shared by many tests ---------------------------------
+@dataclass
+class OpenLog:
+    log: Log
+    directory: Path
+    producers: Producers
+
+
+@pytest.fixture
+def rolled(tmp_path: Path) -> Iterator[OpenLog]:
+    """An open log of ~5 segments and 3 producers, flushed: the recovery point is the end."""
+    directory = tmp_path / "topic-0"
+    log = Log.open(directory, CONFIG)
+    producers = Producers()
+    producers.workload(log, random.Random(3), 50)
+    log.flush()
+    assert len(log.segments) >= 4
+    try:
+        yield OpenLog(log, directory, producers)
+    finally:
+        log.close()
+
+
+# -- snapshots -----------------------------------------------------------------------
+class TestProducerSnapshots:
+    def test_a_snapshot_is_written_at_every_segment_base_on_roll(self, rolled: OpenLog) -> None:
+        bases = [segment.base_offset for segment in rolled.log.segments]
+        assert set(bases) <= set(snapshot_offsets(rolled.directory))
+        assert not list(rolled.directory.glob("*.tmp"))
+
+    def test_each_roll_snapshot_holds_the_state_as_of_its_base(self, rolled: OpenLog) -> None:
+        for segment in rolled.log.segments[1:]:
+            rows = snapshots.read_snapshot(OsFileSystem(), str(rolled.directory), segment.base_offset)
+            last_offsets = {int(r["producer_id"]): int(r["last_offset"][r["window_count"] - 1]) for r in rows}
+            sent_before = [s for s in rolled.producers.sent if s.last_offset < segment.base_offset]
+            expected: dict[int, int] = {}
+            for s in sent_before:
+                expected[s.producer_id] = s.last_offset
+            assert last_offsets == expected, segment.base_offset
+
+    def test_close_writes_a_snapshot_at_the_log_end(self, rolled: OpenLog) -> None:
+        end = rolled.log.log_end_offset
+        expected = engine_state(rolled.log)
+        rolled.log.close()
+        assert snapshot_path(rolled.directory, end).exists()
+        with Log.open(rolled.directory, CONFIG) as reopened:
+            report = reopened.recovery_report
+            assert report.clean
+            assert report.snapshot_offset == end
+            assert (report.segments_scanned, report.batches_replayed) == (0, 0)
+            assert engine_state(reopened) == expected
+
+    def test_stray_snapshots_and_tmp_files_are_removed_at_load(self, rolled: OpenLog) -> None:
+        rolled.log.close()
+        rows = snapshots.read_snapshot(OsFileSystem(), str(rolled.directory), rolled.log.log_end_offset)
+        snapshots.write_snapshot(OsFileSystem(), str(rolled.directory), 3, rows[:0])
+        (rolled.directory / "00000000000000000005.snapshot.tmp").write_bytes(b"half")
+        with Log.open(rolled.directory, CONFIG) as reopened:
+            keep = {s.base_offset for s in reopened.segments} | {reopened.log_end_offset}
+            assert set(snapshot_offsets(rolled.directory)) <= keep
+            assert 3 not in snapshot_offsets(rolled.directory)
+            assert not list(rolled.directory.glob("*.tmp"))
+
+
+# -- unclean reopen ----------------------------------------------------------------------
+class TestRecoveryAfterUncleanShutdown:
+    def test_copy_while_open_recovers_state_equal_to_a_full_replay_scanning_one_segment(
+        self, rolled: OpenLog, tmp_path: Path
+    ) -> None:
+        active_base = rolled.log.active_segment.base_offset
+        assert snapshot_path(rolled.directory, active_base).exists()
+        end = rolled.log.log_end_offset
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        expected = replay_state(copy)
+        engine_reference = full_replay_by_engine(copy, tmp_path / "no-snapshots")
+        assert engine_reference == expected
+        with Log.open(copy, CONFIG) as recovered:
+            report = recovered.recovery_report
+            assert report.clean is False
+            assert report.segments_scanned == 1
+            assert report.snapshot_offset == active_base
+            assert report.truncated_bytes == 0
+            assert report.bytes_scanned == segment_path(copy, active_base).stat().st_size
+            assert recovered.log_end_offset == end
+            assert engine_state(recovered) == expected
+
+    def test_unflushed_appends_survive_a_process_crash(self, rolled: OpenLog, tmp_path: Path) -> None:
+        producers = rolled.producers
+        for pid in (11, 12, 13, 14):
+            producers.append(rolled.log, pid, 2)
+        assert rolled.log.recovery_point < rolled.log.log_end_offset
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        with Log.open(copy, CONFIG) as recovered:
+            assert recovered.log_end_offset == rolled.log.log_end_offset
+            assert recovered.recovery_report.segments_scanned == 1
+            assert engine_state(recovered) == replay_state(copy) == engine_state(rolled.log)
+
+    def test_recovered_log_reads_back_every_batch_byte_for_byte(
+        self, rolled: OpenLog, tmp_path: Path
+    ) -> None:
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        with Log.open(copy, CONFIG) as recovered:
+            batches = read_everything(recovered)
+        sent = rolled.producers.sent
+        assert [(b.base_offset, b.last_offset) for b in batches] == [
+            (s.first_offset, s.last_offset) for s in sent
+        ]
+        # Only the 8-byte base offset differs from what the client sent.
+        assert [bytes(b.buffer[8:]) for b in batches] == [s.data[8:] for s in sent]
+
+    def test_retries_of_each_producers_last_five_batches_are_duplicates_after_recovery(
+        self, rolled: OpenLog, tmp_path: Path
+    ) -> None:
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        with Log.open(copy, CONFIG) as recovered:
+            end = recovered.log_end_offset
+            for pid in (11, 12, 13):
+                epoch = rolled.producers.epochs[pid]
+                last_five = [
+                    s for s in rolled.producers.sent if s.producer_id == pid and s.producer_epoch == epoch
+                ]
+                for s in last_five[-WINDOW:]:
+                    result = recovered.append(s.data)
+                    assert result.duplicate, (pid, s.first_sequence)
+                    assert (result.first_offset, result.last_offset) == (s.first_offset, s.last_offset)
+            assert recovered.log_end_offset == end
+
+    def test_appends_continue_after_recovery_with_the_next_sequence(
+        self, rolled: OpenLog, tmp_path: Path
+    ) -> None:
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        end = rolled.log.log_end_offset
+        with Log.open(copy, CONFIG) as recovered:
+            result = rolled.producers.append(recovered, 12, 2)
+            assert (result.first_offset, result.last_offset) == (end, end + 1)
+
+    def test_a_child_process_that_exits_without_close_loses_no_appended_batch(self, tmp_path: Path) -> None:
+        directory = tmp_path / "topic-0"
+        child = r"""
+import json, os, sys
+from oncelog.config import LogConfig
+from oncelog.log import Log
+from oncelog.segments import encode_batch
+log = Log.open(sys.argv[1], LogConfig(segment_bytes=2048, segment_index_bytes=4096))
+sequences = {}
+for i in range(int(sys.argv[2])):
+    pid, count = 500 + i % 4, 1 + i % 3
+    seq = sequences.get(pid, 0)
+    records = [(b"k%d-%d" % (i, n), b"v" * 70) for n in range(count)]
+    batch = encode_batch(records, producer_id=pid, producer_epoch=1, base_sequence=seq, timestamp_ms=1000 + i)
+    result = log.append(batch)
+    sequences[pid] = seq + count
+    print(json.dumps([pid, seq, result.first_offset, result.last_offset]), flush=True)
+    if i == 30:
+        log.flush()
+os._exit(0)
+"""
+        done = subprocess.run(
+            [sys.executable, "-c", child, str(directory), "45"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        appended = [json.loads(line) for line in done.stdout.splitlines()]
+        assert len(appended) == 45
+        assert not (directory / MARKER).exists()
+        expected = replay_state(directory)
+        with Log.open(directory, CONFIG) as recovered:
+            report = recovered.recovery_report
+            assert report.clean is False
+            assert len(recovered.segments) > 1
+            assert snapshot_path(directory, recovered.active_segment.base_offset).exists()
+            assert report.segments_scanned == 1
+            assert report.snapshot_offset == recovered.active_segment.base_offset
+            assert recovered.log_end_offset == appended[-1][3] + 1
+            assert engine_state(recovered) == expected
+            for pid, seq, first, last in appended:
+                batch = recovered.read(first).batches[0]
+                assert (batch.base_offset, batch.last_offset) == (first, last)
+                assert (batch.producer_id, batch.base_sequence) == (pid, seq)
+            last_of = {pid: (seq, last) for pid, seq, _, last in appended}
+            for pid, (seq, last) in last_of.items():
+                entry = recovered.producer_state(pid)
+                assert entry is not None
+                assert entry.last_offset == last
+                assert entry.batches[-1].first_sequence == seq
+
+    def test_a_second_crash_right_after_recovery_loses_nothing_recovery_exposed(
+        self, rolled: OpenLog, tmp_path: Path
+    ) -> None:
+        rolled.producers.append(rolled.log, 11, 3)  # unflushed
+        first = crash_copy(rolled.directory, tmp_path / "first")
+        with Log.open(first, CONFIG) as recovered:
+            end = recovered.log_end_offset
+            state = engine_state(recovered)
+            second = crash_copy(first, tmp_path / "second")
+        with Log.open(second, CONFIG) as again:
+            assert again.recovery_report.clean is False
+            assert again.log_end_offset == end
+            assert engine_state(again) == state
+            assert engine_state(again) == replay_state(second)
+
+
+# -- snapshot fallback -----------------------------------------------------------------
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _corrupt(path: Path) -> None:
+    flip_byte(path, path.stat().st_size - 3)
+
+
+class TestSnapshotFallback:
+    @pytest.mark.parametrize("damage", [_truncate, _empty, _corrupt], ids=["truncated", "empty", "corrupt"])
+    def test_a_bad_newest_snapshot_falls_back_to_the_next_older_one(
+        self, rolled: OpenLog, tmp_path: Path, damage: object
+    ) -> None:
+        bases = [s.base_offset for s in rolled.log.segments]
+        newest, older = bases[-1], bases[-2]
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        bad = snapshot_path(copy, newest)
+        damage(bad)  # type: ignore[operator]
+        bad_bytes = bad.read_bytes()
+        expected = replay_state(copy)
+        with Log.open(copy, CONFIG) as recovered:
+            report = recovered.recovery_report
+            assert report.snapshot_offset == older
+            assert engine_state(recovered) == expected
+            assert recovered.log_end_offset == rolled.log.log_end_offset
+        set_aside = copy / (bad.name + ".corrupt")
+        assert set_aside.read_bytes() == bad_bytes
+        assert not bad.exists()
+
+    def test_all_snapshots_bad_means_a_full_replay(self, rolled: OpenLog, tmp_path: Path) -> None:
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        for snapshot_file in copy.glob("*.snapshot"):
+            _corrupt(snapshot_file)
+        expected = replay_state(copy)
+        with Log.open(copy, CONFIG) as recovered:
+            assert recovered.recovery_report.snapshot_offset is None
+            assert engine_state(recovered) == expected
+        assert len(list(copy.glob("*.snapshot.corrupt"))) == len(rolled.log.segments)
+
+    def test_a_clean_close_snapshot_that_is_corrupt_falls_back_to_the_active_segment_base(
+        self, rolled: OpenLog
+    ) -> None:
+        expected = engine_state(rolled.log)
+        end = rolled.log.log_end_offset
+        active_base = rolled.log.active_segment.base_offset
+        rolled.log.close()
+        _corrupt(snapshot_path(rolled.directory, end))
+        with Log.open(rolled.directory, CONFIG) as reopened:
+            assert reopened.recovery_report.snapshot_offset == active_base
+            assert engine_state(reopened) == expected
+
+
+class TestSnapshotPastTheLogEnd:
+    def test_a_valid_snapshot_at_a_later_offset_than_the_log_end_is_ignored(
+        self, rolled: OpenLog, tmp_path: Path
+    ) -> None:
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        active_base = rolled.log.active_segment.base_offset
+        rows = snapshots.read_snapshot(OsFileSystem(), str(copy), active_base)
+        far = rolled.log.log_end_offset + 1000
+        snapshots.write_snapshot(OsFileSystem(), str(copy), far, rows)
+        expected = replay_state(copy)
+        with Log.open(copy, CONFIG) as recovered:
+            report = recovered.recovery_report
+            assert report.snapshot_offset is not None
+            assert report.snapshot_offset <= recovered.log_end_offset
+            assert engine_state(recovered) == expected
+        assert far not in snapshot_offsets(copy)
+
+    def test_a_valid_snapshot_past_the_log_end_is_ignored_on_a_clean_open_too(self, rolled: OpenLog) -> None:
+        expected = engine_state(rolled.log)
+        end = rolled.log.log_end_offset
+        rolled.log.close()
+        older = rolled.log.segments[1].base_offset
+        rows = snapshots.read_snapshot(OsFileSystem(), str(rolled.directory), older)
+        snapshots.write_snapshot(OsFileSystem(), str(rolled.directory), end + 5, rows)
+        with Log.open(rolled.directory, CONFIG) as reopened:
+            assert reopened.recovery_report.snapshot_offset == end
+            assert engine_state(reopened) == expected
+        assert end + 5 not in snapshot_offsets(rolled.directory)
+
+    def test_a_snapshot_past_a_log_cut_short_under_it_is_ignored(self, rolled: OpenLog) -> None:
+        log = rolled.log
+        active_base = log.active_segment.base_offset
+        end = log.log_end_offset
+        log.close()
+        assert snapshot_path(rolled.directory, end).exists()
+        # The active segment loses its last two batches; the snapshot at the old end now lies.
+        active = segment_path(rolled.directory, active_base)
+        positions = batch_positions(active)
+        assert len(positions) >= 3
+        cut_at, _, new_end = positions[-2]
+        with active.open("r+b") as f:
+            f.truncate(cut_at)
+        (rolled.directory / MARKER).unlink()
+        expected = replay_state(rolled.directory)
+        with Log.open(rolled.directory, CONFIG) as reopened:
+            assert reopened.log_end_offset == new_end
+            report = reopened.recovery_report
+            assert report.snapshot_offset is not None and report.snapshot_offset <= new_end
+            assert engine_state(reopened) == expected
+        assert end not in snapshot_offsets(rolled.directory)
+
+
+# -- damaged tails -------------------------------------------------------------------------
+def _garbage(good_next: bytes) -> bytes:
+    return random.Random(7).randbytes(777)
+
+
+def _zeros(good_next: bytes) -> bytes:
+    return bytes(4096)
+
+
+def _torn_batch(good_next: bytes) -> bytes:
+    return good_next[: len(good_next) // 2]
+
+
+def _header_only(good_next: bytes) -> bytes:
+    return good_next[:HEADER_SIZE]
+
+
+def _bad_crc_batch(good_next: bytes) -> bytes:
+    out = bytearray(good_next)
+    out[-1] ^= 0xFF
+    return bytes(out)
+
+
+def _good_then_zeros(good_next: bytes) -> bytes:
+    # A whole valid batch whose bytes happen to be on disk, then zeros: the batch is kept.
+    return good_next + bytes(100)
+
+
+TAILS = [
+    pytest.param(_garbage, 0, id="random-garbage"),
+    pytest.param(_zeros, 0, id="zeros"),
+    pytest.param(_torn_batch, 0, id="torn-batch"),
+    pytest.param(_header_only, 0, id="header-only"),
+    pytest.param(_bad_crc_batch, 0, id="bad-crc-batch"),
+    pytest.param(_good_then_zeros, 1, id="whole-batch-then-zeros"),
+]
+
+
+class TestDamagedTail:
+    @pytest.mark.parametrize(("damage", "kept_batches"), TAILS)
+    def test_a_damaged_tail_is_truncated_to_exactly_the_last_good_batch(
+        self, rolled: OpenLog, tmp_path: Path, damage: object, kept_batches: int
+    ) -> None:
+        end = rolled.log.log_end_offset
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        active = segment_path(copy, rolled.log.active_segment.base_offset)
+        good_size = active.stat().st_size
+        nxt = Producers(dict(rolled.producers.epochs), dict(rolled.producers.sequences))
+        next_batch = bytearray(nxt.batch(11, 2))
+        next_batch[:8] = end.to_bytes(8, "big")  # as the log would have stamped it
+        tail = damage(bytes(next_batch))  # type: ignore[operator]
+        with active.open("ab") as f:
+            f.write(tail)
+        kept = len(next_batch) * kept_batches
+        with Log.open(copy, CONFIG) as recovered:
+            report = recovered.recovery_report
+            assert report.clean is False
+            assert report.truncated_bytes == len(tail) - kept
+            assert report.segments_scanned == 1
+            assert recovered.log_end_offset == end + 2 * kept_batches
+            assert active.stat().st_size == good_size + kept
+            if kept_batches == 0:
+                assert report.tail_error is not None
+            result = recovered.append(rolled.producers.batch(13, 1))
+            assert result.first_offset == end + 2 * kept_batches
+            read_everything(recovered)
+        assert [p[2] for p in batch_positions(active)][-1] == end + 2 * kept_batches
+        with Log.open(copy, CONFIG) as reopened:
+            assert reopened.recovery_report.clean
+            assert engine_state(reopened) == replay_state(copy)
+
+    def test_an_unflushed_last_batch_torn_by_the_crash_is_cut(self, rolled: OpenLog, tmp_path: Path) -> None:
+        end = rolled.log.log_end_offset
+        rolled.producers.append(rolled.log, 12, 3, value_size=80)  # above the recovery point
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        active = segment_path(copy, rolled.log.active_segment.base_offset)
+        position, size, base = batch_positions(active)[-1]
+        assert base == end
+        with active.open("r+b") as f:
+            f.truncate(position + size - 10)
+        with Log.open(copy, CONFIG) as recovered:
+            assert recovered.log_end_offset == end
+            assert recovered.recovery_report.truncated_bytes == size - 10
+            assert active.stat().st_size == position
+            entry = recovered.producer_state(12)
+            assert entry is not None
+            assert entry.last_offset < end
+            assert engine_state(recovered) == replay_state(copy)
+            # The producer's retry of the lost batch is accepted, at the log end.
+            result = recovered.append(rolled.producers.sent[-1].data)
+            assert not result.duplicate
+            assert result.first_offset == end
+
+    def test_bytes_appended_behind_a_clean_close_are_cut(self, rolled: OpenLog) -> None:
+        end = rolled.log.log_end_offset
+        active = segment_path(rolled.directory, rolled.log.active_segment.base_offset)
+        rolled.log.close()
+        size = active.stat().st_size
+        with active.open("ab") as f:
+            f.write(bytes(300))
+        with Log.open(rolled.directory, CONFIG) as reopened:
+            assert reopened.log_end_offset == end
+            assert reopened.recovery_report.truncated_bytes == 300
+        assert active.stat().st_size == size
+
+
+# -- corruption below the recovery point ------------------------------------------------
+class TestCorruptionBelowTheRecoveryPoint:
+    def _flip_early_batch_of_active_segment(self, rolled: OpenLog) -> tuple[Path, int, int]:
+        log = rolled.log
+        active = segment_path(rolled.directory, log.active_segment.base_offset)
+        log.close()
+        positions = batch_positions(active)
+        assert len(positions) >= 3
+        position, _, base = positions[1]
+        flip_byte(active, position + HEADER_SIZE + 2)  # inside the records: CRC-covered
+        return active, position, base
+
+    def test_a_bit_flip_below_the_recovery_point_raises_naming_the_file_and_position(
+        self, rolled: OpenLog
+    ) -> None:
+        active, position, _ = self._flip_early_batch_of_active_segment(rolled)
+        with pytest.raises(CorruptLogError) as info:
+            Log.open(rolled.directory, CONFIG)
+        assert info.value.path == str(active)
+        assert info.value.position == position
+        assert active.name in str(info.value)
+        assert str(position) in str(info.value)
+        # Nothing was cut, and the directory is not left locked.
+        assert len(batch_positions(active)) >= 3
+        with pytest.raises(CorruptLogError):
+            Log.open(rolled.directory, CONFIG)
+
+    def test_a_bit_flip_below_the_recovery_point_after_a_crash_raises(
+        self, rolled: OpenLog, tmp_path: Path
+    ) -> None:
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        active = segment_path(copy, rolled.log.active_segment.base_offset)
+        position = batch_positions(active)[1][0]
+        flip_byte(active, position + HEADER_SIZE + 2)
+        with pytest.raises(CorruptLogError) as info:
+            Log.open(copy, CONFIG)
+        assert (info.value.path, info.value.position) == (str(active), position)
+
+    def test_on_corruption_truncate_cuts_the_log_at_the_bad_batch(self, rolled: OpenLog) -> None:
+        active, position, base = self._flip_early_batch_of_active_segment(rolled)
+        size = active.stat().st_size
+        config = LogConfig(segment_bytes=2048, segment_index_bytes=4096, on_corruption="truncate")
+        with Log.open(rolled.directory, config) as cut:
+            assert cut.log_end_offset == base
+            assert cut.recovery_report.truncated_bytes == size - position
+            assert engine_state(cut) == replay_state(rolled.directory)
+            assert cut.append(rolled.producers.batch(99)).first_offset == base
+        assert batch_positions(active)[-1][0] == position  # the new batch took its place
+
+    def test_a_bit_flip_in_a_sealed_segment_is_not_scanned_but_is_never_served(
+        self, rolled: OpenLog, tmp_path: Path
+    ) -> None:
+        clean_copy = crash_copy(rolled.directory, tmp_path / "unflipped")
+        with Log.open(clean_copy, CONFIG) as unflipped:
+            expected_scan = unflipped.recovery_report.bytes_scanned
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        sealed = segment_path(copy, 0)
+        position, _, base = batch_positions(sealed)[2]
+        flip_byte(sealed, position + HEADER_SIZE + 2)
+        with Log.open(copy, CONFIG) as recovered:
+            report = recovered.recovery_report
+            assert report.segments_scanned == 1
+            assert report.bytes_scanned == expected_scan
+            assert report.bytes_scanned < sum(s.size for s in recovered.segments)
+            assert recovered.log_end_offset == rolled.log.log_end_offset
+            with pytest.raises(CorruptLogError) as info:
+                recovered.read(base)
+            assert (info.value.path, info.value.position) == (str(sealed), position)
+            # A read starting before the bad batch must not serve it either.
+            with pytest.raises(CorruptLogError):
+                recovered.read(0, max_bytes=1 << 20)
+            # Batches of other segments are still served.
+            assert recovered.read(recovered.active_segment.base_offset).batches
+
+    def test_a_bit_flip_in_a_sealed_segment_after_a_clean_close_is_never_served(
+        self, rolled: OpenLog
+    ) -> None:
+        rolled.log.close()
+        sealed = segment_path(rolled.directory, 0)
+        position, _, base = batch_positions(sealed)[1]
+        flip_byte(sealed, position + HEADER_SIZE + 2)
+        with Log.open(rolled.directory, CONFIG) as reopened:
+            assert reopened.recovery_report.clean
+            with pytest.raises(CorruptLogError) as info:
+                reopened.read(base)
+            assert info.value.position == position
+
+
+# -- the clean-shutdown marker ---------------------------------------------------------------
+class _CrashingFileSystem:
+    """The real OS, raising at the first call of `crash_on` once armed (a crash while loading)."""
+
+    def __init__(self, crash_on: str) -> None:
+        self._os = OsFileSystem()
+        self.crash_on = crash_on
+        self.crashed = False
+
+    def _maybe_crash(self, name: str) -> None:
+        if name == self.crash_on and not self.crashed:
+            self.crashed = True
+            raise OSError(errno.EIO, "simulated crash while loading")
+
+    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
+        if path.endswith(".log"):
+            self._maybe_crash("open")
+        return self._os.open(path, create=create, writable=writable)
+
+    def open_store(self, path: str) -> MetadataStore:
+        self._maybe_crash("open_store")
+        return self._os.open_store(path)
+
+    def lock(self, path: str) -> DirLock:
+        return self._os.lock(path)
+
+    def exists(self, path: str) -> bool:
+        return self._os.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        self._maybe_crash("listdir")
+        return self._os.listdir(path)
+
+    def mkdir(self, path: str) -> None:
+        self._os.mkdir(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        self._os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        self._os.unlink(path)
+
+    def fsync_dir(self, path: str) -> None:
+        self._os.fsync_dir(path)
+
+
+class TestCleanShutdownMarker:
+    def test_a_clean_close_makes_the_next_open_clean_and_scan_nothing(self, rolled: OpenLog) -> None:
+        rolled.log.close()
+        assert (rolled.directory / MARKER).exists()
+        with Log.open(rolled.directory, CONFIG) as reopened:
+            report = reopened.recovery_report
+            assert report.clean is True
+            assert (report.segments_scanned, report.truncated_bytes) == (0, 0)
+            # Deleted as soon as it was read: a crash from here on is unclean.
+            assert not (rolled.directory / MARKER).exists()
+
+    def test_a_missing_marker_makes_the_open_unclean(self, rolled: OpenLog) -> None:
+        expected = engine_state(rolled.log)
+        rolled.log.close()
+        (rolled.directory / MARKER).unlink()
+        with Log.open(rolled.directory, CONFIG) as reopened:
+            assert reopened.recovery_report.clean is False
+            assert reopened.recovery_report.segments_scanned == 1
+            assert engine_state(reopened) == expected
+
+    @pytest.mark.parametrize("crash_on", ["open_store", "listdir", "open"])
+    def test_a_crash_while_loading_is_still_unclean_on_the_next_open(
+        self, rolled: OpenLog, crash_on: str
+    ) -> None:
+        expected = engine_state(rolled.log)
+        end = rolled.log.log_end_offset
+        rolled.log.close()
+        fs = _CrashingFileSystem(crash_on)
+        with pytest.raises(OSError, match="simulated crash"):
+            Log.open(rolled.directory, CONFIG, fs=fs)
+        assert fs.crashed
+        assert not (rolled.directory / MARKER).exists()
+        with Log.open(rolled.directory, CONFIG) as reopened:
+            assert reopened.recovery_report.clean is False
+            assert reopened.log_end_offset == end
+            assert engine_state(reopened) == expected
+
+
+# -- recovery cost ----------------------------------------------------------------------------
+class TestRecoveryCostIsTailOnly:
+    def _crash_with(self, tmp_path: Path, sealed_segments: int) -> tuple[Log, Path]:
+        directory = tmp_path / f"sealed-{sealed_segments}"
+        producers = Producers()
+        with Log.open(directory, CONFIG) as log:
+            for _ in range(sealed_segments):
+                producers.append(log, 6, 1, 40)
+                log.roll()
+            for n in range(5):  # the same tail, byte for byte but for offsets, in both logs
+                producers.append(log, 7 + n % 2, 2, 100)
+            log.flush()
+            assert len(log.segments) == sealed_segments + 1
+            copy = crash_copy(directory, tmp_path / f"crashed-{sealed_segments}")
+        return Log.open(copy, CONFIG), copy
+
+    def test_recovery_of_100_segments_reads_no_more_than_recovery_of_10_with_the_same_tail(
+        self, tmp_path: Path
+    ) -> None:
+        small, small_dir = self._crash_with(tmp_path, 9)
+        big, big_dir = self._crash_with(tmp_path, 99)
+        try:
+            for log, directory in ((small, small_dir), (big, big_dir)):
+                report = log.recovery_report
+                assert report.clean is False
+                assert report.segments_scanned == 1
+                assert report.snapshot_offset == log.active_segment.base_offset
+                # Exactly the active segment is read, however long the log.
+                assert report.bytes_scanned == log.active_segment.size
+                assert report.batches_replayed == 5
+                assert engine_state(log) == replay_state(directory)
+            assert big.recovery_report.bytes_scanned == small.recovery_report.bytes_scanned
+            assert big.size_bytes > 5 * small.recovery_report.bytes_scanned
+        finally:
+            small.close()
+            big.close()
+
+
+# -- single writer ------------------------------------------------------------------------------
+LOCK_CHILD = r"""
+import sys
+from oncelog.errors import LogDirLockedError
+from oncelog.log import Log
+try:
+    Log.open(sys.argv[1]).close()
+except LogDirLockedError:
+    print("locked")
+else:
+    print("opened")
+"""
+
+
+class TestSingleWriter:
+    def test_a_second_open_in_this_process_raises_until_the_first_closes(self, tmp_path: Path) -> None:
+        directory = tmp_path / "t-0"
+        first = Log.open(directory, CONFIG)
+        try:
+            with pytest.raises(LogDirLockedError):
+                Log.open(directory, CONFIG)
+            # The refused open changed nothing: the first log still works.
+            assert Producers().append(first, 1).first_offset == 0
+        finally:
+            first.close()
+        with Log.open(directory, CONFIG) as second:
+            assert second.log_end_offset == 1
+
+    def test_an_open_from_another_process_raises_until_the_first_closes(self, tmp_path: Path) -> None:
+        directory = tmp_path / "t-0"
+
+        def open_in_child() -> str:
+            done = subprocess.run(
+                [sys.executable, "-c", LOCK_CHILD, str(directory)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr
+            return done.stdout.strip()
+
+        with Log.open(directory, CONFIG):
+            assert open_in_child() == "locked"
+        assert open_in_child() == "opened"
+
+
+# -- flush policy ------------------------------------------------------------------------------
+class TestFlushPolicy:
+    def test_flush_messages_advances_the_recovery_point_every_three_messages(self, tmp_path: Path) -> None:
+        config = LogConfig(segment_index_bytes=4096, flush_messages=3)
+        producers = Producers()
+        with Log.open(tmp_path / "t-0", config) as log:
+            points = []
+            for _ in range(7):
+                producers.append(log, 1)
+                points.append(log.recovery_point)
+            assert points == [0, 0, 3, 3, 3, 6, 6]
+            producers.append(log, 1, 4)  # one batch of 4 messages crosses the threshold
+            assert log.recovery_point == 11
+            # The recovery point is durable in the metadata store.
+            copy = crash_copy(tmp_path / "t-0", tmp_path / "copy")
+        store = OsFileSystem().open_store(str(copy / "meta.lmdb"))
+        try:
+            assert read_offset(store, RECOVERY_POINT_KEY) == 11
+        finally:
+            store.close()
+
+    def test_flush_ms_flushes_once_the_injected_clock_has_moved_far_enough(self, tmp_path: Path) -> None:
+        now = [T0]
+        config = LogConfig(segment_index_bytes=4096, flush_ms=100)
+        producers = Producers()
+        with Log.open(tmp_path / "t-0", config, clock=lambda: now[0]) as log:
+            now[0] += 50
+            producers.append(log, 1)
+            assert log.recovery_point == 0
+            now[0] += 49
+            producers.append(log, 1)
+            assert log.recovery_point == 0
+            now[0] += 1
+            producers.append(log, 1)
+            assert log.recovery_point == 3
+            now[0] += 99
+            producers.append(log, 1)
+            assert log.recovery_point == 3
+            now[0] += 1
+            producers.append(log, 1)
+            assert log.recovery_point == 5
+
+    def test_without_a_policy_only_flush_moves_the_recovery_point(self, tmp_path: Path) -> None:
+        producers = Producers()
+        with Log.open(tmp_path / "t-0", LogConfig(segment_index_bytes=4096)) as log:
+            for _ in range(20):
+                producers.append(log, 1)
+            assert log.recovery_point == 0
+            log.flush()
+            assert log.recovery_point == 20
+
+
+# -- fsync failure --------------------------------------------------------------------------
+class _FailingHandle:
+    def __init__(self, inner: FileHandle, fs: _FsyncFailingFileSystem) -> None:
+        self._inner = inner
+        self._fs = fs
+
+    @property
+    def path(self) -> str:
+        return self._inner.path
+
+    def size(self) -> int:
+        return self._inner.size()
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return self._inner.pread(size, offset)
+
+    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+        return self._inner.pwritev(buffers, offset)
+
+    def truncate(self, size: int) -> None:
+        self._inner.truncate(size)
+
+    def fsync(self) -> None:
+        if self._fs.failing:
+            raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
+        self._inner.fsync()
+
+    def fdatasync(self) -> None:
+        if self._fs.failing:
+            raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
+        self._inner.fdatasync()
+
+    def mmap(self, size: int, *, writable: bool) -> MappedRegion:
+        return self._inner.mmap(size, writable=writable)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _FsyncFailingFileSystem:
+    """The real OS; every file fsync fails while `failing` is set."""
+
+    def __init__(self) -> None:
+        self._os = OsFileSystem()
+        self.failing = False
+
+    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
+        return _FailingHandle(self._os.open(path, create=create, writable=writable), self)
+
+    def open_store(self, path: str) -> MetadataStore:
+        return self._os.open_store(path)
+
+    def lock(self, path: str) -> DirLock:
+        return self._os.lock(path)
+
+    def exists(self, path: str) -> bool:
+        return self._os.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return self._os.listdir(path)
+
+    def mkdir(self, path: str) -> None:
+        self._os.mkdir(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        self._os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        self._os.unlink(path)
+
+    def fsync_dir(self, path: str) -> None:
+        self._os.fsync_dir(path)
+
+
+class TestFsyncFailure:
+    @pytest.mark.parametrize("fail_in", ["flush", "roll"])
+    def test_after_a_failed_fsync_appends_fail_until_reopen_which_recovers_everything(
+        self, tmp_path: Path, fail_in: str
+    ) -> None:
+        directory = tmp_path / "t-0"
+        fs = _FsyncFailingFileSystem()
+        producers = Producers()
+        log = Log.open(directory, CONFIG, fs=fs)
+        try:
+            producers.workload(log, random.Random(5), 30)
+            end = log.log_end_offset
+            expected = engine_state(log)
+            fs.failing = True
+            with pytest.raises(LogFailedError):
+                if fail_in == "flush":
+                    log.flush()
+                else:
+                    log.roll()
+            fs.failing = False  # a retried fsync would "succeed": fail closed anyway
+            with pytest.raises(LogFailedError):
+                log.append(producers.batch(11))
+            with pytest.raises(LogFailedError):
+                log.flush()
+            assert log.log_end_offset == end
+        finally:
+            log.close()
+        with Log.open(directory, CONFIG) as reopened:
+            assert reopened.recovery_report.clean is False
+            assert reopened.log_end_offset == end
+            assert engine_state(reopened) == expected == replay_state(directory)
+            assert [(b.base_offset, b.last_offset) for b in read_everything(reopened)] == [
+                (s.first_offset, s.last_offset) for s in producers.sent
+            ]
+            assert producers.append(reopened, 11).first_offset == end
+
+    def test_closing_a_failed_log_leaves_no_marker_and_releases_the_directory_while_fsync_still_fails(
+        self, tmp_path: Path
+    ) -> None:
+        fs = _FsyncFailingFileSystem()
+        log = Log.open(tmp_path / "t-0", CONFIG, fs=fs)
+        Producers().append(log, 1)
+        fs.failing = True
+        with pytest.raises(LogFailedError):
+            log.flush()
+        with contextlib.suppress(OSError, LogFailedError):
+            log.close()  # it may report the failure, but must still let go of the directory
+        assert not (tmp_path / "t-0" / MARKER).exists()
+        fs.failing = False
+        with Log.open(tmp_path / "t-0", CONFIG) as reopened:
+            assert reopened.recovery_report.clean is False
+            assert reopened.log_end_offset == 1
+
+
+# -- real Kafka partitions ------------------------------------------------------------------
+class TestKafkaFixtures:
+    def test_promotions_fixture_recovers_producers_45_and_46(self, tmp_path: Path) -> None:
+        partition = copy_fixture(FIXTURES / "flink-on-prem" / "promotions-0", tmp_path)
+        with Log.open(partition) as log:
+            p45, p46 = log.producer_state(45), log.producer_state(46)
+            assert p45 is not None and p46 is not None
+            assert (p45.producer_epoch, p45.last_sequence, p45.last_offset) == (0, 2, 26)
+            assert (p46.producer_epoch, p46.last_sequence, p46.last_offset) == (0, 25, 28)
+            assert log.recovery_report.snapshot_offset == 29
+            assert log.log_end_offset == 29
+            # Kafka keeps each producer's last batch: retrying it is a duplicate.
+            last_46 = log.read(27).batches[0]
+            assert (last_46.producer_id, last_46.base_offset) == (46, 27)
+            result = log.append(bytes(last_46.buffer))
+            assert result.duplicate
+            assert (result.first_offset, result.last_offset) == (27, 28)
+            assert log.log_end_offset == 29
+
+    @pytest.mark.parametrize("source", fixture_partition_params())
+    def test_every_fixture_recovers_each_producers_last_batch(
+        self, tmp_path: Path, source: Path | None
+    ) -> None:
+        assert source is not None, f"no Kafka fixtures under {FIXTURES}"
+        partition = copy_fixture(source, tmp_path)
+        last: dict[int, tuple[int, int, int]] = {}
+        for log_file in sorted(partition.glob("*.log")):
+            for batch in iter_batches(log_file.read_bytes()):
+                if batch.producer_id >= 0 and not batch.is_control:
+                    last[batch.producer_id] = (batch.producer_epoch, batch.last_sequence, batch.last_offset)
+        with Log.open(partition) as log:
+            assert log.recovery_report.clean is False  # no oncelog marker in a Kafka directory
+            got = {}
+            for entry in log.producers():
+                if entry.producer_id in last:
+                    got[entry.producer_id] = (entry.producer_epoch, entry.last_sequence, entry.last_offset)
+            assert got == last
