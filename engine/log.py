@@ -375,43 +375,63 @@ class Log:
         """Make every appended batch durable (survives power loss)."""
         with self._lock:
             self._check_open()
-            if self._failure is not None:
-                raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
-            end = self.log_end_offset
-            for segment in self._segments:
-                if segment.unflushed:
-                    try:
-                        segment.flush()
-                    except OSError as exc:
-                        # Fail closed: a retried fsync may "succeed" after the kernel
-                        # dropped the dirty pages (fsyncgate).
-                        self._failure = exc
-                        raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
-            if end > self.recovery_point:
-                self._set_recovery_point(end)
-            self._unflushed_messages = 0
-            self._last_flush_ms = self._clock()
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._failure is not None:
+            raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
+        end = self.log_end_offset
+        for segment in self._segments:
+            if segment.unflushed:
+                try:
+                    segment.flush()
+                except OSError as exc:
+                    # Fail closed: a retried fsync may "succeed" after the kernel
+                    # dropped the dirty pages (fsyncgate).
+                    self._failure = exc
+                    raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
+        if end > self.recovery_point:
+            self._set_recovery_point(end)
+        self._unflushed_messages = 0
+        self._last_flush_ms = self._clock()
 
     def close(self) -> None:
-        """Flush, snapshot at the log end and leave the clean-shutdown marker."""
+        """Flush, snapshot at the log end and leave the clean-shutdown marker.
+
+        Every resource is released even when a step fails, so a failed log can be
+        reopened; a log that could not be flushed closes without the marker, and
+        the next open recovers it.
+        """
         with self._lock:
             if self._closed:
                 return
+            self._closed = True
+            errors: list[BaseException] = []
             clean = False
-            try:
-                if self._failure is None:
-                    self.flush()
+            if self._failure is None:
+                try:
+                    self._flush()
                     end = self.log_end_offset
                     snapshots.write_snapshot(self._fs, self.directory, end, self._producers.live_rows())
                     clean = True
-            finally:
-                self._closed = True
-                for segment in self._segments:
-                    segment.close()
+                except (OSError, LogFailedError) as exc:
+                    errors.append(exc)
+            for segment in self._segments:
+                try:
+                    segment.close(durable=clean)
+                except OSError as exc:
+                    errors.append(exc)
+                    clean = False
+            try:
                 if clean:
                     self._write_clean_marker()
+            except OSError as exc:
+                errors.append(exc)
+            finally:
                 self._store.close()
                 self._dir_lock.release()
+            if errors:
+                raise LogFailedError(f"closing {self.directory} failed: {errors[0]}") from errors[0]
 
     def _write_clean_marker(self) -> None:
         marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)

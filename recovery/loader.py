@@ -111,7 +111,7 @@ class LogLoader:
             snapshot_offset = self._load()
         except BaseException:
             for segment in self.segments:
-                segment.close()
+                segment.close(durable=False)
             raise
         end = self.segments[-1].next_offset
         if not self.clean:
@@ -241,8 +241,9 @@ class LogLoader:
             error = segment.rebuild(validate=True, on_batch=lambda batch: self._apply(batch, replay_from))
             if error is not None:
                 if segment.next_offset < recovery_point:
-                    self._corruption_below_recovery_point(segment, error, recovery_point)
-                self._cut_tail(n, str(error))
+                    self._corruption_below_recovery_point(segment, error, recovery_point)  # raises or cuts
+                else:
+                    self._cut_tail(n, str(error))
                 return
             if n + 1 < len(self.segments):
                 segment.seal()

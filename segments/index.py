@@ -146,12 +146,14 @@ class _MappedIndex:
         self._handle.fsync()
         self.is_sealed = True
 
-    def close(self) -> None:
-        """Unmap and trim the file to its entries."""
-        if not self.is_sealed:
-            self.trim()
-        self._unmap()
-        self._handle.close()
+    def close(self, *, trim: bool = True) -> None:
+        """Unmap, trim the file to its entries (unless `trim` is False), and close it."""
+        try:
+            if trim and not self.is_sealed:
+                self.trim()
+        finally:
+            self._unmap()
+            self._handle.close()
 
 
 class OffsetIndex(_MappedIndex):

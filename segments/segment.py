@@ -283,7 +283,7 @@ class LogSegment:
     def delete(self) -> None:
         """Close and remove the segment's files."""
         paths = [self.path, self.offset_index.path, self.time_index.path]
-        self.close()
+        self.close(durable=False)
         for path in paths:
             if self.fs.exists(path):
                 self.fs.unlink(path)
@@ -366,13 +366,20 @@ class LogSegment:
         self.offset_index.trim()
         self.time_index.trim()
 
-    def close(self) -> None:
-        # The final time entry lets the next clean open take the max timestamp from the index.
-        if self.max_timestamp_ms != fmt.NO_TIMESTAMP and not self.time_index.is_sealed:
-            self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
-        self.offset_index.close()
-        self.time_index.close()
-        self._handle.close()
+    def close(self, *, durable: bool = True) -> None:
+        """Close the files; `durable` also writes the final time entry and trims the indexes.
+
+        A failed log closes with durable=False: no fsync is attempted, and the
+        next open rebuilds what it cannot trust.
+        """
+        try:
+            # The final time entry lets the next clean open take the max timestamp from the index.
+            if durable and not self.time_index.is_sealed and self.max_timestamp_ms != fmt.NO_TIMESTAMP:
+                self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+            self.offset_index.close(trim=durable)
+            self.time_index.close(trim=durable)
+        finally:
+            self._handle.close()
 
     def __repr__(self) -> str:
         return f"LogSegment({self.path}, base={self.base_offset}, next={self.next_offset}, size={self.size})"

@@ -19,7 +19,7 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -430,6 +430,36 @@ os._exit(0)
                 assert entry.last_offset == last
                 assert entry.batches[-1].first_sequence == seq
 
+    def test_a_crash_right_after_a_roll_recovers_from_the_roll_snapshot_reading_nothing(
+        self, rolled: OpenLog, tmp_path: Path
+    ) -> None:
+        rolled.log.roll()
+        base = rolled.log.active_segment.base_offset
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        with Log.open(copy, CONFIG) as recovered:
+            report = recovered.recovery_report
+            assert (report.snapshot_offset, report.segments_scanned) == (base, 1)
+            assert (report.bytes_scanned, report.batches_replayed) == (0, 0)
+            assert recovered.log_end_offset == base
+            assert engine_state(recovered) == replay_state(copy)
+
+    @pytest.mark.parametrize("crash_on", ["rename", "open_store"])
+    def test_a_crash_during_recovery_then_recovery_again_gives_the_same_log(
+        self, rolled: OpenLog, tmp_path: Path, crash_on: str
+    ) -> None:
+        rolled.producers.append(rolled.log, 13, 2)  # unflushed
+        copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        active = segment_path(copy, rolled.log.active_segment.base_offset)
+        with active.open("ab") as f:
+            f.write(bytes(500))
+        fs = _CrashingFileSystem(crash_on)
+        with pytest.raises(OSError, match="simulated crash"):
+            Log.open(copy, CONFIG, fs=fs)
+        with Log.open(copy, CONFIG) as recovered:
+            assert recovered.recovery_report.clean is False
+            assert recovered.log_end_offset == rolled.log.log_end_offset
+            assert engine_state(recovered) == engine_state(rolled.log) == replay_state(copy)
+
     def test_a_second_crash_right_after_recovery_loses_nothing_recovery_exposed(
         self, rolled: OpenLog, tmp_path: Path
     ) -> None:
@@ -462,13 +492,13 @@ def _corrupt(path: Path) -> None:
 class TestSnapshotFallback:
     @pytest.mark.parametrize("damage", [_truncate, _empty, _corrupt], ids=["truncated", "empty", "corrupt"])
     def test_a_bad_newest_snapshot_falls_back_to_the_next_older_one(
-        self, rolled: OpenLog, tmp_path: Path, damage: object
+        self, rolled: OpenLog, tmp_path: Path, damage: Callable[[Path], None]
     ) -> None:
         bases = [s.base_offset for s in rolled.log.segments]
         newest, older = bases[-1], bases[-2]
         copy = crash_copy(rolled.directory, tmp_path / "crashed")
         bad = snapshot_path(copy, newest)
-        damage(bad)  # type: ignore[operator]
+        damage(bad)
         bad_bytes = bad.read_bytes()
         expected = replay_state(copy)
         with Log.open(copy, CONFIG) as recovered:
@@ -596,7 +626,7 @@ TAILS = [
 class TestDamagedTail:
     @pytest.mark.parametrize(("damage", "kept_batches"), TAILS)
     def test_a_damaged_tail_is_truncated_to_exactly_the_last_good_batch(
-        self, rolled: OpenLog, tmp_path: Path, damage: object, kept_batches: int
+        self, rolled: OpenLog, tmp_path: Path, damage: Callable[[bytes], bytes], kept_batches: int
     ) -> None:
         end = rolled.log.log_end_offset
         copy = crash_copy(rolled.directory, tmp_path / "crashed")
@@ -605,7 +635,7 @@ class TestDamagedTail:
         nxt = Producers(dict(rolled.producers.epochs), dict(rolled.producers.sequences))
         next_batch = bytearray(nxt.batch(11, 2))
         next_batch[:8] = end.to_bytes(8, "big")  # as the log would have stamped it
-        tail = damage(bytes(next_batch))  # type: ignore[operator]
+        tail = damage(bytes(next_batch))
         with active.open("ab") as f:
             f.write(tail)
         kept = len(next_batch) * kept_batches
@@ -786,6 +816,7 @@ class _CrashingFileSystem:
         self._os.mkdir(path)
 
     def rename(self, src: str, dst: str) -> None:
+        self._maybe_crash("rename")
         self._os.rename(src, dst)
 
     def unlink(self, path: str) -> None:
