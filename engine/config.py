@@ -29,8 +29,12 @@ class LogConfig:
     flush_ms: int | None = None
     # Bad bytes below the recovery point: raise CorruptLogError, or cut the log there.
     on_corruption: OnCorruption = "raise"
-    # Rows in the producer table (172 bytes each, touched only as producers arrive).
+    # Rows in the producer table (172 bytes each, touched only as producers arrive),
+    # plus ~24 bytes each for the pid map and due times, allocated up front.
     producer_capacity: int = 100_000
+    # A producer idle this long (by its newest batch's timestamp) with no open
+    # transaction is forgotten; its next batch is accepted at any sequence.
+    producer_expiration_ms: int = 24 * 3600 * 1000
 
     def __post_init__(self) -> None:
         # A 61-byte header plus one minimal record must fit in a segment and a batch.
@@ -53,6 +57,8 @@ class LogConfig:
             raise ValueError(f"flush_ms must be >= 0 or None, got {self.flush_ms}")
         if self.on_corruption not in ("raise", "truncate"):
             raise ValueError(f"on_corruption must be 'raise' or 'truncate', got {self.on_corruption!r}")
+        if self.producer_expiration_ms <= 0:
+            raise ValueError(f"producer_expiration_ms must be positive, got {self.producer_expiration_ms}")
         if self.producer_capacity <= 0:
             raise ValueError(f"producer_capacity must be positive, got {self.producer_capacity}")
         if self.timestamp_type not in ("CreateTime", "LogAppendTime"):

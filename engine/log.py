@@ -22,7 +22,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import crc32c
 
 from oncelog.config import LogConfig
-from oncelog.errors import InvalidRecordError, LogClosedError, LogDirLockedError, LogFailedError
+from oncelog.errors import (
+    InvalidRecordError,
+    LogClosedError,
+    LogDirLockedError,
+    LogFailedError,
+    ProducerStateFullError,
+)
 from oncelog.producer_state import BatchMetadata, ProducerAppendInfo, ProducerStateEntry
 from oncelog.reads import read_log
 from oncelog.recovery import snapshot as snapshots
@@ -117,13 +123,14 @@ class Log:
                 # fsync(dir): a crash during loading must find no marker and count as unclean.
                 fs.fsync_dir(directory)
             store = fs.open_store(os.path.join(directory, METADATA_DIR))
-            loaded = LogLoader(fs, directory, config, store, clean=clean).load()
+            clock = clock or wall_clock_ms
+            loaded = LogLoader(fs, directory, config, store, clean=clean, now_ms=clock()).load()
         except BaseException:
             if store is not None:
                 store.close()
             dir_lock.release()
             raise
-        return cls(directory, config, fs, clock or wall_clock_ms, loaded, store, dir_lock)
+        return cls(directory, config, fs, clock, loaded, store, dir_lock)
 
     # -- properties ------------------------------------------------------------------
     @property
@@ -149,6 +156,16 @@ class Log:
     def producer_state(self, producer_id: int) -> ProducerStateEntry | None:
         with self._lock:
             return self._producers.get(producer_id)
+
+    def expire_producers(self, now_ms: int | None = None, *, exhaustive: bool = False) -> int:
+        """Forget producers idle for `producer_expiration_ms`; returns how many.
+
+        Pops from the head of the ring while it is due (see ProducerStateManager);
+        `exhaustive` examines every producer once.
+        """
+        with self._lock:
+            self._check_open()
+            return self._producers.expire(self._clock() if now_ms is None else now_ms, exhaustive=exhaustive)
 
     def producers(self) -> Iterator[ProducerStateEntry]:
         """Every producer's state, oldest first (a snapshot taken under the lock)."""
@@ -196,7 +213,17 @@ class Log:
         views = [validate_batch(buffer, origin, self.config.max_batch_bytes) for buffer in batches]
         with self._lock:
             self._check_writable()
-            plan = self._plan(views, origin)
+            now_ms = self._clock()
+            head_due_ms = self._producers.head_due_ms
+            if head_due_ms is not None and head_due_ms <= now_ms:
+                self._producers.expire(now_ms)  # cheap: only when the oldest entry is due
+            try:
+                plan = self._plan(views, origin)
+            except ProducerStateFullError:
+                # A full ring: make room from expired producers once, then refuse.
+                if not self._producers.expire(now_ms, exhaustive=True):
+                    raise
+                plan = self._plan(views, origin)
             results = self._execute(plan)
             self._maybe_flush(sum(p.batch.records_count for p in plan if not p.duplicate))
             return results

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError, ProducerStateFullError
+from oncelog.pid_map import PidSlotMap
 from oncelog.segments import format as fmt
 
 # Kafka keeps the metadata of each producer's last 5 batches for duplicate detection.
@@ -47,7 +48,9 @@ PRODUCER_DTYPE = np.dtype(
     ]
 )
 _ROW = struct.Struct(f"<qqqihBB{WINDOW}i{WINDOW}i{WINDOW}q{WINDOW}i{WINDOW}q")
+_ROW_HEAD = struct.Struct("<qqq")  # producer_id, last_activity_ms, txn_first_offset
 assert _ROW.size == PRODUCER_DTYPE.itemsize == 172
+DEFAULT_EXPIRATION_MS = 24 * 3600 * 1000  # Kafka's producer.id.expiration.ms
 
 
 class BatchMetadata(NamedTuple):
@@ -111,17 +114,34 @@ def in_sequence(last_sequence: int, next_sequence: int) -> bool:
 
 
 class ProducerStateManager:
-    def __init__(self, capacity: int):
+    """The producer table, a ring in insertion order with second-chance expiry (brief §6).
+
+    Each slot also records the time it becomes *due*: its last activity plus the
+    expiration, as of when it was placed at the tail. Expiry pops the head while
+    the head is due: an entry really past its expiration (and with no open
+    transaction) is removed; one that was active since, or holds a transaction,
+    is re-appended at the tail with a fresh due time (its second chance). Each
+    call costs O(entries examined), amortised O(1) per producer, instead of
+    Kafka's scan of every producer. A recorded due time is never later than the
+    real one, so a live producer is never evicted; an expired one stuck behind a
+    later-due head waits for it (it expires late, never early), and a full ring
+    first runs an exhaustive pass.
+    """
+
+    def __init__(self, capacity: int, expiration_ms: int = DEFAULT_EXPIRATION_MS):
         if capacity <= 0:
             raise ValueError(f"producer capacity must be positive, got {capacity}")
         self.capacity = capacity
+        self.expiration_ms = expiration_ms
         # np.zeros maps untouched pages lazily, so a large capacity costs memory
         # only as slots are used (they are used in ring order, from the head).
         self.table = np.zeros(capacity, PRODUCER_DTYPE)
         self._bytes = self.table.data.cast("B")
-        self._slots: dict[int, int] = {}
+        self.due_ms = np.zeros(capacity, dtype=np.int64)
+        self._due = self.due_ms.data
+        self._slots = PidSlotMap(capacity)
         self.head = 0  # oldest slot of the ring
-        self.used = 0  # slots from head to tail, tombstones included
+        self.used = 0  # slots from head to tail, all live
 
     # -- reading -----------------------------------------------------------------
     def __len__(self) -> int:
@@ -204,7 +224,8 @@ class ProducerStateManager:
                 )
             slot = (self.head + self.used) % self.capacity
             self.used += 1
-            self._slots[w.producer_id] = slot
+            self._slots.put(w.producer_id, slot)
+            self._due[slot] = w.last_activity_ms + self.expiration_ms
         self._write(slot, w)
 
     def has_room_for(self, new_producers: int) -> bool:
@@ -232,10 +253,50 @@ class ProducerStateManager:
                 f"snapshot holds {len(rows)} producers, more than producer_capacity={self.capacity}"
             )
         self.clear()
-        self.table[: len(rows)] = rows
-        self.table["live"][: len(rows)] = 1
-        self.used = len(rows)
-        self._slots = dict(zip(rows["producer_id"].tolist(), range(len(rows)), strict=True))
+        count = len(rows)
+        self.table[:count] = rows
+        self.table["live"][:count] = 1
+        self.due_ms[:count] = rows["last_activity_ms"] + self.expiration_ms
+        self.used = count
+        self._slots.load(rows["producer_id"], np.arange(count, dtype=np.int32))
+
+    # -- expiry ------------------------------------------------------------------
+    @property
+    def head_due_ms(self) -> int | None:
+        """When the oldest entry may expire; the append path expires only past it."""
+        return int(self._due[self.head]) if self.used else None
+
+    def expire(self, now_ms: int, *, exhaustive: bool = False) -> int:
+        """Remove producers idle for `expiration_ms` with no open transaction; returns how many.
+
+        Pops from the head while the head is due. `exhaustive` examines every entry
+        once whatever its due time (used when the ring is full).
+        """
+        expired = 0
+        budget = self.used  # examine each entry at most once per call
+        while self.used and budget:
+            slot = self.head
+            if not exhaustive and self._due[slot] > now_ms:
+                break
+            budget -= 1
+            producer_id, activity_ms, txn_first_offset = _ROW_HEAD.unpack_from(self._bytes, slot * _ROW.size)
+            if txn_first_offset < 0 and now_ms - activity_ms >= self.expiration_ms:
+                self._slots.delete(producer_id)
+                self.table[slot] = np.zeros(1, PRODUCER_DTYPE)
+                self.head = (slot + 1) % self.capacity
+                self.used -= 1
+                expired += 1
+                continue
+            # Second chance: move it to the tail. In a full ring the tail is this
+            # very slot, so advancing the head is the whole move.
+            tail = (slot + self.used) % self.capacity
+            if tail != slot:
+                self.table[tail] = self.table[slot]
+                self.table[slot] = np.zeros(1, PRODUCER_DTYPE)
+                self._slots.put(producer_id, tail)
+            self._due[tail] = max(activity_ms + self.expiration_ms, now_ms + 1)
+            self.head = (slot + 1) % self.capacity
+        return expired
 
     # -- replay ------------------------------------------------------------------
     def replay_batch(

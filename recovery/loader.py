@@ -88,14 +88,22 @@ def list_segment_bases(fs: FileSystem, directory: str) -> list[int]:
 
 class LogLoader:
     def __init__(
-        self, fs: FileSystem, directory: str, config: LogConfig, store: MetadataStore, *, clean: bool
+        self,
+        fs: FileSystem,
+        directory: str,
+        config: LogConfig,
+        store: MetadataStore,
+        *,
+        clean: bool,
+        now_ms: int,
     ):
         self.fs = fs
         self.directory = directory
         self.config = config
         self.store = store
         self.clean = clean
-        self.producers = ProducerStateManager(config.producer_capacity)
+        self.now_ms = now_ms
+        self.producers = ProducerStateManager(config.producer_capacity, config.producer_expiration_ms)
         self.segments: list[LogSegment] = []
         self._bytes_scanned = 0
         self._segments_scanned = 0
@@ -114,6 +122,9 @@ class LogLoader:
                 segment.close(durable=False)
             raise
         end = self.segments[-1].next_offset
+        # As Kafka does at load: producers idle past their expiration are forgotten,
+        # so the state equals a replay followed by expiry at the same time.
+        self.producers.expire(self.now_ms, exhaustive=True)
         if not self.clean:
             # Serve nothing recovery has not made durable (KAFKA-10101); only then
             # may the recovery point move past it.

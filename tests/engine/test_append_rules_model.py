@@ -128,10 +128,12 @@ class AppendRulesMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.directory = tempfile.mkdtemp(prefix="oncelog-model-")
-        self.log = Log.open(self.directory, CONFIG)
+        # The log's clock is the model's: batch timestamps are pinned to T0, and the
+        # wall clock would expire every producer (expiry has its own tests).
+        self.clock = T0
+        self.log = Log.open(self.directory, CONFIG, clock=lambda: self.clock)
         self.model = Model()
         self.history: dict[int, list[Send]] = {}  # every accepted batch per producer
-        self.clock = T0
         self.starts: dict[int, int] = dict.fromkeys(PIDS, 0)
 
     # -- helpers ----------------------------------------------------------------
@@ -217,7 +219,7 @@ class AppendRulesMachine(RuleBasedStateMachine):
     @rule()
     def close_and_reopen(self) -> None:
         self.log.close()
-        self.log = Log.open(self.directory, CONFIG)
+        self.log = Log.open(self.directory, CONFIG, clock=lambda: self.clock)
         assert self.log.recovery_report.clean
 
     # -- invariants -------------------------------------------------------------

@@ -75,7 +75,13 @@ def window(entry: ProducerStateEntry | None) -> list[tuple[int, int, int, int]]:
     return [(b.first_sequence, b.last_sequence, b.first_offset, b.last_offset) for b in entry.batches]
 
 
+# These tests pin batch timestamps to 2023 and are not about expiry (see
+# test_expiry.py), so producers must not expire against the wall clock.
+NEVER_EXPIRES_MS = 100 * 365 * 24 * 3600 * 1000
+
+
 def config(**overrides: object) -> LogConfig:
+    overrides.setdefault("producer_expiration_ms", NEVER_EXPIRES_MS)
     return LogConfig(segment_index_bytes=4096, **overrides)  # type: ignore[arg-type]
 
 
