@@ -3,16 +3,24 @@
 from oncelog import errors  # first: oncelog.segments imports it during package init
 from oncelog.config import LogConfig
 from oncelog.errors import (
+    CorruptLogError,
     CorruptRecordError,
+    CorruptSnapshotError,
+    InvalidProducerEpochError,
     InvalidRecordError,
     LogClosedError,
+    LogDirLockedError,
     LogFailedError,
     NotASegmentError,
     OffsetOutOfRangeError,
     OncelogError,
+    OutOfOrderSequenceError,
+    ProducerStateFullError,
     RecordTooLargeError,
+    RetriableError,
 )
 from oncelog.log import Log
+from oncelog.producer_ids import ProducerIdManager, ProducerLease
 from oncelog.producer_state import BatchMetadata, ProducerStateEntry
 from oncelog.recovery.loader import RecoveryReport
 from oncelog.results import AppendResult, FetchResult
@@ -21,29 +29,32 @@ from oncelog.segments.index import TimestampOffset
 
 __all__ = [
     "AppendResult",
-    "FetchResult",
-    "Log",
-    "TimestampOffset",
-    "CorruptRecordError",
-    "InvalidRecordError",
     "BatchMetadata",
     "CorruptLogError",
+    "CorruptRecordError",
     "CorruptSnapshotError",
+    "FetchResult",
     "InvalidProducerEpochError",
+    "InvalidRecordError",
+    "Log",
     "LogClosedError",
+    "LogConfig",
     "LogDirLockedError",
     "LogFailedError",
-    "OutOfOrderSequenceError",
-    "ProducerStateEntry",
-    "ProducerStateFullError",
-    "RecoveryReport",
-    "LogConfig",
     "NotASegmentError",
     "OffsetOutOfRangeError",
     "OncelogError",
+    "OutOfOrderSequenceError",
+    "ProducerIdManager",
+    "ProducerLease",
+    "ProducerStateEntry",
+    "ProducerStateFullError",
     "Record",
     "RecordBatch",
     "RecordTooLargeError",
+    "RecoveryReport",
+    "RetriableError",
+    "TimestampOffset",
     "encode_batch",
     "errors",
     "iter_batches",

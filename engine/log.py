@@ -29,7 +29,7 @@ from oncelog.errors import (
     LogFailedError,
     ProducerStateFullError,
 )
-from oncelog.producer_state import BatchMetadata, ProducerAppendInfo, ProducerStateEntry
+from oncelog.producer_state import BatchMetadata, ProducerAppendInfo, ProducerStateEntry, _Working
 from oncelog.reads import read_log
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore
@@ -55,14 +55,24 @@ def wall_clock_ms() -> int:
 class _Planned:
     """One batch of a request after checks: where it goes, or the duplicate it is."""
 
-    __slots__ = ("base", "batch", "duplicate", "last", "max_ts")
+    __slots__ = ("base", "batch", "duplicate", "last", "max_ts", "producer_after")
 
-    def __init__(self, batch: RecordBatch, base: int, last: int, max_ts: int, duplicate: bool):
+    def __init__(
+        self,
+        batch: RecordBatch,
+        base: int,
+        last: int,
+        max_ts: int,
+        duplicate: bool,
+        producer_after: _Working | None = None,
+    ):
         self.batch = batch
         self.base = base
         self.last = last
         self.max_ts = max_ts
         self.duplicate = duplicate
+        # The producer's state once this batch is written (None: no producer id).
+        self.producer_after = producer_after
 
 
 class Log:
@@ -221,7 +231,7 @@ class Log:
                 plan = self._plan(views, origin)
             except ProducerStateFullError:
                 # A full ring: make room from expired producers once, then refuse.
-                if not self._producers.expire(now_ms, exhaustive=True):
+                if not self._producers.make_room(now_ms):
                     raise
                 plan = self._plan(views, origin)
             results = self._execute(plan)
@@ -252,13 +262,11 @@ class Log:
             else:
                 base = next_offset
             last = base + batch.last_offset_delta
-            if pid >= 0 and not batch.is_control:
-                info.add(
-                    pid,
-                    batch.producer_epoch,
-                    BatchMetadata(batch.base_sequence, batch.last_sequence, base, last, max_ts),
-                )
-            plan.append(_Planned(batch, base, last, max_ts, False))
+            after = None
+            if pid >= 0:
+                meta = BatchMetadata(batch.base_sequence, batch.last_sequence, base, last, max_ts)
+                after = info.apply(pid, batch.producer_epoch, meta, batch.is_control)
+            plan.append(_Planned(batch, base, last, max_ts, False, after))
             next_offset = last + 1
         return plan
 
@@ -299,19 +307,10 @@ class Log:
         except OSError as exc:
             self._failure = exc
             raise LogFailedError(f"write to {self.active_segment.path} failed: {exc}") from exc
+        now_ms = self._clock()
         for p in group:
-            batch = p.batch
-            if batch.producer_id >= 0:
-                self._producers.replay_batch(
-                    batch.producer_id,
-                    batch.producer_epoch,
-                    batch.base_sequence,
-                    batch.last_sequence,
-                    p.base,
-                    p.last,
-                    p.max_ts,
-                    batch.is_control,
-                )
+            if p.producer_after is not None:
+                self._producers.put(p.producer_after, now_ms)
 
     def _stamped(self, p: _Planned) -> list[Buffer]:
         """The batch's bytes with its base offset set (and its timestamp on LogAppendTime)."""

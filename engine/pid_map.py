@@ -2,103 +2,169 @@
 
 A Python dict costs about 100 bytes and two int objects per producer, and building
 one from a snapshot creates a million objects. This open-addressing table (linear
-probing, backward-shift deletion, so no tombstones) costs 12 bytes per bucket at a
-load factor of at most 0.75, about 16 bytes per producer, and loads in bulk with
-numpy. Single lookups index the arrays through memoryviews, which return plain ints.
+probing) costs 12 bytes per bucket with live keys at a load factor of at most 0.75,
+about 16 bytes per producer, and has vectorised bulk operations for snapshot loads
+and expiry. Single lookups index the arrays through memoryviews, which return
+plain ints.
+
+Deletes leave tombstones (so a batch of deletes is one vectorised store); when
+live keys plus tombstones pass 0.85 of the buckets, the table is rebuilt from its
+live keys in one vectorised pass, amortised below a microsecond per delete.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-EMPTY = -1  # producer ids are >= 0, so -1 marks a free bucket
-_MAX_LOAD = 0.75
-# Fibonacci hashing spreads sequential producer ids (the common case) across buckets.
+EMPTY = -1  # producer ids are >= 0, so negative keys are free markers
+TOMBSTONE = -2  # a deleted key: lookups probe past it, inserts may reuse it
+_SCALAR_TAIL = 16
+_MAX_LIVE_LOAD = 0.75
+_MAX_OCCUPIED_LOAD = 0.85
+# Fibonacci hashing then a xor-shift spreads sequential producer ids (the common case).
 _MULTIPLIER = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 
 
+class DuplicateProducerError(ValueError):
+    """Bulk load found one producer id twice (a corrupt snapshot)."""
+
+
 class PidSlotMap:
     def __init__(self, capacity: int):
-        self.buckets = max(8, int(capacity / _MAX_LOAD) + 1)
+        self.capacity = capacity
+        self.buckets = max(8, int(capacity / _MAX_LIVE_LOAD) + 1)
         self.keys = np.full(self.buckets, EMPTY, dtype=np.int64)
         self.values = np.zeros(self.buckets, dtype=np.int32)
+        # The reverse index, slot -> bucket: expiry removes or moves a run of slots
+        # with one vectorised store instead of probing for each producer.
+        self.bucket_of = np.full(capacity, -1, dtype=np.int32)
         self._keys = self.keys.data
         self._values = self.values.data
+        self._bucket_of = self.bucket_of.data
         self.count = 0
+        self.tombstones = 0
 
     def __len__(self) -> int:
         return self.count
 
+    # -- single keys (the append path) -------------------------------------------------
     def _home(self, producer_id: int) -> int:
         mixed = (producer_id * _MULTIPLIER) & _MASK64
         return (mixed ^ (mixed >> 29)) % self.buckets
 
-    def _find(self, producer_id: int) -> int:
-        """The bucket holding `producer_id`, or the empty bucket where it would go."""
+    def _homes(self, producer_ids: np.ndarray) -> np.ndarray:
+        mixed = producer_ids.astype(np.uint64) * np.uint64(_MULTIPLIER)
+        return ((mixed ^ (mixed >> np.uint64(29))) % np.uint64(self.buckets)).astype(np.int64)
+
+    def _probe(self, producer_id: int) -> tuple[int, int]:
+        """(bucket holding the key or the empty bucket ending its run, first tombstone or -1)."""
         keys = self._keys
         i = self._home(producer_id)
+        first_tombstone = -1
         while True:
             key = keys[i]
             if key in (producer_id, EMPTY):
-                return i
+                return i, first_tombstone
+            if key == TOMBSTONE and first_tombstone < 0:
+                first_tombstone = i
             i += 1
             if i == self.buckets:
                 i = 0
 
     def get(self, producer_id: int) -> int | None:
-        i = self._find(producer_id)
+        i, _ = self._probe(producer_id)
         return None if self._keys[i] == EMPTY else int(self._values[i])
 
     def put(self, producer_id: int, slot: int) -> None:
         assert producer_id >= 0, producer_id
-        i = self._find(producer_id)
+        i, tombstone = self._probe(producer_id)
         if self._keys[i] == EMPTY:
-            # The table is sized for the producer capacity, so this cannot overfill.
-            assert self.count < self.buckets * _MAX_LOAD, (self.count, self.buckets)
+            assert self.count < self.capacity, (self.count, self.capacity)
+            if tombstone >= 0:
+                i = tombstone
+                self.tombstones -= 1
             self._keys[i] = producer_id
             self.count += 1
         self._values[i] = slot
+        self._bucket_of[slot] = i
+        if self.count + self.tombstones > self.buckets * _MAX_OCCUPIED_LOAD:
+            self._rebuild()
 
     def delete(self, producer_id: int) -> None:
-        keys, values = self._keys, self._values
-        i = self._find(producer_id)
-        if keys[i] == EMPTY:
-            return
-        # Backward shift: pull later members of the probe run into the hole so no
-        # lookup ever stops early at it.
-        j = i
-        while True:
-            j = j + 1 if j + 1 < self.buckets else 0
-            key = keys[j]
-            if key == EMPTY:
-                break
-            home = self._home(key)
-            # Move key j into hole i unless its home lies cyclically in (i, j].
-            if (i < j and not i < home <= j) or (i > j and not (home > i or home <= j)):
-                keys[i] = key
-                values[i] = values[j]
-                i = j
-        keys[i] = EMPTY
-        self.count -= 1
+        i, _ = self._probe(producer_id)
+        if self._keys[i] != EMPTY:
+            self._keys[i] = TOMBSTONE
+            self.count -= 1
+            self.tombstones += 1
+
+    # -- many keys at once (snapshot load, expiry) -------------------------------------
+    def find_buckets(self, producer_ids: np.ndarray) -> np.ndarray:
+        """The bucket of each id, or -1 where it is absent, by vectorised probing."""
+        pids = producer_ids.astype(np.int64)
+        homes = self._homes(pids)
+        result = np.full(len(pids), -1, dtype=np.int64)
+        pending = np.arange(len(pids))
+        probe = 0
+        # Each vectorised round has a fixed cost; the last few keys of long probe
+        # runs are cheaper to finish one by one.
+        while pending.size > _SCALAR_TAIL:
+            buckets = (homes[pending] + probe) % self.buckets
+            keys = self.keys[buckets]
+            found = keys == pids[pending]
+            result[pending[found]] = buckets[found]
+            pending = pending[~(found | (keys == EMPTY))]
+            probe += 1
+        for n in pending.tolist():
+            bucket, _ = self._probe(int(pids[n]))
+            result[n] = bucket if self._keys[bucket] != EMPTY else -1
+        return result
+
+    def delete_many(self, producer_ids: np.ndarray) -> None:
+        buckets = self.find_buckets(producer_ids)
+        buckets = buckets[buckets >= 0]
+        self.keys[buckets] = TOMBSTONE
+        self.count -= len(buckets)
+        self.tombstones += len(buckets)
+
+    def delete_slots(self, slots: np.ndarray) -> None:
+        """Remove the producers held in these table slots (expiry at the ring's head)."""
+        buckets = self.bucket_of[slots]
+        assert np.all(self.keys[buckets] >= 0), "delete_slots on a slot with no producer"
+        self.keys[buckets] = TOMBSTONE
+        self.count -= len(buckets)
+        self.tombstones += len(buckets)
+
+    def move_slots(self, old_slots: np.ndarray, new_slots: np.ndarray) -> None:
+        """Point the producers in `old_slots` at `new_slots` (expiry's second chance)."""
+        buckets = self.bucket_of[old_slots]
+        self.values[buckets] = new_slots
+        self.bucket_of[new_slots] = buckets
 
     def clear(self) -> None:
         self.keys.fill(EMPTY)
         self.count = 0
+        self.tombstones = 0
+
+    def _rebuild(self) -> None:
+        live = self.keys >= 0
+        self.load(self.keys[live].copy(), self.values[live].copy())
 
     def load(self, producer_ids: np.ndarray, slots: np.ndarray) -> None:
         """Replace the contents with these pairs, vectorised (snapshot load).
 
         Round r tries bucket home + r for every key not yet placed; a key placed in
         round r found buckets home .. home + r - 1 taken, and they stay taken, so a
-        linear probe from its home reaches it.
+        linear probe from its home reaches it. Identical ids always want the same
+        bucket in the same round, so after each round a loser whose wanted bucket
+        now holds its own id is a duplicate: caught without sorting.
         """
         self.clear()
         count = len(producer_ids)
-        assert count <= self.buckets * _MAX_LOAD, (count, self.buckets)
+        if count > self.capacity:
+            raise ValueError(f"{count} producer ids exceed the map's capacity {self.capacity}")
         pids = producer_ids.astype(np.int64)
-        mixed = pids.astype(np.uint64) * np.uint64(_MULTIPLIER)
-        homes = ((mixed ^ (mixed >> np.uint64(29))) % np.uint64(self.buckets)).astype(np.int64)
+        homes = self._homes(pids)
         pending = np.arange(count)
         claim = np.empty(self.buckets, dtype=np.int64)  # scratch: which key claimed a bucket
         probe = 0
@@ -112,8 +178,13 @@ class PidSlotMap:
             buckets = candidates[won]
             self.keys[buckets] = pids[pending[won]]
             self.values[buckets] = slots[pending[won]]
+            self.bucket_of[slots[pending[won]]] = buckets
             placed = np.zeros(pending.size, dtype=bool)
             placed[won] = True
+            lost = free[~placed[free]]
+            if np.any(self.keys[candidates[lost]] == pids[pending[lost]]):
+                self.clear()
+                raise DuplicateProducerError("a producer id appears twice")
             pending = pending[~placed]
             probe += 1
         self.count = count

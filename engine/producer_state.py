@@ -51,6 +51,20 @@ _ROW = struct.Struct(f"<qqqihBB{WINDOW}i{WINDOW}i{WINDOW}q{WINDOW}i{WINDOW}q")
 _ROW_HEAD = struct.Struct("<qqq")  # producer_id, last_activity_ms, txn_first_offset
 assert _ROW.size == PRODUCER_DTYPE.itemsize == 172
 DEFAULT_EXPIRATION_MS = 24 * 3600 * 1000  # Kafka's producer.id.expiration.ms
+_EXPIRY_CHUNK = 65536  # rows examined per numpy pass
+FULL_PASS_INTERVAL_MS = 10 * 60 * 1000  # Kafka's producer.id.expiration.check.interval.ms
+_EMPTY_ROW = np.zeros(1, PRODUCER_DTYPE)
+_MAX_DUE_S = 2**32 - 1
+
+
+def _due_seconds(due_ms: int) -> int:
+    """Round down and clamp into uint32 seconds: never later than the real due time."""
+    return min(max(due_ms, 0) // 1000, _MAX_DUE_S)
+
+
+def _due_seconds_array(due_ms: np.ndarray) -> np.ndarray:
+    due_s: np.ndarray = np.clip(due_ms // 1000, 0, _MAX_DUE_S).astype(np.uint32)
+    return due_s
 
 
 class BatchMetadata(NamedTuple):
@@ -82,6 +96,16 @@ class _Working:
     last_activity_ms: int
     coordinator_epoch: int = -1
     txn_first_offset: int = -1
+
+    def copy(self) -> _Working:
+        return _Working(
+            self.producer_id,
+            self.producer_epoch,
+            list(self.batches),
+            self.last_activity_ms,
+            self.coordinator_epoch,
+            self.txn_first_offset,
+        )
 
     def entry(self) -> ProducerStateEntry:
         last = self.batches[-1] if self.batches else None
@@ -116,19 +140,29 @@ def in_sequence(last_sequence: int, next_sequence: int) -> bool:
 class ProducerStateManager:
     """The producer table, a ring in insertion order with second-chance expiry (brief §6).
 
-    Each slot also records the time it becomes *due*: its last activity plus the
+    Each slot also records the time it becomes *due*: its last activity (capped
+    at the clock, so a client clock running ahead cannot delay it) plus the
     expiration, as of when it was placed at the tail. Expiry pops the head while
     the head is due: an entry really past its expiration (and with no open
     transaction) is removed; one that was active since, or holds a transaction,
     is re-appended at the tail with a fresh due time (its second chance). Each
     call costs O(entries examined), amortised O(1) per producer, instead of
-    Kafka's scan of every producer. A recorded due time is never later than the
-    real one, so a live producer is never evicted; an expired one stuck behind a
-    later-due head waits for it (it expires late, never early), and a full ring
-    first runs an exhaustive pass.
+    Kafka's scan of every producer.
+
+    Expiry is never early: the real idle time is checked before removal. It can
+    be late for a producer whose client clock lags the others and so sits behind
+    a later-due head; a vectorised full pass, at most every
+    `full_pass_interval_ms` (Kafka's 10-minute check interval), bounds that
+    delay. The full pass marks expired producers anywhere as holes (`live` = 0),
+    which the head pops later; a full ring runs one and compacts the holes away.
     """
 
-    def __init__(self, capacity: int, expiration_ms: int = DEFAULT_EXPIRATION_MS):
+    def __init__(
+        self,
+        capacity: int,
+        expiration_ms: int = DEFAULT_EXPIRATION_MS,
+        full_pass_interval_ms: int = FULL_PASS_INTERVAL_MS,
+    ):
         if capacity <= 0:
             raise ValueError(f"producer capacity must be positive, got {capacity}")
         self.capacity = capacity
@@ -137,11 +171,16 @@ class ProducerStateManager:
         # only as slots are used (they are used in ring order, from the head).
         self.table = np.zeros(capacity, PRODUCER_DTYPE)
         self._bytes = self.table.data.cast("B")
-        self.due_ms = np.zeros(capacity, dtype=np.int64)
-        self._due = self.due_ms.data
+        # Due times in whole seconds, rounded down: never later than the real due
+        # time, which is all expiry needs, at half the memory of milliseconds.
+        self.due_s = np.zeros(capacity, dtype=np.uint32)
+        self._due = self.due_s.data
         self._slots = PidSlotMap(capacity)
         self.head = 0  # oldest slot of the ring
-        self.used = 0  # slots from head to tail, all live
+        self.used = 0  # slots from head to tail, holes included
+        self.holes = 0  # slots in the ring whose producer a full pass expired
+        self.full_pass_interval_ms = full_pass_interval_ms
+        self._last_full_pass_ms: int | None = None
 
     # -- reading -----------------------------------------------------------------
     def __len__(self) -> int:
@@ -173,7 +212,7 @@ class ProducerStateManager:
     def entries(self) -> Iterator[ProducerStateEntry]:
         """Every producer, oldest first."""
         for slot in self._ring_slots():
-            if self.table["live"][slot]:
+            if self.table["live"][slot] == 1:
                 yield self._read(slot).entry()
 
     def _used_ranges(self) -> list[tuple[int, int]]:
@@ -214,10 +253,12 @@ class ProducerStateManager:
             *pad,
         )
 
-    def put(self, w: _Working) -> None:
+    def put(self, w: _Working, now_ms: int | None = None) -> None:
         """Store a producer's new state, taking the ring's tail slot if it is new."""
         slot = self._slots.get(w.producer_id)
         if slot is None:
+            if self.used >= self.capacity and self.holes:
+                self._compact()
             if self.used >= self.capacity:
                 raise ProducerStateFullError(
                     f"all {self.capacity} producer slots hold live producers; retry after expiry"
@@ -225,77 +266,146 @@ class ProducerStateManager:
             slot = (self.head + self.used) % self.capacity
             self.used += 1
             self._slots.put(w.producer_id, slot)
-            self._due[slot] = w.last_activity_ms + self.expiration_ms
+            activity = w.last_activity_ms if now_ms is None else min(w.last_activity_ms, now_ms)
+            self._due[slot] = _due_seconds(activity + self.expiration_ms)
         self._write(slot, w)
 
     def has_room_for(self, new_producers: int) -> bool:
-        return self.used + new_producers <= self.capacity
+        return len(self._slots) + new_producers <= self.capacity
+
+    def _compact(self) -> None:
+        """Close the holes a full pass left, keeping ring order (O(n); only when full)."""
+        self.load_rows(self.live_rows().copy())
 
     def clear(self) -> None:
         # Zero only the slots in use: touching the whole table would commit its memory.
         for start, stop in self._used_ranges():
-            self.table[start:stop] = np.zeros(1, PRODUCER_DTYPE)
+            self.table[start:stop] = _EMPTY_ROW
         self._slots.clear()
         self.head = 0
         self.used = 0
+        self.holes = 0
 
     # -- bulk: snapshots ---------------------------------------------------------
     def live_rows(self) -> np.ndarray:
-        """The live rows, oldest first, as one array (what a snapshot stores)."""
-        rows = np.concatenate([self.table[start:stop] for start, stop in self._used_ranges()])
-        live: np.ndarray = rows[rows["live"] == 1]
-        return live
+        """The rows, oldest first, as one array (what a snapshot stores).
+
+        A view of the table when the ring does not wrap: use it before the next
+        change to the table.
+        """
+        ranges = self._used_ranges()
+        if len(ranges) == 1:
+            start, stop = ranges[0]
+            rows = self.table[start:stop]
+        else:
+            rows = np.concatenate([self.table[start:stop] for start, stop in ranges])
+        if self.holes:
+            rows = rows[rows["live"] == 1]
+        return rows
 
     def load_rows(self, rows: np.ndarray) -> None:
         """Replace the table with `rows` (oldest first), as read from a snapshot."""
-        if len(rows) > self.capacity:
-            raise ProducerStateFullError(
-                f"snapshot holds {len(rows)} producers, more than producer_capacity={self.capacity}"
-            )
-        self.clear()
         count = len(rows)
+        if count > self.capacity:
+            raise ProducerStateFullError(
+                f"snapshot holds {count} producers, more than producer_capacity={self.capacity}"
+            )
+        # Zero only what the new rows will not overwrite.
+        for start, stop in self._used_ranges():
+            if stop > count:
+                self.table[max(start, count) : stop] = _EMPTY_ROW
+        self.head = 0
+        self.used = count
+        self.holes = 0
         self.table[:count] = rows
         self.table["live"][:count] = 1
-        self.due_ms[:count] = rows["last_activity_ms"] + self.expiration_ms
-        self.used = count
-        self._slots.load(rows["producer_id"], np.arange(count, dtype=np.int32))
+        self.due_s[:count] = _due_seconds_array(rows["last_activity_ms"] + self.expiration_ms)
+        try:
+            self._slots.load(rows["producer_id"], np.arange(count, dtype=np.int32))
+        except BaseException:
+            self.clear()
+            raise
 
     # -- expiry ------------------------------------------------------------------
     @property
     def head_due_ms(self) -> int | None:
         """When the oldest entry may expire; the append path expires only past it."""
-        return int(self._due[self.head]) if self.used else None
+        return int(self._due[self.head]) * 1000 if self.used else None
 
     def expire(self, now_ms: int, *, exhaustive: bool = False) -> int:
         """Remove producers idle for `expiration_ms` with no open transaction; returns how many.
 
-        Pops from the head while the head is due. `exhaustive` examines every entry
-        once whatever its due time (used when the ring is full).
+        Pops the run of due entries at the head, a chunk at a time with numpy:
+        expired ones leave the table and the pid map in one store each; the others
+        are re-appended at the tail with a fresh due time (their second chance).
+        A full pass runs first when `exhaustive`, on the first call, and then at
+        most every `full_pass_interval_ms`.
         """
         expired = 0
-        budget = self.used  # examine each entry at most once per call
+        last = self._last_full_pass_ms
+        if exhaustive or last is None or now_ms - last >= self.full_pass_interval_ms:
+            expired += self._full_pass(now_ms)
+            self._last_full_pass_ms = now_ms
+        budget = self.used  # each entry present at the call is examined at most once
+        now_s = max(now_ms, 0) // 1000
         while self.used and budget:
-            slot = self.head
-            if not exhaustive and self._due[slot] > now_ms:
+            start = self.head
+            n = min(budget, self.capacity - start, _EXPIRY_CHUNK)
+            not_due = np.flatnonzero(self.due_s[start : start + n] > now_s)
+            if not_due.size:
+                n = int(not_due[0])
+            if n == 0:
                 break
-            budget -= 1
-            producer_id, activity_ms, txn_first_offset = _ROW_HEAD.unpack_from(self._bytes, slot * _ROW.size)
-            if txn_first_offset < 0 and now_ms - activity_ms >= self.expiration_ms:
-                self._slots.delete(producer_id)
-                self.table[slot] = np.zeros(1, PRODUCER_DTYPE)
-                self.head = (slot + 1) % self.capacity
-                self.used -= 1
-                expired += 1
-                continue
-            # Second chance: move it to the tail. In a full ring the tail is this
-            # very slot, so advancing the head is the whole move.
-            tail = (slot + self.used) % self.capacity
-            if tail != slot:
-                self.table[tail] = self.table[slot]
-                self.table[slot] = np.zeros(1, PRODUCER_DTYPE)
-                self._slots.put(producer_id, tail)
-            self._due[tail] = max(activity_ms + self.expiration_ms, now_ms + 1)
-            self.head = (slot + 1) % self.capacity
+            region = self.table[start : start + n]
+            activity = region["last_activity_ms"]
+            live = region["live"] == 1
+            gone = live & (region["txn_first_offset"] < 0) & (now_ms - activity >= self.expiration_ms)
+            keep = np.flatnonzero(live & ~gone)
+            kept_rows = region[keep].copy()
+            kept_due = _due_seconds_array(
+                np.maximum(np.minimum(activity[keep], now_ms) + self.expiration_ms, now_ms + 1)
+            )
+            self._slots.delete_slots(start + np.flatnonzero(gone))
+            old_slots = start + keep
+            region[:] = _EMPTY_ROW
+            self.head = (start + n) % self.capacity
+            self.used -= n
+            self.holes -= int(n - np.count_nonzero(live))
+            budget -= n
+            expired += int(np.count_nonzero(gone))
+            if keep.size:
+                # In a full ring the tail is the region just emptied: rows were copied out first.
+                tails = (self.head + self.used + np.arange(keep.size)) % self.capacity
+                self._slots.move_slots(old_slots, tails)
+                self.table[tails] = kept_rows
+                self.due_s[tails] = kept_due
+                self.used += keep.size
+        return expired
+
+    def _full_pass(self, now_ms: int) -> int:
+        """Expire idle producers anywhere in the ring, leaving holes for the head to pop."""
+        expired = 0
+        for start, stop in self._used_ranges():
+            region = self.table[start:stop]
+            gone = np.flatnonzero(
+                (region["live"] == 1)
+                & (region["txn_first_offset"] < 0)
+                & (now_ms - region["last_activity_ms"] >= self.expiration_ms)
+            )
+            if gone.size:
+                self._slots.delete_slots(start + gone)
+                region["live"][gone] = 0
+                # Due now, so the head pops the holes as soon as it reaches them.
+                self.due_s[start + gone] = 0
+                expired += gone.size
+        self.holes += expired
+        return expired
+
+    def make_room(self, now_ms: int) -> int:
+        """For a full ring: expire everything due and compact the holes away."""
+        expired = self.expire(now_ms, exhaustive=True)
+        if self.holes:
+            self._compact()
         return expired
 
     # -- replay ------------------------------------------------------------------
@@ -310,20 +420,27 @@ class ProducerStateManager:
         max_timestamp_ms: int,
         is_control: bool,
     ) -> None:
-        """Apply a stored batch without checks (recovery, replication)."""
+        """Apply a stored batch without checks (recovery)."""
         w = self.working(producer_id) or _Working(producer_id, producer_epoch, [], max_timestamp_ms)
-        if is_control:
-            # A transaction marker moves the epoch but is not a retriable batch.
-            if producer_epoch != w.producer_epoch:
-                w.producer_epoch = producer_epoch
-                w.batches = []
-            w.last_activity_ms = max_timestamp_ms
-        else:
-            w.add_batch(
-                producer_epoch,
-                BatchMetadata(first_sequence, last_sequence, first_offset, last_offset, max_timestamp_ms),
-            )
+        _apply_batch(
+            w,
+            producer_epoch,
+            BatchMetadata(first_sequence, last_sequence, first_offset, last_offset, max_timestamp_ms),
+            is_control,
+        )
         self.put(w)
+
+
+def _apply_batch(w: _Working, producer_epoch: int, batch: BatchMetadata, is_control: bool) -> None:
+    """How a written batch changes its producer's state: one rule for appends and replay."""
+    if is_control:
+        # A transaction marker moves the epoch but is not a retriable batch.
+        if producer_epoch != w.producer_epoch:
+            w.producer_epoch = producer_epoch
+            w.batches = []
+        w.last_activity_ms = batch.max_timestamp_ms
+    else:
+        w.add_batch(producer_epoch, batch)
 
 
 class DuplicateBatch(NamedTuple):
@@ -332,18 +449,21 @@ class DuplicateBatch(NamedTuple):
 
 
 class ProducerAppendInfo:
-    """Kafka's append rules for the batches of one request, checked on copies."""
+    """Kafka's append rules for the batches of one request, checked on copies.
+
+    Each producer's row is read once per request; `apply` returns the state after
+    each batch, which the log stores once that batch's bytes are written.
+    """
 
     def __init__(self, manager: ProducerStateManager):
         self._manager = manager
-        self._pending: dict[int, _Working] = {}
+        self._pending: dict[int, _Working | None] = {}
         self._new_producers = 0
 
     def _current(self, producer_id: int) -> _Working | None:
-        pending = self._pending.get(producer_id)
-        if pending is not None:
-            return pending
-        return self._manager.working(producer_id)
+        if producer_id not in self._pending:
+            self._pending[producer_id] = self._manager.working(producer_id)
+        return self._pending[producer_id]
 
     def check(
         self, producer_id: int, producer_epoch: int, first_sequence: int, last_sequence: int
@@ -376,8 +496,10 @@ class ProducerAppendInfo:
             )
         return None
 
-    def add(self, producer_id: int, producer_epoch: int, batch: BatchMetadata) -> None:
-        """Record an accepted batch, so later batches of the request see it."""
+    def apply(
+        self, producer_id: int, producer_epoch: int, batch: BatchMetadata, is_control: bool
+    ) -> _Working:
+        """Record an accepted batch (later batches of the request see it); returns the new state."""
         current = self._current(producer_id)
         if current is None:
             current = _Working(producer_id, producer_epoch, [], batch.max_timestamp_ms)
@@ -386,5 +508,7 @@ class ProducerAppendInfo:
                 raise ProducerStateFullError(
                     f"all {self._manager.capacity} producer slots hold live producers; retry after expiry"
                 )
-        current.add_batch(producer_epoch, batch)
-        self._pending[producer_id] = current
+            self._pending[producer_id] = current
+        _apply_batch(current, producer_epoch, batch, is_control)
+        # A copy: a later batch of the same producer in this request changes `current`.
+        return current.copy()

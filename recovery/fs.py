@@ -38,6 +38,10 @@ class FileHandle(Protocol):
         """Up to `size` bytes at `offset`; fewer only at end of file."""
         ...
 
+    def pread_into(self, buffer: memoryview, offset: int) -> int:
+        """Fill `buffer` from `offset` (no intermediate copy); fewer bytes only at end of file."""
+        ...
+
     def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
         """Write every buffer back to back at `offset`; returns the bytes written.
 
@@ -164,6 +168,16 @@ class OsFile:
             size -= len(chunk)
             offset += len(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def pread_into(self, buffer: memoryview, offset: int) -> int:
+        view = buffer.cast("B")
+        done = 0
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got == 0:
+                break
+            done += got
+        return done
 
     def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
         total = 0

@@ -29,7 +29,14 @@ import time
 from typing import NamedTuple
 
 from oncelog.config import LogConfig
-from oncelog.errors import CorruptLogError, CorruptRecordError, CorruptSnapshotError, NotASegmentError
+from oncelog.errors import (
+    CorruptLogError,
+    CorruptRecordError,
+    CorruptSnapshotError,
+    NotASegmentError,
+    ProducerStateFullError,
+)
+from oncelog.pid_map import DuplicateProducerError
 from oncelog.producer_state import ProducerStateManager
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import FileSystem, MetadataStore
@@ -218,12 +225,12 @@ class LogLoader:
             if limit is not None and offset > limit:
                 continue
             try:
-                rows = snapshots.read_snapshot(self.fs, self.directory, offset)
-            except CorruptSnapshotError as exc:
-                log.warning("setting aside corrupt snapshot: %s", exc)
+                self.producers.load_rows(snapshots.read_snapshot(self.fs, self.directory, offset))
+            except (CorruptSnapshotError, DuplicateProducerError) as exc:
+                log.warning("setting aside corrupt snapshot %d: %s", offset, exc)
+                self.producers.clear()
                 snapshots.set_aside(self.fs, self.directory, offset)
                 continue
-            self.producers.load_rows(rows)
             return offset, True
         return None, False
 
@@ -290,6 +297,17 @@ class LogLoader:
     def _apply(self, batch: RecordBatch, from_offset: int) -> None:
         if batch.producer_id < 0 or batch.base_offset < from_offset:
             return
+        try:
+            self._replay(batch)
+        except ProducerStateFullError:
+            # The tail names more producers than the table holds; those idle past
+            # their expiration at load time would be dropped after replay anyway.
+            if not self.producers.make_room(self.now_ms):
+                raise
+            self._replay(batch)
+        self._replayed += 1
+
+    def _replay(self, batch: RecordBatch) -> None:
         self.producers.replay_batch(
             batch.producer_id,
             batch.producer_epoch,
@@ -300,7 +318,6 @@ class LogLoader:
             batch.max_timestamp,
             batch.is_control,
         )
-        self._replayed += 1
 
     # -- housekeeping ------------------------------------------------------------------
     def _remove_temp_files(self) -> None:

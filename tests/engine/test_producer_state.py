@@ -243,9 +243,9 @@ class TestCapacity:
     def test_append_info_refuses_a_new_producer_beyond_capacity(self) -> None:
         manager = filled({1: 1, 2: 1}, capacity=3)
         info = ProducerAppendInfo(manager)
-        info.add(3, 0, metadata(0))  # the third slot is still free
+        info.apply(3, 0, metadata(0), False)  # the third slot is still free
         with pytest.raises(ProducerStateFullError):
-            info.add(4, 0, metadata(0))
+            info.apply(4, 0, metadata(0), False)
         assert len(manager) == 2
         assert manager.get(3) is None
 
@@ -337,15 +337,15 @@ class TestAppendInfo:
         manager, _ = self.five_batches_then_check()
         before = table_bytes(manager)
         info = ProducerAppendInfo(manager)
-        info.add(1, 0, BatchMetadata(14, 14, 70, 70, T0 + 70))
-        info.add(2, 0, BatchMetadata(0, 0, 71, 71, T0 + 71))
+        info.apply(1, 0, BatchMetadata(14, 14, 70, 70, T0 + 70), False)
+        info.apply(2, 0, BatchMetadata(0, 0, 71, 71, T0 + 71), False)
         assert table_bytes(manager) == before
         assert manager.get(2) is None
 
     def test_batches_added_to_a_request_are_seen_by_later_checks_in_it(self) -> None:
         manager, _ = self.five_batches_then_check()
         info = ProducerAppendInfo(manager)
-        info.add(1, 0, BatchMetadata(14, 15, 70, 71, T0 + 70))
+        info.apply(1, 0, BatchMetadata(14, 15, 70, 71, T0 + 70), False)
         assert info.check(1, 0, 14, 15) == DuplicateBatch(70, 71)
         assert info.check(1, 0, 16, 16) is None
         with pytest.raises(OutOfOrderSequenceError):
@@ -356,6 +356,6 @@ class TestAppendInfo:
     def test_an_epoch_bump_added_to_a_request_fences_the_old_epoch_in_it(self) -> None:
         manager, _ = self.five_batches_then_check()
         info = ProducerAppendInfo(manager)
-        info.add(1, 1, BatchMetadata(0, 0, 70, 70, T0 + 70))
+        info.apply(1, 1, BatchMetadata(0, 0, 70, 70, T0 + 70), False)
         with pytest.raises(InvalidProducerEpochError):
             info.check(1, 0, 14, 14)

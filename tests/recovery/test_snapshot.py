@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from oncelog.errors import CorruptSnapshotError
+from oncelog.pid_map import DuplicateProducerError
 from oncelog.producer_state import PRODUCER_DTYPE, WINDOW, BatchMetadata, ProducerStateManager
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import Buffer, DirLock, FileHandle, MappedRegion, MetadataStore, OsFileSystem
@@ -194,7 +195,7 @@ class TestOncelogFormatRejectsDamage:
         with pytest.raises(CorruptSnapshotError, match="layout"):
             snapshots.decode_snapshot(data, 1)
 
-    @pytest.mark.parametrize("field", ["window_count", "live", "producer_id"])
+    @pytest.mark.parametrize("field", ["window_count", "live", "negative_producer_id"])
     def test_rows_breaking_their_invariants_are_corrupt_even_with_a_valid_crc(self, field: str) -> None:
         rows, _ = windowed_rows()
         if field == "window_count":
@@ -202,9 +203,17 @@ class TestOncelogFormatRejectsDamage:
         elif field == "live":
             rows["live"][1] = 0
         else:
-            rows["producer_id"][1] = rows["producer_id"][0]  # a pid twice
+            rows["producer_id"][1] = -5
         with pytest.raises(CorruptSnapshotError):
             snapshots.decode_snapshot(snapshots.encode_snapshot(3, rows), 3)
+
+    def test_a_producer_id_twice_is_refused_by_the_table_load_without_a_sort(self) -> None:
+        # Decoding is a view of the bytes; the pid map's bulk load catches the duplicate.
+        rows, _ = windowed_rows()
+        rows["producer_id"][1] = rows["producer_id"][0]
+        decoded = snapshots.decode_snapshot(snapshots.encode_snapshot(3, rows), 3)
+        with pytest.raises(DuplicateProducerError):
+            ProducerStateManager(16).load_rows(decoded)
 
     def test_a_header_that_is_not_msgpack_is_corrupt(self) -> None:
         body = struct.pack(">I", 4) + b"\xc1\xc1\xc1\xc1"

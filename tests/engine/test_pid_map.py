@@ -1,0 +1,348 @@
+"""PidSlotMap: the numpy open-addressing pid -> slot table (engine/pid_map.py, issue 4).
+
+Every operation is checked against a plain dict. Small capacities make probe runs
+reach the end of the bucket array and wrap to bucket 0, which is where a backward
+shift delete is easiest to get wrong; keys are chosen by their home bucket so those
+runs are sure to form.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from oncelog.pid_map import EMPTY, PidSlotMap
+
+MAX_PID = 2**63 - 1
+
+
+# -- helpers ----------------------------------------------------------------------
+def pids_homed_near_the_end(table: PidSlotMap, count: int, *, last: int = 2) -> list[int]:
+    """`count` pids whose home is one of the last `last` buckets, so their run wraps."""
+    found: list[int] = []
+    pid = 0
+    while len(found) < count:
+        if table._home(pid) >= table.buckets - last:
+            found.append(pid)
+        pid += 1
+    return found
+
+
+def probe_invariant_holds(table: PidSlotMap) -> bool:
+    """Linear probing's invariant: no free bucket lies between a key's home and the key."""
+    keys = table.keys
+    for bucket in range(table.buckets):
+        key = int(keys[bucket])
+        if key < 0:  # free, or a marker left by a delete
+            continue
+        i = table._home(key)
+        while i != bucket:
+            if keys[i] == EMPTY:
+                return False
+            i = (i + 1) % table.buckets
+    return True
+
+
+def check_against(table: PidSlotMap, model: dict[int, int], absent: list[int]) -> None:
+    assert len(table) == len(model)
+    for pid, slot in model.items():
+        assert table.get(pid) == slot, pid
+    for pid in absent:
+        if pid not in model:
+            assert table.get(pid) is None, pid
+    assert int(np.count_nonzero(table.keys >= 0)) == len(model)  # deleted keys may leave markers < 0
+    assert probe_invariant_holds(table)
+
+
+# -- single operations ---------------------------------------------------------------
+class TestBasics:
+    def test_an_empty_map_finds_nothing_and_has_length_zero(self) -> None:
+        table = PidSlotMap(10)
+        assert len(table) == 0
+        assert table.get(0) is None
+        assert table.get(MAX_PID) is None
+
+    def test_put_then_get_returns_the_slot_and_put_again_overwrites_it(self) -> None:
+        table = PidSlotMap(10)
+        table.put(MAX_PID, 3)
+        table.put(0, 4)
+        assert (table.get(MAX_PID), table.get(0), len(table)) == (3, 4, 2)
+        table.put(MAX_PID, 9)
+        assert (table.get(MAX_PID), len(table)) == (9, 2)
+
+    def test_load_refuses_a_duplicate_pid(self) -> None:
+        table = PidSlotMap(4)
+        with pytest.raises(ValueError):
+            table.load(np.array([5, 9, 5], dtype=np.int64), np.array([0, 1, 2], dtype=np.int32))
+
+    def test_get_returns_a_plain_int(self) -> None:
+        table = PidSlotMap(4)
+        table.put(5, 2)
+        assert type(table.get(5)) is int
+
+    def test_deleting_an_absent_pid_changes_nothing(self) -> None:
+        table = PidSlotMap(4)
+        table.put(1, 1)
+        before = table.keys.copy()
+        table.delete(2)
+        assert len(table) == 1
+        assert np.array_equal(table.keys, before)
+
+    def test_the_map_holds_its_full_capacity(self) -> None:
+        capacity = 100
+        table = PidSlotMap(capacity)
+        for pid in range(capacity):
+            table.put(pid * 7919, pid)
+        assert len(table) == capacity
+        assert all(table.get(pid * 7919) == pid for pid in range(capacity))
+
+    def test_clear_forgets_everything(self) -> None:
+        table = PidSlotMap(8)
+        for pid in range(8):
+            table.put(pid, pid)
+        table.clear()
+        assert len(table) == 0
+        assert all(table.get(pid) is None for pid in range(8))
+
+
+# -- backward shift across the wraparound ----------------------------------------------
+class TestBackwardShiftWraparound:
+    def test_keys_homed_at_the_end_wrap_to_bucket_zero(self) -> None:
+        table = PidSlotMap(6)
+        pids = pids_homed_near_the_end(table, 5, last=1)
+        for slot, pid in enumerate(pids):
+            table.put(pid, slot)
+        # Five keys homed at the last bucket: one there, four wrapped to 0..3.
+        assert int(table.keys[table.buckets - 1]) == pids[0]
+        assert [int(k) for k in table.keys[:4]] == pids[1:]
+
+    @pytest.mark.parametrize("victim", range(5))
+    def test_delete_any_key_of_a_wrapped_run_keeps_the_others_reachable(self, victim: int) -> None:
+        table = PidSlotMap(6)
+        pids = pids_homed_near_the_end(table, 5)
+        model = {}
+        for slot, pid in enumerate(pids):
+            table.put(pid, slot)
+            model[pid] = slot
+        table.delete(pids[victim])
+        del model[pids[victim]]
+        check_against(table, model, [pids[victim]])
+
+    def test_deleting_a_wrapped_run_key_by_key_in_every_order(self) -> None:
+        rng = random.Random(7)
+        probe = PidSlotMap(6)
+        pids = pids_homed_near_the_end(probe, 6, last=3)
+        for _ in range(60):
+            table = PidSlotMap(6)
+            model = {}
+            for slot, pid in enumerate(pids):
+                table.put(pid, slot)
+                model[pid] = slot
+            order = pids[:]
+            rng.shuffle(order)
+            for pid in order:
+                table.delete(pid)
+                del model[pid]
+                check_against(table, model, pids)
+            assert len(table) == 0
+
+    def test_deleting_the_head_of_a_wrapped_run_keeps_wrapped_and_displaced_keys_reachable(self) -> None:
+        table = PidSlotMap(6)
+        at_end = pids_homed_near_the_end(table, 2, last=1)  # home: the last bucket
+        at_zero = next(p for p in range(10**6) if table._home(p) == 0 and p not in at_end)
+        table.put(at_end[0], 0)  # the last bucket
+        table.put(at_end[1], 1)  # wraps to bucket 0
+        table.put(at_zero, 2)  # its home 0 is taken: bucket 1
+        assert int(table.keys[0]) == at_end[1]
+        assert int(table.keys[1]) == at_zero
+        table.delete(at_end[0])
+        assert (table.get(at_end[0]), table.get(at_end[1]), table.get(at_zero), len(table)) == (None, 1, 2, 2)
+        table.delete(at_end[1])
+        assert (table.get(at_end[1]), table.get(at_zero), len(table)) == (None, 2, 1)
+        table.put(at_end[0], 3)  # re-inserted after deletes: found, not duplicated
+        assert (table.get(at_end[0]), table.get(at_zero), len(table)) == (3, 2, 2)
+        check_against(table, {at_end[0]: 3, at_zero: 2}, at_end)
+
+    def test_put_delete_churn_on_a_wrapping_cluster_never_loses_a_key(self) -> None:
+        # Many more deletes than buckets: whatever a delete leaves behind (a shift or
+        # a tombstone and a rebuild), lookups stay right and the table never fills.
+        table = PidSlotMap(6)
+        pids = pids_homed_near_the_end(table, 12, last=2)
+        rng = random.Random(11)
+        model: dict[int, int] = {}
+        for step in range(2000):
+            pid = rng.choice(pids)
+            if pid in model:
+                table.delete(pid)
+                del model[pid]
+            elif len(model) < 6:
+                slot = step % 6
+                table.put(pid, slot)
+                model[pid] = slot
+            assert table.get(pid) == model.get(pid)
+            assert len(table) == len(model)
+        check_against(table, model, pids)
+
+
+# -- random operation sequences against a dict --------------------------------------------
+pid_strategy = st.one_of(
+    st.integers(min_value=0, max_value=40),  # small sequential pids (the common case)
+    st.integers(min_value=0, max_value=MAX_PID),
+    st.sampled_from([MAX_PID, MAX_PID - 1, 2**32, 2**31 - 1]),
+)
+
+
+class PidMapMachine(RuleBasedStateMachine):
+    CAPACITY = 12
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = PidSlotMap(self.CAPACITY)
+        self.model: dict[int, int] = {}
+        self.seen: set[int] = set()
+        # Keys homed at the end of the array, so runs wrap often.
+        self.wrapping = pids_homed_near_the_end(self.table, 8, last=2)
+
+    def _pid(self, data: st.DataObject) -> int:
+        return data.draw(st.one_of(pid_strategy, st.sampled_from(self.wrapping)))
+
+    @precondition(lambda self: len(self.model) < self.CAPACITY)
+    @rule(data=st.data(), slot=st.integers(min_value=0, max_value=CAPACITY - 1))
+    def put_new_or_existing(self, data: st.DataObject, slot: int) -> None:
+        pid = self._pid(data)
+        self.table.put(pid, slot)
+        self.model[pid] = slot
+        self.seen.add(pid)
+
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data(), slot=st.integers(min_value=0, max_value=CAPACITY - 1))
+    def overwrite(self, data: st.DataObject, slot: int) -> None:
+        pid = data.draw(st.sampled_from(sorted(self.model)))
+        self.table.put(pid, slot)
+        self.model[pid] = slot
+
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data())
+    def delete_present(self, data: st.DataObject) -> None:
+        pid = data.draw(st.sampled_from(sorted(self.model)))
+        self.table.delete(pid)
+        del self.model[pid]
+
+    @rule(data=st.data())
+    def delete_maybe_absent(self, data: st.DataObject) -> None:
+        pid = self._pid(data)
+        self.table.delete(pid)
+        self.model.pop(pid, None)
+        self.seen.add(pid)
+
+    @rule(data=st.data())
+    def get(self, data: st.DataObject) -> None:
+        pid = self._pid(data)
+        assert self.table.get(pid) == self.model.get(pid)
+
+    @rule()
+    def reload_in_bulk(self) -> None:
+        pids = np.array(list(self.model), dtype=np.int64)
+        slots = np.array(list(self.model.values()), dtype=np.int32)
+        self.table.load(pids, slots)
+
+    @invariant()
+    def matches_the_dict(self) -> None:
+        check_against(self.table, self.model, sorted(self.seen | set(self.wrapping)))
+
+
+TestPidMapMachine = PidMapMachine.TestCase
+TestPidMapMachine.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_op_sequences_match_a_dict(seed: int) -> None:
+    rng = random.Random(seed)
+    capacity = rng.choice([3, 5, 16, 64])
+    table = PidSlotMap(capacity)
+    model: dict[int, int] = {}
+    universe = [rng.randrange(MAX_PID + 1) for _ in range(capacity)] + list(range(capacity))
+    universe += pids_homed_near_the_end(table, capacity, last=2)
+    for _ in range(3000):
+        pid = rng.choice(universe)
+        op = rng.random()
+        if op < 0.45 and (pid in model or len(model) < capacity):
+            slot = rng.randrange(capacity)  # slots are table rows, 0 .. capacity - 1
+            table.put(pid, slot)
+            model[pid] = slot
+        elif op < 0.8:
+            table.delete(pid)
+            model.pop(pid, None)
+        else:
+            assert table.get(pid) == model.get(pid)
+        assert len(table) == len(model)
+    check_against(table, model, universe)
+
+
+# -- bulk load ----------------------------------------------------------------------------
+class TestBulkLoad:
+    @given(
+        pids=st.sets(st.integers(min_value=0, max_value=MAX_PID), max_size=60),
+        absent=st.lists(st.integers(min_value=0, max_value=MAX_PID), max_size=20),
+        extra=st.integers(min_value=0, max_value=20),
+    )
+    @settings(max_examples=200, deadline=None)
+    def test_load_then_get_finds_every_key_and_no_absent_one(
+        self, pids: set[int], absent: list[int], extra: int
+    ) -> None:
+        table = PidSlotMap(len(pids) + extra)
+        ordered = sorted(pids)
+        slots = np.arange(len(ordered), dtype=np.int32)[::-1].copy()
+        table.load(np.array(ordered, dtype=np.int64), slots)
+        model = {pid: int(slot) for pid, slot in zip(ordered, slots, strict=True)}
+        check_against(table, model, absent)
+
+    def test_load_replaces_previous_contents(self) -> None:
+        table = PidSlotMap(10)
+        for pid in range(10):
+            table.put(pid, pid)
+        table.load(np.array([100, 200], dtype=np.int64), np.array([7, 8], dtype=np.int32))
+        check_against(table, {100: 7, 200: 8}, list(range(10)))
+
+    def test_load_of_nothing_empties_the_map(self) -> None:
+        table = PidSlotMap(4)
+        table.put(3, 3)
+        table.load(np.array([], dtype=np.int64), np.array([], dtype=np.int32))
+        assert len(table) == 0
+        assert table.get(3) is None
+
+    def test_load_of_a_full_wrapping_cluster_then_delete_every_key(self) -> None:
+        table = PidSlotMap(6)
+        pids = pids_homed_near_the_end(table, 6, last=2)
+        table.load(np.array(pids, dtype=np.int64), np.arange(6, dtype=np.int32))
+        model = {pid: slot for slot, pid in enumerate(pids)}
+        check_against(table, model, [])
+        for pid in pids[::2] + pids[1::2]:
+            table.delete(pid)
+            del model[pid]
+            check_against(table, model, pids)
+
+    def test_load_of_200k_sequential_pids_finds_a_sample_of_them_and_survives_deletes(self) -> None:
+        count = 200_000
+        table = PidSlotMap(count)
+        pids = np.arange(5_000_000, 5_000_000 + count, dtype=np.int64)
+        table.load(pids, np.arange(count, dtype=np.int32))
+        assert len(table) == count
+        rng = random.Random(3)
+        for i in rng.sample(range(count), 2000):
+            assert table.get(int(pids[i])) == i
+        assert table.get(4_999_999) is None
+        assert table.get(5_000_000 + count) is None
+        deleted = set(rng.sample(range(count), 500))
+        for i in deleted:
+            table.delete(int(pids[i]))
+            assert table.get(int(pids[i])) is None
+        assert len(table) == count - 500
+        assert all(table.get(int(pids[i])) == i for i in range(0, count, 97) if i not in deleted)
