@@ -18,10 +18,11 @@ from typing import TextIO
 from oncelog.config import LogConfig
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from oncelog.log import Log
+from oncelog.producer_ids import ProducerIdManager
 from oncelog.segments import encode_batch
 
 DEMO_CONFIG = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=1024)
-PRODUCER_IDS = (1001, 1002, 1003)
+PRODUCERS = 3
 ACKS_BEFORE_KILL = 1500
 
 
@@ -36,13 +37,15 @@ def _batch(producer_id: int, epoch: int, sequence: int) -> bytes:
     )
 
 
-def _child(directory: str, seed: int) -> None:
-    """Append forever; print 'offset pid seq duplicate' for each acknowledged append."""
+def _child(directory: str, data_dir: str, seed: int) -> None:
+    """Lease PIDs, then append forever; print 'offset pid seq duplicate' for each ack."""
     rng = random.Random(seed)
+    with ProducerIdManager.open(data_dir) as pids:
+        producer_ids = [pids.lease().producer_id for _ in range(PRODUCERS)]
     log = Log.open(directory, DEMO_CONFIG)
-    sequence = dict.fromkeys(PRODUCER_IDS, 0)
+    sequence = dict.fromkeys(producer_ids, 0)
     while True:
-        pid = rng.choice(PRODUCER_IDS)
+        pid = rng.choice(producer_ids)
         batch = _batch(pid, 0, sequence[pid])
         result = log.append(batch)
         # append() returned: the batch is in the page cache and survives kill -9.
@@ -56,17 +59,18 @@ def _child(directory: str, seed: int) -> None:
 
 def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
     directory = os.path.join(data_dir, "demo-0")
-    if os.path.exists(directory):
-        shutil.rmtree(directory)
+    if os.path.exists(data_dir):
+        shutil.rmtree(data_dir)
     failures: list[str] = []
 
     def say(text: str = "") -> None:
         print(text, file=out)
 
     say(f"1. The append rules, on {directory}")
-    with Log.open(directory, DEMO_CONFIG) as log:
-        pid = 999
-        first = log.append(_batch(pid, 0, 0))
+    with ProducerIdManager.open(data_dir) as pid_manager, Log.open(directory, DEMO_CONFIG) as log:
+        pid, epoch = pid_manager.init_producer_id("demo-app")
+        say(f"   init_producer_id('demo-app') -> producer {pid}, epoch {epoch}")
+        first = log.append(_batch(pid, epoch, 0))
         retry = log.append(_batch(pid, 0, 0))
         say(
             f"   producer {pid} seq 0 -> offset {first.first_offset}; the same batch again -> "
@@ -75,22 +79,26 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
         if not retry.duplicate or retry.first_offset != first.first_offset:
             failures.append("a retry was not recognised as a duplicate")
         try:
-            log.append(_batch(pid, 0, 5))
+            log.append(_batch(pid, epoch, 5))
             failures.append("a sequence gap was accepted")
         except OutOfOrderSequenceError as exc:
             say(f"   seq 5 after seq 0 -> OutOfOrderSequenceError: {exc}")
-        bumped = log.append(_batch(pid, 1, 0))
-        say(f"   epoch 1 seq 0 (a new incarnation) -> offset {bumped.first_offset}")
+        same_pid, new_epoch = pid_manager.init_producer_id("demo-app")
+        bumped = log.append(_batch(same_pid, new_epoch, 0))
+        say(
+            f"   init_producer_id('demo-app') again -> producer {same_pid}, epoch {new_epoch}; "
+            f"its seq 0 -> offset {bumped.first_offset}"
+        )
         try:
-            log.append(_batch(pid, 0, 1))
+            log.append(_batch(pid, epoch, 1))
             failures.append("a zombie producer was not fenced")
         except InvalidProducerEpochError as exc:
-            say(f"   epoch 0 again (the zombie) -> InvalidProducerEpochError: {exc}")
+            say(f"   the old incarnation (epoch {epoch}) again -> InvalidProducerEpochError: {exc}")
 
-    say(f"2. A child process appends from {len(PRODUCER_IDS)} producers, retrying 10% of its batches;")
+    say(f"2. A child process leases {PRODUCERS} producer ids and appends, retrying 10% of its batches;")
     say(f"   it is killed with SIGKILL after {ACKS_BEFORE_KILL} acknowledgements, without close()")
     child = subprocess.Popen(
-        [sys.executable, "-c", f"from oncelog.demo import _child; _child({directory!r}, 7)"],
+        [sys.executable, "-c", f"from oncelog.demo import _child; _child({directory!r}, {data_dir!r}, 7)"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -133,7 +141,7 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
         say("4. Each producer retries the 5 batches its recovered dedupe window holds")
         say("   (a batch written just before the kill may never have been acked: a real client retries it)")
         acked_offset = {(p, s): o for o, p, s, d in acks if not d}
-        for pid in PRODUCER_IDS:
+        for pid in sorted({p for _, p, _, _ in acks}):
             state = log.producer_state(pid)
             window = state.batches if state else ()
             answers = [log.append(_batch(pid, 0, meta.first_sequence)) for meta in window]
