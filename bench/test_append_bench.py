@@ -1,12 +1,15 @@
 """Append path: oncelog against a plain one-os.write-per-batch loop (brief §11).
 
 Each group pairs oncelog with its reference on the same bytes, so the ratio can be
-read off one pytest-benchmark table.
+read off one pytest-benchmark table. Plain batches carry no producer id; the
+idempotent group sends in-order sequences of one producer, and the duplicate
+group resends batches already in the log.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -16,15 +19,19 @@ from oncelog.log import Log
 from oncelog.segments import encode_batch
 
 BATCHES_PER_ROUND = 2000
+ROUNDS = 10
+# Current timestamps: producers stamped more than producer_expiration_ms in the past
+# are expired on sight (as Kafka would at its next check), which is not the path measured.
+TIMESTAMP_MS = int(time.time() * 1000)
 
 
-def _batch(value_bytes: int, records: int = 1) -> bytes:
+def _batch(value_bytes: int, records: int = 1, producer_id: int = -1, sequence: int = -1) -> bytes:
     return encode_batch(
         [(b"key-0000", b"v" * value_bytes)] * records,
-        producer_id=7,
-        producer_epoch=0,
-        base_sequence=0,
-        timestamp_ms=1_700_000_000_000,
+        producer_id=producer_id,
+        producer_epoch=0 if producer_id >= 0 else -1,
+        base_sequence=sequence,
+        timestamp_ms=TIMESTAMP_MS,
     )
 
 
@@ -40,16 +47,16 @@ def test_append_one_batch_per_call(benchmark: BenchmarkFixture, log: Log, size: 
         for _ in range(BATCHES_PER_ROUND):
             log.append(batch)
 
-    benchmark.pedantic(run, rounds=10, warmup_rounds=1)
-    assert log.log_end_offset == 11 * BATCHES_PER_ROUND
+    benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1)
+    assert log.log_end_offset == (ROUNDS + 1) * BATCHES_PER_ROUND
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_append_batches_one_request(benchmark: BenchmarkFixture, log: Log, size: str) -> None:
     request = [SIZES[size]] * BATCHES_PER_ROUND
     benchmark.group = f"append {size}"
-    benchmark.pedantic(lambda: log.append_batches(request), rounds=10, warmup_rounds=1)
-    assert log.log_end_offset == 11 * BATCHES_PER_ROUND
+    benchmark.pedantic(lambda: log.append_batches(request), rounds=ROUNDS, warmup_rounds=1)
+    assert log.log_end_offset == (ROUNDS + 1) * BATCHES_PER_ROUND
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -62,6 +69,37 @@ def test_reference_os_write_loop(benchmark: BenchmarkFixture, tmp_path: Path, si
         for _ in range(BATCHES_PER_ROUND):
             os.write(fd, batch)
 
-    benchmark.pedantic(run, rounds=10, warmup_rounds=1)
+    benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1)
     os.close(fd)
-    assert os.path.getsize(tmp_path / "reference.log") == 11 * BATCHES_PER_ROUND * len(batch)
+    assert os.path.getsize(tmp_path / "reference.log") == (ROUNDS + 1) * BATCHES_PER_ROUND * len(batch)
+
+
+def test_append_idempotent_170B(benchmark: BenchmarkFixture, log: Log) -> None:
+    """One producer's in-order batches: every append checks and updates producer state."""
+    benchmark.group = "append 170B"
+    batches = [_batch(90, producer_id=7, sequence=n) for n in range((ROUNDS + 1) * BATCHES_PER_ROUND)]
+    rounds = iter(range(ROUNDS + 1))
+
+    def run() -> None:
+        start = next(rounds) * BATCHES_PER_ROUND
+        for batch in batches[start : start + BATCHES_PER_ROUND]:
+            log.append(batch)
+
+    benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1)
+    assert log.log_end_offset == len(batches)
+
+
+def test_duplicate_detection_170B(benchmark: BenchmarkFixture, log: Log) -> None:
+    """Retries of a producer's last 5 batches: found in the window, nothing written."""
+    benchmark.group = "append 170B"
+    originals = [_batch(90, producer_id=7, sequence=n) for n in range(5)]
+    for batch in originals:
+        log.append(batch)
+    size_before = log.size_bytes
+
+    def run() -> None:
+        for n in range(BATCHES_PER_ROUND):
+            assert log.append(originals[n % 5]).duplicate
+
+    benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1)
+    assert log.size_bytes == size_before and log.log_end_offset == 5
