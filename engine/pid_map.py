@@ -163,28 +163,31 @@ class PidSlotMap:
         count = len(producer_ids)
         if count > self.capacity:
             raise ValueError(f"{count} producer ids exceed the map's capacity {self.capacity}")
+        # The keys still to place, kept compacted so each round touches only them.
         pids = producer_ids.astype(np.int64)
         homes = self._homes(pids)
-        pending = np.arange(count)
+        slots = np.asarray(slots, dtype=np.int32)
         claim = np.empty(self.buckets, dtype=np.int64)  # scratch: which key claimed a bucket
         probe = 0
-        while pending.size:
-            candidates = (homes[pending] + probe) % self.buckets
+        while pids.size:
+            candidates = homes + probe
+            candidates[candidates >= self.buckets] -= self.buckets
             free = np.flatnonzero(self.keys[candidates] == EMPTY)
             wanted = candidates[free]
             # Scatter: of several keys wanting one bucket the last write wins, no sort needed.
             claim[wanted] = free
-            won = free[claim[wanted] == free]
+            won_among_free = claim[wanted] == free
+            won = free[won_among_free]
             buckets = candidates[won]
-            self.keys[buckets] = pids[pending[won]]
-            self.values[buckets] = slots[pending[won]]
-            self.bucket_of[slots[pending[won]]] = buckets
-            placed = np.zeros(pending.size, dtype=bool)
-            placed[won] = True
-            lost = free[~placed[free]]
-            if np.any(self.keys[candidates[lost]] == pids[pending[lost]]):
+            self.keys[buckets] = pids[won]
+            self.values[buckets] = slots[won]
+            self.bucket_of[slots[won]] = buckets
+            lost = free[~won_among_free]
+            if lost.size and np.any(self.keys[candidates[lost]] == pids[lost]):
                 self.clear()
                 raise DuplicateProducerError("a producer id appears twice")
-            pending = pending[~placed]
+            remaining = np.ones(pids.size, dtype=bool)
+            remaining[won] = False
+            pids, homes, slots = pids[remaining], homes[remaining], slots[remaining]
             probe += 1
         self.count = count

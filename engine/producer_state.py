@@ -310,14 +310,17 @@ class ProducerStateManager:
             raise ProducerStateFullError(
                 f"snapshot holds {count} producers, more than producer_capacity={self.capacity}"
             )
-        # Zero only what the new rows will not overwrite.
+        # Zero only what the new rows will not overwrite (rows read in place are
+        # within [0, count), so this never touches them).
         for start, stop in self._used_ranges():
             if stop > count:
                 self.table[max(start, count) : stop] = _EMPTY_ROW
         self.head = 0
         self.used = count
         self.holes = 0
-        self.table[:count] = rows
+        in_place = count and rows.__array_interface__["data"][0] == self.table.__array_interface__["data"][0]
+        if not in_place:
+            self.table[:count] = rows  # else read_snapshot(into=table) already put them there
         self.table["live"][:count] = 1
         self.due_s[:count] = _due_seconds_array(rows["last_activity_ms"] + self.expiration_ms)
         try:

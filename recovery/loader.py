@@ -225,7 +225,8 @@ class LogLoader:
             if limit is not None and offset > limit:
                 continue
             try:
-                self.producers.load_rows(snapshots.read_snapshot(self.fs, self.directory, offset))
+                rows = snapshots.read_snapshot(self.fs, self.directory, offset, into=self.producers.table)
+                self.producers.load_rows(rows)
             except (CorruptSnapshotError, DuplicateProducerError) as exc:
                 log.warning("setting aside corrupt snapshot %d: %s", offset, exc)
                 self.producers.clear()

@@ -25,7 +25,7 @@ import numpy as np
 
 from oncelog.errors import CorruptSnapshotError
 from oncelog.producer_state import PRODUCER_DTYPE, SEQUENCE_MODULUS, WINDOW
-from oncelog.recovery.fs import Buffer, FileSystem
+from oncelog.recovery.fs import Buffer, FileHandle, FileSystem
 
 SNAPSHOT_SUFFIX = ".snapshot"
 TMP_SUFFIX = ".tmp"
@@ -113,7 +113,8 @@ def decode_snapshot(data: Buffer, offset: int, path: str = "<buffer>") -> np.nda
     raise CorruptSnapshotError(f"{path}: unknown snapshot version {version}")
 
 
-def _decode_oncelog(body: memoryview, offset: int, path: str) -> np.ndarray:
+def _parse_oncelog_header(body: memoryview, offset: int, path: str) -> tuple[int, int]:
+    """(producer count, byte where the rows start within `body`), checked."""
     if len(body) < _HEADER_LEN.size:
         raise CorruptSnapshotError(f"{path}: header length is missing")
     (header_bytes,) = _HEADER_LEN.unpack_from(body)
@@ -127,18 +128,29 @@ def _decode_oncelog(body: memoryview, offset: int, path: str) -> np.ndarray:
         raise CorruptSnapshotError(f"{path}: header {header!r} does not describe offset {offset}")
     if header.get("row_bytes") != PRODUCER_DTYPE.itemsize or header.get("fields") != _LAYOUT:
         raise CorruptSnapshotError(f"{path}: rows have a layout this version does not know")
-    rows_data = body[_HEADER_LEN.size + header_bytes :]
     count = header.get("producers")
-    if not isinstance(count, int) or count * PRODUCER_DTYPE.itemsize != len(rows_data):
-        raise CorruptSnapshotError(f"{path}: {len(rows_data)} bytes of rows for {count} producers")
-    rows = np.frombuffer(rows_data, dtype=PRODUCER_DTYPE)
+    if not isinstance(count, int) or count < 0:
+        raise CorruptSnapshotError(f"{path}: producer count {count!r} is not a count")
+    return count, _HEADER_LEN.size + header_bytes
+
+
+def _check_rows(rows: np.ndarray, path: str) -> None:
     # Assert after reading: every row is a live producer with a sane window.
-    if count and (
+    if len(rows) and (
         not np.all(rows["live"] == 1)
         or not np.all(rows["window_count"] <= WINDOW)
         or not np.all(rows["producer_id"] >= 0)
     ):
         raise CorruptSnapshotError(f"{path}: rows fail their invariants")
+
+
+def _decode_oncelog(body: memoryview, offset: int, path: str) -> np.ndarray:
+    count, rows_start = _parse_oncelog_header(body, offset, path)
+    rows_data = body[rows_start:]
+    if count * PRODUCER_DTYPE.itemsize != len(rows_data):
+        raise CorruptSnapshotError(f"{path}: {len(rows_data)} bytes of rows for {count} producers")
+    rows = np.frombuffer(rows_data, dtype=PRODUCER_DTYPE)
+    _check_rows(rows, path)
     return rows
 
 
@@ -191,16 +203,54 @@ def write_snapshot(fs: FileSystem, directory: str, offset: int, rows: np.ndarray
     return path
 
 
-def read_snapshot(fs: FileSystem, directory: str, offset: int) -> np.ndarray:
+def read_snapshot(
+    fs: FileSystem, directory: str, offset: int, *, into: np.ndarray | None = None
+) -> np.ndarray:
+    """The rows of a snapshot file.
+
+    With `into` (the producer table), oncelog's rows are read straight into its
+    first rows and that view is returned: a 170 MB snapshot is then read once and
+    copied never. On a CRC failure those rows are zeroed again.
+    """
     path = os.path.join(directory, snapshot_file_name(offset))
     handle = fs.open(path, writable=False)
     try:
-        # np.empty: a 170 MB snapshot should not be zero-filled just to be overwritten.
-        data = np.empty(handle.size(), dtype=np.uint8)
+        size = handle.size()
+        head = memoryview(handle.pread(min(size, _PREFIX.size + _HEADER_LEN.size + _MAX_HEADER_BYTES), 0))
+        if into is not None and len(head) >= _PREFIX.size and _PREFIX.unpack_from(head)[0] == ONCELOG_VERSION:
+            rows = _read_rows_into(handle, head, size, offset, path, into)
+            if rows is not None:
+                return rows
+        # np.empty: a large snapshot should not be zero-filled just to be overwritten.
+        data = np.empty(size, dtype=np.uint8)
         read = handle.pread_into(data.data, 0)
     finally:
         handle.close()
     return decode_snapshot(data.data[:read], offset, path)
+
+
+def _read_rows_into(
+    handle: FileHandle, head: memoryview, size: int, offset: int, path: str, into: np.ndarray
+) -> np.ndarray | None:
+    """Read an oncelog snapshot's rows into `into`; None if they do not fit there."""
+    _, stored_crc = _PREFIX.unpack_from(head)
+    count, rows_start = _parse_oncelog_header(head[_PREFIX.size :], offset, path)
+    rows_start += _PREFIX.size
+    if rows_start > len(head) or count * PRODUCER_DTYPE.itemsize != size - rows_start:
+        raise CorruptSnapshotError(f"{path}: {size - rows_start} bytes of rows for {count} producers")
+    if count > len(into):
+        return None  # the caller's table is too small; the plain path reports it
+    rows = into[:count]
+    rows_bytes = rows.data.cast("B")
+    read = handle.pread_into(rows_bytes, rows_start)
+    computed = crc32c.crc32c(rows_bytes, crc32c.crc32c(head[_PREFIX.size : rows_start]))
+    if read != len(rows_bytes) or computed != stored_crc:
+        rows[:] = np.zeros(1, PRODUCER_DTYPE)
+        raise CorruptSnapshotError(
+            f"{path}: CRC mismatch (stored {stored_crc:#010x}, computed {computed:#010x})"
+        )
+    _check_rows(rows, path)
+    return rows
 
 
 def set_aside(fs: FileSystem, directory: str, offset: int) -> None:
