@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from oncelog import torture_cli
 from oncelog.errors import CorruptRecordError
 from oncelog.recovery.fs import DEFAULT_FS, FileSystem
 from oncelog.segments import format as fmt
@@ -147,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the demo keeps its log (default: %(default)s)",
     )
     demo.set_defaults(handler=_run_demo)
+    torture_cli.add_parser(commands, formatter)
     return parser
 
 

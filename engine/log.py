@@ -33,7 +33,15 @@ from oncelog.producer_state import BatchMetadata, ProducerAppendInfo, ProducerSt
 from oncelog.reads import read_log
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore
-from oncelog.recovery.loader import RECOVERY_POINT_KEY, LoadedLog, LogLoader, RecoveryReport, write_offsets
+from oncelog.recovery.loader import (
+    CLIENT_ONLY_KEY,
+    LoadedLog,
+    LogLoader,
+    RecoveryPoint,
+    RecoveryReport,
+    write_offsets,
+    write_recovery_point,
+)
 from oncelog.results import AppendResult, FetchResult
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, encode_batch
@@ -55,7 +63,7 @@ def wall_clock_ms() -> int:
 class _Planned:
     """One batch of a request after checks: where it goes, or the duplicate it is."""
 
-    __slots__ = ("base", "batch", "duplicate", "last", "max_ts", "producer_after")
+    __slots__ = ("base", "batch", "duplicate", "last", "max_ts", "producer_after", "replicated")
 
     def __init__(
         self,
@@ -65,6 +73,7 @@ class _Planned:
         max_ts: int,
         duplicate: bool,
         producer_after: _Working | None = None,
+        replicated: bool = False,
     ):
         self.batch = batch
         self.base = base
@@ -73,6 +82,7 @@ class _Planned:
         self.duplicate = duplicate
         # The producer's state once this batch is written (None: no producer id).
         self.producer_after = producer_after
+        self.replicated = replicated
 
 
 class Log:
@@ -97,6 +107,7 @@ class Log:
         self._store = store
         self._dir_lock = dir_lock
         self.recovery_point = loaded.recovery_point
+        self._client_only = loaded.client_only
         # What opening read and did: clean or not, bytes scanned, tail cut.
         self.recovery_report: RecoveryReport = loaded.report
         self._lock = threading.RLock()
@@ -135,10 +146,13 @@ class Log:
             store = fs.open_store(os.path.join(directory, METADATA_DIR))
             clock = clock or wall_clock_ms
             loaded = LogLoader(fs, directory, config, store, clean=clean, now_ms=clock()).load()
-        except BaseException:
+        except BaseException as exc:
             if store is not None:
                 store.close()
             dir_lock.release()
+            if isinstance(exc, OSError):
+                # An I/O error while loading: nothing is served; reopening retries recovery.
+                raise LogFailedError(f"opening {directory} failed: {exc}") from exc
             raise
         return cls(directory, config, fs, clock, loaded, store, dir_lock)
 
@@ -259,6 +273,11 @@ class Log:
                     raise InvalidRecordError(
                         f"replicated batch at offset {base} is below the log end {next_offset}"
                     )
+                if self._client_only:
+                    # Durable before a leader's batch is written: recovery and reads must
+                    # not reject its offsets or leader epoch later.
+                    write_offsets(self._store, {CLIENT_ONLY_KEY: 0})
+                    self._client_only = False
             else:
                 base = next_offset
             last = base + batch.last_offset_delta
@@ -266,7 +285,7 @@ class Log:
             if pid >= 0:
                 meta = BatchMetadata(batch.base_sequence, batch.last_sequence, base, last, max_ts)
                 after = info.apply(pid, batch.producer_epoch, meta, batch.is_control)
-            plan.append(_Planned(batch, base, last, max_ts, False, after))
+            plan.append(_Planned(batch, base, last, max_ts, False, after, origin == "replication"))
             next_offset = last + 1
         return plan
 
@@ -315,14 +334,20 @@ class Log:
     def _stamped(self, p: _Planned) -> list[Buffer]:
         """The batch's bytes with its base offset set (and its timestamp on LogAppendTime)."""
         buf = p.batch.buffer
+        if p.replicated:
+            return [buf]  # a follower stores its leader's bytes as they are
+        # Like a Kafka broker, stamp the fields outside the CRC: the offset, and the
+        # partition leader epoch (oncelog has none: -1). Only these 17 bytes are new.
+        prefix = fmt.SIZE_AND_MAGIC_STRUCT.pack(
+            p.base, p.batch.batch_length, fmt.NO_PARTITION_LEADER_EPOCH, fmt.MAGIC_V2
+        )
         if self.config.timestamp_type != "LogAppendTime":
-            prefix = fmt.INT64.pack(p.base)
-            if buf[: fmt.LENGTH_OFFSET] == prefix:
+            if buf[: fmt.SIZE_AND_MAGIC_BYTES] == prefix:
                 return [buf]
-            return [prefix, buf[fmt.LENGTH_OFFSET :]]
+            return [prefix, buf[fmt.SIZE_AND_MAGIC_BYTES :]]
         # LogAppendTime changes CRC-covered fields, so this path copies the batch.
         out = bytearray(buf)
-        fmt.INT64.pack_into(out, fmt.BASE_OFFSET_OFFSET, p.base)
+        out[: fmt.SIZE_AND_MAGIC_BYTES] = prefix
         attributes = p.batch.attributes | fmt.TIMESTAMP_TYPE_MASK
         out[fmt.ATTRIBUTES_OFFSET : fmt.ATTRIBUTES_OFFSET + 2] = attributes.to_bytes(2, "big", signed=True)
         fmt.INT64.pack_into(out, fmt.MAX_TIMESTAMP_OFFSET, p.max_ts)
@@ -375,7 +400,7 @@ class Log:
                 max_index_bytes=self.config.segment_index_bytes,
                 create=True,
             )
-            self._set_recovery_point(base_offset)
+            self._set_recovery_point(base_offset, base_offset, 0)
         except OSError as exc:
             self._failure = exc
             raise LogFailedError(f"rolling {old.path} failed: {exc}") from exc
@@ -383,9 +408,9 @@ class Log:
         self._base_offsets.append(base_offset)
         return segment
 
-    def _set_recovery_point(self, offset: int) -> None:
+    def _set_recovery_point(self, offset: int, segment_base: int, position: int) -> None:
         # One durable LMDB commit; only ever called after what it covers was fsynced.
-        write_offsets(self._store, {RECOVERY_POINT_KEY: offset})
+        write_recovery_point(self._store, RecoveryPoint(offset, segment_base, position))
         self.recovery_point = offset
 
     def _maybe_flush(self, appended_messages: int) -> None:
@@ -407,6 +432,8 @@ class Log:
         if self._failure is not None:
             raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
         end = self.log_end_offset
+        active = self.active_segment
+        active_size = active.size  # captured with `end`: both describe what is fsynced below
         for segment in self._segments:
             if segment.unflushed:
                 try:
@@ -417,7 +444,7 @@ class Log:
                     self._failure = exc
                     raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
         if end > self.recovery_point:
-            self._set_recovery_point(end)
+            self._set_recovery_point(end, active.base_offset, active_size)
         self._unflushed_messages = 0
         self._last_flush_ms = self._clock()
 
@@ -491,7 +518,13 @@ class Log:
         with self._lock:
             self._check_open()
             return read_log(
-                self._segments, self._base_offsets, start_offset, max_bytes, max_offset, self.directory
+                self._segments,
+                self._base_offsets,
+                start_offset,
+                max_bytes,
+                max_offset,
+                self.directory,
+                client_only=self._client_only,
             )
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampOffset | None:

@@ -14,7 +14,7 @@ import bisect
 from oncelog.errors import CorruptLogError, CorruptRecordError, OffsetOutOfRangeError
 from oncelog.results import FetchResult
 from oncelog.segments.batch import RecordBatch
-from oncelog.segments.segment import LogSegment, ScannedBatch
+from oncelog.segments.segment import LogSegment, ScannedBatch, check_client_appended
 
 
 def read_log(
@@ -24,6 +24,8 @@ def read_log(
     max_bytes: int,
     max_offset: int | None,
     directory: str,
+    *,
+    client_only: bool = False,
 ) -> FetchResult:
     start, end = segments[0].base_offset, segments[-1].next_offset
     if not start <= start_offset <= end:
@@ -31,10 +33,17 @@ def read_log(
     scanned: list[ScannedBatch] = []
     first = max(bisect.bisect_right(base_offsets, start_offset) - 1, 0)
     for segment in segments[first:]:
-        scanned = segment.read(start_offset, max_bytes, max_offset)
+        try:
+            scanned = segment.read(start_offset, max_bytes, max_offset)
+        except CorruptRecordError as exc:
+            # A header that cannot be walked inside the log (below its end): corruption.
+            raise CorruptLogError(
+                exc.reason, path=exc.path or segment.path, position=exc.position or 0
+            ) from exc
         if scanned or (max_offset is not None and segment.next_offset >= max_offset):
             break
-    for position, batch in scanned:
+    expected = start_offset
+    for n, (position, batch) in enumerate(scanned):
         try:
             batch.validate()
         except CorruptRecordError as exc:
@@ -43,6 +52,23 @@ def read_log(
                 path=segment.path,
                 position=position,
             ) from exc
+        # baseOffset is outside the CRC: check it against where the batch sits.
+        misplaced = batch.base_offset < segment.base_offset or batch.last_offset >= segment.next_offset
+        if client_only:
+            first_holds_start = n == 0 and batch.base_offset <= start_offset <= batch.last_offset
+            misplaced = misplaced or not (first_holds_start or (n > 0 and batch.base_offset == expected))
+            try:
+                check_client_appended(batch, None)
+            except CorruptRecordError as exc:
+                raise CorruptLogError(str(exc), path=segment.path, position=position) from exc
+        if misplaced:
+            raise CorruptLogError(
+                f"batch claims offsets {batch.base_offset}..{batch.last_offset}, which do not belong at "
+                f"this position (segment {segment.base_offset}..{segment.next_offset - 1})",
+                path=segment.path,
+                position=position,
+            )
+        expected = batch.last_offset + 1
     batches: list[RecordBatch] = [batch for _, batch in scanned]
     next_offset = batches[-1].last_offset + 1 if batches else start_offset
     return FetchResult(batches, start_offset, next_offset, end)

@@ -46,6 +46,54 @@ from oncelog.segments.segment import LOG_SUFFIX, LogSegment, parse_segment_file_
 log = logging.getLogger(__name__)
 
 RECOVERY_POINT_KEY = "recovery_point"
+# Where the recovery point falls in bytes: the segment holding it and the position
+# in that segment up to which everything was fsynced. A bad batch is judged by its
+# position, not by the offsets damaged bytes claim: a misdirected write can put a
+# valid batch from the tail over durable data.
+RECOVERY_SEGMENT_KEY = "recovery_point_segment"
+RECOVERY_POSITION_KEY = "recovery_point_position"
+# 1 while every batch came from a client append: offsets then follow each other
+# exactly and partitionLeaderEpoch is oncelog's stamp (-1). Recovery and reads check
+# both, which catches a valid batch moved by a misdirected write and bit flips in
+# the header fields no CRC covers (baseOffset, partitionLeaderEpoch). The first
+# replication append (a leader's offsets and epochs, perhaps with gaps) clears it.
+CLIENT_ONLY_KEY = "client_appends_only"
+
+
+class RecoveryPoint(NamedTuple):
+    offset: int
+    segment_base: int | None = None  # None in stores written before positions were kept
+    position: int = 0
+
+    def covers(self, segment_base: int, position: int) -> bool:
+        """Was the byte at `position` of segment `segment_base` fsynced before the crash?"""
+        if self.segment_base is None:
+            return False
+        return segment_base < self.segment_base or (
+            segment_base == self.segment_base and position < self.position
+        )
+
+
+def read_recovery_point(store: MetadataStore) -> RecoveryPoint:
+    offset = read_offset(store, RECOVERY_POINT_KEY) or 0
+    segment_base = read_offset(store, RECOVERY_SEGMENT_KEY)
+    position = read_offset(store, RECOVERY_POSITION_KEY) or 0
+    return RecoveryPoint(offset, segment_base, position)
+
+
+def write_recovery_point(store: MetadataStore, point: RecoveryPoint) -> None:
+    assert point.segment_base is not None and point.segment_base <= point.offset, point
+    # One atomic LMDB commit: the three values never disagree after a crash.
+    write_offsets(
+        store,
+        {
+            RECOVERY_POINT_KEY: point.offset,
+            RECOVERY_SEGMENT_KEY: point.segment_base,
+            RECOVERY_POSITION_KEY: point.position,
+        },
+    )
+
+
 _OFFSET = struct.Struct(">q")
 
 
@@ -68,6 +116,7 @@ class LoadedLog(NamedTuple):
     producers: ProducerStateManager
     recovery_point: int
     report: RecoveryReport
+    client_only: bool
 
 
 def read_offset(store: MetadataStore, key: str) -> int | None:
@@ -119,6 +168,7 @@ class LogLoader:
         self._rebuilt = 0
         self._tail_error: str | None = None
         self._validated: list[LogSegment] = []
+        self.client_only = False
 
     def load(self) -> LoadedLog:
         started = time.perf_counter()
@@ -139,7 +189,8 @@ class LogLoader:
                 if segment in self.segments:
                     segment.flush()
             snapshots.write_snapshot(self.fs, self.directory, end, self.producers.live_rows())
-            write_offsets(self.store, {RECOVERY_POINT_KEY: end})
+            last = self.segments[-1]
+            write_recovery_point(self.store, RecoveryPoint(end, last.base_offset, last.size))
         self._remove_stray_snapshots(end)
         report = RecoveryReport(
             clean=self.clean,
@@ -152,18 +203,26 @@ class LogLoader:
             indexes_rebuilt=self._rebuilt,
             tail_error=self._tail_error,
         )
-        return LoadedLog(self.segments, self.producers, end, report)
+        return LoadedLog(self.segments, self.producers, end, report, self.client_only)
 
     # -- the steps -------------------------------------------------------------------
     def _load(self) -> int | None:
         self._remove_temp_files()
         bases = list_segment_bases(self.fs, self.directory)
+        flag = read_offset(self.store, CLIENT_ONLY_KEY)
         if not bases:
+            if flag is None:
+                write_offsets(self.store, {CLIENT_ONLY_KEY: 1})  # a new log has only client appends
+            self.client_only = True
             self.segments.append(self._open(0, create=True))
             return None
+        # Segments without the flag (a Kafka directory, say) may hold compacted gaps
+        # and leader epochs.
+        self.client_only = flag == 1
         for base in bases:
             self.segments.append(self._open(base, sealed=base != bases[-1]))
-        recovery_point = read_offset(self.store, RECOVERY_POINT_KEY) or 0
+        point = read_recovery_point(self.store)
+        recovery_point = point.offset
         # Unclean: validate from the segment holding the recovery point to the end.
         first_unsafe = len(bases) if self.clean else max(bisect.bisect_right(bases, recovery_point) - 1, 0)
         for n in range(first_unsafe):
@@ -173,12 +232,12 @@ class LogLoader:
                 self.clean = False
                 first_unsafe = n
                 break
-            self._load_trusted(self.segments[n], next_base, recovery_point)
+            self._load_trusted(self.segments[n], next_base, point)
 
         snapshot_offset, has_state = self._load_newest_snapshot(limit=None)
         validated_from = bases[first_unsafe] if first_unsafe < len(bases) else None
         self._replay_trusted(snapshot_offset, until=validated_from)
-        self._validate_tail(first_unsafe, recovery_point, snapshot_offset)
+        self._validate_tail(first_unsafe, point, snapshot_offset)
         end = self.segments[-1].next_offset
         if has_state and snapshot_offset is not None and snapshot_offset > end:
             # The snapshot describes data recovery cut away: start over from an older one.
@@ -207,7 +266,9 @@ class LogLoader:
             log.warning("clean shutdown marker, but %s", exc)
             return False
 
-    def _load_trusted(self, segment: LogSegment, next_base: int | None, recovery_point: int) -> None:
+    def _load_trusted(
+        self, segment: LogSegment, next_base: int | None, recovery_point: RecoveryPoint
+    ) -> None:
         if next_base is None:
             return  # the active segment, already loaded by _load_active_cleanly
         if not segment.load_from_indexes(next_base):
@@ -248,34 +309,72 @@ class LogLoader:
             for _, batch in segment.scan(position):
                 self._apply(batch, start_offset)
 
-    def _validate_tail(self, first_unsafe: int, recovery_point: int, snapshot_offset: int | None) -> None:
+    def _validate_tail(
+        self, first_unsafe: int, recovery_point: RecoveryPoint, snapshot_offset: int | None
+    ) -> None:
         replay_from = snapshot_offset if snapshot_offset is not None else self.segments[0].base_offset
         n = first_unsafe
         while n < len(self.segments):
-            segment = self.segments[n]
-            self._segments_scanned += 1
-            self._validated.append(segment)
-            self._bytes_scanned += segment.size
-            self._rebuilt += 1
-            error = segment.rebuild(validate=True, on_batch=lambda batch: self._apply(batch, replay_from))
-            if error is not None:
-                if segment.next_offset < recovery_point:
-                    self._corruption_below_recovery_point(segment, error, recovery_point)  # raises or cuts
-                else:
-                    self._cut_tail(n, str(error))
+            if not self._validate_segment(n, recovery_point, replay_from):
                 return
             if n + 1 < len(self.segments):
-                segment.seal()
+                self.segments[n].seal()
             n += 1
 
+    def _validate_segment(self, n: int, recovery_point: RecoveryPoint, replay_from: int) -> bool:
+        """Validate segment n, replaying it; False if the log was cut in it."""
+        segment = self.segments[n]
+        self._segments_scanned += 1
+        self._validated.append(segment)
+        self._bytes_scanned += segment.size
+        self._rebuilt += 1
+        holds_point = recovery_point.segment_base == segment.base_offset and recovery_point.position > 0
+        # The offset after the batch that ends exactly at the recovery point's position.
+        offset_at_point: list[int] = []
+
+        def on_batch(position: int, batch: RecordBatch) -> None:
+            self._apply(batch, replay_from)
+            if holds_point and position + batch.size == recovery_point.position:
+                offset_at_point.append(batch.last_offset + 1)
+
+        error = segment.rebuild(
+            validate=True,
+            on_batch=on_batch,
+            # The active segment was created at its first batch's offset (Kafka never
+            # compacts it), so a different first offset means moved bytes.
+            first_base_offset=segment.base_offset if n == len(self.segments) - 1 else None,
+            client_only=self.client_only,
+        )
+        if error is None and holds_point and offset_at_point != [recovery_point.offset]:
+            # Valid batches, but not the ones that were fsynced: bytes below the
+            # recovery point are missing, or a misdirected write put a batch from the
+            # tail onto a batch boundary there.
+            error = CorruptRecordError(
+                f"the batches fsynced up to position {recovery_point.position} should end at offset "
+                f"{recovery_point.offset}; what is there now ends at {offset_at_point or 'no batch'}",
+                path=segment.path,
+                position=min(recovery_point.position, segment.size),
+            )
+            self._corruption_below_recovery_point(segment, error, recovery_point)
+            return False
+        if error is not None:
+            # segment.size is where the bad batch starts.
+            durable = recovery_point.covers(segment.base_offset, segment.size)
+            if durable or segment.next_offset < recovery_point.offset:
+                self._corruption_below_recovery_point(segment, error, recovery_point)  # raises or cuts
+            else:
+                self._cut_tail(n, str(error))
+            return False
+        return True
+
     def _corruption_below_recovery_point(
-        self, segment: LogSegment, error: Exception, recovery_point: int
+        self, segment: LogSegment, error: Exception, recovery_point: RecoveryPoint
     ) -> None:
         position = segment.size
         if self.config.on_corruption != "truncate":
             raise CorruptLogError(
                 f"{getattr(error, 'reason', error)}; this data is below the recovery point "
-                f"{recovery_point}, so it was fsynced "
+                f"{recovery_point.offset}, so it was fsynced "
                 "and this is corruption, not a torn write. Open with LogConfig(on_corruption='truncate') "
                 "to cut the log here",
                 path=segment.path,

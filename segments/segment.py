@@ -94,6 +94,20 @@ def scan_file(
         pos += used
 
 
+def check_client_appended(batch: RecordBatch, previous_last_offset: int | None) -> None:
+    """Raise unless `batch` looks as a client append left it (fields outside the CRC)."""
+    if batch.partition_leader_epoch != fmt.NO_PARTITION_LEADER_EPOCH:
+        raise CorruptRecordError(
+            f"batch at offset {batch.base_offset} has partitionLeaderEpoch {batch.partition_leader_epoch}, "
+            "not oncelog's stamp -1"
+        )
+    if previous_last_offset is not None and batch.base_offset != previous_last_offset + 1:
+        raise CorruptRecordError(
+            f"batch at offset {batch.base_offset} leaves a gap after {previous_last_offset} "
+            "in a log that has none"
+        )
+
+
 class LogSegment:
     def __init__(
         self,
@@ -205,7 +219,12 @@ class LogSegment:
 
     # -- loading -----------------------------------------------------------------
     def rebuild(
-        self, *, validate: bool, on_batch: Callable[[RecordBatch], None] | None = None
+        self,
+        *,
+        validate: bool,
+        on_batch: Callable[[int, RecordBatch], None] | None = None,
+        first_base_offset: int | None = None,
+        client_only: bool = False,
     ) -> CorruptRecordError | None:
         """Rescan the whole file, rebuilding both indexes and the in-memory state.
 
@@ -232,11 +251,18 @@ class LogSegment:
                     raise CorruptRecordError(
                         f"offsets {batch.base_offset}..{batch.last_offset} do not follow {prev_last_offset}"
                     )
+                if client_only:
+                    check_client_appended(batch, prev_last_offset if position > 0 else None)
+                if position == 0 and first_base_offset is not None and batch.base_offset != first_base_offset:
+                    raise CorruptRecordError(
+                        f"first batch starts at offset {batch.base_offset}, not at the segment's "
+                        f"base {first_base_offset}"
+                    )
                 prev_last_offset = batch.last_offset
                 self._index_batch(position, BatchMeta(batch.last_offset, batch.max_timestamp, batch.size))
                 self.size = position + batch.size
                 if on_batch is not None:
-                    on_batch(batch)
+                    on_batch(position, batch)
         except CorruptRecordError as exc:
             if exc.path is None:
                 return CorruptRecordError(str(exc), path=self.path, position=self.size)
