@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # symlinks laid out as the installed package would be.
 TYPECHECK_TREE := build/typecheck
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench torture clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ test: lint typecheck pytest
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench --benchmark-only --benchmark-columns=median,ops,rounds
+
+# A long soak of the crash torture harness (the bounded run is part of `make test`).
+torture: $(STAMP)
+	$(BIN)/oncelog torture --seed $${SEED:-$$(date +%s)} --crashes $${CRASHES:-20000}
 
 clean:
 	rm -rf $(VENV) build data .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks
