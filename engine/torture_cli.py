@@ -8,6 +8,7 @@ import logging
 from typing import Any, TextIO
 
 from oncelog.recovery.torture import FAULTS, TortureSummary, run_torture
+from oncelog.recovery.torture_selftest import run_self_test
 
 DESCRIPTION = """\
 Crash-torture oncelog. Each crash state runs a seeded workload of idempotent
@@ -31,7 +32,8 @@ EPILOG = """\
 examples:
   oncelog torture --crashes 2000
   oncelog torture --seed 7 --crashes 500 --faults kill,torn --json
-  oncelog torture --seed 1000015 --crashes 1 --faults bitflip   # replay one state"""
+  oncelog torture --seed 1000015 --crashes 1 --faults bitflip   # replay one state
+  oncelog torture --self-test --json      # {"planted": 6, "caught": 6, "missed": []}"""
 
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
@@ -58,6 +60,11 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="sim: in-memory filesystem twin (the SIGKILL process mode is not built yet)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument(
+        "--self-test",
+        action="store_true",
+        help="plant six known bugs in turn and check the harness catches each (exit 1 if one is missed)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -72,12 +79,29 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 2
     # Recovery logs every torn tail it cuts; thousands of crash states would drown the report.
     logging.getLogger("oncelog").setLevel(logging.ERROR)
+    if args.self_test:
+        return _self_test(args, out, err)
     summary = run_torture(args.seed, args.crashes, faults, progress=_progress_bar(err))
     if args.json:
         print(json.dumps(as_json(summary)), file=out)
     else:
         print_table(summary, out)
     return 1 if summary.violations else 0
+
+
+def _self_test(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    result = run_self_test(args.seed, progress=_progress_bar(err))
+    if args.json:
+        print(
+            json.dumps({"planted": result.planted, "caught": result.caught, "missed": result.missed}),
+            file=out,
+        )
+    else:
+        for name, count in result.violations.items():
+            verdict = "caught" if count else "MISSED"
+            print(f"{verdict:<7} {name} ({count} violations)", file=out)
+        print(f"{result.caught} of {result.planted} planted bugs caught", file=out)
+    return 1 if result.missed else 0
 
 
 def as_json(summary: TortureSummary) -> dict[str, object]:

@@ -97,3 +97,29 @@ def _pretend_snapshot_loaded(self: loader.LogLoader, limit: int | None) -> tuple
 
 def test_the_checker_is_wired_to_every_fault_class() -> None:
     assert set(torture.FAULTS) == {"kill", "drop", "torn", "dirent", "bitflip", "enospc", "eio", "misdirect"}
+
+
+def test_the_self_test_catches_all_six_planted_bugs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["torture", "--self-test", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"planted": 6, "caught": 6, "missed": []}
+
+
+def test_planted_bugs_are_restored_after_the_self_test() -> None:
+    from oncelog.recovery.torture_selftest import PLANTED
+
+    before = (
+        LogSegment.flush,
+        LogSegment.rebuild,
+        RecordBatch.compute_crc,
+        loader.LogLoader._load_newest_snapshot,
+    )
+    for plant, _ in PLANTED.values():
+        with plant():
+            pass
+    after = (
+        LogSegment.flush,
+        LogSegment.rebuild,
+        RecordBatch.compute_crc,
+        loader.LogLoader._load_newest_snapshot,
+    )
+    assert before == after

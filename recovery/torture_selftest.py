@@ -1,0 +1,142 @@
+"""`oncelog torture --self-test`: prove the harness notices bugs by planting them.
+
+Each planted bug is a context manager that patches one engine function for the
+duration of a bounded torture run and always restores it. They live only here:
+no production code path can turn one on. A bug counts as caught when the run
+reports at least one violation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from oncelog.log import Log
+from oncelog.recovery import snapshot as snapshots
+from oncelog.recovery.fs import FileSystem
+from oncelog.recovery.loader import LogLoader
+from oncelog.recovery.torture import run_torture
+from oncelog.segments.batch import RecordBatch
+from oncelog.segments.segment import LogSegment
+
+CRASHES_PER_BUG = 90
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, replacement: Any) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def fsync_ignored() -> contextlib.AbstractContextManager[None]:
+    def flush(self: LogSegment) -> None:
+        self.unflushed = False  # reports durable, fsyncs nothing
+
+    return _patched(LogSegment, "flush", flush)
+
+
+class _NoDirectorySync:
+    """A filesystem whose directory fsync does nothing (for segment creation only)."""
+
+    def __init__(self, fs: FileSystem):
+        self._fs = fs
+
+    def fsync_dir(self, path: str) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+
+def directory_fsync_skipped_on_segment_create() -> contextlib.AbstractContextManager[None]:
+    original = LogSegment.open.__func__  # type: ignore[attr-defined]
+
+    def open_segment(cls: type[LogSegment], fs: FileSystem, *args: Any, **kwargs: Any) -> LogSegment:
+        segment: LogSegment = original(cls, _NoDirectorySync(fs), *args, **kwargs)
+        segment.fs = fs
+        return segment
+
+    return _patched(LogSegment, "open", classmethod(open_segment))
+
+
+def ack_before_data_fsync() -> contextlib.AbstractContextManager[None]:
+    def flush(self: Log) -> None:
+        # The recovery point moves (the flush is acknowledged) with no fsync first.
+        active = self.active_segment
+        if self.log_end_offset > self.recovery_point:
+            self._set_recovery_point(self.log_end_offset, active.base_offset, active.size)
+
+    return _patched(Log, "_flush", flush)
+
+
+def recovery_skipping_crc_check() -> contextlib.AbstractContextManager[None]:
+    # Recovery and the read path share one CRC comparison; skipping it skips both
+    # (skipping only recovery's is masked by the read path checking again).
+    def compute_crc(self: RecordBatch) -> int:
+        return self.crc
+
+    return _patched(RecordBatch, "compute_crc", compute_crc)
+
+
+def snapshot_written_in_place() -> contextlib.AbstractContextManager[None]:
+    def write_snapshot(fs: FileSystem, directory: str, offset: int, rows: np.ndarray) -> str:
+        path = os.path.join(directory, snapshots.snapshot_file_name(offset))
+        handle = fs.open(path, create=True)
+        handle.truncate(0)
+        handle.pwritev(snapshots.snapshot_buffers(offset, rows), 0)  # no fsync, no rename
+        handle.close()
+        return path
+
+    return _patched(snapshots, "write_snapshot", write_snapshot)
+
+
+def producer_state_not_restored_from_snapshot() -> contextlib.AbstractContextManager[None]:
+    def load_newest(self: LogLoader, limit: int | None) -> tuple[int | None, bool]:
+        offsets = [
+            o for o in snapshots.list_snapshot_offsets(self.fs, self.directory) if limit is None or o <= limit
+        ]
+        return (offsets[-1], True) if offsets else (None, False)  # claims it, loads nothing
+
+    return _patched(LogLoader, "_load_newest_snapshot", load_newest)
+
+
+# Each bug with the fault classes that can expose it: a missing directory fsync
+# shows only when unsynced directory entries vanish, and so on.
+PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], tuple[str, ...]]] = {
+    "fsync ignored": (fsync_ignored, ("drop", "torn")),
+    "directory fsync skipped on segment create": (directory_fsync_skipped_on_segment_create, ("dirent",)),
+    "ack before the data fsync": (ack_before_data_fsync, ("drop", "torn")),
+    "recovery skipping the CRC check": (recovery_skipping_crc_check, ("torn", "bitflip", "misdirect")),
+    "snapshot written in place, non-atomically": (snapshot_written_in_place, ("drop", "torn", "kill")),
+    "producer state not restored from the snapshot": (
+        producer_state_not_restored_from_snapshot,
+        ("kill", "drop"),
+    ),
+}
+
+
+class SelfTestResult(NamedTuple):
+    planted: int
+    caught: int
+    missed: list[str]
+    violations: dict[str, int]
+
+
+def run_self_test(seed: int, progress: Callable[[int, int], None] | None = None) -> SelfTestResult:
+    violations: dict[str, int] = {}
+    for n, (name, (plant, faults)) in enumerate(PLANTED.items()):
+        with plant():
+            summary = run_torture(seed, CRASHES_PER_BUG, faults)
+        violations[name] = len(summary.violations)
+        if progress is not None:
+            progress(n + 1, len(PLANTED))
+    missed = [name for name, count in violations.items() if count == 0]
+    return SelfTestResult(len(PLANTED), len(PLANTED) - len(missed), missed, violations)
