@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import tempfile
 from typing import Any, TextIO
 
 from oncelog.recovery.torture import FAULTS, TortureSummary, run_torture
+from oncelog.recovery.torture_process import run_process_mode
 from oncelog.recovery.torture_selftest import run_self_test
 
 DESCRIPTION = """\
@@ -55,9 +58,15 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     parser.add_argument(
         "--mode",
-        choices=["sim"],
+        choices=["sim", "process"],
         default="sim",
-        help="sim: in-memory filesystem twin (the SIGKILL process mode is not built yet)",
+        help="sim: the in-memory fault-injecting twin; process: a real child appending and "
+        "flushing on disk, SIGKILLed --crashes times (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="process mode: where the child's log lives (default: a fresh temporary directory)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument(
@@ -81,11 +90,41 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     logging.getLogger("oncelog").setLevel(logging.ERROR)
     if args.self_test:
         return _self_test(args, out, err)
+    if args.mode == "process":
+        return _process_mode(args, out, err)
     summary = run_torture(args.seed, args.crashes, faults, progress=_progress_bar(err))
     if args.json:
         print(json.dumps(as_json(summary)), file=out)
     else:
         print_table(summary, out)
+    return 1 if summary.violations else 0
+
+
+def _process_mode(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    with tempfile.TemporaryDirectory(prefix="oncelog-torture-") as scratch:
+        directory = args.data_dir or os.path.join(scratch, "topic-0")
+        summary = run_process_mode(directory, args.seed, args.crashes, progress=_progress_bar(err))
+    if args.json:
+        report = {
+            "sigkills": summary.kills,
+            "acks": summary.acks,
+            "violations": len(summary.violations),
+            "seconds": round(summary.seconds, 3),
+            "seed": summary.seed,
+        }
+        print(json.dumps(report), file=out)
+    else:
+        print(
+            f"{summary.kills} SIGKILLs, {summary.acks} acknowledged batches checked, "
+            f"{len(summary.violations)} violations, seed {summary.seed}, {summary.seconds:.1f} s",
+            file=out,
+        )
+        for violation in summary.violations:
+            print(f"VIOLATION {violation.invariant}: {violation.detail}", file=out)
+            print(
+                f"  replay: oncelog torture --mode process --seed {summary.seed} --crashes {summary.kills}",
+                file=out,
+            )
     return 1 if summary.violations else 0
 
 

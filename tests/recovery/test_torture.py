@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,12 @@ def test_planted_bugs_are_restored_after_the_self_test() -> None:
         loader.LogLoader._load_newest_snapshot,
     )
     assert before == after
+
+
+def test_process_mode_sigkills_a_real_child_and_loses_no_acknowledged_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = str(tmp_path / "topic-0")
+    assert main(["torture", "--mode", "process", "--crashes", "20", "--data-dir", directory, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["sigkills"] == 20 and report["violations"] == 0 and report["acks"] >= 20
