@@ -11,7 +11,6 @@ the same log, so the log grows across kills and every round recovers a real cras
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -132,7 +131,3 @@ def _check(
                 if not (result.duplicate and result.first_offset == meta.first_offset):
                     violation("retries are duplicates", f"retry of {meta.first_offset} gave {result}")
     return found
-
-
-def default_directory(seed: int) -> str:
-    return os.path.join("data", f"torture-process-{seed}", "topic-0")
