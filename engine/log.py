@@ -29,7 +29,7 @@ from oncelog.errors import (
     LogFailedError,
     ProducerStateFullError,
 )
-from oncelog.producer_state import BatchMetadata, ProducerAppendInfo, ProducerStateEntry, _Working
+from oncelog.producer_state import BatchMetadata, ProducerAppendInfo, ProducerStateEntry, WorkingState
 from oncelog.reads import read_log
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore
@@ -72,7 +72,7 @@ class _Planned:
         last: int,
         max_ts: int,
         duplicate: bool,
-        producer_after: _Working | None = None,
+        producer_after: WorkingState | None = None,
         replicated: bool = False,
     ):
         self.batch = batch

@@ -87,7 +87,7 @@ class ProducerStateEntry(NamedTuple):
 
 
 @dataclasses.dataclass
-class _Working:
+class WorkingState:
     """A mutable copy of one producer's row while a request is checked."""
 
     producer_id: int
@@ -97,8 +97,8 @@ class _Working:
     coordinator_epoch: int = -1
     txn_first_offset: int = -1
 
-    def copy(self) -> _Working:
-        return _Working(
+    def copy(self) -> WorkingState:
+        return WorkingState(
             self.producer_id,
             self.producer_epoch,
             list(self.batches),
@@ -186,7 +186,7 @@ class ProducerStateManager:
     def __len__(self) -> int:
         return len(self._slots)
 
-    def _read(self, slot: int) -> _Working:
+    def _read(self, slot: int) -> WorkingState:
         row = _ROW.unpack_from(self._bytes, slot * _ROW.size)
         pid, activity, txn_first, coordinator_epoch, epoch, count = row[:6]
         w = 7
@@ -199,9 +199,9 @@ class ProducerStateManager:
             BatchMetadata(first_seq[i], last_seq[i], last_off[i] - delta[i], last_off[i], max_ts[i])
             for i in range(count)
         ]
-        return _Working(pid, epoch, batches, activity, coordinator_epoch, txn_first)
+        return WorkingState(pid, epoch, batches, activity, coordinator_epoch, txn_first)
 
-    def working(self, producer_id: int) -> _Working | None:
+    def working(self, producer_id: int) -> WorkingState | None:
         slot = self._slots.get(producer_id)
         return None if slot is None else self._read(slot)
 
@@ -226,7 +226,7 @@ class ProducerStateManager:
             yield (self.head + n) % self.capacity
 
     # -- writing -----------------------------------------------------------------
-    def _write(self, slot: int, w: _Working) -> None:
+    def _write(self, slot: int, w: WorkingState) -> None:
         count = len(w.batches)
         assert 0 <= count <= WINDOW, w  # assert before writing: the row format holds at most WINDOW
         pad = [0] * (WINDOW - count)
@@ -253,7 +253,7 @@ class ProducerStateManager:
             *pad,
         )
 
-    def put(self, w: _Working, now_ms: int | None = None) -> None:
+    def put(self, w: WorkingState, now_ms: int | None = None) -> None:
         """Store a producer's new state, taking the ring's tail slot if it is new."""
         slot = self._slots.get(w.producer_id)
         if slot is None:
@@ -424,7 +424,7 @@ class ProducerStateManager:
         is_control: bool,
     ) -> None:
         """Apply a stored batch without checks (recovery)."""
-        w = self.working(producer_id) or _Working(producer_id, producer_epoch, [], max_timestamp_ms)
+        w = self.working(producer_id) or WorkingState(producer_id, producer_epoch, [], max_timestamp_ms)
         _apply_batch(
             w,
             producer_epoch,
@@ -434,7 +434,7 @@ class ProducerStateManager:
         self.put(w)
 
 
-def _apply_batch(w: _Working, producer_epoch: int, batch: BatchMetadata, is_control: bool) -> None:
+def _apply_batch(w: WorkingState, producer_epoch: int, batch: BatchMetadata, is_control: bool) -> None:
     """How a written batch changes its producer's state: one rule for appends and replay."""
     if is_control:
         # A transaction marker moves the epoch but is not a retriable batch.
@@ -460,10 +460,10 @@ class ProducerAppendInfo:
 
     def __init__(self, manager: ProducerStateManager):
         self._manager = manager
-        self._pending: dict[int, _Working | None] = {}
+        self._pending: dict[int, WorkingState | None] = {}
         self._new_producers = 0
 
-    def _current(self, producer_id: int) -> _Working | None:
+    def _current(self, producer_id: int) -> WorkingState | None:
         if producer_id not in self._pending:
             self._pending[producer_id] = self._manager.working(producer_id)
         return self._pending[producer_id]
@@ -501,11 +501,11 @@ class ProducerAppendInfo:
 
     def apply(
         self, producer_id: int, producer_epoch: int, batch: BatchMetadata, is_control: bool
-    ) -> _Working:
+    ) -> WorkingState:
         """Record an accepted batch (later batches of the request see it); returns the new state."""
         current = self._current(producer_id)
         if current is None:
-            current = _Working(producer_id, producer_epoch, [], batch.max_timestamp_ms)
+            current = WorkingState(producer_id, producer_epoch, [], batch.max_timestamp_ms)
             self._new_producers += 1
             if not self._manager.has_room_for(self._new_producers):
                 raise ProducerStateFullError(

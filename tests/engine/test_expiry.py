@@ -23,7 +23,7 @@ import pytest
 from oncelog.config import LogConfig
 from oncelog.errors import OutOfOrderSequenceError, ProducerStateFullError, RetriableError
 from oncelog.log import Log
-from oncelog.producer_state import ProducerStateEntry, ProducerStateManager, _Working
+from oncelog.producer_state import ProducerStateEntry, ProducerStateManager, WorkingState
 from oncelog.segments.batch import encode_batch
 
 T0 = 1_700_000_000_000
@@ -69,8 +69,8 @@ def states(log: Log) -> dict[int, ProducerStateEntry]:
     return {entry.producer_id: entry for entry in log.producers()}
 
 
-def working(pid: int, activity_ms: int, *, txn_first_offset: int = -1) -> _Working:
-    return _Working(pid, 0, [], activity_ms, txn_first_offset=txn_first_offset)
+def working(pid: int, activity_ms: int, *, txn_first_offset: int = -1) -> WorkingState:
+    return WorkingState(pid, 0, [], activity_ms, txn_first_offset=txn_first_offset)
 
 
 def manager_with(activities: dict[int, int], capacity: int = 16) -> ProducerStateManager:

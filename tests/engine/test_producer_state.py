@@ -17,7 +17,7 @@ from oncelog.producer_state import (
     ProducerAppendInfo,
     ProducerStateEntry,
     ProducerStateManager,
-    _Working,
+    WorkingState,
     in_sequence,
 )
 
@@ -71,7 +71,7 @@ class TestTableRow:
             )
             for i in range(window)
         ]
-        working = _Working(
+        working = WorkingState(
             producer_id=2**50 + 3,
             producer_epoch=32_000,
             batches=list(batches),
@@ -95,9 +95,9 @@ class TestTableRow:
 
     def test_put_of_an_existing_producer_overwrites_its_slot(self) -> None:
         manager = ProducerStateManager(4)
-        manager.put(_Working(7, 0, [metadata(0)], T0))
-        manager.put(_Working(8, 0, [metadata(0)], T0))
-        manager.put(_Working(7, 1, [metadata(3), metadata(4)], T0 + 5))
+        manager.put(WorkingState(7, 0, [metadata(0)], T0))
+        manager.put(WorkingState(8, 0, [metadata(0)], T0))
+        manager.put(WorkingState(7, 1, [metadata(3), metadata(4)], T0 + 5))
         entry = manager.get(7)
         assert entry is not None
         assert entry.producer_epoch == 1
@@ -171,11 +171,11 @@ class TestLiveRows:
     def test_live_rows_load_rows_round_trip_preserves_every_entry_and_slot_lookup(self) -> None:
         source = filled({10: 0, 11: 1, 12: 3, 13: 5, 14: 9, 2**40: 2})
         # A producer with an empty window (epoch known, no batch cached) must survive too.
-        source.put(_Working(10, 4, [], T0 - 1, coordinator_epoch=3, txn_first_offset=77))
+        source.put(WorkingState(10, 4, [], T0 - 1, coordinator_epoch=3, txn_first_offset=77))
         rows = source.live_rows()
         assert len(rows) == 6
         target = ProducerStateManager(16)
-        target.put(_Working(999, 0, [metadata(0)], T0))  # replaced by the load
+        target.put(WorkingState(999, 0, [metadata(0)], T0))  # replaced by the load
         target.load_rows(rows)
         assert list(target.entries()) == list(source.entries())
         assert len(target) == len(source) == 6
@@ -218,7 +218,7 @@ class TestCapacity:
         before_bytes = table_bytes(manager)
         before_entries = list(manager.entries())
         with pytest.raises(ProducerStateFullError):
-            manager.put(_Working(4, 0, [metadata(0)], T0))
+            manager.put(WorkingState(4, 0, [metadata(0)], T0))
         assert table_bytes(manager) == before_bytes
         assert list(manager.entries()) == before_entries
         assert len(manager) == 3
@@ -325,7 +325,7 @@ class TestAppendInfo:
 
     def test_higher_epoch_over_an_unknown_stored_epoch_accepts_any_sequence(self) -> None:
         manager = ProducerStateManager(4)
-        manager.put(_Working(1, -1, [], T0))
+        manager.put(WorkingState(1, -1, [], T0))
         assert ProducerAppendInfo(manager).check(1, 0, 42, 42) is None
 
     @pytest.mark.parametrize("sequence", [0, 1, 12345, MAX_SEQ])
