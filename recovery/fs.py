@@ -300,3 +300,82 @@ class OsFileSystem:
 
 
 DEFAULT_FS: FileSystem = OsFileSystem()
+
+
+class DelegatingFileHandle:
+    """A FileHandle that forwards every call to `inner`: subclass it to observe or fail some."""
+
+    def __init__(self, inner: FileHandle):
+        self.inner = inner
+
+    @property
+    def path(self) -> str:
+        return self.inner.path
+
+    def size(self) -> int:
+        return self.inner.size()
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return self.inner.pread(size, offset)
+
+    def pread_into(self, buffer: memoryview, offset: int) -> int:
+        return self.inner.pread_into(buffer, offset)
+
+    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+        return self.inner.pwritev(buffers, offset)
+
+    def truncate(self, size: int) -> None:
+        self.inner.truncate(size)
+
+    def fsync(self) -> None:
+        self.inner.fsync()
+
+    def fdatasync(self) -> None:
+        self.inner.fdatasync()
+
+    def mmap(self, size: int, *, writable: bool) -> MappedRegion:
+        return self.inner.mmap(size, writable=writable)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class DelegatingFileSystem:
+    """A FileSystem that forwards every call to `inner` (default: the OS).
+
+    Subclass it to observe or fail some calls; override `wrap` to do the same for
+    the handles it opens.
+    """
+
+    def __init__(self, inner: FileSystem | None = None):
+        self.inner: FileSystem = inner or OsFileSystem()
+
+    def wrap(self, handle: FileHandle) -> FileHandle:
+        return handle
+
+    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
+        return self.wrap(self.inner.open(path, create=create, writable=writable))
+
+    def open_store(self, path: str) -> MetadataStore:
+        return self.inner.open_store(path)
+
+    def lock(self, path: str) -> DirLock:
+        return self.inner.lock(path)
+
+    def exists(self, path: str) -> bool:
+        return self.inner.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return self.inner.listdir(path)
+
+    def mkdir(self, path: str) -> None:
+        self.inner.mkdir(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        self.inner.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        self.inner.unlink(path)
+
+    def fsync_dir(self, path: str) -> None:
+        self.inner.fsync_dir(path)

@@ -26,7 +26,7 @@ from oncelog.errors import (
 )
 from oncelog.log import Log
 from oncelog.producer_state import BatchMetadata, ProducerStateEntry
-from oncelog.recovery.fs import Buffer, DirLock, FileHandle, MappedRegion, MetadataStore, OsFileSystem
+from oncelog.recovery.fs import Buffer, DelegatingFileHandle, DelegatingFileSystem, FileHandle
 from oncelog.results import AppendResult
 from oncelog.segments.batch import encode_batch
 from oncelog.segments.records import Record
@@ -537,79 +537,30 @@ class TestProducerCapacity:
 
 
 # -- state changes only after the bytes are written -------------------------------------------
-class _WriteFailingHandle:
+class _WriteFailingHandle(DelegatingFileHandle):
     """A file handle whose pwritev fails with EIO while its file system is armed."""
 
     def __init__(self, inner: FileHandle, fs: WriteFailingFileSystem) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._fs = fs
-
-    @property
-    def path(self) -> str:
-        return self._inner.path
-
-    def size(self) -> int:
-        return self._inner.size()
-
-    def pread(self, size: int, offset: int) -> bytes:
-        return self._inner.pread(size, offset)
 
     def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
         if self._fs.armed:
             self._fs.failed_writes += 1
             raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
-        return self._inner.pwritev(buffers, offset)
-
-    def truncate(self, size: int) -> None:
-        self._inner.truncate(size)
-
-    def fsync(self) -> None:
-        self._inner.fsync()
-
-    def fdatasync(self) -> None:
-        self._inner.fdatasync()
-
-    def mmap(self, size: int, *, writable: bool) -> MappedRegion:
-        return self._inner.mmap(size, writable=writable)
-
-    def close(self) -> None:
-        self._inner.close()
+        return self.inner.pwritev(buffers, offset)
 
 
-class WriteFailingFileSystem:
+class WriteFailingFileSystem(DelegatingFileSystem):
     """Delegates to the real OS; every pwritev fails while `armed` is set."""
 
     def __init__(self) -> None:
-        self._os = OsFileSystem()
+        super().__init__()
         self.armed = False
         self.failed_writes = 0
 
-    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
-        return _WriteFailingHandle(self._os.open(path, create=create, writable=writable), self)
-
-    def exists(self, path: str) -> bool:
-        return self._os.exists(path)
-
-    def listdir(self, path: str) -> list[str]:
-        return self._os.listdir(path)
-
-    def mkdir(self, path: str) -> None:
-        self._os.mkdir(path)
-
-    def rename(self, src: str, dst: str) -> None:
-        self._os.rename(src, dst)
-
-    def unlink(self, path: str) -> None:
-        self._os.unlink(path)
-
-    def fsync_dir(self, path: str) -> None:
-        self._os.fsync_dir(path)
-
-    def open_store(self, path: str) -> MetadataStore:
-        return self._os.open_store(path)
-
-    def lock(self, path: str) -> DirLock:
-        return self._os.lock(path)
+    def wrap(self, handle: FileHandle) -> FileHandle:
+        return _WriteFailingHandle(handle, self)
 
 
 class TestStateChangesOnlyAfterTheWrite:

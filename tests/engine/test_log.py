@@ -14,7 +14,7 @@ import os
 import random
 import shutil
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import crc32c
@@ -32,7 +32,7 @@ from oncelog.errors import (
     RecordTooLargeError,
 )
 from oncelog.log import Log
-from oncelog.recovery.fs import Buffer, DirLock, FileHandle, MappedRegion, MetadataStore, OsFileSystem
+from oncelog.recovery.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle
 from oncelog.results import AppendResult, FetchResult
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.records import Record
@@ -1021,81 +1021,35 @@ class TestClosed:
         managed.close()
 
 
-class _FailingHandle:
+class _FailingHandle(DelegatingFileHandle):
     """An OsFile whose fsync fails with EIO once its file system says so."""
 
     def __init__(self, inner: FileHandle, fs: FsyncFailingFileSystem) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._fs = fs
-
-    @property
-    def path(self) -> str:
-        return self._inner.path
-
-    def size(self) -> int:
-        return self._inner.size()
-
-    def pread(self, size: int, offset: int) -> bytes:
-        return self._inner.pread(size, offset)
-
-    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
-        return self._inner.pwritev(buffers, offset)
-
-    def truncate(self, size: int) -> None:
-        self._inner.truncate(size)
 
     def fsync(self) -> None:
         self._fs.fsync_calls += 1
         if self._fs.failing:
             raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
-        self._inner.fsync()
+        self.inner.fsync()
 
     def fdatasync(self) -> None:
         if self._fs.failing:
             raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
-        self._inner.fdatasync()
-
-    def mmap(self, size: int, *, writable: bool) -> MappedRegion:
-        return self._inner.mmap(size, writable=writable)
-
-    def close(self) -> None:
-        self._inner.close()
+        self.inner.fdatasync()
 
 
-class FsyncFailingFileSystem:
+class FsyncFailingFileSystem(DelegatingFileSystem):
     """Delegates to the real OS; file handles' fsync fails while `failing` is set."""
 
     def __init__(self) -> None:
-        self._os = OsFileSystem()
+        super().__init__()
         self.failing = False
         self.fsync_calls = 0
 
-    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
-        return _FailingHandle(self._os.open(path, create=create, writable=writable), self)
-
-    def exists(self, path: str) -> bool:
-        return self._os.exists(path)
-
-    def listdir(self, path: str) -> list[str]:
-        return self._os.listdir(path)
-
-    def mkdir(self, path: str) -> None:
-        self._os.mkdir(path)
-
-    def rename(self, src: str, dst: str) -> None:
-        self._os.rename(src, dst)
-
-    def unlink(self, path: str) -> None:
-        self._os.unlink(path)
-
-    def fsync_dir(self, path: str) -> None:
-        self._os.fsync_dir(path)
-
-    def open_store(self, path: str) -> MetadataStore:
-        return self._os.open_store(path)
-
-    def lock(self, path: str) -> DirLock:
-        return self._os.lock(path)
+    def wrap(self, handle: FileHandle) -> FileHandle:
+        return _FailingHandle(handle, self)
 
 
 class TestFsyncFailureFailsClosed:

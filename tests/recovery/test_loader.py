@@ -30,7 +30,13 @@ from oncelog.config import LogConfig
 from oncelog.errors import CorruptLogError, LogDirLockedError, LogFailedError
 from oncelog.log import Log
 from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.fs import Buffer, DirLock, FileHandle, MappedRegion, MetadataStore, OsFileSystem
+from oncelog.recovery.fs import (
+    DelegatingFileHandle,
+    DelegatingFileSystem,
+    FileHandle,
+    MetadataStore,
+    OsFileSystem,
+)
 from oncelog.recovery.loader import RECOVERY_POINT_KEY, read_offset
 from oncelog.results import AppendResult
 from oncelog.segments import RecordBatch, encode_batch, iter_batches
@@ -795,11 +801,11 @@ class TestCorruptionBelowTheRecoveryPoint:
 
 
 # -- the clean-shutdown marker ---------------------------------------------------------------
-class _CrashingFileSystem:
+class _CrashingFileSystem(DelegatingFileSystem):
     """The real OS, raising at the first call of `crash_on` once armed (a crash while loading)."""
 
     def __init__(self, crash_on: str) -> None:
-        self._os = OsFileSystem()
+        super().__init__()
         self.crash_on = crash_on
         self.crashed = False
 
@@ -811,34 +817,19 @@ class _CrashingFileSystem:
     def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
         if path.endswith(".log"):
             self._maybe_crash("open")
-        return self._os.open(path, create=create, writable=writable)
+        return self.inner.open(path, create=create, writable=writable)
 
     def open_store(self, path: str) -> MetadataStore:
         self._maybe_crash("open_store")
-        return self._os.open_store(path)
-
-    def lock(self, path: str) -> DirLock:
-        return self._os.lock(path)
-
-    def exists(self, path: str) -> bool:
-        return self._os.exists(path)
+        return self.inner.open_store(path)
 
     def listdir(self, path: str) -> list[str]:
         self._maybe_crash("listdir")
-        return self._os.listdir(path)
-
-    def mkdir(self, path: str) -> None:
-        self._os.mkdir(path)
+        return self.inner.listdir(path)
 
     def rename(self, src: str, dst: str) -> None:
         self._maybe_crash("rename")
-        self._os.rename(src, dst)
-
-    def unlink(self, path: str) -> None:
-        self._os.unlink(path)
-
-    def fsync_dir(self, path: str) -> None:
-        self._os.fsync_dir(path)
+        self.inner.rename(src, dst)
 
 
 class TestCleanShutdownMarker:
@@ -1021,77 +1012,31 @@ class TestFlushPolicy:
 
 
 # -- fsync failure --------------------------------------------------------------------------
-class _FailingHandle:
+class _FailingHandle(DelegatingFileHandle):
     def __init__(self, inner: FileHandle, fs: _FsyncFailingFileSystem) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._fs = fs
-
-    @property
-    def path(self) -> str:
-        return self._inner.path
-
-    def size(self) -> int:
-        return self._inner.size()
-
-    def pread(self, size: int, offset: int) -> bytes:
-        return self._inner.pread(size, offset)
-
-    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
-        return self._inner.pwritev(buffers, offset)
-
-    def truncate(self, size: int) -> None:
-        self._inner.truncate(size)
 
     def fsync(self) -> None:
         if self._fs.failing:
             raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
-        self._inner.fsync()
+        self.inner.fsync()
 
     def fdatasync(self) -> None:
         if self._fs.failing:
             raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
-        self._inner.fdatasync()
-
-    def mmap(self, size: int, *, writable: bool) -> MappedRegion:
-        return self._inner.mmap(size, writable=writable)
-
-    def close(self) -> None:
-        self._inner.close()
+        self.inner.fdatasync()
 
 
-class _FsyncFailingFileSystem:
+class _FsyncFailingFileSystem(DelegatingFileSystem):
     """The real OS; every file fsync fails while `failing` is set."""
 
     def __init__(self) -> None:
-        self._os = OsFileSystem()
+        super().__init__()
         self.failing = False
 
-    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
-        return _FailingHandle(self._os.open(path, create=create, writable=writable), self)
-
-    def open_store(self, path: str) -> MetadataStore:
-        return self._os.open_store(path)
-
-    def lock(self, path: str) -> DirLock:
-        return self._os.lock(path)
-
-    def exists(self, path: str) -> bool:
-        return self._os.exists(path)
-
-    def listdir(self, path: str) -> list[str]:
-        return self._os.listdir(path)
-
-    def mkdir(self, path: str) -> None:
-        self._os.mkdir(path)
-
-    def rename(self, src: str, dst: str) -> None:
-        self._os.rename(src, dst)
-
-    def unlink(self, path: str) -> None:
-        self._os.unlink(path)
-
-    def fsync_dir(self, path: str) -> None:
-        self._os.fsync_dir(path)
+    def wrap(self, handle: FileHandle) -> FileHandle:
+        return _FailingHandle(handle, self)
 
 
 class TestFsyncFailure:

@@ -25,7 +25,7 @@ from oncelog.errors import CorruptSnapshotError
 from oncelog.pid_map import DuplicateProducerError
 from oncelog.producer_state import PRODUCER_DTYPE, WINDOW, BatchMetadata, ProducerStateManager
 from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.fs import Buffer, DirLock, FileHandle, MappedRegion, MetadataStore, OsFileSystem
+from oncelog.recovery.fs import Buffer, DelegatingFileHandle, DelegatingFileSystem, FileHandle, OsFileSystem
 from oncelog.segments import iter_batches
 
 # The v1 layout written out here, independently of recovery/snapshot.py.
@@ -350,78 +350,41 @@ class TestKafkaV1FixturesAgreeWithTheirLogs:
 
 
 # -- writing, listing, setting aside ---------------------------------------------------
-class _RecordingHandle:
+class _RecordingHandle(DelegatingFileHandle):
     def __init__(self, inner: FileHandle, calls: list[tuple[str, ...]]) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._calls = calls
-
-    @property
-    def path(self) -> str:
-        return self._inner.path
-
-    def size(self) -> int:
-        return self._inner.size()
-
-    def pread(self, size: int, offset: int) -> bytes:
-        return self._inner.pread(size, offset)
 
     def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
         self._calls.append(("write", os.path.basename(self.path)))
-        return self._inner.pwritev(buffers, offset)
-
-    def truncate(self, size: int) -> None:
-        self._inner.truncate(size)
+        return self.inner.pwritev(buffers, offset)
 
     def fsync(self) -> None:
         self._calls.append(("fsync", os.path.basename(self.path)))
-        self._inner.fsync()
+        self.inner.fsync()
 
     def fdatasync(self) -> None:
         self._calls.append(("fsync", os.path.basename(self.path)))
-        self._inner.fdatasync()
-
-    def mmap(self, size: int, *, writable: bool) -> MappedRegion:
-        return self._inner.mmap(size, writable=writable)
-
-    def close(self) -> None:
-        self._inner.close()
+        self.inner.fdatasync()
 
 
-class RecordingFileSystem:
+class RecordingFileSystem(DelegatingFileSystem):
     """The real OS, logging the calls that order a durable write."""
 
     def __init__(self) -> None:
-        self._os = OsFileSystem()
+        super().__init__()
         self.calls: list[tuple[str, ...]] = []
 
-    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
-        return _RecordingHandle(self._os.open(path, create=create, writable=writable), self.calls)
-
-    def open_store(self, path: str) -> MetadataStore:
-        return self._os.open_store(path)
-
-    def lock(self, path: str) -> DirLock:
-        return self._os.lock(path)
-
-    def exists(self, path: str) -> bool:
-        return self._os.exists(path)
-
-    def listdir(self, path: str) -> list[str]:
-        return self._os.listdir(path)
-
-    def mkdir(self, path: str) -> None:
-        self._os.mkdir(path)
+    def wrap(self, handle: FileHandle) -> FileHandle:
+        return _RecordingHandle(handle, self.calls)
 
     def rename(self, src: str, dst: str) -> None:
         self.calls.append(("rename", os.path.basename(src), os.path.basename(dst)))
-        self._os.rename(src, dst)
-
-    def unlink(self, path: str) -> None:
-        self._os.unlink(path)
+        self.inner.rename(src, dst)
 
     def fsync_dir(self, path: str) -> None:
         self.calls.append(("fsync_dir", path))
-        self._os.fsync_dir(path)
+        self.inner.fsync_dir(path)
 
 
 class TestWriteSnapshot:
