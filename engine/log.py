@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import crc32c
 
+from oncelog.append_rules import ProducerAppendInfo
 from oncelog.config import LogConfig
 from oncelog.errors import (
     InvalidRecordError,
@@ -29,7 +30,7 @@ from oncelog.errors import (
     LogFailedError,
     ProducerStateFullError,
 )
-from oncelog.producer_state import BatchMetadata, ProducerAppendInfo, ProducerStateEntry, WorkingState
+from oncelog.producer_state import BatchMetadata, ProducerStateEntry, WorkingState
 from oncelog.reads import read_log
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore

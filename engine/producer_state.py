@@ -9,9 +9,7 @@ per-producer Python objects beyond the slot map.
 Single rows are read and written with one struct call on the array's memory,
 which is several times cheaper than numpy's per-field access on the append path.
 
-`ProducerAppendInfo` applies Kafka's append rules to one request. It works on
-copies, so nothing in the table changes until the caller has written the bytes
-and calls `commit`: a failed write leaves the state untouched.
+Kafka's append rules, which read this table, are in `oncelog.append_rules`.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError, ProducerStateFullError
+from oncelog.errors import ProducerStateFullError
 from oncelog.pid_map import PidSlotMap
 from oncelog.segments import format as fmt
 
@@ -130,11 +128,6 @@ class WorkingState:
             del self.batches[0]
         # Kafka's lastTimestamp: the newest batch's, even if an older one had a later time.
         self.last_activity_ms = batch.max_timestamp_ms
-
-
-def in_sequence(last_sequence: int, next_sequence: int) -> bool:
-    """Kafka's rule: next follows last, with MAX -> 0 wraparound."""
-    return next_sequence == last_sequence + 1 or (next_sequence == 0 and last_sequence == fmt.INT32_MAX)
 
 
 class ProducerStateManager:
@@ -425,7 +418,7 @@ class ProducerStateManager:
     ) -> None:
         """Apply a stored batch without checks (recovery)."""
         w = self.working(producer_id) or WorkingState(producer_id, producer_epoch, [], max_timestamp_ms)
-        _apply_batch(
+        apply_batch(
             w,
             producer_epoch,
             BatchMetadata(first_sequence, last_sequence, first_offset, last_offset, max_timestamp_ms),
@@ -434,7 +427,7 @@ class ProducerStateManager:
         self.put(w)
 
 
-def _apply_batch(w: WorkingState, producer_epoch: int, batch: BatchMetadata, is_control: bool) -> None:
+def apply_batch(w: WorkingState, producer_epoch: int, batch: BatchMetadata, is_control: bool) -> None:
     """How a written batch changes its producer's state: one rule for appends and replay."""
     if is_control:
         # A transaction marker moves the epoch but is not a retriable batch.
@@ -444,74 +437,3 @@ def _apply_batch(w: WorkingState, producer_epoch: int, batch: BatchMetadata, is_
         w.last_activity_ms = batch.max_timestamp_ms
     else:
         w.add_batch(producer_epoch, batch)
-
-
-class DuplicateBatch(NamedTuple):
-    first_offset: int
-    last_offset: int
-
-
-class ProducerAppendInfo:
-    """Kafka's append rules for the batches of one request, checked on copies.
-
-    Each producer's row is read once per request; `apply` returns the state after
-    each batch, which the log stores once that batch's bytes are written.
-    """
-
-    def __init__(self, manager: ProducerStateManager):
-        self._manager = manager
-        self._pending: dict[int, WorkingState | None] = {}
-        self._new_producers = 0
-
-    def _current(self, producer_id: int) -> WorkingState | None:
-        if producer_id not in self._pending:
-            self._pending[producer_id] = self._manager.working(producer_id)
-        return self._pending[producer_id]
-
-    def check(
-        self, producer_id: int, producer_epoch: int, first_sequence: int, last_sequence: int
-    ) -> DuplicateBatch | None:
-        """Raise if the batch breaks a rule; return the original offsets of a duplicate."""
-        current = self._current(producer_id)
-        if current is None:
-            # Unknown (new, expired or lost) producers are accepted at any sequence (KIP-360).
-            return None
-        stored_epoch = current.producer_epoch
-        if producer_epoch < stored_epoch:
-            raise InvalidProducerEpochError(
-                f"producer {producer_id} epoch {producer_epoch} is older than the current {stored_epoch}"
-            )
-        if producer_epoch > stored_epoch:
-            if first_sequence != 0 and stored_epoch != fmt.NO_PRODUCER_EPOCH:
-                raise OutOfOrderSequenceError(
-                    f"producer {producer_id} bumped its epoch to {producer_epoch} "
-                    f"but started at sequence {first_sequence}, not 0"
-                )
-            return None
-        for cached in current.batches:
-            if cached.first_sequence == first_sequence and cached.last_sequence == last_sequence:
-                return DuplicateBatch(cached.first_offset, cached.last_offset)
-        last = current.batches[-1].last_sequence if current.batches else fmt.NO_SEQUENCE
-        if not in_sequence(last, first_sequence):
-            raise OutOfOrderSequenceError(
-                f"producer {producer_id} epoch {producer_epoch}: sequence {first_sequence} "
-                f"does not follow {last}"
-            )
-        return None
-
-    def apply(
-        self, producer_id: int, producer_epoch: int, batch: BatchMetadata, is_control: bool
-    ) -> WorkingState:
-        """Record an accepted batch (later batches of the request see it); returns the new state."""
-        current = self._current(producer_id)
-        if current is None:
-            current = WorkingState(producer_id, producer_epoch, [], batch.max_timestamp_ms)
-            self._new_producers += 1
-            if not self._manager.has_room_for(self._new_producers):
-                raise ProducerStateFullError(
-                    f"all {self._manager.capacity} producer slots hold live producers; retry after expiry"
-                )
-            self._pending[producer_id] = current
-        _apply_batch(current, producer_epoch, batch, is_control)
-        # A copy: a later batch of the same producer in this request changes `current`.
-        return current.copy()

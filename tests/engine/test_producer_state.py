@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import pytest
 
+from oncelog.append_rules import DuplicateBatch, ProducerAppendInfo, in_sequence
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError, ProducerStateFullError
 from oncelog.producer_state import (
     WINDOW,
     BatchMetadata,
-    DuplicateBatch,
-    ProducerAppendInfo,
     ProducerStateEntry,
     ProducerStateManager,
     WorkingState,
-    in_sequence,
 )
 
 MAX_SEQ = 2**31 - 1
