@@ -18,7 +18,6 @@ import numpy as np
 
 EMPTY = -1  # producer ids are >= 0, so negative keys are free markers
 TOMBSTONE = -2  # a deleted key: lookups probe past it, inserts may reuse it
-_SCALAR_TAIL = 16
 _MAX_LIVE_LOAD = 0.75
 _MAX_OCCUPIED_LOAD = 0.85
 # Fibonacci hashing then a xor-shift spreads sequential producer ids (the common case).
@@ -99,34 +98,6 @@ class PidSlotMap:
             self.tombstones += 1
 
     # -- many keys at once (snapshot load, expiry) -------------------------------------
-    def find_buckets(self, producer_ids: np.ndarray) -> np.ndarray:
-        """The bucket of each id, or -1 where it is absent, by vectorised probing."""
-        pids = producer_ids.astype(np.int64)
-        homes = self._homes(pids)
-        result = np.full(len(pids), -1, dtype=np.int64)
-        pending = np.arange(len(pids))
-        probe = 0
-        # Each vectorised round has a fixed cost; the last few keys of long probe
-        # runs are cheaper to finish one by one.
-        while pending.size > _SCALAR_TAIL:
-            buckets = (homes[pending] + probe) % self.buckets
-            keys = self.keys[buckets]
-            found = keys == pids[pending]
-            result[pending[found]] = buckets[found]
-            pending = pending[~(found | (keys == EMPTY))]
-            probe += 1
-        for n in pending.tolist():
-            bucket, _ = self._probe(int(pids[n]))
-            result[n] = bucket if self._keys[bucket] != EMPTY else -1
-        return result
-
-    def delete_many(self, producer_ids: np.ndarray) -> None:
-        buckets = self.find_buckets(producer_ids)
-        buckets = buckets[buckets >= 0]
-        self.keys[buckets] = TOMBSTONE
-        self.count -= len(buckets)
-        self.tombstones += len(buckets)
-
     def delete_slots(self, slots: np.ndarray) -> None:
         """Remove the producers held in these table slots (expiry at the ring's head)."""
         buckets = self.bucket_of[slots]

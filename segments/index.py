@@ -20,8 +20,6 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-import numpy as np
-
 from oncelog.recovery.fs import FileHandle, FileSystem, MappedRegion
 
 
@@ -41,7 +39,6 @@ class IndexFullError(Exception):
 
 class _MappedIndex:
     ENTRY = struct.Struct(">ii")
-    DTYPE = np.dtype([("key", ">i4"), ("value", ">i4")])
 
     def __init__(self, fs: FileSystem, path: str, base_offset: int, max_index_bytes: int, *, sealed: bool):
         """Open (creating) an index file.
@@ -90,10 +87,6 @@ class _MappedIndex:
     def _entry(self, n: int) -> tuple[int, int]:
         first, second = self.ENTRY.unpack_from(self._view, n * self.ENTRY.size)
         return int(first), int(second)
-
-    def array(self) -> np.ndarray:
-        """The entries as a numpy array (a view of the mapping; drop it before close)."""
-        return np.frombuffer(self._view, dtype=self.DTYPE, count=self.entries)
 
     @property
     def is_full(self) -> bool:
@@ -158,7 +151,6 @@ class _MappedIndex:
 
 class OffsetIndex(_MappedIndex):
     ENTRY = struct.Struct(">ii")
-    DTYPE = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
 
     def append(self, last_offset: int, position: int) -> None:
         rel = last_offset - self.base_offset
@@ -190,7 +182,6 @@ class OffsetIndex(_MappedIndex):
 
 class TimeIndex(_MappedIndex):
     ENTRY = struct.Struct(">qi")
-    DTYPE = np.dtype([("timestamp_ms", ">i8"), ("relative_offset", ">i4")])
 
     def maybe_append(self, timestamp_ms: int, offset: int) -> None:
         """Add an entry only when the timestamp grows (Kafka's rule)."""
