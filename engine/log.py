@@ -48,9 +48,12 @@ from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.index import TimestampOffset
 from oncelog.segments.segment import BatchMeta, LogSegment
-from oncelog.validation import Origin, validate_batch
+from oncelog.validation import Origin, client_batch_header, validate_batch
 
 Clock = Callable[[], int]
+
+# Builds a NamedTuple without its Python-level __new__: half the cost on the append path.
+_new_result = tuple.__new__
 
 LOCK_FILE = ".lock"
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
@@ -117,6 +120,16 @@ class Log:
         self._failure: BaseException | None = None
         self._unflushed_messages = 0
         self._last_flush_ms = clock()
+        self._has_flush_policy = config.flush_messages is not None or config.flush_ms is not None
+        self._log_append_time = config.timestamp_type == "LogAppendTime"
+        self._segment_bytes_limit = config.segment_bytes
+        self._max_batch_bytes = config.max_batch_bytes
+        self._segment_ms = config.segment_ms
+        # Group commit: offsets below _durable_end are fsynced. One waiter at a time
+        # (the leader) runs the fsync, outside the append lock; the others wait for it.
+        self._durable_end = loaded.recovery_point
+        self._sync_cond = threading.Condition(threading.Lock())
+        self._sync_running = False
 
     @classmethod
     def open(
@@ -199,9 +212,79 @@ class Log:
         return iter(entries)
 
     # -- appends ---------------------------------------------------------------------
-    def append(self, batch_bytes: Buffer, *, origin: Origin = "client") -> AppendResult:
-        """Validate one encoded batch, check its producer, stamp its offsets and write it."""
-        return self.append_batches([batch_bytes], origin=origin)[0]
+    def append(
+        self, batch_bytes: Buffer, *, origin: Origin = "client", durable: bool = False
+    ) -> AppendResult:
+        """Validate one encoded batch, check its producer, stamp its offsets and write it.
+
+        With `durable`, return only once the batch is fsynced; appenders waiting at
+        the same time share one fsync (group commit).
+        """
+        if origin != "client" or self._log_append_time:
+            result = self.append_batches([batch_bytes], origin=origin)[0]
+        else:
+            result = self._append_one(batch_bytes)
+        if durable:
+            self.wait_durable(result.last_offset + 1)
+        return result
+
+    def _append_one(self, buffer: Buffer) -> AppendResult:
+        """The fast path of `append` for one client batch; append_batches takes the rare cases.
+
+        Same checks and the same order of effects as the request path (see
+        _plan/_execute), without building a RecordBatch or a plan: one header
+        unpack, one CRC, one copy into the segment's mapping.
+        """
+        header = client_batch_header(buffer, self._max_batch_bytes)
+        size = len(buffer)
+        last_delta, max_ts, pid = header[6], header[8], header[9]
+        with self._lock:
+            if self._closed or self._failure is not None:
+                self._check_writable()
+            segment = self._segments[-1]
+            base = segment.next_offset
+            last = base + last_delta
+            segment_bytes = segment.size
+            # _should_roll, with its cheapest tests first: a roll goes to append_batches.
+            if segment_bytes and (
+                segment_bytes + size > self._segment_bytes_limit
+                # (a segment holding bytes always has a first batch timestamp)
+                or max_ts - segment.first_batch_timestamp_ms > self._segment_ms
+                or segment.offset_index.is_full
+                or segment.time_index.is_full
+                or last - segment.base_offset > fmt.INT32_MAX
+            ):
+                return self.append_batches([buffer])[0]
+            after: WorkingState | None = None
+            now_ms = 0
+            if pid >= 0:
+                now_ms = self._clock()
+                head_due_ms = self._producers.head_due_ms
+                if head_due_ms is not None and head_due_ms <= now_ms:
+                    self._producers.expire(now_ms)  # cheap: only when the oldest entry is due
+                epoch, first_sequence = header[10], header[11]
+                last_sequence = (first_sequence + last_delta) % (fmt.INT32_MAX + 1)
+                info = ProducerAppendInfo(self._producers)
+                duplicate = info.check(pid, epoch, first_sequence, last_sequence)
+                if duplicate is not None:
+                    return _new_result(
+                        AppendResult, (duplicate.first_offset, duplicate.last_offset, -1, True)
+                    )
+                meta = BatchMetadata(first_sequence, last_sequence, base, last, max_ts)
+                try:
+                    after = info.apply(pid, epoch, meta, False)
+                except ProducerStateFullError:
+                    return self.append_batches([buffer])[0]  # makes room from expired producers, or refuses
+            try:
+                segment.append_stamped(buffer, base, last, max_ts)
+            except OSError as exc:
+                self._failure = exc
+                raise LogFailedError(f"write to {segment.path} failed: {exc}") from exc
+            if after is not None:
+                self._producers.put(after, now_ms)
+            if self._has_flush_policy:
+                self._maybe_flush(header[12])
+            return _new_result(AppendResult, (base, last, -1, False))
 
     def append_records(
         self,
@@ -250,7 +333,8 @@ class Log:
                     raise
                 plan = self._plan(views, origin)
             results = self._execute(plan)
-            self._maybe_flush(sum(p.batch.records_count for p in plan if not p.duplicate))
+            if self._has_flush_policy:
+                self._maybe_flush(sum(p.batch.records_count for p in plan if not p.duplicate))
             return results
 
     def _plan(self, views: list[RecordBatch], origin: Origin) -> list[_Planned]:
@@ -400,11 +484,13 @@ class Log:
                 index_interval_bytes=self.config.index_interval_bytes,
                 max_index_bytes=self.config.segment_index_bytes,
                 create=True,
+                max_segment_bytes=self.config.segment_bytes,
             )
             self._set_recovery_point(base_offset, base_offset, 0)
         except OSError as exc:
             self._failure = exc
             raise LogFailedError(f"rolling {old.path} failed: {exc}") from exc
+        self._mark_durable(base_offset)
         self._segments.append(segment)
         self._base_offsets.append(base_offset)
         return segment
@@ -429,25 +515,67 @@ class Log:
             self._check_open()
             self._flush()
 
-    def _flush(self) -> None:
-        if self._failure is not None:
-            raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
-        end = self.log_end_offset
-        active = self.active_segment
-        active_size = active.size  # captured with `end`: both describe what is fsynced below
-        for segment in self._segments:
-            if segment.unflushed:
+    def wait_durable(self, end_offset: int) -> None:
+        """Return once every offset below `end_offset` is fsynced (group commit).
+
+        The first waiter becomes the leader and runs one flush for everything
+        appended so far, outside the append lock, so appends go on meanwhile;
+        waiters that arrive during it are covered by the next one. N threads
+        appending durably thus pay about one fsync per round, not one each.
+        """
+        with self._sync_cond:
+            while self._durable_end < end_offset:
+                if self._closed:
+                    raise LogClosedError(
+                        f"{self.directory} closed before offset {end_offset - 1} was durable"
+                    )
+                if self._sync_running:
+                    self._sync_cond.wait()
+                    continue
+                self._sync_running = True
+                self._sync_cond.release()
                 try:
-                    segment.flush()
-                except OSError as exc:
+                    self._flush()
+                finally:
+                    self._sync_cond.acquire()
+                    self._sync_running = False
+                    self._sync_cond.notify_all()
+
+    def _flush(self) -> None:
+        """fsync every segment with unflushed bytes, then move the recovery point.
+
+        What to fsync is captured under the append lock; the fsyncs run outside it
+        (a caller holding the lock, like flush() or roll, keeps it throughout).
+        """
+        with self._lock:
+            if self._failure is not None:
+                raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
+            end = self.log_end_offset
+            active = self.active_segment
+            active_size = active.size  # captured with `end`: both describe what is fsynced below
+            dirty = [segment for segment in self._segments if segment.unflushed]
+            flushed_messages = self._unflushed_messages
+        for segment in dirty:
+            try:
+                segment.flush()
+            except OSError as exc:
+                with self._lock:
                     # Fail closed: a retried fsync may "succeed" after the kernel
                     # dropped the dirty pages (fsyncgate).
                     self._failure = exc
-                    raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
-        if end > self.recovery_point:
-            self._set_recovery_point(end, active.base_offset, active_size)
-        self._unflushed_messages = 0
-        self._last_flush_ms = self._clock()
+                raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
+        with self._lock:
+            if end > self.recovery_point:
+                self._set_recovery_point(end, active.base_offset, active_size)
+            self._unflushed_messages -= flushed_messages
+            self._last_flush_ms = self._clock()
+        self._mark_durable(end)
+
+    def _mark_durable(self, end_offset: int) -> None:
+        with self._sync_cond:
+            if end_offset > self._durable_end:
+                self._durable_end = end_offset
+                self._sync_cond.notify_all()
 
     def close(self) -> None:
         """Flush, snapshot at the log end and leave the clean-shutdown marker.
@@ -456,9 +584,22 @@ class Log:
         reopened; a log that could not be flushed closes without the marker, and
         the next open recovers it.
         """
-        with self._lock:
+        with self._sync_cond:
+            # A group-commit leader fsyncs outside the append lock: let it finish
+            # before the files it fsyncs are closed.
+            while self._sync_running and not self._closed:
+                self._sync_cond.wait()
             if self._closed:
                 return
+            self._sync_running = True  # no new leader from here on
+        try:
+            self._close()
+        finally:
+            with self._sync_cond:
+                self._sync_cond.notify_all()  # waiters wake to find the log closed
+
+    def _close(self) -> None:
+        with self._lock:
             self._closed = True
             errors: list[BaseException] = []
             clean = False

@@ -39,6 +39,8 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from oncelog.recovery.crash_states import (
     AppliedFault,
     CrashMode,
@@ -52,7 +54,18 @@ from oncelog.recovery.fs import Buffer, DirLock, FileHandle, LmdbStore, MappedRe
 
 PAGE = 4096
 # Operations `fail_next` can target; "fsync" covers fsync, fdatasync and region.flush.
-FAILABLE_OPS = ("open", "write", "truncate", "fsync", "fsync_dir", "rename", "unlink", "put", "mkdir")
+FAILABLE_OPS = (
+    "open",
+    "write",
+    "allocate",
+    "truncate",
+    "fsync",
+    "fsync_dir",
+    "rename",
+    "unlink",
+    "put",
+    "mkdir",
+)
 
 
 class SimulatedCrash(Exception):
@@ -93,6 +106,9 @@ class FaultRegion:
     def flush(self) -> None:
         self._fs._io("fsync", self.path, self.inode)
         self._fs._fsync(self.inode)
+
+    def prefault(self, offset: int, length: int) -> None:
+        pass  # no page faults to avoid in memory
 
     def close(self) -> None:
         self._fs._pull(self.inode)
@@ -146,6 +162,13 @@ class FaultFile:
         self._check(write=True)
         self._fs._io("truncate", self._path)
         self._fs._change(self._inode, Op(size))
+
+    def allocate(self, size: int) -> None:
+        self._check(write=True)
+        self._fs._io("allocate", self._path)
+        if size > len(self._inode.volatile):
+            # Reserved blocks read as zeros, like a file extended by truncate.
+            self._fs._change(self._inode, Op(size))
 
     def fsync(self) -> None:
         self._check()
@@ -206,8 +229,9 @@ class FaultFileSystem:
         _lineage: str | None = None,
     ):
         self.seed = seed
-        # Probability that any write (pwritev) fails with ENOSPC or EIO, and that any
-        # fsync fails with EIO (and drops the file's unsynced data: fsyncgate).
+        # Probability that any write (pwritev, or the allocate before mapped writes) fails
+        # with ENOSPC or EIO, and that any fsync fails with EIO (and drops the file's
+        # unsynced data: fsyncgate).
         self.write_error_rate = write_error_rate
         self.fsync_error_rate = fsync_error_rate
         self.io_calls = 0
@@ -284,7 +308,7 @@ class FaultFileSystem:
                 self._failures.remove(failure)
                 code = failure.errno
                 break
-        if code is None and op == "write" and self._errors.random() < self.write_error_rate:
+        if code is None and op in ("write", "allocate") and self._errors.random() < self.write_error_rate:
             code = self._errors.choice((errnos.ENOSPC, errnos.EIO))
         if code is None and op == "fsync" and self._errors.random() < self.fsync_error_rate:
             code = errnos.EIO
@@ -300,7 +324,13 @@ class FaultFileSystem:
 
     # -- page cache and mappings -------------------------------------------------------
     def _pull(self, inode: Inode) -> None:
-        """Take writes made through mappings into the page cache, as dirty 4 KiB pages."""
+        """Take writes made through mappings into the page cache, as dirty 4 KiB pages.
+
+        Each dirty page becomes one write of the bytes that changed in it: writeback
+        rewrites the rest of the page with the same content, and a sector rewritten
+        with what it held reads the same whether or not the write reached it, so a
+        torn writeback cannot damage bytes that were already durable.
+        """
         if self._dead:
             return
         for region in self._regions.get(inode.ino, []):
@@ -309,8 +339,11 @@ class FaultFileSystem:
                 continue
             for page in range(0, end, PAGE):
                 stop = min(page + PAGE, end)
-                if region.data[page:stop] != inode.volatile[page:stop]:
-                    inode.record(Op(page, bytes(region.data[page:stop])))
+                new, old = region.data[page:stop], inode.volatile[page:stop]
+                if new != old:
+                    changed = np.flatnonzero(np.frombuffer(new, np.uint8) != np.frombuffer(old, np.uint8))
+                    first, last = page + int(changed[0]), page + int(changed[-1]) + 1
+                    inode.record(Op(first, bytes(region.data[first:last])))
 
     def _pull_all(self) -> None:
         for regions in list(self._regions.values()):

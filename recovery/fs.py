@@ -12,6 +12,7 @@ exact bytes it may tear.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
@@ -24,6 +25,8 @@ Buffer = bytes | bytearray | memoryview
 
 # Linux caps one writev() at IOV_MAX (1024) buffers.
 _IOV_MAX = 1024
+# madvise(2) advice from Linux 5.14, which Python's mmap module does not name yet.
+_MADV_POPULATE_WRITE = 23
 
 
 class FileHandle(Protocol):
@@ -52,8 +55,20 @@ class FileHandle(Protocol):
 
     def truncate(self, size: int) -> None: ...
 
+    def allocate(self, size: int) -> None:
+        """Grow the file to at least `size` bytes with its disk blocks reserved.
+
+        Writes through a shared mapping have no error return: a page that cannot
+        get a block kills the process with SIGBUS. Reserving the blocks first turns
+        a full disk into an OSError here instead.
+        """
+        ...
+
     def fsync(self) -> None:
-        """Data and metadata durable. Raises OSError on failure (then fail closed)."""
+        """Data and metadata durable, bytes written through mappings included.
+
+        Raises OSError on failure (then fail closed).
+        """
         ...
 
     def fdatasync(self) -> None: ...
@@ -73,6 +88,10 @@ class MappedRegion(Protocol):
 
     def flush(self) -> None:
         """msync: make the mapped bytes durable."""
+        ...
+
+    def prefault(self, offset: int, length: int) -> None:
+        """Hint: map these pages for writing now, so copies into them take no page faults."""
         ...
 
     def close(self) -> None: ...
@@ -137,6 +156,15 @@ class OsMappedRegion:
 
     def flush(self) -> None:
         self._mapping.flush()
+
+    def prefault(self, offset: int, length: int) -> None:
+        start = offset - offset % mmap.PAGESIZE
+        length = min(offset + length, len(self._mapping)) - start
+        if length <= 0:
+            return
+        # Kernels before 5.14 lack it (EINVAL); the pages then fault in on first write.
+        with contextlib.suppress(OSError):
+            self._mapping.madvise(_MADV_POPULATE_WRITE, start, length)
 
     def close(self) -> None:
         # Views derived from the buffer (numpy arrays) must be gone by now, or the
@@ -203,7 +231,13 @@ class OsFile:
     def truncate(self, size: int) -> None:
         os.ftruncate(self._fd, size)
 
+    def allocate(self, size: int) -> None:
+        current = self.size()
+        if size > current:
+            os.posix_fallocate(self._fd, current, size - current)
+
     def fsync(self) -> None:
+        # Linux writes back pages dirtied through a shared mapping of the file as well.
         os.fsync(self._fd)
 
     def fdatasync(self) -> None:
@@ -326,6 +360,9 @@ class DelegatingFileHandle:
 
     def truncate(self, size: int) -> None:
         self.inner.truncate(size)
+
+    def allocate(self, size: int) -> None:
+        self.inner.allocate(size)
 
     def fsync(self) -> None:
         self.inner.fsync()

@@ -34,9 +34,9 @@ from oncelog.errors import (
     CorruptRecordError,
     CorruptSnapshotError,
     NotASegmentError,
-    ProducerStateFullError,
 )
 from oncelog.pid_map import DuplicateProducerError
+from oncelog.producer_replay import ReplayBuffer
 from oncelog.producer_state import ProducerStateManager
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import FileSystem, MetadataStore
@@ -109,6 +109,9 @@ class RecoveryReport(NamedTuple):
     duration_s: float
     indexes_rebuilt: int = 0
     tail_error: str | None = None
+    # Zeros cut after the last batch: the active segment's pre-allocated space (or
+    # pages a power loss left unwritten). Not counted in truncated_bytes: no data.
+    zero_tail_bytes: int = 0
 
 
 class LoadedLog(NamedTuple):
@@ -160,11 +163,13 @@ class LogLoader:
         self.clean = clean
         self.now_ms = now_ms
         self.producers = ProducerStateManager(config.producer_capacity, config.producer_expiration_ms)
+        self._replay = ReplayBuffer(self.producers)
         self.segments: list[LogSegment] = []
         self._bytes_scanned = 0
         self._segments_scanned = 0
         self._replayed = 0
         self._truncated = 0
+        self._zero_tail = 0
         self._rebuilt = 0
         self._tail_error: str | None = None
         self._validated: list[LogSegment] = []
@@ -202,6 +207,7 @@ class LogLoader:
             duration_s=time.perf_counter() - started,
             indexes_rebuilt=self._rebuilt,
             tail_error=self._tail_error,
+            zero_tail_bytes=self._zero_tail,
         )
         return LoadedLog(self.segments, self.producers, end, report, self.client_only)
 
@@ -219,25 +225,28 @@ class LogLoader:
         # Segments without the flag (a Kafka directory, say) may hold compacted gaps
         # and leader epochs.
         self.client_only = flag == 1
-        for base in bases:
-            self.segments.append(self._open(base, sealed=base != bases[-1]))
         point = read_recovery_point(self.store)
-        recovery_point = point.offset
         # Unclean: validate from the segment holding the recovery point to the end.
-        first_unsafe = len(bases) if self.clean else max(bisect.bisect_right(bases, recovery_point) - 1, 0)
-        for n in range(first_unsafe):
-            next_base = bases[n + 1] if n + 1 < len(bases) else None
-            if next_base is None and not self._load_active_cleanly(self.segments[n]):
-                # The marker said clean but the active segment disagrees: validate it.
-                self.clean = False
-                first_unsafe = n
-                break
-            self._load_trusted(self.segments[n], next_base, point)
+        first_unsafe = len(bases) if self.clean else max(bisect.bisect_right(bases, point.offset) - 1, 0)
+        last = len(bases) - 1
+        for n, base in enumerate(bases):
+            if n < min(first_unsafe, last):
+                # Sealed and below the recovery point: trusted, and its indexes are
+                # mapped and sanity-checked on first use (as Kafka's LazyIndex), so
+                # the cost of opening does not grow with the number of segments.
+                self.segments.append(self._open(base, next_base=bases[n + 1]))
+            else:
+                self.segments.append(self._open(base, sealed=n != last))
+        if first_unsafe == len(bases) and not self._load_active_cleanly(self.segments[last]):
+            # The marker said clean but the active segment disagrees: validate it.
+            self.clean = False
+            first_unsafe = last
 
         snapshot_offset, has_state = self._load_newest_snapshot(limit=None)
         validated_from = bases[first_unsafe] if first_unsafe < len(bases) else None
         self._replay_trusted(snapshot_offset, until=validated_from)
         self._validate_tail(first_unsafe, point, snapshot_offset)
+        self._flush_replay()
         end = self.segments[-1].next_offset
         if has_state and snapshot_offset is not None and snapshot_offset > end:
             # The snapshot describes data recovery cut away: start over from an older one.
@@ -246,9 +255,12 @@ class LogLoader:
             self.producers.clear()
             snapshot_offset, _ = self._load_newest_snapshot(limit=end)
             self._replay_trusted(snapshot_offset, until=None)
+            self._flush_replay()
         return snapshot_offset
 
-    def _open(self, base: int, *, create: bool = False, sealed: bool = False) -> LogSegment:
+    def _open(
+        self, base: int, *, create: bool = False, sealed: bool = False, next_base: int | None = None
+    ) -> LogSegment:
         return LogSegment.open(
             self.fs,
             self.directory,
@@ -257,6 +269,8 @@ class LogLoader:
             max_index_bytes=self.config.segment_index_bytes,
             create=create,
             sealed=sealed,
+            max_segment_bytes=self.config.segment_bytes,
+            next_base_offset=next_base,
         )
 
     def _load_active_cleanly(self, segment: LogSegment) -> bool:
@@ -265,20 +279,6 @@ class LogLoader:
         except CorruptRecordError as exc:
             log.warning("clean shutdown marker, but %s", exc)
             return False
-
-    def _load_trusted(
-        self, segment: LogSegment, next_base: int | None, recovery_point: RecoveryPoint
-    ) -> None:
-        if next_base is None:
-            return  # the active segment, already loaded by _load_active_cleanly
-        if not segment.load_from_indexes(next_base):
-            log.info("rebuilding indexes of %s", segment.path)
-            self._rebuilt += 1
-            self._bytes_scanned += segment.size
-            error = segment.rebuild(validate=False)
-            if error is not None:
-                self._corruption_below_recovery_point(segment, error, recovery_point)
-        segment.seal()
 
     def _load_newest_snapshot(self, limit: int | None) -> tuple[int | None, bool]:
         """Load the newest readable snapshot (at or below `limit`); set corrupt ones aside."""
@@ -326,7 +326,6 @@ class LogLoader:
         segment = self.segments[n]
         self._segments_scanned += 1
         self._validated.append(segment)
-        self._bytes_scanned += segment.size
         self._rebuilt += 1
         holds_point = recovery_point.segment_base == segment.base_offset and recovery_point.position > 0
         # The offset after the batch that ends exactly at the recovery point's position.
@@ -345,6 +344,7 @@ class LogLoader:
             first_base_offset=segment.base_offset if n == len(self.segments) - 1 else None,
             client_only=self.client_only,
         )
+        self._bytes_scanned += segment.size  # the batches read; a bad one ends the count
         if error is None and holds_point and offset_at_point != [recovery_point.offset]:
             # Valid batches, but not the ones that were fsynced: bytes below the
             # recovery point are missing, or a misdirected write put a batch from the
@@ -386,29 +386,23 @@ class LogLoader:
     def _cut_tail(self, n: int, why: str) -> None:
         """Cut segment n at its last good batch and delete every segment after it."""
         segment = self.segments[n]
-        self._truncated += segment.truncate_to_size()
+        zeros = segment.trailing_zero_bytes() if n == len(self.segments) - 1 else 0
+        damaged = segment.truncate_to_size() - zeros
         for later in self.segments[n + 1 :]:
-            self._truncated += later.size
+            damaged += later.size
             later.delete()
         del self.segments[n + 1 :]
+        self._zero_tail += zeros
+        if damaged == 0:
+            return  # only unwritten space past the last batch: nothing was lost
+        self._truncated += damaged
         self._tail_error = why
         log.warning("cut %d bytes of torn tail from %s: %s", self._truncated, segment.path, why)
 
     def _apply(self, batch: RecordBatch, from_offset: int) -> None:
         if batch.producer_id < 0 or batch.base_offset < from_offset:
             return
-        try:
-            self._replay(batch)
-        except ProducerStateFullError:
-            # The tail names more producers than the table holds; those idle past
-            # their expiration at load time would be dropped after replay anyway.
-            if not self.producers.make_room(self.now_ms):
-                raise
-            self._replay(batch)
-        self._replayed += 1
-
-    def _replay(self, batch: RecordBatch) -> None:
-        self.producers.replay_batch(
+        self._replay.replay_batch(
             batch.producer_id,
             batch.producer_epoch,
             batch.base_sequence,
@@ -418,6 +412,10 @@ class LogLoader:
             batch.max_timestamp,
             batch.is_control,
         )
+        self._replayed += 1
+
+    def _flush_replay(self) -> None:
+        self._replay.flush(self.now_ms)
 
     # -- housekeeping ------------------------------------------------------------------
     def _remove_temp_files(self) -> None:

@@ -15,7 +15,13 @@ import crc32c
 from oncelog.errors import CorruptRecordError
 from oncelog.segments import format as fmt
 from oncelog.segments.compression import MAX_DECOMPRESSED_BYTES, compress, decompress
-from oncelog.segments.records import Record, decode_records, encode_records, normalise_records
+from oncelog.segments.records import (
+    Record,
+    decode_records,
+    encode_plain_records,
+    encode_records,
+    normalise_records,
+)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -31,6 +37,19 @@ class TruncatedBatchError(CorruptRecordError):
     """
 
 
+class UnwrittenSpaceError(CorruptRecordError):
+    """An all-zero header where the next batch should start: space never written.
+
+    The active segment is written through a mapping of pre-allocated space, and a
+    power loss can leave pages unwritten; both read as zeros. At the end of the
+    active segment that is where the data ends; anywhere else it is corruption, so
+    the caller decides.
+    """
+
+
+_ZERO_PREFIX = bytes(fmt.SIZE_AND_MAGIC_BYTES)
+
+
 def batch_size_at(buffer: Buffer, position: int = 0) -> int:
     """Total size of the batch starting at `position`, from its length field only.
 
@@ -43,6 +62,8 @@ def batch_size_at(buffer: Buffer, position: int = 0) -> int:
             position=position,
         )
     _, length, _, magic = fmt.SIZE_AND_MAGIC_STRUCT.unpack_from(buffer, position)
+    if magic == 0 and buffer[position : position + fmt.SIZE_AND_MAGIC_BYTES] == _ZERO_PREFIX:
+        raise UnwrittenSpaceError("zeros where a batch header should be: unwritten space", position=position)
     if magic != fmt.MAGIC_V2:
         raise CorruptRecordError(f"magic {magic} is not 2 (record batch v2)", position=position)
     if length < MIN_BATCH_LENGTH:
@@ -196,14 +217,17 @@ class RecordBatch:
             raise CorruptRecordError(f"unknown compression codec {self.compression}")
 
     def records(self, max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES) -> Iterator[Record]:
+        # Fields straight from the header tuple: a fetch of small batches calls this per batch.
+        base_offset, _, _, _, _, attributes, _, base_ts, max_ts, _, _, _, count = self._header
+        codec = attributes & fmt.COMPRESSION_MASK
         body = bytes(self._buffer[fmt.HEADER_SIZE :])
-        if self.compression != fmt.COMPRESSION_NONE:
-            body = decompress(self.compression, body, max_decompressed_bytes)
+        if codec != fmt.COMPRESSION_NONE:
+            body = decompress(codec, body, max_decompressed_bytes)
         # Each record takes at least 7 bytes, which bounds a corrupt count.
-        if self.records_count < 0 or self.records_count * 7 > len(body):
-            raise CorruptRecordError(f"recordsCount {self.records_count} cannot fit {len(body)} bytes")
-        append_time = self.max_timestamp if self.is_log_append_time else None
-        return decode_records(body, self.records_count, self.base_offset, self.base_timestamp, append_time)
+        if count < 0 or count * 7 > len(body):
+            raise CorruptRecordError(f"recordsCount {count} cannot fit {len(body)} bytes")
+        append_time = max_ts if attributes & fmt.TIMESTAMP_TYPE_MASK else None
+        return decode_records(body, count, base_offset, base_ts, append_time)
 
     def __repr__(self) -> str:
         return (
@@ -213,17 +237,26 @@ class RecordBatch:
         )
 
 
-def iter_batches(buffer: Buffer, position: int = 0) -> Iterator[RecordBatch]:
+def iter_batches(
+    buffer: Buffer, position: int = 0, *, until_unwritten: bool = False
+) -> Iterator[RecordBatch]:
     """Walk batches header by header; no CRC check, no record decoding.
 
     Raises TruncatedBatchError if the buffer ends inside a batch and
     CorruptRecordError (with the position) if a header is impossible. Deciding
     whether that is a torn tail or corruption is the caller's business.
+    `until_unwritten` ends the walk quietly at zeros (UnwrittenSpaceError), as
+    when reading an active segment file with its pre-allocated space.
     """
     view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
     end = len(view)
     while position < end:
-        size = batch_size_at(view, position)
+        try:
+            size = batch_size_at(view, position)
+        except UnwrittenSpaceError:
+            if until_unwritten:
+                return
+            raise
         if end - position < size:
             raise TruncatedBatchError(
                 f"batch of {size} bytes but only {end - position} remain", position=position
@@ -248,24 +281,30 @@ def encode_batch(
 
     Records without their own timestamp get `timestamp_ms` (default: now).
     """
-    triples, own_stamps = normalise_records(records)
-    if not triples:
-        raise ValueError("a batch needs at least one record")
-    codec = _codec(compression)
+    given = records if isinstance(records, list | tuple) else list(records)
     default_ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-    stamps = [default_ts if ts is None else ts for ts in own_stamps]
-    base_ts = stamps[0]
-    body = compress(codec, encode_records(triples, stamps, base_ts))
+    plain = encode_plain_records(given, default_ts) if given else None
+    if plain is not None:
+        raw, base_ts, max_ts = plain
+    else:
+        triples, own_stamps = normalise_records(given)
+        if not triples:
+            raise ValueError("a batch needs at least one record")
+        stamps = [default_ts if ts is None else ts for ts in own_stamps]
+        base_ts, max_ts = stamps[0], max(stamps)
+        raw = encode_records(triples, stamps, base_ts)
+    codec = _codec(compression)
+    body = compress(codec, raw)
     attributes = codec | (fmt.TRANSACTIONAL_MASK if is_transactional else 0)
     covered = fmt.CRC_COVERED_HEADER_STRUCT.pack(
         attributes,
-        len(triples) - 1,
+        len(given) - 1,
         base_ts,
-        max(stamps),
+        max_ts,
         producer_id,
         producer_epoch,
         base_sequence,
-        len(triples),
+        len(given),
     )
     crc = crc32c.crc32c(body, crc32c.crc32c(covered))
     length = fmt.HEADER_SIZE - fmt.LOG_OVERHEAD + len(body)

@@ -50,6 +50,9 @@ class _MappedIndex:
         self.path = path
         self.base_offset = base_offset
         self.max_index_bytes = max_index_bytes
+        self._entries = 0
+        self._max_entries = 0
+        self.is_full = False
         self._handle: FileHandle = fs.open(path, create=True)
         self._region: MappedRegion | None = None
         self._view: memoryview = memoryview(b"")
@@ -88,10 +91,29 @@ class _MappedIndex:
         first, second = self.ENTRY.unpack_from(self._view, n * self.ENTRY.size)
         return int(first), int(second)
 
+    # `is_full` is a plain attribute, kept current by these setters, because the
+    # append path asks for it on every append and entries change only every few KiB.
     @property
-    def is_full(self) -> bool:
+    def entries(self) -> int:
+        return self._entries
+
+    @entries.setter
+    def entries(self, value: int) -> None:
+        self._entries = value
+        self._update_full()
+
+    @property
+    def max_entries(self) -> int:
+        return self._max_entries
+
+    @max_entries.setter
+    def max_entries(self, value: int) -> None:
+        self._max_entries = value
+        self._update_full()
+
+    def _update_full(self) -> None:
         # One slot stays free for the entry written when the segment is sealed.
-        return self.entries >= self.max_entries - 1
+        self.is_full = self._entries >= self._max_entries - 1
 
     def _append(self, first: int, second: int) -> None:
         if self.entries >= self.max_entries:

@@ -3,6 +3,12 @@
 Pure functions over bytes; no I/O. Decoding bounds every length by the bytes that
 are actually there, so malformed input raises CorruptRecordError, never IndexError
 or MemoryError.
+
+This is the hot path of producing and consuming, so the record loops are written for
+CPython's interpreter: varints of one or two bytes (nearly every field of a real
+record) come from lookup tables, the hottest fields inline, and whole records are
+built in one pass with few calls. The readable reference is encode_records and
+decode_varint; the tests hold the fast paths to them and to kafka-python.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ class Record(NamedTuple):
     headers: tuple[Header, ...] = ()
 
 
-# Zigzag varints of -64..63 fit one byte and cover almost every delta and length
-# in practice, so they are precomputed.
-_ONE_BYTE = [bytes([n]) for n in range(128)]
+_ONE_BYTE = [bytes([n]) for n in range(0x80)]
+_NULL = b"\x01"  # zigzag(-1): a null key, value or header value
+_TS_HEAD = b"\x00\x00"  # record attributes (always 0) and a zero timestamp delta
+_NO_HEADERS = b"\x00"
+_new_tuple = tuple.__new__  # builds a Record without the Python-level NamedTuple __new__
 
 
 def encode_varint(value: int) -> bytes:
@@ -39,6 +47,20 @@ def encode_varint(value: int) -> bytes:
         zz >>= 7
     out.append(zz)
     return bytes(out)
+
+
+# Lengths, counts and offset deltas are nearly always below 8192, whose varints take
+# one or two bytes: encoding looks them up, and decoding looks up one- and two-byte
+# varints by their bytes (a two-byte one by (second << 7) ^ first, first >= 0x80).
+_SMALL = 1 << 13
+_VARINT_OF = [encode_varint(n) for n in range(_SMALL)]
+_ONE_BYTE_VALUE = [(b >> 1) ^ -(b & 1) for b in range(0x80)]
+# (second << 7) ^ first is the raw varint with bit 7 flipped, for every first >= 0x80.
+_TWO_BYTE_VALUE = [((i ^ 0x80) >> 1) ^ -((i ^ 0x80) & 1) for i in range(1 << 14)]
+
+
+def _length_varint(n: int) -> bytes:
+    return _VARINT_OF[n] if n < _SMALL else encode_varint(n)
 
 
 def decode_varint(data: bytes, pos: int, max_bytes: int = 10) -> tuple[int, int]:
@@ -65,12 +87,55 @@ def decode_varint(data: bytes, pos: int, max_bytes: int = 10) -> tuple[int, int]
         shift += 7
 
 
+def _varint(data: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
+    """decode_varint, with one- and two-byte varints looked up."""
+    if pos + 1 < len(data):
+        first = data[pos]
+        if first < 0x80:
+            return _ONE_BYTE_VALUE[first], pos + 1
+        if data[pos + 1] < 0x80:
+            return _TWO_BYTE_VALUE[(data[pos + 1] << 7) ^ first], pos + 2
+    return decode_varint(data, pos, max_bytes)
+
+
 def _encode_bytes(out: bytearray, data: bytes | None) -> None:
     if data is None:
-        out += _ONE_BYTE[1]  # zigzag(-1)
+        out += _NULL
     else:
-        out += encode_varint(len(data))
+        out += _length_varint(len(data))
         out += data
+
+
+def _encode_headers(headers: object) -> bytes | None:
+    """Header count and headers, or None if they are not plain (str, bytes | None) tuples."""
+    if type(headers) is not tuple and type(headers) is not list:
+        return None
+    if not headers:
+        return _NO_HEADERS
+    small, small_end = _VARINT_OF, _SMALL
+    out = bytearray(_length_varint(len(headers)))
+    for header in headers:
+        if type(header) is not tuple or len(header) != 2:
+            return None
+        hkey, hvalue = header
+        if type(hkey) is not str:
+            return None
+        try:
+            raw_key = hkey.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: the general path raises in its own order
+            return None
+        n = len(raw_key)
+        out += small[n] if n < small_end else encode_varint(n)
+        out += raw_key
+        if hvalue is None:
+            out += _NULL
+        elif type(hvalue) is bytes:
+            n = len(hvalue)
+            out += small[n] if n < small_end else encode_varint(n)
+            out += hvalue
+        else:
+            return None
+    return bytes(out)
 
 
 def encode_records(
@@ -83,27 +148,129 @@ def encode_records(
     for delta, ((key, value, headers), ts) in enumerate(zip(records, timestamps_ms, strict=True)):
         rec = bytearray(b"\x00")  # record attributes: unused, always 0
         rec += encode_varint(ts - base_timestamp_ms)
-        rec += encode_varint(delta)
+        rec += _length_varint(delta)
         _encode_bytes(rec, key)
         _encode_bytes(rec, value)
-        rec += encode_varint(len(headers))
+        rec += _length_varint(len(headers))
         for hkey, hvalue in headers:
             _encode_bytes(rec, hkey.encode("utf-8"))
             _encode_bytes(rec, hvalue)
-        out += encode_varint(len(rec))
+        out += _length_varint(len(rec))
         out += rec
     return bytes(out)
 
 
-def _read_bytes(data: bytes, pos: int, end: int) -> tuple[bytes | None, int]:
-    length, pos = decode_varint(data, pos, 5)
-    if length < 0:
-        if length != -1:
-            raise CorruptRecordError(f"negative length {length} at byte {pos}")
-        return None, pos
-    if pos + length > end:
-        raise CorruptRecordError(f"length {length} at byte {pos} runs past its record")
-    return data[pos : pos + length], pos + length
+def encode_plain_records(
+    records: Sequence[object], default_timestamp_ms: int
+) -> tuple[bytes, int, int] | None:
+    """(record bodies, base timestamp, max timestamp) in one pass, or None.
+
+    Handles what producers send: (key, value), (key, value, headers) and Record, with
+    bytes or None keys and values and int timestamps. At anything else it returns
+    None, and the caller takes the general path (normalise_records, encode_records),
+    which accepts or rejects exactly as it always has. The output is byte for byte
+    what that path writes.
+    """
+    first = records[0]
+    base_ts = first.timestamp_ms if type(first) is Record else default_timestamp_ms
+    if type(base_ts) is not int or type(default_timestamp_ms) is not int:
+        return None
+    small, small_end = _VARINT_OF, _SMALL
+    out = bytearray()
+    last_ts = max_ts = base_ts
+    ts_head = _TS_HEAD
+    stamp: object  # a Record's timestamp: checked, since callers may break its annotation
+    for delta, rec in enumerate(records):
+        if type(rec) is tuple:
+            if len(rec) == 2:
+                key, value = rec
+                tail: bytes | None = _NO_HEADERS
+            elif len(rec) == 3:
+                key, value, headers = rec
+                tail = _encode_headers(headers)
+            else:
+                return None
+            ts = default_timestamp_ms
+        elif type(rec) is Record:
+            _, stamp, key, value, headers = rec
+            if type(stamp) is not int:
+                return None
+            ts = stamp
+            tail = _encode_headers(headers)
+        else:
+            return None
+        if tail is None:
+            return None
+        if ts != last_ts:
+            ts_head = b"\x00" + encode_varint(ts - base_ts)
+            last_ts = ts
+            if ts > max_ts:
+                max_ts = ts
+        if key is None:
+            key_part = _NULL
+        elif type(key) is bytes:
+            n = len(key)
+            key_part = (small[n] if n < small_end else encode_varint(n)) + key
+        else:
+            return None
+        if type(value) is bytes:
+            n = len(value)
+            value_length = small[n] if n < small_end else encode_varint(n)
+        elif value is None:
+            value_length = _NULL
+            value = b""
+        else:
+            return None
+        offset_delta = small[delta] if delta < small_end else encode_varint(delta)
+        body = b"".join((ts_head, offset_delta, key_part, value_length, value, tail))
+        n = len(body)
+        out += small[n] if n < small_end else encode_varint(n)
+        out += body
+    return bytes(out), base_ts, max_ts
+
+
+def _read_headers(data: bytes, pos: int, end: int) -> tuple[tuple[Header, ...], int]:
+    count, pos = _varint(data, pos, 5)
+    # Each header takes at least two bytes, which bounds a corrupt count.
+    if count < 0 or count * 2 > end - pos:
+        raise CorruptRecordError(f"header count {count} at byte {pos} is impossible")
+    one_byte = _ONE_BYTE_VALUE
+    headers: list[Header] = []
+    for _ in range(count):
+        if pos < end and data[pos] < 0x80:
+            n = one_byte[data[pos]]
+            pos += 1
+        else:
+            n, pos = _varint(data, pos, 5)
+        if n == -1:
+            raise CorruptRecordError(f"null header key at byte {pos}")
+        if n < 0:
+            raise CorruptRecordError(f"negative length {n} at byte {pos}")
+        stop = pos + n
+        if stop > end:
+            raise CorruptRecordError(f"length {n} at byte {pos} runs past its record")
+        raw_key = data[pos:stop]
+        pos = stop
+        if pos < end and data[pos] < 0x80:
+            n = one_byte[data[pos]]
+            pos += 1
+        else:
+            n, pos = _varint(data, pos, 5)
+        if n >= 0:
+            stop = pos + n
+            if stop > end:
+                raise CorruptRecordError(f"length {n} at byte {pos} runs past its record")
+            hvalue: bytes | None = data[pos:stop]
+            pos = stop
+        elif n == -1:
+            hvalue = None
+        else:
+            raise CorruptRecordError(f"negative length {n} at byte {pos}")
+        try:
+            headers.append((raw_key.decode("utf-8"), hvalue))
+        except UnicodeDecodeError as exc:
+            raise CorruptRecordError(f"header key is not UTF-8 at byte {pos}") from exc
+    return tuple(headers), pos
 
 
 def decode_records(
@@ -113,37 +280,98 @@ def decode_records(
     base_timestamp_ms: int,
     log_append_time_ms: int | None,
 ) -> Iterator[Record]:
-    """Yield `count` records from `data`, which must hold exactly those records."""
+    """Yield `count` records from `data`, which must hold exactly those records.
+
+    The record length, offset delta and value length (the fields that routinely take
+    two bytes) are decoded inline; the others go through _varint. Every length is
+    checked against the record's end, and a read past the data (IndexError) is
+    reported as corruption.
+    """
+    one_byte, two_byte, varint, new_tuple = _ONE_BYTE_VALUE, _TWO_BYTE_VALUE, _varint, _new_tuple
     pos = 0
     size = len(data)
-    for _ in range(count):
-        length, pos = decode_varint(data, pos, 5)
-        end = pos + length
-        if length < 1 or end > size:
-            raise CorruptRecordError(f"record length {length} at byte {pos} does not fit the batch")
-        pos += 1  # record attributes
-        ts_delta, pos = decode_varint(data, pos, 10)
-        offset_delta, pos = decode_varint(data, pos, 5)
-        key, pos = _read_bytes(data, pos, end)
-        value, pos = _read_bytes(data, pos, end)
-        header_count, pos = decode_varint(data, pos, 5)
-        # Each header takes at least two bytes, which bounds a corrupt count.
-        if header_count < 0 or header_count * 2 > end - pos:
-            raise CorruptRecordError(f"header count {header_count} at byte {pos} is impossible")
-        headers: list[Header] = []
-        for _ in range(header_count):
-            hkey, pos = _read_bytes(data, pos, end)
-            if hkey is None:
-                raise CorruptRecordError(f"null header key at byte {pos}")
-            hvalue, pos = _read_bytes(data, pos, end)
-            try:
-                headers.append((hkey.decode("utf-8"), hvalue))
-            except UnicodeDecodeError as exc:
-                raise CorruptRecordError(f"header key is not UTF-8 at byte {pos}") from exc
-        if pos != end:
-            raise CorruptRecordError(f"record ends at byte {pos}, its length says {end}")
-        timestamp = log_append_time_ms if log_append_time_ms is not None else base_timestamp_ms + ts_delta
-        yield Record(base_offset + offset_delta, timestamp, key, value, tuple(headers))
+    try:
+        for _ in range(count):
+            first = data[pos]
+            if first < 0x80:
+                length = one_byte[first]
+                pos += 1
+            elif (second := data[pos + 1]) < 0x80:
+                length = two_byte[(second << 7) ^ first]
+                pos += 2
+            else:
+                length, pos = decode_varint(data, pos, 5)
+            end = pos + length
+            if length < 1 or end > size:
+                raise CorruptRecordError(f"record length {length} at byte {pos} does not fit the batch")
+            first = data[pos + 1]  # after the attributes byte, which is unused
+            if first < 0x80:
+                ts_delta = one_byte[first]
+                pos += 2
+            else:
+                ts_delta, pos = varint(data, pos + 1, 10)
+            first = data[pos]
+            if first < 0x80:
+                offset_delta = one_byte[first]
+                pos += 1
+            elif (second := data[pos + 1]) < 0x80:
+                offset_delta = two_byte[(second << 7) ^ first]
+                pos += 2
+            else:
+                offset_delta, pos = decode_varint(data, pos, 5)
+            first = data[pos]
+            if first == 1:  # zigzag(-1): the common null key
+                key: bytes | None = None
+                pos += 1
+            else:
+                if first < 0x80:
+                    n = one_byte[first]
+                    pos += 1
+                elif (second := data[pos + 1]) < 0x80:
+                    n = two_byte[(second << 7) ^ first]
+                    pos += 2
+                else:
+                    n, pos = decode_varint(data, pos, 5)
+                if n >= 0:
+                    stop = pos + n
+                    if stop > end:
+                        raise CorruptRecordError(f"length {n} at byte {pos} runs past its record")
+                    key = data[pos:stop]
+                    pos = stop
+                elif n == -1:  # a null key in a longer encoding than usual
+                    key = None
+                else:
+                    raise CorruptRecordError(f"negative length {n} at byte {pos}")
+            first = data[pos]
+            if first < 0x80:
+                n = one_byte[first]
+                pos += 1
+            elif (second := data[pos + 1]) < 0x80:
+                n = two_byte[(second << 7) ^ first]
+                pos += 2
+            else:
+                n, pos = decode_varint(data, pos, 5)
+            if n >= 0:
+                stop = pos + n
+                if stop > end:
+                    raise CorruptRecordError(f"length {n} at byte {pos} runs past its record")
+                value: bytes | None = data[pos:stop]
+                pos = stop
+            elif n == -1:
+                value = None
+            else:
+                raise CorruptRecordError(f"negative length {n} at byte {pos}")
+            if data[pos] == 0:
+                headers: tuple[Header, ...] = ()
+                pos += 1
+            else:
+                headers, pos = _read_headers(data, pos, end)
+            if pos != end:
+                raise CorruptRecordError(f"record ends at byte {pos}, its length says {end}")
+            timestamp = base_timestamp_ms + ts_delta if log_append_time_ms is None else log_append_time_ms
+            yield new_tuple(Record, (base_offset + offset_delta, timestamp, key, value, headers))
+    except IndexError:
+        raise CorruptRecordError(f"a record runs past the end of the records at byte {pos}") from None
     if pos != size:
         raise CorruptRecordError(f"{size - pos} bytes after the last of {count} records")
 

@@ -8,15 +8,18 @@ All I/O goes through the filesystem seam.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
-from oncelog.errors import CorruptRecordError
-from oncelog.recovery.fs import Buffer, FileHandle, FileSystem
+from oncelog.errors import CorruptLogError, CorruptRecordError
+from oncelog.recovery.fs import Buffer, FileHandle, FileSystem, MappedRegion
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, batch_size_at
 from oncelog.segments.index import OffsetIndex, TimeIndex, TimestampOffset
+
+log = logging.getLogger(__name__)
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -25,10 +28,23 @@ TIME_INDEX_SUFFIX = ".timeindex"
 # Whole-segment scans (recovery, rebuilds) read in chunks of this size, so memory
 # stays bounded whatever the segment size.
 SCAN_CHUNK_BYTES = 8 * 1024 * 1024
+# The active segment is written through a shared mapping of pre-allocated space,
+# grown by at least this much at a time (and by at most MAX_GROW_BYTES, so an idle
+# partition pins little page cache and disk).
+MIN_GROW_BYTES = 1024 * 1024
+MAX_GROW_BYTES = 16 * 1024 * 1024
+
+_PREFIX_PACK_INTO = fmt.SIZE_AND_MAGIC_STRUCT.pack_into
+_NO_LEADER_EPOCH = fmt.NO_PARTITION_LEADER_EPOCH
+_MAGIC = fmt.MAGIC_V2
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
+
+
+def _index_path(directory: str, base_offset: int, suffix: str) -> str:
+    return os.path.join(directory, segment_file_name(base_offset, suffix))
 
 
 def parse_segment_file_name(name: str, suffix: str) -> int | None:
@@ -115,16 +131,20 @@ class LogSegment:
         directory: str,
         base_offset: int,
         handle: FileHandle,
-        offset_index: OffsetIndex,
-        time_index: TimeIndex,
+        offset_index: OffsetIndex | None,
+        time_index: TimeIndex | None,
         index_interval_bytes: int,
+        max_segment_bytes: int = fmt.INT32_MAX,
+        max_index_bytes: int = 0,
     ):
         self.fs = fs
         self.directory = directory
         self.base_offset = base_offset
         self._handle = handle
-        self.offset_index = offset_index
-        self.time_index = time_index
+        # None until first used (a sealed segment opened lazily, see open()).
+        self._offset_index = offset_index
+        self._time_index = time_index
+        self._max_index_bytes = max_index_bytes
         self.index_interval_bytes = index_interval_bytes
         # Logical end of the segment: bytes past it are not part of the log.
         self.size = handle.size()
@@ -136,6 +156,12 @@ class LogSegment:
         self.first_batch_timestamp_ms: int | None = None
         self.bytes_since_last_index_entry = 0
         self.unflushed = False
+        # Pre-allocation never goes past the size the log rolls at.
+        self.max_segment_bytes = max_segment_bytes
+        # The write mapping: bytes [0, _mapped_bytes) of the file, allocated on disk.
+        self._write_region: MappedRegion | None = None
+        self._write_view = memoryview(b"")
+        self._mapped_bytes = 0
 
     @property
     def path(self) -> str:
@@ -152,23 +178,41 @@ class LogSegment:
         max_index_bytes: int,
         create: bool = False,
         sealed: bool = False,
+        max_segment_bytes: int = fmt.INT32_MAX,
+        next_base_offset: int | None = None,
     ) -> LogSegment:
+        """Open (or create) a segment.
+
+        Given `next_base_offset`, the segment is sealed and trusted (below the
+        recovery point): only its .log is opened now, and its indexes are mapped and
+        sanity-checked when first used, as Kafka's LazyIndex does. Opening a log then
+        costs one open per sealed segment, whatever their number.
+        """
         log_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
         is_new = not fs.exists(log_path)
         if is_new and not create:
             raise FileNotFoundError(log_path)
         handle = fs.open(log_path, create=True)
-        join = os.path.join
+        if next_base_offset is not None:
+            segment = cls(
+                fs,
+                directory,
+                base_offset,
+                handle,
+                None,
+                None,
+                index_interval_bytes,
+                max_segment_bytes,
+                max_index_bytes,
+            )
+            segment.next_offset = next_base_offset
+            return segment
         offset_index = OffsetIndex(
-            fs,
-            join(directory, segment_file_name(base_offset, INDEX_SUFFIX)),
-            base_offset,
-            max_index_bytes,
-            sealed=sealed,
+            fs, _index_path(directory, base_offset, INDEX_SUFFIX), base_offset, max_index_bytes, sealed=sealed
         )
         time_index = TimeIndex(
             fs,
-            join(directory, segment_file_name(base_offset, TIME_INDEX_SUFFIX)),
+            _index_path(directory, base_offset, TIME_INDEX_SUFFIX),
             base_offset,
             max_index_bytes,
             sealed=sealed,
@@ -177,25 +221,147 @@ class LogSegment:
             # Without this a power loss can drop the new files' directory entries
             # even after their data is fsynced (KAFKA-3968).
             fs.fsync_dir(directory)
-        return cls(fs, directory, base_offset, handle, offset_index, time_index, index_interval_bytes)
+        return cls(
+            fs,
+            directory,
+            base_offset,
+            handle,
+            offset_index,
+            time_index,
+            index_interval_bytes,
+            max_segment_bytes,
+            max_index_bytes,
+        )
+
+    # -- indexes, mapped on first use for a lazily opened segment --------------------
+    @property
+    def offset_index(self) -> OffsetIndex:
+        if self._offset_index is None:
+            self._load_lazy_indexes()
+        assert self._offset_index is not None
+        return self._offset_index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        if self._time_index is None:
+            self._load_lazy_indexes()
+        assert self._time_index is not None
+        return self._time_index
+
+    @property
+    def indexes_loaded(self) -> bool:
+        return self._offset_index is not None
+
+    def _load_lazy_indexes(self) -> None:
+        """Map a sealed segment's indexes; rebuild them from the log if they fail the sanity check."""
+        directory, base = self.directory, self.base_offset
+        self._offset_index = OffsetIndex(
+            self.fs, _index_path(directory, base, INDEX_SUFFIX), base, self._max_index_bytes, sealed=True
+        )
+        self._time_index = TimeIndex(
+            self.fs, _index_path(directory, base, TIME_INDEX_SUFFIX), base, self._max_index_bytes, sealed=True
+        )
+        next_offset = self.next_offset
+        if self.load_from_indexes(next_offset):
+            return
+        log.warning("rebuilding the indexes of %s: they fail the sanity check", self.path)
+        error = self.rebuild(validate=False)
+        if error is not None:
+            # Below the recovery point, so it was fsynced: corruption, not a torn write.
+            raise CorruptLogError(
+                f"{error.reason} (found rebuilding its indexes)", path=self.path, position=self.size
+            )
+        if self.next_offset != next_offset:
+            raise CorruptLogError(
+                f"its batches end at offset {self.next_offset}, but the next segment starts at {next_offset}",
+                path=self.path,
+                position=self.size,
+            )
+        self.seal()
 
     # -- appends -----------------------------------------------------------------
+    # Writes are copies into a shared mapping of space allocated ahead of the end:
+    # no syscall per batch, and the bytes are in the page cache (they survive a
+    # kill -9) as soon as the copy returns. Space past `size` is zeros, which
+    # recovery cuts like any torn tail; sealing and closing trim the file to `size`.
+
     def append(self, buffers: Sequence[Buffer], metas: Sequence[BatchMeta]) -> None:
         """Write the batches (given as buffers) at the end, then index them.
 
-        The indexes and in-memory state change only after the write returned, so
-        a failed write leaves the segment as it was (apart from bytes past `size`,
-        which are not part of the log and are cut by recovery).
+        Space is allocated first, so the only failure (a full disk) comes before a
+        byte is copied and leaves the segment as it was.
         """
         position = self.size
         expected = sum(meta.size for meta in metas)
-        written = self._handle.pwritev(buffers, position)
-        assert written == expected, (self.path, written, expected)
+        end = position + expected
+        if end > self._mapped_bytes:
+            self._grow(end)
+        view = self._write_view
+        at = position
+        for buffer in buffers:
+            stop = at + len(buffer)
+            view[at:stop] = buffer
+            at = stop
+        assert at == end, (self.path, at - position, expected)
         for meta in metas:
             self._index_batch(position, meta)
             position += meta.size
         self.size = position
         self.unflushed = True
+
+    def append_stamped(
+        self, buffer: Buffer, base_offset: int, last_offset: int, max_timestamp_ms: int
+    ) -> None:
+        """Write one whole batch at the end with its base offset and leader epoch stamped.
+
+        The fast path of a client append: the batch's bytes are copied once and
+        the 17-byte prefix no CRC covers is overwritten in place. The indexing is
+        _index_batch's, inlined.
+        """
+        position = self.size
+        size = len(buffer)
+        end = position + size
+        if end > self._mapped_bytes:
+            self._grow(end)
+        view = self._write_view
+        view[position:end] = buffer
+        _PREFIX_PACK_INTO(view, position, base_offset, size - fmt.LOG_OVERHEAD, _NO_LEADER_EPOCH, _MAGIC)
+        if self.first_batch_timestamp_ms is None:
+            self.first_batch_timestamp_ms = max_timestamp_ms
+        if max_timestamp_ms > self.max_timestamp_ms:
+            self.max_timestamp_ms = max_timestamp_ms
+            self.offset_of_max_timestamp = last_offset
+        if self.bytes_since_last_index_entry > self.index_interval_bytes:
+            self._index_batch(position, BatchMeta(last_offset, max_timestamp_ms, size))
+        else:
+            self.bytes_since_last_index_entry += size
+            self.next_offset = last_offset + 1
+        self.size = end
+        self.unflushed = True
+
+    def _grow(self, end: int) -> None:
+        """Allocate and map at least up to byte `end` (and some room beyond it)."""
+        step = min(max(self._mapped_bytes, MIN_GROW_BYTES), MAX_GROW_BYTES)
+        target = max(end, min(self._mapped_bytes + step, self.max_segment_bytes))
+        self._release_mapping()
+        # Blocks first: a mapped write to a page without one would be SIGBUS, not an error.
+        self._handle.allocate(target)
+        region = self._handle.mmap(target, writable=True)
+        region.prefault(self.size, target - self.size)
+        self._write_region, self._write_view, self._mapped_bytes = region, region.buffer, target
+
+    def _release_mapping(self) -> None:
+        if self._write_region is not None:
+            self._write_view = memoryview(b"")
+            self._write_region.close()
+            self._write_region = None
+            self._mapped_bytes = 0
+
+    def _trim_file(self) -> None:
+        """Unmap and cut the pre-allocated space past the logical end."""
+        self._release_mapping()
+        if self._handle.size() > self.size:
+            self._handle.truncate(self.size)
 
     def _index_batch(self, position: int, meta: BatchMeta) -> None:
         if self.first_batch_timestamp_ms is None:
@@ -280,6 +446,10 @@ class LogSegment:
         last_time = self.time_index.last_entry()
         if self.size > 0 and (last_time is None or last_entry.position >= self.size):
             return False
+        # The first batch (position 0, offset base) never gets an entry, so a real
+        # entry points past both; anything else is a damaged index.
+        if self.offset_index.entries and (last_entry.position <= 0 or last_entry.offset <= self.base_offset):
+            return False
         if next_base_offset is not None and last_entry.offset >= next_base_offset:
             return False
         if last_time is not None:
@@ -308,7 +478,11 @@ class LogSegment:
 
     def delete(self) -> None:
         """Close and remove the segment's files."""
-        paths = [self.path, self.offset_index.path, self.time_index.path]
+        paths = [
+            self.path,
+            _index_path(self.directory, self.base_offset, INDEX_SUFFIX),
+            _index_path(self.directory, self.base_offset, TIME_INDEX_SUFFIX),
+        ]
         self.close(durable=False)
         for path in paths:
             if self.fs.exists(path):
@@ -316,9 +490,28 @@ class LogSegment:
         # fsync(dir): a deleted segment must not reappear after a crash and be replayed.
         self.fs.fsync_dir(self.directory)
 
+    def trailing_zero_bytes(self) -> int:
+        """How many of the bytes past the logical end are a run of zeros at the end of the file.
+
+        That run is pre-allocated space never written (or pages a power loss left
+        unwritten), not damage; the bytes before it are a torn or garbage tail.
+        Read backwards a chunk at a time, so the cost follows the run's length.
+        """
+        on_disk = self._handle.size()
+        end = on_disk
+        while end > self.size:
+            start = max(self.size, end - SCAN_CHUNK_BYTES)
+            chunk = self._handle.pread(end - start, start)
+            kept = len(chunk.rstrip(b"\0"))
+            if kept:
+                return on_disk - (start + kept)
+            end = start
+        return on_disk - self.size
+
     def truncate_to_size(self) -> int:
         """Cut the file at the logical size; returns the bytes removed."""
         on_disk = self._handle.size()
+        self._release_mapping()
         if on_disk > self.size:
             self._handle.truncate(self.size)
         self.offset_index.truncate_to_position(self.size)
@@ -359,9 +552,10 @@ class LogSegment:
 
     def find_offset_for_timestamp(self, timestamp_ms: int) -> TimestampOffset | None:
         """The first record with a timestamp at or after `timestamp_ms`, if any."""
+        time_index = self.time_index  # maps a lazy segment's indexes, and so reads its max timestamp
         if self.max_timestamp_ms < timestamp_ms:
             return None
-        hint = self.time_index.lookup_before(timestamp_ms)
+        hint = time_index.lookup_before(timestamp_ms)
         start = self.offset_index.lookup(hint.offset).position if hint else 0
         for _, batch in scan_file(self._handle, start, self.size):
             if batch.max_timestamp < timestamp_ms:
@@ -379,13 +573,21 @@ class LogSegment:
         rebuilds them from the log, and trim() (on seal and close) makes them
         durable exactly when a later open will trust them.
         """
+        # Cleared first: an append racing this fsync (group commit runs it outside the
+        # log's lock) sets it again, and the next flush covers that append.
+        self.unflushed = False
         # fsync: without it a power loss may drop batches acknowledged as durable.
         self._handle.fsync()
-        self.unflushed = False
 
     def seal(self) -> None:
-        """Called when the segment stops being active: final time entry, trim indexes."""
-        if self.offset_index.is_sealed and self.time_index.is_sealed:
+        """Called when the segment stops being active: trim the file, final time entry, trim indexes."""
+        if self._handle.size() > self.size or self._write_region is not None:
+            self._trim_file()
+            # fsync: the cut pre-allocated space must stay cut once the recovery point
+            # passes this segment, or a clean open would take the zeros as batches.
+            self._handle.fsync()
+            self.unflushed = False
+        if self._offset_index is None or (self.offset_index.is_sealed and self.time_index.is_sealed):
             return
         if self.max_timestamp_ms != fmt.NO_TIMESTAMP:
             self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
@@ -399,11 +601,17 @@ class LogSegment:
         next open rebuilds what it cannot trust.
         """
         try:
-            # The final time entry lets the next clean open take the max timestamp from the index.
-            if durable and not self.time_index.is_sealed and self.max_timestamp_ms != fmt.NO_TIMESTAMP:
-                self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
-            self.offset_index.close(trim=durable)
-            self.time_index.close(trim=durable)
+            self._release_mapping()
+            if durable and self._handle.size() > self.size:
+                self._trim_file()
+                # fsync: the clean-shutdown marker promises the file ends at its last batch.
+                self._handle.fsync()
+            if self._offset_index is not None and self._time_index is not None:
+                # The final time entry lets the next clean open take the max timestamp from the index.
+                if durable and not self._time_index.is_sealed and self.max_timestamp_ms != fmt.NO_TIMESTAMP:
+                    self._time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+                self._offset_index.close(trim=durable)
+                self._time_index.close(trim=durable)
         finally:
             self._handle.close()
 

@@ -28,6 +28,7 @@ from oncelog.log import Log
 from oncelog.producer_state import BatchMetadata, ProducerStateEntry
 from oncelog.recovery.fs import Buffer, DelegatingFileHandle, DelegatingFileSystem, FileHandle
 from oncelog.results import AppendResult
+from oncelog.segments import segment as segment_module
 from oncelog.segments.batch import encode_batch
 from oncelog.segments.records import Record
 
@@ -538,7 +539,11 @@ class TestProducerCapacity:
 
 # -- state changes only after the bytes are written -------------------------------------------
 class _WriteFailingHandle(DelegatingFileHandle):
-    """A file handle whose pwritev fails with EIO while its file system is armed."""
+    """A file handle whose writes fail with EIO while its file system is armed.
+
+    Segments are written through a mapping, so their one fallible step is
+    allocating the space (ENOSPC/EIO there instead of SIGBUS later); it fails too.
+    """
 
     def __init__(self, inner: FileHandle, fs: WriteFailingFileSystem) -> None:
         super().__init__(inner)
@@ -549,6 +554,12 @@ class _WriteFailingHandle(DelegatingFileHandle):
             self._fs.failed_writes += 1
             raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
         return self.inner.pwritev(buffers, offset)
+
+    def allocate(self, size: int) -> None:
+        if self._fs.armed:
+            self._fs.failed_writes += 1
+            raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
+        self.inner.allocate(size)
 
 
 class WriteFailingFileSystem(DelegatingFileSystem):
@@ -564,6 +575,13 @@ class WriteFailingFileSystem(DelegatingFileSystem):
 
 
 class TestStateChangesOnlyAfterTheWrite:
+    @pytest.fixture(autouse=True)
+    def _allocate_per_append(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        # Grow the segment's mapping by exactly each append, so every append writes
+        # through a fallible step (allocate) the armed file system can fail.
+        monkeypatch.setattr(segment_module, "MIN_GROW_BYTES", 0)
+        monkeypatch.setattr(segment_module, "MAX_GROW_BYTES", 0)
+
     def test_a_failed_write_leaves_producer_state_unchanged(self, log_dir: Path) -> None:
         fs = WriteFailingFileSystem()
         failing = Log.open(log_dir, config(), fs=fs)

@@ -98,11 +98,18 @@ def log_files(directory: Path) -> list[Path]:
 
 
 def raw_batches(directory: Path) -> Iterator[tuple[Path, int, bytes]]:
-    """(file, position, bytes) of every batch in every .log file, walked by length field."""
+    """(file, position, bytes) of every batch in every .log file, walked by length field.
+
+    An open log's active segment file is pre-allocated past its data: the walk ends
+    at the first all-zero header, and everything after it must be zeros (unwritten).
+    """
     for path in log_files(directory):
         data = path.read_bytes()
         pos = 0
         while pos < len(data):
+            if data[pos : pos + MAGIC_AT + 1] == bytes(MAGIC_AT + 1):
+                assert data[pos:] == bytes(len(data) - pos), f"non-zero bytes past the data of {path}"
+                break
             size = int.from_bytes(data[pos + LENGTH_AT : pos + LENGTH_AT + 4], "big") + 12
             yield path, pos, data[pos : pos + size]
             pos += size
@@ -226,6 +233,12 @@ class TestAppendAssignsOffsets:
     ) -> None:
         sent = make_batch(2, base_offset=0)
         log.append(sent)
+        assert log.active_segment.size == len(sent)
+        # The file is pre-allocated past the data: the batch, then nothing but zeros.
+        data = log_files(log_dir)[0].read_bytes()
+        assert data[: len(sent)] == sent
+        assert data[len(sent) :] == bytes(len(data) - len(sent))
+        log.close()
         assert log_files(log_dir)[0].read_bytes() == sent
 
     def test_append_batches_writes_every_batch_and_returns_one_result_each(

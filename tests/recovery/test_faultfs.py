@@ -502,9 +502,15 @@ def test_a_second_crash_during_or_after_recovery_loses_nothing_it_must_keep(seed
 
 
 def batch_spans(data: bytes) -> list[tuple[int, int, int]]:
-    """(position, size, base offset) of each batch in a segment's bytes."""
+    """(position, size, base offset) of each batch in a segment's bytes.
+
+    The active segment's file is pre-allocated past its data: the walk ends at the
+    first all-zero 17-byte header (unwritten space).
+    """
     spans, position = [], 0
     while position + 12 <= len(data):
+        if data[position : position + 17] == bytes(17):
+            break
         base, length = struct.unpack_from(">qi", data, position)
         spans.append((position, length + 12, base))
         position += length + 12
@@ -533,7 +539,12 @@ def test_a_flipped_bit_in_flushed_log_data_is_reported_never_served(seed: int) -
     (fault,) = flipped.faults
     original = content(fs, fault.path)
     assert original is not None
-    position, size, base = next(s for s in batch_spans(original) if s[0] <= fault.offset < s[0] + s[1])
+    spans = batch_spans(original)
+    data_end = spans[-1][0] + spans[-1][1] if spans else 0
+    if fault.offset >= data_end:
+        check_flip_in_unwritten_space(flipped, work, original, data_end, fault.offset)
+        return
+    position, size, base = next(s for s in spans if s[0] <= fault.offset < s[0] + s[1])
     at = fault.offset - position
     why = f"flip in {field_at(at)} (byte {at}) of the {size}-byte batch at offset {base} in {fault.path}"
     why += f"; {flipped.describe()}"
@@ -557,6 +568,26 @@ def test_a_flipped_bit_in_flushed_log_data_is_reported_never_served(seed: int) -
             served = bytes(batch.buffer)
             assert served == expected.get(batch.base_offset), f"read({offset}) served corrupt bytes; {why}"
     assert caught, f"the damaged batch was never reported; {why}"
+    log.close()
+
+
+def check_flip_in_unwritten_space(
+    flipped: FaultFileSystem, work: Workload, original: bytes, data_end: int, at: int
+) -> None:
+    """A flip past the last batch, in the active segment's pre-allocated zeros: no data was hit.
+
+    Recovery cannot tell a non-zero byte there from a torn write of a later batch, so it
+    cuts it as a torn tail: exactly the span up to the flipped byte, the zeros after it as
+    the zero tail. It must not lose or damage any batch, nor refuse to open.
+    """
+    why = f"flip at {at} in the unwritten space after the data (ends at {data_end}); {flipped.describe()}"
+    assert original[data_end:] == bytes(len(original) - data_end), why
+    log = Log.open(D, CONFIG, fs=flipped, clock=clock)
+    report = log.recovery_report
+    assert report.truncated_bytes == at + 1 - data_end, why
+    assert report.zero_tail_bytes == len(original) - at - 1, why
+    assert report.tail_error is not None, why
+    assert read_all(log) == work.written, f"a written batch was lost or damaged; {why}"
     log.close()
 
 

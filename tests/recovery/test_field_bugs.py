@@ -372,7 +372,10 @@ def test_kafka_12964_snapshot_deletion_does_not_race_creation(clean: bool) -> No
         assert producer_state(opened) == expected_state, crashed.describe()
 
     dry = base.crash("kill")
-    before, count = calls_of(dry, lambda: check(open_log(dry), dry))
+    # Only loading's I/O calls: reads may make some of their own (opening a segment's files).
+    loaded: list[Log] = []
+    before, count = calls_of(dry, lambda: loaded.append(open_log(dry)))
+    check(loaded[0], dry)
     assert count > 0
     for n in range(1, count + 1):
         killed = base.crash("kill")
@@ -397,13 +400,22 @@ def test_redpanda_4114_a_valid_header_with_crc_zero_is_not_mistaken_for_a_preall
     log, written = filled_log(fs, 25)
     log.flush()
     end, active = log.log_end_offset, log.active_segment
+    good_size = active.size
     planted = crc_zero_header(end, 120)
-    overwrite(fs, active.path, planted, active.size)
+    # Planted where the next batch goes, over the active segment's pre-allocated zeros.
+    overwrite(fs, active.path, planted, good_size)
     crashed = fs.crash("kill")
+    file_size = len(content(crashed, active.path))
+    assert file_size >= good_size + len(planted)
     recovered = open_log(crashed)
+    report = recovered.recovery_report
     assert recovered.log_end_offset == end
-    assert recovered.recovery_report.truncated_bytes == len(planted)
-    assert recovered.recovery_report.tail_error is not None
+    # Damage, not pre-allocated space: the non-zero header counts as cut bytes, only
+    # the zeros after it (its own zero CRC and body included) as the zero tail.
+    assert report.truncated_bytes == len(planted.rstrip(b"\0")) == fmt.SIZE_AND_MAGIC_BYTES
+    assert report.zero_tail_bytes == file_size - good_size - report.truncated_bytes
+    assert report.tail_error is not None
+    assert len(content(crashed, active.path)) == good_size
     assert read_all(recovered) == written
     assert recovered.append(encode_batch([(b"k", b"after")], timestamp_ms=T0)).first_offset == end
     recovered.close()
@@ -427,12 +439,20 @@ def test_a_zero_filled_tail_after_power_loss_is_cut_back_to_the_last_good_batch(
     log, written = filled_log(fs, 25)
     log.flush()
     end, active = log.log_end_offset, log.active_segment
-    overwrite(fs, active.path, bytes(4096), active.size)
+    good_size = active.size
+    # Zeros past the last batch, beyond the pre-allocated space too: pages never written.
+    overwrite(fs, active.path, bytes(4096), good_size)
     crashed = fs.crash("drop")
+    file_size = len(content(crashed, active.path))
+    assert file_size >= good_size + 4096
     recovered = open_log(crashed)
-    assert not recovered.recovery_report.clean
+    report = recovered.recovery_report
+    assert not report.clean
     assert recovered.log_end_offset == end
-    assert recovered.recovery_report.truncated_bytes == 4096
+    # Zeros are no data: all of them are the zero tail, none is damage.
+    assert (report.truncated_bytes, report.zero_tail_bytes) == (0, file_size - good_size)
+    assert report.tail_error is None
+    assert len(content(crashed, active.path)) == good_size
     assert read_all(recovered) == written
     result = recovered.append(encode_batch([(b"k", b"after")], timestamp_ms=T0))
     assert result.first_offset == end

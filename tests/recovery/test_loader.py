@@ -44,6 +44,8 @@ from oncelog.segments import RecordBatch, encode_batch, iter_batches
 T0 = 1_700_000_000_000
 HEADER_SIZE = 61
 LENGTH_AT = 8
+# baseOffset, batchLength, partitionLeaderEpoch and magic: all zeros only where nothing was written.
+UNWRITTEN_HEADER = 17
 WINDOW = 5
 MARKER = ".clean_shutdown"
 
@@ -137,7 +139,8 @@ def replay_state(directory: Path) -> State:
     windows: dict[int, list[tuple[int, int, int, int, int]]] = {}
     activity: dict[int, int] = {}
     for log_file in sorted(directory.glob("*.log")):
-        for batch in iter_batches(log_file.read_bytes()):
+        # A crash image's active segment is pre-allocated past its data: stop at the zeros.
+        for batch in iter_batches(log_file.read_bytes(), until_unwritten=True):
             pid = batch.producer_id
             if pid < 0:
                 continue
@@ -197,11 +200,17 @@ def snapshot_offsets(directory: Path) -> list[int]:
 
 
 def batch_positions(log_file: Path) -> list[tuple[int, int, int]]:
-    """(position, size, base offset) of every batch in a .log file, walked by length field."""
+    """(position, size, base offset) of every batch in a .log file, walked by length field.
+
+    The walk ends at the first all-zero header: an open (or crashed) log's active
+    segment file is pre-allocated past its data, and that space is zeros.
+    """
     data = log_file.read_bytes()
     out = []
     pos = 0
     while pos < len(data):
+        if data[pos : pos + UNWRITTEN_HEADER] == bytes(UNWRITTEN_HEADER):
+            break
         size = int.from_bytes(data[pos + LENGTH_AT : pos + LENGTH_AT + 4], "big") + 12
         out.append((pos, size, int.from_bytes(data[pos : pos + 8], "big", signed=True)))
         pos += size
@@ -323,7 +332,11 @@ class TestRecoveryAfterUncleanShutdown:
         active_base = rolled.log.active_segment.base_offset
         assert snapshot_path(rolled.directory, active_base).exists()
         end = rolled.log.log_end_offset
+        data_size = rolled.log.active_segment.size
         copy = crash_copy(rolled.directory, tmp_path / "crashed")
+        # The open active segment's file runs past its data into pre-allocated zeros.
+        file_size = segment_path(copy, active_base).stat().st_size
+        assert file_size > data_size
         expected = replay_state(copy)
         engine_reference = full_replay_by_engine(copy, tmp_path / "no-snapshots")
         assert engine_reference == expected
@@ -332,8 +345,10 @@ class TestRecoveryAfterUncleanShutdown:
             assert report.clean is False
             assert report.segments_scanned == 1
             assert report.snapshot_offset == active_base
-            assert report.truncated_bytes == 0
-            assert report.bytes_scanned == segment_path(copy, active_base).stat().st_size
+            assert (report.truncated_bytes, report.tail_error) == (0, None)
+            assert report.zero_tail_bytes == file_size - data_size
+            assert report.bytes_scanned == data_size
+            assert segment_path(copy, active_base).stat().st_size == data_size
             assert recovered.log_end_offset == end
             assert engine_state(recovered) == expected
 
@@ -647,23 +662,30 @@ class TestDamagedTail:
         end = rolled.log.log_end_offset
         copy = crash_copy(rolled.directory, tmp_path / "crashed")
         active = segment_path(copy, rolled.log.active_segment.base_offset)
-        good_size = active.stat().st_size
+        good_size = rolled.log.active_segment.size
+        assert active.stat().st_size > good_size  # pre-allocated zeros follow the data
         nxt = Producers(dict(rolled.producers.epochs), dict(rolled.producers.sequences))
         next_batch = bytearray(nxt.batch(11, 2))
         next_batch[:8] = end.to_bytes(8, "big")  # as the log would have stamped it
         tail = damage(bytes(next_batch))
-        with active.open("ab") as f:
+        # Where a torn write lands: right after the data, over the pre-allocated zeros.
+        with active.open("r+b") as f:
+            f.seek(good_size)
             f.write(tail)
+        file_size = active.stat().st_size
+        assert file_size >= good_size + len(tail)
         kept = len(next_batch) * kept_batches
+        # Damage runs from the first bad byte to the last non-zero one; zeros after it are no data.
+        damaged = len(tail[kept:].rstrip(b"\0"))
         with Log.open(copy, CONFIG) as recovered:
             report = recovered.recovery_report
             assert report.clean is False
-            assert report.truncated_bytes == len(tail) - kept
+            assert report.truncated_bytes == damaged
+            assert report.zero_tail_bytes == file_size - good_size - kept - damaged
             assert report.segments_scanned == 1
             assert recovered.log_end_offset == end + 2 * kept_batches
             assert active.stat().st_size == good_size + kept
-            if kept_batches == 0:
-                assert report.tail_error is not None
+            assert (report.tail_error is not None) == (damaged > 0)
             result = recovered.append(rolled.producers.batch(13, 1))
             assert result.first_offset == end + 2 * kept_batches
             read_everything(recovered)
@@ -679,11 +701,20 @@ class TestDamagedTail:
         active = segment_path(copy, rolled.log.active_segment.base_offset)
         position, size, base = batch_positions(active)[-1]
         assert base == end
+        assert position + size == rolled.log.active_segment.size
+        file_size = active.stat().st_size
+        # The last 10 bytes never reached the disk: they read as the pre-allocated zeros.
         with active.open("r+b") as f:
-            f.truncate(position + size - 10)
+            f.seek(position)
+            torn = f.read(size - 10)
+            f.write(bytes(10))
+        assert torn[-1] != 0  # so the damage ends exactly where the tear starts
         with Log.open(copy, CONFIG) as recovered:
+            report = recovered.recovery_report
             assert recovered.log_end_offset == end
-            assert recovered.recovery_report.truncated_bytes == size - 10
+            assert report.truncated_bytes == size - 10
+            assert report.zero_tail_bytes == file_size - position - (size - 10)
+            assert report.tail_error is not None
             assert active.stat().st_size == position
             entry = recovered.producer_state(12)
             assert entry is not None
@@ -694,16 +725,22 @@ class TestDamagedTail:
             assert not result.duplicate
             assert result.first_offset == end
 
-    def test_bytes_appended_behind_a_clean_close_are_cut(self, rolled: OpenLog) -> None:
+    @pytest.mark.parametrize("fill", [0x00, 0xA5], ids=["zeros", "garbage"])
+    def test_bytes_appended_behind_a_clean_close_are_cut(self, rolled: OpenLog, fill: int) -> None:
         end = rolled.log.log_end_offset
         active = segment_path(rolled.directory, rolled.log.active_segment.base_offset)
         rolled.log.close()
         size = active.stat().st_size
+        assert size == rolled.log.active_segment.size  # a clean close trims the pre-allocated space
         with active.open("ab") as f:
-            f.write(bytes(300))
+            f.write(bytes([fill]) * 300)
         with Log.open(rolled.directory, CONFIG) as reopened:
+            report = reopened.recovery_report
             assert reopened.log_end_offset == end
-            assert reopened.recovery_report.truncated_bytes == 300
+            # Zeros are counted as the zero tail, anything else as damage.
+            damaged = 300 if fill else 0
+            assert (report.truncated_bytes, report.zero_tail_bytes) == (damaged, 300 - damaged)
+            assert (report.tail_error is not None) == bool(fill)
         assert active.stat().st_size == size
 
 
@@ -754,9 +791,16 @@ class TestCorruptionBelowTheRecoveryPoint:
             segment_index_bytes=4096,
             on_corruption="truncate",
         )
+        data = active.read_bytes()
         with Log.open(rolled.directory, config) as cut:
+            report = cut.recovery_report
             assert cut.log_end_offset == base
-            assert cut.recovery_report.truncated_bytes == size - position
+            # All cut; a run of zeros ending the file (here the last record's empty
+            # header count) is reported as the zero tail, the rest as damage.
+            assert report.truncated_bytes == len(data[position:].rstrip(b"\0"))
+            assert report.truncated_bytes + report.zero_tail_bytes == size - position
+            assert report.tail_error is not None
+            assert active.stat().st_size == position
             assert engine_state(cut) == replay_state(rolled.directory)
             assert cut.append(rolled.producers.batch(99)).first_offset == base
         assert batch_positions(active)[-1][0] == position  # the new batch took its place

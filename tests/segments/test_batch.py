@@ -8,6 +8,7 @@ import crc32c
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from oncelog.errors import CorruptRecordError
 from oncelog.segments.batch import (
@@ -611,3 +612,101 @@ def test_repr_names_the_offsets() -> None:
     text = repr(RecordBatch(simple_batch(3, base_offset=40)))
     assert "base_offset=40" in text
     assert "last_offset=42" in text
+
+
+def test_records_are_decoded_lazily_so_those_before_a_corrupt_one_are_yielded() -> None:
+    # `oncelog dump` prints the records it could decode before reporting corruption.
+    raw = bytearray(encode_batch([(None, b"a"), (None, b"b"), (None, b"c")], timestamp_ms=0))
+    assert raw[-3:] == b"\x02c\x00"  # the last value's length (1), the value, no headers
+    raw[-3] = 0x7F  # the last value's length becomes -64
+    records = RecordBatch(bytes(raw)).records()
+    assert [next(records).value, next(records).value] == [b"a", b"b"]
+    with pytest.raises(CorruptRecordError, match="negative length"):
+        next(records)
+
+
+# -- encode_batch: the one-pass path and the general path -------------------------------
+
+
+def test_bytes_like_keys_and_values_encode_as_their_bytes() -> None:
+    expected = encode_batch([(b"k", b"v", [("h", b"x")])], timestamp_ms=9)
+    assert encode_batch([(bytearray(b"k"), memoryview(b"v"), [("h", b"x")])], timestamp_ms=9) == expected
+    assert encode_batch([(b"k", b"v", [("h", bytearray(b"x"))])], timestamp_ms=9) == expected
+    assert encode_batch([[(b"k", b"v", (("h", b"x"),))][0]], timestamp_ms=9) == expected
+
+
+def test_encode_batch_takes_any_iterable_of_records() -> None:
+    expected = encode_batch([(None, b"0"), (None, b"1")], timestamp_ms=9)
+    assert encode_batch(((None, str(i).encode()) for i in range(2)), timestamp_ms=9) == expected
+
+
+def test_mixed_record_shapes_keep_their_own_or_the_default_timestamps() -> None:
+    records = [
+        Record(0, 500, None, b"a"),
+        (b"k", b"b"),
+        (None, b"c", [("h", None)]),
+        Record(0, 100, None, b"d"),
+        Record(0, None, None, b"e"),  # type: ignore[arg-type]
+    ]
+    batch = RecordBatch(encode_batch(records, timestamp_ms=300))
+    assert (batch.base_timestamp, batch.max_timestamp) == (500, 500)
+    assert [r.timestamp_ms for r in batch.records()] == [500, 300, 300, 100, 300]
+    assert [r.value for r in batch.records()] == [b"a", b"b", b"c", b"d", b"e"]
+
+
+@pytest.mark.parametrize(
+    ("records", "error", "match"),
+    [
+        ([(None, "text")], TypeError, "bytes or None"),
+        ([(None, "text"), 5], TypeError, "a record is"),  # shapes are checked before types
+        ([[None, b"v"]], TypeError, "a record is"),
+        ([(None, b"v", [["h", b"x"]])], TypeError, "a header is"),
+        ([(None, b"v", b"x")], TypeError, "a header is"),
+        ([(None, b"v", None)], TypeError, "not iterable"),
+        ([(None, b"v", [("h", "text")])], TypeError, None),
+        ([(None, b"v", [("\ud800", None)])], UnicodeEncodeError, None),
+    ],
+)
+def test_bad_records_raise_what_the_general_path_raises(
+    records: list[object], error: type[Exception], match: str | None
+) -> None:
+    with pytest.raises(error, match=match):
+        encode_batch(records, timestamp_ms=0)
+
+
+# -- varint boundaries, against kafka-python ---------------------------------------------
+
+
+def kafka_python_batch(specs: list[tuple[bytes | None, bytes | None]], timestamp_ms: int) -> bytes:
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 30,
+    )
+    for offset, (key, value) in enumerate(specs):
+        builder.append(offset, timestamp=timestamp_ms, key=key, value=value, headers=[])
+    return bytes(builder.build())
+
+
+@pytest.mark.parametrize("size", [0, 55, 56, 57, 63, 64, 8183, 8184, 8191, 8192, 20_000])
+def test_key_value_and_record_lengths_at_varint_boundaries_match_kafka_python(size: int) -> None:
+    # A record of an n-byte null-key value is n + 7 or so bytes: 56/57 and 8184 put the
+    # record length, not the value length, on the 64 and 8192 boundaries.
+    payload = bytes(i % 251 for i in range(size))
+    specs: list[tuple[bytes | None, bytes | None]] = [(None, payload), (payload, None), (payload, payload)]
+    ours = encode_batch(specs, timestamp_ms=1_700_000_000_000, partition_leader_epoch=0)
+    assert ours == kafka_python_batch(specs, 1_700_000_000_000)
+    assert [(r.key, r.value) for r in RecordBatch(ours).records()] == specs
+    theirs = DefaultRecordBatch(ours)
+    assert [(r.key, r.value) for r in theirs] == specs
+
+
+def test_offset_deltas_past_the_two_byte_varints_match_kafka_python() -> None:
+    specs: list[tuple[bytes | None, bytes | None]] = [(None, None)] * 8200
+    ours = encode_batch(specs, base_offset=7, timestamp_ms=0, partition_leader_epoch=0)
+    assert ours[8:] == kafka_python_batch(specs, 0)[8:]  # kafka-python's base offset is 0
+    assert [r.offset for r in RecordBatch(ours).records()] == list(range(7, 8207))

@@ -11,8 +11,10 @@ from oncelog.segments.records import (
     Record,
     decode_records,
     decode_varint,
+    encode_plain_records,
     encode_records,
     encode_varint,
+    normalise_records,
 )
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -330,3 +332,182 @@ def test_decode_records_rejects_a_record_shorter_than_its_fields() -> None:
     data = encode_varint(good_length - 2) + record[1:]
     with pytest.raises(CorruptRecordError):
         list(decode_records(data, 1, 0, 0, None))
+
+
+# -- fast paths: one- and two-byte varints, the one-pass encoder --------------------------
+
+
+def raw_record(
+    ts_delta: bytes = b"\x00",
+    offset_delta: bytes = b"\x00",
+    key: bytes = b"\x01",
+    value: bytes = b"\x01",
+    headers: bytes = b"\x00",
+) -> bytes:
+    """A record from already-encoded fields (attributes 0), prefixed by its length."""
+    body = b"\x00" + ts_delta + offset_delta + key + value + headers
+    return zigzag_reference(len(body)) + body
+
+
+def test_one_byte_varints_take_the_fast_path_and_round_trip() -> None:
+    values = range(-64, 64)
+    data = b"".join(
+        raw_record(ts_delta=zigzag_reference(v), offset_delta=zigzag_reference(v)) for v in values
+    )
+    assert all(len(encode_varint(v)) == 1 for v in values)
+    records = list(decode_records(data, len(values), 1000, 5000, None))
+    assert [(r.offset, r.timestamp_ms) for r in records] == [(1000 + v, 5000 + v) for v in values]
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [
+        (63, 1),
+        (64, 2),
+        (-64, 1),
+        (-65, 2),
+        (300, 2),
+        (8191, 2),
+        (8192, 3),
+        (-8192, 2),
+        (-8193, 3),
+        (INT32_MAX, 5),
+        (INT32_MIN, 5),
+    ],
+)
+def test_varints_at_the_one_and_two_byte_boundaries_round_trip_through_records(value: int, size: int) -> None:
+    encoded = encode_varint(value)
+    assert encoded == zigzag_reference(value)
+    assert len(encoded) == size
+    data = raw_record(ts_delta=encoded, offset_delta=encoded)
+    (record,) = decode_records(data, 1, 10_000_000_000, 10_000_000_000, None)
+    assert (record.offset, record.timestamp_ms) == (10_000_000_000 + value, 10_000_000_000 + value)
+
+
+def test_every_two_byte_varint_decodes_inline_as_the_general_decoder_does() -> None:
+    # All 128 * 128 two-byte encodings, non-canonical ones (second byte 0) included.
+    pairs = [bytes([first, second]) for first in range(0x80, 0x100) for second in range(0x80)]
+    data = b"".join(raw_record(ts_delta=pair, offset_delta=pair) for pair in pairs)
+    records = list(decode_records(data, len(pairs), 0, 0, None))
+    expected = [decode_varint(pair, 0, 5)[0] for pair in pairs]
+    assert [r.offset for r in records] == expected
+    assert [r.timestamp_ms for r in records] == expected
+
+
+@pytest.mark.parametrize("size", [0, 1, 63, 64, 100, 8191, 8192, 20_000])
+def test_keys_values_and_header_values_of_boundary_lengths_round_trip(size: int) -> None:
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    triples: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]] = [
+        (payload, payload, [("k" * size, payload)]),
+        (None, payload, []),
+        (payload, None, []),
+    ]
+    (rec, null_key, null_value) = _round_trip(triples, [1, 2, 3])
+    assert rec == Record(0, 1, payload, payload, (("k" * size, payload),))
+    assert (null_key.key, null_key.value) == (None, payload)
+    assert (null_value.key, null_value.value) == (payload, None)
+
+
+def test_non_canonical_varints_decode_like_canonical_ones() -> None:
+    # Java's reader accepts padded varints, so ours does too: 0x81 0x00 is -1 (null).
+    data = raw_record(
+        ts_delta=b"\x84\x80\x00",  # 2
+        offset_delta=b"\x82\x00",  # 1
+        key=b"\x81\x00",  # null
+        value=b"\x86\x00abc",
+        headers=b"\x82\x00\x82\x00h\x81\x00",  # one header, ("h", None)
+    )
+    assert list(decode_records(data, 1, 10, 20, None)) == [Record(11, 22, None, b"abc", (("h", None),))]
+
+
+@pytest.mark.parametrize("field", ["offset_delta", "key", "value", "headers"])
+def test_int32_fields_of_a_record_reject_a_five_byte_varint_wider_than_int32(field: str) -> None:
+    data = raw_record(**{field: b"\xff\xff\xff\xff\x1f"})
+    with pytest.raises(CorruptRecordError, match="overflows"):
+        list(decode_records(data, 1, 0, 0, None))
+
+
+@pytest.mark.parametrize("field", ["offset_delta", "key", "value", "headers"])
+def test_int32_fields_of_a_record_reject_a_six_byte_varint(field: str) -> None:
+    data = raw_record(**{field: b"\x80" * 5 + b"\x00"})
+    with pytest.raises(CorruptRecordError, match="longer than 5"):
+        list(decode_records(data, 1, 0, 0, None))
+
+
+def test_record_length_rejects_an_overflowing_or_over_wide_varint() -> None:
+    body = raw_record()[1:]
+    for length in (b"\xff\xff\xff\xff\x1f", b"\x80" * 5 + b"\x00"):
+        with pytest.raises(CorruptRecordError, match=r"overflows|longer than 5"):
+            list(decode_records(length + body, 1, 0, 0, None))
+
+
+def test_timestamp_delta_takes_ten_bytes_but_not_eleven() -> None:
+    ten = encode_varint(INT64_MIN)
+    assert len(ten) == 10
+    (record,) = decode_records(raw_record(ts_delta=ten), 1, 0, 0, None)
+    assert record.timestamp_ms == INT64_MIN
+    with pytest.raises(CorruptRecordError, match="longer than 10"):
+        list(decode_records(raw_record(ts_delta=b"\x80" * 10 + b"\x00"), 1, 0, 0, None))
+
+
+def test_every_truncation_of_records_is_corrupt_never_an_index_error() -> None:
+    long_value = bytes(300)  # two-byte value and record lengths
+    data = encode_records([(b"key", long_value, [("h", b"x"), ("n", None)]), (None, None, [])], [0, 70], 0)
+    assert len(list(decode_records(data, 2, 0, 0, None))) == 2
+    for cut in range(len(data)):
+        with pytest.raises(CorruptRecordError):
+            list(decode_records(data[:cut], 2, 0, 0, None))
+
+
+def test_a_value_length_past_its_record_is_corrupt_even_when_the_batch_has_more_bytes() -> None:
+    first = raw_record(value=b"\x06abc")
+    tampered = first.replace(b"\x06abc", b"\x0aabc")  # 5 bytes: past "abc" and the header count
+    with pytest.raises(CorruptRecordError, match="runs past its record"):
+        list(decode_records(tampered + raw_record(), 2, 0, 0, None))
+
+
+fast_records = st.lists(
+    st.one_of(
+        st.tuples(nullable_bytes, nullable_bytes),
+        st.tuples(nullable_bytes, nullable_bytes, headers),
+        st.builds(Record, st.just(0), int64s, nullable_bytes, nullable_bytes, headers.map(tuple)),
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+@settings(deadline=None)
+@given(fast_records, st.integers(0, 2**45))
+def test_the_one_pass_encoder_writes_what_the_general_encoder_writes(
+    records: list[object], default_ts: int
+) -> None:
+    fast = encode_plain_records(records, default_ts)
+    assert fast is not None
+    triples, own = normalise_records(records)
+    stamps = [default_ts if ts is None else ts for ts in own]
+    assert fast == (encode_records(triples, stamps, stamps[0]), stamps[0], max(stamps))
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        (bytearray(b"k"), b"v"),
+        (None, memoryview(b"v")),
+        (None, "text"),
+        [None, b"v"],
+        (None, b"v", [["h", b"x"]]),
+        (None, b"v", [("h", "text")]),
+        (None, b"v", [("\ud800", None)]),
+        (None, b"v", None),
+        Record(0, None, None, b"v"),  # type: ignore[arg-type]
+        Record(0, True, None, b"v"),
+        (None, b"v", b"x"),
+    ],
+)
+def test_the_one_pass_encoder_leaves_anything_unusual_to_the_general_path(record: object) -> None:
+    assert encode_plain_records([(None, b"fine"), record], 0) is None
+
+
+def test_the_one_pass_encoder_leaves_a_non_int_default_timestamp_to_the_general_path() -> None:
+    assert encode_plain_records([(None, b"v")], 1.5) is None  # type: ignore[arg-type]

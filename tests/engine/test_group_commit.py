@@ -1,0 +1,168 @@
+"""Durable appends and group commit (brief §5 "Flush policy"; issue 6).
+
+`Log.append(..., durable=True)` returns only once its batch is fsynced, and
+appenders waiting at the same time share one fsync. These tests count the
+segment fsyncs through the filesystem seam and make each one slow, so sharing
+is visible without timing anything.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from oncelog.config import LogConfig
+from oncelog.errors import LogFailedError
+from oncelog.log import Log
+from oncelog.recovery.faultfs import FaultFileSystem
+from oncelog.recovery.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle
+from oncelog.segments.batch import encode_batch
+
+T0 = 1_700_000_000_000
+CONFIG = LogConfig(producer_expiration_ms=10**13)
+
+
+def batch(tag: int) -> bytes:
+    return encode_batch([(b"k", b"value-%d" % tag)], timestamp_ms=T0)
+
+
+class _SlowSegmentFsync(DelegatingFileHandle):
+    def __init__(self, inner: FileHandle, fs: SlowFsyncFileSystem):
+        super().__init__(inner)
+        self._fs = fs
+
+    def fsync(self) -> None:
+        if self.path.endswith(".log"):
+            with self._fs.counter_lock:
+                self._fs.segment_fsyncs += 1
+                fail = self._fs.fail_fsync
+            time.sleep(self._fs.fsync_s)  # a disk's latency: appenders pile up behind it
+            if fail:
+                raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
+        self.inner.fsync()
+
+
+class SlowFsyncFileSystem(DelegatingFileSystem):
+    """The real OS, with segment fsyncs counted, slowed down and optionally failing."""
+
+    def __init__(self, fsync_s: float = 0.005):
+        super().__init__()
+        self.fsync_s = fsync_s
+        self.segment_fsyncs = 0
+        self.fail_fsync = False
+        self.counter_lock = threading.Lock()
+
+    def wrap(self, handle: FileHandle) -> FileHandle:
+        return _SlowSegmentFsync(handle, self)
+
+
+def run_threads(threads: int, work: list[list[bytes]], log: Log) -> list[list[object]]:
+    """Each thread appends its batches durably; returns each thread's results or exceptions."""
+    results: list[list[object]] = [[] for _ in range(threads)]
+    start = threading.Barrier(threads)
+
+    def appender(n: int) -> None:
+        start.wait()
+        for data in work[n]:
+            try:
+                results[n].append(log.append(data, durable=True))
+            except Exception as exc:  # collected; the caller asserts on it
+                results[n].append(exc)
+
+    pool = [threading.Thread(target=appender, args=(n,)) for n in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in pool), "a durable appender never returned"
+    return results
+
+
+class TestDurableAppend:
+    def test_a_durable_append_returns_with_its_batch_fsynced_and_the_recovery_point_past_it(
+        self, tmp_path: Path
+    ) -> None:
+        fs = SlowFsyncFileSystem(fsync_s=0)
+        with Log.open(tmp_path / "t-0", CONFIG, fs=fs) as log:
+            log.append(batch(0))
+            assert fs.segment_fsyncs == 0
+            result = log.append(batch(1), durable=True)
+            assert fs.segment_fsyncs == 1
+            assert log.recovery_point == result.last_offset + 1
+
+    def test_a_durable_append_of_data_already_fsynced_takes_no_fsync(self, tmp_path: Path) -> None:
+        fs = SlowFsyncFileSystem(fsync_s=0)
+        with Log.open(tmp_path / "t-0", CONFIG, fs=fs) as log:
+            log.append(batch(0), durable=True)
+            retry = encode_batch(
+                [(b"k", b"v")], producer_id=7, producer_epoch=0, base_sequence=0, timestamp_ms=T0
+            )
+            first = log.append(retry, durable=True)
+            fsyncs = fs.segment_fsyncs
+            again = log.append(retry, durable=True)  # a duplicate: its original is already durable
+            assert again.duplicate and again.first_offset == first.first_offset
+            assert fs.segment_fsyncs == fsyncs
+
+    def test_acknowledged_durable_appends_survive_power_loss_on_the_twin(self) -> None:
+        fs = FaultFileSystem(11)
+        log = Log.open("/d/t-0", CONFIG, fs=fs, clock=lambda: T0)
+        durable = [log.append(batch(n), durable=True) for n in range(20)]
+        for n in range(20, 30):
+            log.append(batch(n))  # not durable: power loss may take these
+        crashed = fs.crash("drop")
+        reopened = Log.open("/d/t-0", CONFIG, fs=crashed, clock=lambda: T0)
+        assert reopened.log_end_offset >= durable[-1].last_offset + 1
+        fetched = reopened.read(0, max_bytes=1 << 20)
+        values = [record.value for record in fetched.records()]
+        assert values[:20] == [b"value-%d" % n for n in range(20)]
+        reopened.close()
+
+
+class TestGroupCommit:
+    def test_sixteen_durable_appenders_share_fsyncs(self, tmp_path: Path) -> None:
+        fs = SlowFsyncFileSystem(fsync_s=0.005)
+        threads, per_thread = 16, 20
+        work = [[batch(n * 1000 + k) for k in range(per_thread)] for n in range(threads)]
+        with Log.open(tmp_path / "t-0", CONFIG, fs=fs) as log:
+            results = run_threads(threads, work, log)
+            offsets = sorted(r.first_offset for rs in results for r in rs)  # type: ignore[attr-defined]
+            assert offsets == list(range(threads * per_thread))
+            # One thread per fsync would need 320; sharing needs about one per round of 16.
+            assert fs.segment_fsyncs <= threads * per_thread // 4, fs.segment_fsyncs
+            assert log.recovery_point == threads * per_thread
+
+    def test_a_failed_group_fsync_fails_its_waiters_and_closes_the_log_to_appends(
+        self, tmp_path: Path
+    ) -> None:
+        fs = SlowFsyncFileSystem(fsync_s=0.005)
+        log = Log.open(tmp_path / "t-0", CONFIG, fs=fs)
+        log.append(batch(0), durable=True)
+        fs.fail_fsync = True
+        results = run_threads(8, [[batch(n)] for n in range(8)], log)
+        outcomes = [r for rs in results for r in rs]
+        # No append was acknowledged as durable: every waiter saw the failure.
+        assert all(isinstance(outcome, LogFailedError) for outcome in outcomes), outcomes
+        fs.fail_fsync = False
+        with pytest.raises(LogFailedError):
+            log.append(batch(99))  # fail closed: a later fsync may lie (fsyncgate)
+        log.close()
+        with Log.open(tmp_path / "t-0", CONFIG) as reopened:
+            assert reopened.read(0).batches[0].records_count == 1
+
+    def test_close_while_appenders_wait_acknowledges_only_what_it_flushed(self, tmp_path: Path) -> None:
+        fs = SlowFsyncFileSystem(fsync_s=0.01)
+        log = Log.open(tmp_path / "t-0", CONFIG, fs=fs)
+        work = [[batch(n * 100 + k) for k in range(10)] for n in range(4)]
+        closer = threading.Timer(0.03, log.close)
+        closer.start()
+        results = run_threads(4, work, log)
+        closer.join()
+        acknowledged = [r for rs in results for r in rs if not isinstance(r, Exception)]
+        with Log.open(tmp_path / "t-0", CONFIG) as reopened:
+            for result in acknowledged:
+                assert result.last_offset < reopened.log_end_offset  # type: ignore[attr-defined]

@@ -1,0 +1,118 @@
+"""Opening a log maps no sealed segment's indexes until they are used (issue 6).
+
+Segments below the recovery point are trusted; like Kafka's LazyIndex, their
+indexes are opened and sanity-checked on first use, so the cost of an open does
+not grow with the number of segments. These tests watch the seam for which
+files are opened.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from oncelog.config import LogConfig
+from oncelog.errors import CorruptLogError
+from oncelog.log import Log
+from oncelog.recovery.fs import DelegatingFileSystem, FileHandle
+from oncelog.segments.batch import encode_batch
+
+T0 = 1_700_000_000_000
+CONFIG = LogConfig(segment_bytes=4096, index_interval_bytes=256, producer_expiration_ms=10**13)
+
+
+class OpenRecordingFileSystem(DelegatingFileSystem):
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: list[str] = []
+
+    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
+        self.opened.append(Path(path).name)
+        return super().open(path, create=create, writable=writable)
+
+
+def filled(directory: Path, batches: int = 200) -> list[bytes]:
+    values = [b"value-%04d" % n + b"x" * 100 for n in range(batches)]
+    with Log.open(directory, CONFIG) as log:
+        for value in values:
+            log.append(encode_batch([(b"k", value)], timestamp_ms=T0))
+        assert len(log.segments) > 5
+    return values
+
+
+def read_values(log: Log, offset: int, count: int) -> list[bytes | None]:
+    out: list[bytes | None] = []
+    while len(out) < count:
+        fetched = log.read(offset, max_bytes=1)
+        out += [record.value for record in fetched.records()]
+        offset = fetched.next_offset
+    return out[:count]
+
+
+def index_files(names: list[str]) -> set[str]:
+    return {name for name in names if name.endswith((".index", ".timeindex"))}
+
+
+class TestLazySegmentOpening:
+    def test_a_clean_open_maps_only_the_active_segments_indexes(self, tmp_path: Path) -> None:
+        filled(tmp_path / "t-0")
+        fs = OpenRecordingFileSystem()
+        with Log.open(tmp_path / "t-0", CONFIG, fs=fs) as log:
+            active = log.active_segment.base_offset
+            assert index_files(fs.opened) == {f"{active:020d}.index", f"{active:020d}.timeindex"}
+
+    def test_reading_a_sealed_segment_maps_its_indexes_then(self, tmp_path: Path) -> None:
+        values = filled(tmp_path / "t-0")
+        fs = OpenRecordingFileSystem()
+        with Log.open(tmp_path / "t-0", CONFIG, fs=fs) as log:
+            second = log.segments[1]
+            before = index_files(fs.opened)
+            assert (
+                read_values(log, second.base_offset, 3) == values[second.base_offset : second.base_offset + 3]
+            )
+            assert index_files(fs.opened) - before == {
+                f"{second.base_offset:020d}.index",
+                f"{second.base_offset:020d}.timeindex",
+            }
+
+    def test_an_unclean_open_maps_no_index_below_the_recovery_point(self, tmp_path: Path) -> None:
+        filled(tmp_path / "t-0")
+        (tmp_path / "t-0" / ".clean_shutdown").unlink()  # as if the process died after the last roll
+        fs = OpenRecordingFileSystem()
+        with Log.open(tmp_path / "t-0", CONFIG, fs=fs) as log:
+            assert not log.recovery_report.clean
+            sealed = {s.base_offset for s in log.segments[:-2]}
+            mapped = {int(name.split(".")[0]) for name in index_files(fs.opened)}
+            assert not mapped & sealed, mapped & sealed
+
+    def test_a_sealed_segment_with_a_damaged_index_is_rebuilt_when_first_read(self, tmp_path: Path) -> None:
+        values = filled(tmp_path / "t-0")
+        with Log.open(tmp_path / "t-0", CONFIG) as log:
+            second = log.segments[1].base_offset
+        index = tmp_path / "t-0" / f"{second:020d}.index"
+        # An entry pointing past the end of its segment: the sanity check fails.
+        index.write_bytes(index.read_bytes()[:-8] + struct.pack(">ii", 1, 1 << 30))
+        with Log.open(tmp_path / "t-0", CONFIG) as log:
+            assert read_values(log, second, 5) == values[second : second + 5]
+            assert log.offset_for_timestamp(T0) is not None
+        entries = index.read_bytes()
+        assert all(struct.unpack_from(">ii", entries, n)[1] < 4096 for n in range(0, len(entries), 8))
+
+    def test_a_sealed_segment_whose_index_and_log_are_damaged_is_reported_when_read(
+        self, tmp_path: Path
+    ) -> None:
+        filled(tmp_path / "t-0")
+        with Log.open(tmp_path / "t-0", CONFIG) as log:
+            second = log.segments[1]
+            base, size = second.base_offset, second.size
+        index = tmp_path / "t-0" / f"{base:020d}.index"
+        index.write_bytes(b"\xff" * 8)
+        segment = tmp_path / "t-0" / f"{base:020d}.log"
+        data = bytearray(segment.read_bytes())
+        data[size // 2 : size // 2 + 17] = b"\x07" * 17  # an impossible header mid-segment
+        segment.write_bytes(bytes(data))
+        with Log.open(tmp_path / "t-0", CONFIG) as log, pytest.raises(CorruptLogError) as raised:
+            read_values(log, base, 50)
+        assert f"{base:020d}.log" in str(raised.value)

@@ -1,0 +1,125 @@
+"""Writes to the active segment through a mapping of pre-allocated space (brief §5).
+
+While a log is open its active segment's file runs past the data into space
+allocated ahead of it, which reads as zeros. Sealing and a clean close trim the
+file to the data; a crash image keeps the zeros, and recovery reports them as the
+zero tail, not as damage. A full disk while allocating fails the append cleanly.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from oncelog import Log, LogConfig, encode_batch
+from oncelog.errors import LogFailedError
+from oncelog.recovery.faultfs import FaultFileSystem
+from oncelog.segments import segment as segment_module
+
+T0 = 1_700_000_000_000
+CONFIG = LogConfig(segment_bytes=256 * 1024, segment_index_bytes=4096, producer_expiration_ms=10**13)
+D = "/data/topic-0"
+
+
+def clock() -> int:
+    return T0
+
+
+def append_some(log: Log, count: int, tag: int = 0) -> list[tuple[int, bytes]]:
+    """Append `count` plain batches; (base offset, bytes as stored) of each."""
+    written: list[tuple[int, bytes]] = []
+    for n in range(count):
+        data = encode_batch([(b"k%d-%d" % (tag, n), bytes([n % 251 + 1]) * (20 + n))], timestamp_ms=T0 + n)
+        result = log.append(data)
+        written.append((result.first_offset, struct.pack(">q", result.first_offset) + data[8:]))
+    return written
+
+
+def read_all(log: Log) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        fetched = log.read(offset)
+        assert fetched.next_offset > offset, f"read({offset}) made no progress below the end of {log}"
+        out += [(batch.base_offset, bytes(batch.buffer)) for batch in fetched.batches]
+        offset = fetched.next_offset
+    return out
+
+
+def segment_file(directory: Path, base: int) -> Path:
+    return directory / f"{base:020d}.log"
+
+
+def test_an_open_active_segment_file_is_preallocated_and_a_clean_close_trims_it(tmp_path: Path) -> None:
+    directory = tmp_path / "topic-0"
+    with Log.open(directory, CONFIG, clock=clock) as log:
+        written = append_some(log, 20)
+        data_size = log.active_segment.size
+        path = segment_file(directory, log.active_segment.base_offset)
+        on_disk = path.read_bytes()
+        assert data_size < len(on_disk) <= CONFIG.segment_bytes
+        assert on_disk[:data_size] == b"".join(data for _, data in written)
+        assert on_disk[data_size:] == bytes(len(on_disk) - data_size)
+    assert path.read_bytes() == on_disk[:data_size]
+
+    with Log.open(directory, CONFIG, clock=clock) as log:
+        assert log.recovery_report.clean
+        append_some(log, 5, tag=1)
+        sealed = log.active_segment
+        assert segment_file(directory, sealed.base_offset).stat().st_size > sealed.size
+        log.roll()
+        assert log.active_segment is not sealed
+        # Sealed while the log stays open: trimmed to its data at once.
+        assert segment_file(directory, sealed.base_offset).stat().st_size == sealed.size
+        assert segment_file(directory, log.active_segment.base_offset).stat().st_size == 0
+
+
+def test_a_crash_image_reports_the_preallocated_zeros_as_zero_tail_not_damage(tmp_path: Path) -> None:
+    directory = tmp_path / "topic-0"
+    with Log.open(directory, CONFIG, clock=clock) as log:
+        written = append_some(log, 30)
+        log.flush()
+        end, data_size = log.log_end_offset, log.active_segment.size
+        base = log.active_segment.base_offset
+        copy = tmp_path / "crashed"
+        shutil.copytree(directory, copy)  # what a kill -9 leaves: no clean-shutdown marker
+    file_size = segment_file(copy, base).stat().st_size
+    assert file_size > data_size
+    with Log.open(copy, CONFIG, clock=clock) as recovered:
+        report = recovered.recovery_report
+        assert not report.clean
+        assert (report.truncated_bytes, report.tail_error) == (0, None)
+        assert report.zero_tail_bytes == file_size - data_size
+        assert recovered.log_end_offset == end
+        assert read_all(recovered) == written
+        assert segment_file(copy, base).stat().st_size == data_size
+
+
+def test_a_disk_full_while_growing_the_mapping_fails_the_append_and_leaves_the_log_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No room allocated ahead: every append has to allocate.
+    monkeypatch.setattr(segment_module, "MIN_GROW_BYTES", 0)
+    monkeypatch.setattr(segment_module, "MAX_GROW_BYTES", 0)
+    fs = FaultFileSystem(7)
+    log = Log.open(D, CONFIG, fs=fs, clock=clock)
+    written = append_some(log, 10)
+    end = log.log_end_offset
+    fs.fail_next("allocate", errno.ENOSPC)
+    with pytest.raises(LogFailedError):
+        append_some(log, 1, tag=1)
+    assert log.log_end_offset == end
+    assert read_all(log) == written
+    crashed = fs.crash("kill")  # a kill -9 right after the failed append
+    log.close()
+
+    for twin in (fs, crashed):
+        reopened = Log.open(D, CONFIG, fs=twin, clock=clock)
+        assert reopened.log_end_offset == end, twin.describe()
+        assert read_all(reopened) == written, twin.describe()
+        assert reopened.recovery_report.truncated_bytes == 0, twin.describe()
+        reopened.close()
