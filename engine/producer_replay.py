@@ -17,8 +17,9 @@ MAX_PENDING_PRODUCERS = 100_000
 
 
 class ReplayBuffer:
-    def __init__(self, manager: ProducerStateManager):
+    def __init__(self, manager: ProducerStateManager, now_ms: int):
         self._manager = manager
+        self._now_ms = now_ms  # the load's clock, for expiry when the table is full
         self._pending: dict[int, WorkingState] = {}
 
     def replay_batch(
@@ -44,15 +45,14 @@ class ReplayBuffer:
         meta = BatchMetadata(first_sequence, last_sequence, first_offset, last_offset, max_timestamp_ms)
         apply_batch(w, producer_epoch, meta, is_control)
 
-    def flush(self, now_ms: int) -> None:
+    def flush(self) -> None:
         """Write every pending producer into the table.
 
-        When the table is full, producers that are expired at `now_ms` make room
+        When the table is full, producers expired at the load's clock make room
         (the load expires them at its end anyway), as the batch-by-batch replay
         did; ProducerStateFullError only if it is full of live producers.
         """
-        pending = self._pending
-        manager = self._manager
+        pending, manager, now_ms = self._pending, self._manager, self._now_ms
         while pending:
             producer_id = next(iter(pending))
             w = pending[producer_id]

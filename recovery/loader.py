@@ -163,7 +163,7 @@ class LogLoader:
         self.clean = clean
         self.now_ms = now_ms
         self.producers = ProducerStateManager(config.producer_capacity, config.producer_expiration_ms)
-        self._replay = ReplayBuffer(self.producers)
+        self._replay = ReplayBuffer(self.producers, now_ms)
         self.segments: list[LogSegment] = []
         self._bytes_scanned = 0
         self._segments_scanned = 0
@@ -415,7 +415,7 @@ class LogLoader:
         self._replayed += 1
 
     def _flush_replay(self) -> None:
-        self._replay.flush(self.now_ms)
+        self._replay.flush()
 
     # -- housekeeping ------------------------------------------------------------------
     def _remove_temp_files(self) -> None:
