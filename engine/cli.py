@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from oncelog import torture_cli
+from oncelog import bench_cli, torture_cli
 from oncelog.errors import CorruptRecordError
 from oncelog.recovery.fs import DEFAULT_FS, FileSystem
 from oncelog.segments import format as fmt
@@ -149,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=_run_demo)
     torture_cli.add_parser(commands, formatter)
+    bench_cli.add_parser(commands, formatter)
     return parser
 
 

@@ -130,6 +130,7 @@ class Log:
         self._durable_end = loaded.recovery_point
         self._sync_cond = threading.Condition(threading.Lock())
         self._sync_running = False
+        self._recovery_point_lock = threading.Lock()
 
     @classmethod
     def open(
@@ -497,8 +498,13 @@ class Log:
 
     def _set_recovery_point(self, offset: int, segment_base: int, position: int) -> None:
         # One durable LMDB commit; only ever called after what it covers was fsynced.
-        write_recovery_point(self._store, RecoveryPoint(offset, segment_base, position))
-        self.recovery_point = offset
+        # Its own lock: a flush commits it outside the append lock, and the point
+        # must never move back (a roll may have moved it further meanwhile).
+        with self._recovery_point_lock:
+            # Equal is written: a roll keeps the offset but moves the point to the new segment.
+            if offset >= self.recovery_point:
+                write_recovery_point(self._store, RecoveryPoint(offset, segment_base, position))
+                self.recovery_point = offset
 
     def _maybe_flush(self, appended_messages: int) -> None:
         self._unflushed_messages += appended_messages
@@ -564,9 +570,10 @@ class Log:
                     # dropped the dirty pages (fsyncgate).
                     self._failure = exc
                 raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
+        if end > self.recovery_point:
+            # Outside the append lock: appenders go on during the store's commit too.
+            self._set_recovery_point(end, active.base_offset, active_size)
         with self._lock:
-            if end > self.recovery_point:
-                self._set_recovery_point(end, active.base_offset, active_size)
             self._unflushed_messages -= flushed_messages
             self._last_flush_ms = self._clock()
         self._mark_durable(end)

@@ -107,9 +107,6 @@ class FaultRegion:
         self._fs._io("fsync", self.path, self.inode)
         self._fs._fsync(self.inode)
 
-    def prefault(self, offset: int, length: int) -> None:
-        pass  # no page faults to avoid in memory
-
     def close(self) -> None:
         self._fs._pull(self.inode)
         # Like OsMappedRegion: views still exported (numpy arrays) make this raise.

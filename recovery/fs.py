@@ -12,7 +12,6 @@ exact bytes it may tear.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import mmap
 import os
@@ -25,8 +24,6 @@ Buffer = bytes | bytearray | memoryview
 
 # Linux caps one writev() at IOV_MAX (1024) buffers.
 _IOV_MAX = 1024
-# madvise(2) advice from Linux 5.14, which Python's mmap module does not name yet.
-_MADV_POPULATE_WRITE = 23
 
 
 class FileHandle(Protocol):
@@ -88,10 +85,6 @@ class MappedRegion(Protocol):
 
     def flush(self) -> None:
         """msync: make the mapped bytes durable."""
-        ...
-
-    def prefault(self, offset: int, length: int) -> None:
-        """Hint: map these pages for writing now, so copies into them take no page faults."""
         ...
 
     def close(self) -> None: ...
@@ -156,15 +149,6 @@ class OsMappedRegion:
 
     def flush(self) -> None:
         self._mapping.flush()
-
-    def prefault(self, offset: int, length: int) -> None:
-        start = offset - offset % mmap.PAGESIZE
-        length = min(offset + length, len(self._mapping)) - start
-        if length <= 0:
-            return
-        # Kernels before 5.14 lack it (EINVAL); the pages then fault in on first write.
-        with contextlib.suppress(OSError):
-            self._mapping.madvise(_MADV_POPULATE_WRITE, start, length)
 
     def close(self) -> None:
         # Views derived from the buffer (numpy arrays) must be gone by now, or the

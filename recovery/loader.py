@@ -41,6 +41,7 @@ from oncelog.producer_state import ProducerStateManager
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import FileSystem, MetadataStore
 from oncelog.segments.batch import RecordBatch
+from oncelog.segments.format import CONTROL_MASK
 from oncelog.segments.segment import LOG_SUFFIX, LogSegment, parse_segment_file_name
 
 log = logging.getLogger(__name__)
@@ -400,17 +401,18 @@ class LogLoader:
         log.warning("cut %d bytes of torn tail from %s: %s", self._truncated, segment.path, why)
 
     def _apply(self, batch: RecordBatch, from_offset: int) -> None:
-        if batch.producer_id < 0 or batch.base_offset < from_offset:
+        h = batch.header
+        if h.producer_id < 0 or h.base_offset < from_offset:
             return
         self._replay.replay_batch(
-            batch.producer_id,
-            batch.producer_epoch,
-            batch.base_sequence,
+            h.producer_id,
+            h.producer_epoch,
+            h.base_sequence,
             batch.last_sequence,
-            batch.base_offset,
-            batch.last_offset,
-            batch.max_timestamp,
-            batch.is_control,
+            h.base_offset,
+            h.base_offset + h.last_offset_delta,
+            h.max_timestamp,
+            bool(h.attributes & CONTROL_MASK),
         )
         self._replayed += 1
 

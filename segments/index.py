@@ -116,10 +116,12 @@ class _MappedIndex:
         self.is_full = self._entries >= self._max_entries - 1
 
     def _append(self, first: int, second: int) -> None:
-        if self.entries >= self.max_entries:
+        n = self._entries
+        if n >= self._max_entries:
             raise IndexFullError(self.path)
-        self.ENTRY.pack_into(self._view, self.entries * self.ENTRY.size, first, second)
-        self.entries += 1
+        self.ENTRY.pack_into(self._view, n * self.ENTRY.size, first, second)
+        self._entries = n + 1
+        self.is_full = n + 1 >= self._max_entries - 1
 
     def _floor(self, key: int, strict: bool) -> int:
         """Index of the last entry whose first field is <= key (< key if strict); -1 if none."""
@@ -176,8 +178,8 @@ class OffsetIndex(_MappedIndex):
 
     def append(self, last_offset: int, position: int) -> None:
         rel = last_offset - self.base_offset
-        if self.entries:
-            prev_rel, prev_pos = self._entry(self.entries - 1)
+        if self._entries:
+            prev_rel, prev_pos = self._entry(self._entries - 1)
             # Assert before writing: a non-monotone entry would mislead every lookup.
             assert rel > prev_rel and position > prev_pos, (self.path, rel, position, prev_rel, prev_pos)
         self._append(rel, position)
@@ -207,7 +209,7 @@ class TimeIndex(_MappedIndex):
 
     def maybe_append(self, timestamp_ms: int, offset: int) -> None:
         """Add an entry only when the timestamp grows (Kafka's rule)."""
-        if self.entries and self._entry(self.entries - 1)[0] >= timestamp_ms:
+        if self._entries and self._entry(self._entries - 1)[0] >= timestamp_ms:
             return
         rel = offset - self.base_offset
         assert rel >= 0, (self.path, offset)

@@ -28,13 +28,26 @@ TIME_INDEX_SUFFIX = ".timeindex"
 # Whole-segment scans (recovery, rebuilds) read in chunks of this size, so memory
 # stays bounded whatever the segment size.
 SCAN_CHUNK_BYTES = 8 * 1024 * 1024
+# Writes of at least this many bytes go to pwritev: on ext4 a write() fills fresh
+# page cache faster than page faults on a mapping do (measured: 1.4 vs 0.8 GB/s at
+# 16 KiB), and the syscall's cost is small next to the copy. Smaller ones are
+# copied into the mapping, with no syscall at all.
+WRITE_SYSCALL_MIN_BYTES = 8 * 1024
 # The active segment is written through a shared mapping of pre-allocated space,
 # grown by at least this much at a time (and by at most MAX_GROW_BYTES, so an idle
 # partition pins little page cache and disk).
 MIN_GROW_BYTES = 1024 * 1024
-MAX_GROW_BYTES = 16 * 1024 * 1024
+# Each extension of the file costs the kernel more than the bytes it adds (measured:
+# 1 MiB steps halve the copy rate of 32 MiB ones), so steps double up to this.
+MAX_GROW_BYTES = 32 * 1024 * 1024
+# Recovery reads the pre-allocated zeros back to tell them from damage, this much at a time.
+_ZERO_SCAN_BYTES = 1024 * 1024
+_ZERO_PAGE_BYTES = 4096
+_ZERO_PAGE = bytes(_ZERO_PAGE_BYTES)
+_ZERO_CHUNK = bytes(_ZERO_SCAN_BYTES)
 
 _PREFIX_PACK_INTO = fmt.SIZE_AND_MAGIC_STRUCT.pack_into
+_PREFIX_PACK = fmt.SIZE_AND_MAGIC_STRUCT.pack
 _NO_LEADER_EPOCH = fmt.NO_PARTITION_LEADER_EPOCH
 _MAGIC = fmt.MAGIC_V2
 
@@ -92,7 +105,7 @@ def scan_file(
                 size = batch_size_at(view, used)
                 if size > len(view) - used:
                     break
-                yield ScannedBatch(pos + used, RecordBatch(view[used : used + size]))
+                yield ScannedBatch(pos + used, RecordBatch.of_sized_view(view[used : used + size]))
                 used += size
             if used == 0:
                 # The next batch alone is larger than a chunk: read exactly it.
@@ -112,14 +125,15 @@ def scan_file(
 
 def check_client_appended(batch: RecordBatch, previous_last_offset: int | None) -> None:
     """Raise unless `batch` looks as a client append left it (fields outside the CRC)."""
-    if batch.partition_leader_epoch != fmt.NO_PARTITION_LEADER_EPOCH:
+    h = batch.header
+    if h.partition_leader_epoch != fmt.NO_PARTITION_LEADER_EPOCH:
         raise CorruptRecordError(
-            f"batch at offset {batch.base_offset} has partitionLeaderEpoch {batch.partition_leader_epoch}, "
+            f"batch at offset {h.base_offset} has partitionLeaderEpoch {h.partition_leader_epoch}, "
             "not oncelog's stamp -1"
         )
-    if previous_last_offset is not None and batch.base_offset != previous_last_offset + 1:
+    if previous_last_offset is not None and h.base_offset != previous_last_offset + 1:
         raise CorruptRecordError(
-            f"batch at offset {batch.base_offset} leaves a gap after {previous_last_offset} "
+            f"batch at offset {h.base_offset} leaves a gap after {previous_last_offset} "
             "in a log that has none"
         )
 
@@ -288,21 +302,25 @@ class LogSegment:
     def append(self, buffers: Sequence[Buffer], metas: Sequence[BatchMeta]) -> None:
         """Write the batches (given as buffers) at the end, then index them.
 
-        Space is allocated first, so the only failure (a full disk) comes before a
-        byte is copied and leaves the segment as it was.
+        A failure (a full disk) comes before the indexes and `size` change, and
+        leaves the segment as it was apart from bytes past `size`.
         """
         position = self.size
         expected = sum(meta.size for meta in metas)
         end = position + expected
-        if end > self._mapped_bytes:
-            self._grow(end)
-        view = self._write_view
-        at = position
-        for buffer in buffers:
-            stop = at + len(buffer)
-            view[at:stop] = buffer
-            at = stop
-        assert at == end, (self.path, at - position, expected)
+        if expected >= WRITE_SYSCALL_MIN_BYTES:
+            written = self._handle.pwritev(buffers, position)
+            assert written == expected, (self.path, written, expected)
+        else:
+            if end > self._mapped_bytes:
+                self._grow(end)
+            view = self._write_view
+            at = position
+            for buffer in buffers:
+                stop = at + len(buffer)
+                view[at:stop] = buffer
+                at = stop
+            assert at == end, (self.path, at - position, expected)
         for meta in metas:
             self._index_batch(position, meta)
             position += meta.size
@@ -314,18 +332,24 @@ class LogSegment:
     ) -> None:
         """Write one whole batch at the end with its base offset and leader epoch stamped.
 
-        The fast path of a client append: the batch's bytes are copied once and
-        the 17-byte prefix no CRC covers is overwritten in place. The indexing is
+        The fast path of a client append. A small batch is copied into the mapping
+        and its 17-byte prefix (no CRC covers it) overwritten in place; a large one
+        goes to pwritev as the new prefix plus a view of the rest. The indexing is
         _index_batch's, inlined.
         """
         position = self.size
         size = len(buffer)
         end = position + size
-        if end > self._mapped_bytes:
-            self._grow(end)
-        view = self._write_view
-        view[position:end] = buffer
-        _PREFIX_PACK_INTO(view, position, base_offset, size - fmt.LOG_OVERHEAD, _NO_LEADER_EPOCH, _MAGIC)
+        if size >= WRITE_SYSCALL_MIN_BYTES:
+            prefix = _PREFIX_PACK(base_offset, size - fmt.LOG_OVERHEAD, _NO_LEADER_EPOCH, _MAGIC)
+            written = self._handle.pwritev([prefix, memoryview(buffer)[fmt.SIZE_AND_MAGIC_BYTES :]], position)
+            assert written == size, (self.path, written, size)
+        else:
+            if end > self._mapped_bytes:
+                self._grow(end)
+            view = self._write_view
+            view[position:end] = buffer
+            _PREFIX_PACK_INTO(view, position, base_offset, size - fmt.LOG_OVERHEAD, _NO_LEADER_EPOCH, _MAGIC)
         if self.first_batch_timestamp_ms is None:
             self.first_batch_timestamp_ms = max_timestamp_ms
         if max_timestamp_ms > self.max_timestamp_ms:
@@ -347,7 +371,6 @@ class LogSegment:
         # Blocks first: a mapped write to a page without one would be SIGBUS, not an error.
         self._handle.allocate(target)
         region = self._handle.mmap(target, writable=True)
-        region.prefault(self.size, target - self.size)
         self._write_region, self._write_view, self._mapped_bytes = region, region.buffer, target
 
     def _release_mapping(self) -> None:
@@ -413,20 +436,23 @@ class LogSegment:
             for position, batch in scan_file(self._handle, 0, size_on_disk):
                 if validate:
                     batch.validate()
-                if batch.base_offset <= prev_last_offset or batch.last_offset < batch.base_offset:
+                h = batch.header  # fields at C speed: this loop is recovery's hot path
+                last_offset = h.base_offset + h.last_offset_delta
+                if h.base_offset <= prev_last_offset or last_offset < h.base_offset:
                     raise CorruptRecordError(
-                        f"offsets {batch.base_offset}..{batch.last_offset} do not follow {prev_last_offset}"
+                        f"offsets {h.base_offset}..{last_offset} do not follow {prev_last_offset}"
                     )
                 if client_only:
                     check_client_appended(batch, prev_last_offset if position > 0 else None)
-                if position == 0 and first_base_offset is not None and batch.base_offset != first_base_offset:
+                if position == 0 and first_base_offset is not None and h.base_offset != first_base_offset:
                     raise CorruptRecordError(
-                        f"first batch starts at offset {batch.base_offset}, not at the segment's "
+                        f"first batch starts at offset {h.base_offset}, not at the segment's "
                         f"base {first_base_offset}"
                     )
-                prev_last_offset = batch.last_offset
-                self._index_batch(position, BatchMeta(batch.last_offset, batch.max_timestamp, batch.size))
-                self.size = position + batch.size
+                prev_last_offset = last_offset
+                size = h.batch_length + fmt.LOG_OVERHEAD
+                self._index_batch(position, BatchMeta(last_offset, h.max_timestamp, size))
+                self.size = position + size
                 if on_batch is not None:
                     on_batch(position, batch)
         except CorruptRecordError as exc:
@@ -500,11 +526,20 @@ class LogSegment:
         on_disk = self._handle.size()
         end = on_disk
         while end > self.size:
-            start = max(self.size, end - SCAN_CHUNK_BYTES)
+            start = max(self.size, end - _ZERO_SCAN_BYTES)
             chunk = self._handle.pread(end - start, start)
-            kept = len(chunk.rstrip(b"\0"))
-            if kept:
-                return on_disk - (start + kept)
+            if chunk == _ZERO_CHUNK[: len(chunk)]:
+                end = start
+                continue
+            # Page-sized compares against zeros (memcmp) from the end, then a
+            # byte-wise strip of the one page that holds the last non-zero byte.
+            stop = len(chunk)
+            while stop > 0:
+                page_start = max(0, stop - _ZERO_PAGE_BYTES)
+                page = chunk[page_start:stop]
+                if page != _ZERO_PAGE[: len(page)]:
+                    return on_disk - (start + page_start + len(page.rstrip(b"\0")))
+                stop = page_start
             end = start
         return on_disk - self.size
 
