@@ -122,7 +122,7 @@ class BenchSettings:
 
 
 FULL = BenchSettings("full", 7, (20_000, 20_000, 4096, 64), 500, 2 * MIB, 7, 64 * MIB, 1_000_000, 1.0)
-QUICK = BenchSettings("quick", 3, (5000, 5000, 1024, 16), 150, 2 * MIB, 3, 16 * MIB, 1_000_000, 0.3)
+QUICK = BenchSettings("quick", 3, (20_000, 10_000, 2048, 32), 150, 2 * MIB, 3, 32 * MIB, 1_000_000, 0.3)
 
 
 def settings_for(quick: bool, scale: float = 1.0) -> BenchSettings:
@@ -241,13 +241,7 @@ def append_figures(
     }
     for (label, size), count in zip(APPEND_SIZES, settings.append_counts, strict=True):
         progress(f"  append {label} batches: {settings.repeats} x {count}")
-        batch = batch_of_size(size)
-        oncelog_s: list[float] = []
-        reference_s: list[float] = []
-        _time_log_appends(directory, batch, max(count // 10, 2))  # warm-up
-        for _ in range(settings.repeats):
-            oncelog_s.append(_time_log_appends(directory, batch, count))
-            reference_s.append(_time_write_loop(directory, batch, count))
+        oncelog_s, reference_s = _append_times(directory, batch_of_size(size), count, settings.repeats)
         oncelog_rate, reference_rate = count / median(oncelog_s), count / median(reference_s)
         results.throughput.append(ThroughputPoint(size, oncelog_rate * size, reference_rate * size))
         figure = f"append {label} batches, no fsync"
@@ -259,33 +253,44 @@ def append_figures(
             results.rows.append(make_row(figure, oncelog_rate * gb_s, "GB/s", reference_rate * gb_s, target))
 
 
-def _time_log_appends(directory: str, batch: bytes, count: int) -> float:
-    with scratch_dir(directory, "log-0") as path:
-        log = Log.open(path, APPEND_CONFIG)
-        try:
-            append = log.append
+def _append_times(directory: str, batch: bytes, count: int, repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds per `count` appends for oncelog and for the reference loop, `repeats` rounds each.
 
-            def run() -> None:
-                for _ in range(count):
-                    append(batch)
+    Steady state on both sides: one log and one reference file, each warmed up,
+    then timed rounds that keep appending to them, interleaved.
+    """
+    oncelog_s: list[float] = []
+    reference_s: list[float] = []
+    with (
+        scratch_dir(directory, "log-0") as path,
+        Log.open(path, APPEND_CONFIG) as log,
+        _reference_file(directory) as fd,
+    ):
+        append, write = log.append, os.write
 
-            return timed(run)
-        finally:
-            log.close()
+        def run_log(n: int = count) -> None:
+            for _ in range(n):
+                append(batch)
+
+        def run_reference(n: int = count) -> None:
+            for _ in range(n):
+                write(fd, batch)
+
+        run_log(max(count // 10, 2))
+        run_reference(max(count // 10, 2))
+        for _ in range(repeats):
+            oncelog_s.append(timed(run_log))
+            reference_s.append(timed(run_reference))
+    return oncelog_s, reference_s
 
 
-def _time_write_loop(directory: str, batch: bytes, count: int) -> float:
-    """The reference: one os.write per batch to an O_APPEND file in the same directory."""
+@contextlib.contextmanager
+def _reference_file(directory: str) -> Iterator[int]:
+    """The reference: a file for one os.write per batch (O_APPEND), in the same directory."""
     path = os.path.join(directory, "reference.log")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
     try:
-        write = os.write
-
-        def run() -> None:
-            for _ in range(count):
-                write(fd, batch)
-
-        return timed(run)
+        yield fd
     finally:
         os.close(fd)
         os.unlink(path)

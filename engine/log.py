@@ -251,8 +251,7 @@ class Log:
                 segment_bytes + size > self._segment_bytes_limit
                 # (a segment holding bytes always has a first batch timestamp)
                 or max_ts - segment.first_batch_timestamp_ms > self._segment_ms
-                or segment.offset_index.is_full
-                or segment.time_index.is_full
+                or segment.indexes_full
                 or last - segment.base_offset > fmt.INT32_MAX
             ):
                 return self.append_batches([buffer])[0]

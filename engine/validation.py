@@ -44,6 +44,7 @@ def validate_batch(buffer: Buffer, origin: Origin, max_batch_bytes: int) -> Reco
 # Attribute bits a client batch may not set: the control bit, and compression codes
 # past the last known one (bits 0-2 above zstd's 4).
 _MAX_CODEC = max(fmt.COMPRESSION_NAMES)
+_CODEC_AND_CONTROL = fmt.COMPRESSION_MASK | fmt.CONTROL_MASK
 _HEADER = fmt.HEADER_STRUCT
 _COPY_TO_CRC_BYTES = 1024
 _CRC_START = fmt.ATTRIBUTES_OFFSET
@@ -63,10 +64,9 @@ def client_batch_header(buffer: Buffer, max_batch_bytes: int) -> tuple[Any, ...]
         if (
             length + fmt.LOG_OVERHEAD == size
             and magic == fmt.MAGIC_V2
-            and count == last_delta + 1
-            and count > 0
-            and attributes & fmt.COMPRESSION_MASK <= _MAX_CODEC
-            and not attributes & fmt.CONTROL_MASK
+            and count == last_delta + 1 > 0
+            # Not a control batch, and a known codec: one mask, one compare.
+            and attributes & _CODEC_AND_CONTROL <= _MAX_CODEC
             and (pid < 0 or base_sequence >= 0)
             # A slice of a small batch copies faster than a memoryview is made.
             and crc32c.crc32c(

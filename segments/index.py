@@ -52,6 +52,7 @@ class _MappedIndex:
         self.max_index_bytes = max_index_bytes
         self._entries = 0
         self._max_entries = 0
+        self._last: tuple[int, int] | None = None
         self.is_full = False
         self._handle: FileHandle = fs.open(path, create=True)
         self._region: MappedRegion | None = None
@@ -100,7 +101,14 @@ class _MappedIndex:
     @entries.setter
     def entries(self, value: int) -> None:
         self._entries = value
+        self._last = None  # re-read from the mapping when next needed
         self._update_full()
+
+    def _last_entry_fields(self) -> tuple[int, int] | None:
+        """The last entry's two fields, cached: every append compares against them."""
+        if self._last is None and self._entries:
+            self._last = self._entry(self._entries - 1)
+        return self._last
 
     @property
     def max_entries(self) -> int:
@@ -121,6 +129,7 @@ class _MappedIndex:
             raise IndexFullError(self.path)
         self.ENTRY.pack_into(self._view, n * self.ENTRY.size, first, second)
         self._entries = n + 1
+        self._last = (first, second)
         self.is_full = n + 1 >= self._max_entries - 1
 
     def _floor(self, key: int, strict: bool) -> int:
@@ -178,8 +187,9 @@ class OffsetIndex(_MappedIndex):
 
     def append(self, last_offset: int, position: int) -> None:
         rel = last_offset - self.base_offset
-        if self._entries:
-            prev_rel, prev_pos = self._entry(self._entries - 1)
+        last = self._last_entry_fields()
+        if last is not None:
+            prev_rel, prev_pos = last
             # Assert before writing: a non-monotone entry would mislead every lookup.
             assert rel > prev_rel and position > prev_pos, (self.path, rel, position, prev_rel, prev_pos)
         self._append(rel, position)
@@ -209,7 +219,8 @@ class TimeIndex(_MappedIndex):
 
     def maybe_append(self, timestamp_ms: int, offset: int) -> None:
         """Add an entry only when the timestamp grows (Kafka's rule)."""
-        if self._entries and self._entry(self._entries - 1)[0] >= timestamp_ms:
+        last = self._last_entry_fields()
+        if last is not None and last[0] >= timestamp_ms:
             return
         rel = offset - self.base_offset
         assert rel >= 0, (self.path, offset)

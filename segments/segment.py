@@ -404,7 +404,10 @@ class LogSegment:
 
     @property
     def indexes_full(self) -> bool:
-        return self.offset_index.is_full or self.time_index.is_full
+        offset_index, time_index = self._offset_index, self._time_index
+        if offset_index is None or time_index is None:
+            return False  # not mapped yet: a lazily opened segment is sealed and takes no appends
+        return offset_index.is_full or time_index.is_full
 
     # -- loading -----------------------------------------------------------------
     def rebuild(
