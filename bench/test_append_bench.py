@@ -35,43 +35,46 @@ def _batch(value_bytes: int, records: int = 1, producer_id: int = -1, sequence: 
     )
 
 
-SIZES = {"170B": _batch(90), "1KiB": _batch(940), "16KiB": _batch(16_290)}
+SIZES = {"170B": _batch(90), "1KiB": _batch(940), "16KiB": _batch(16_290), "1MiB": _batch(1_048_400)}
+# About 32 MiB per round at most: more would make the disk's writeback, not the
+# append path, what the later rounds (and later tests) measure.
+PER_ROUND = {"170B": BATCHES_PER_ROUND, "1KiB": BATCHES_PER_ROUND, "16KiB": BATCHES_PER_ROUND, "1MiB": 32}
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_append_one_batch_per_call(benchmark: BenchmarkFixture, log: Log, size: str) -> None:
-    batch = SIZES[size]
+    batch, count = SIZES[size], PER_ROUND[size]
     benchmark.group = f"append {size}"
 
     def run() -> None:
-        for _ in range(BATCHES_PER_ROUND):
+        for _ in range(count):
             log.append(batch)
 
     benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1)
-    assert log.log_end_offset == (ROUNDS + 1) * BATCHES_PER_ROUND
+    assert log.log_end_offset == (ROUNDS + 1) * count
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_append_batches_one_request(benchmark: BenchmarkFixture, log: Log, size: str) -> None:
-    request = [SIZES[size]] * BATCHES_PER_ROUND
+    request = [SIZES[size]] * PER_ROUND[size]
     benchmark.group = f"append {size}"
     benchmark.pedantic(lambda: log.append_batches(request), rounds=ROUNDS, warmup_rounds=1)
-    assert log.log_end_offset == (ROUNDS + 1) * BATCHES_PER_ROUND
+    assert log.log_end_offset == (ROUNDS + 1) * len(request)
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_reference_os_write_loop(benchmark: BenchmarkFixture, tmp_path: Path, size: str) -> None:
-    batch = SIZES[size]
+    batch, count = SIZES[size], PER_ROUND[size]
     benchmark.group = f"append {size}"
     fd = os.open(tmp_path / "reference.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def run() -> None:
-        for _ in range(BATCHES_PER_ROUND):
+        for _ in range(count):
             os.write(fd, batch)
 
     benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1)
     os.close(fd)
-    assert os.path.getsize(tmp_path / "reference.log") == (ROUNDS + 1) * BATCHES_PER_ROUND * len(batch)
+    assert os.path.getsize(tmp_path / "reference.log") == (ROUNDS + 1) * count * len(batch)
 
 
 def test_append_idempotent_170B(benchmark: BenchmarkFixture, log: Log) -> None:
@@ -103,3 +106,34 @@ def test_duplicate_detection_170B(benchmark: BenchmarkFixture, log: Log) -> None
 
     benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1)
     assert log.size_bytes == size_before and log.log_end_offset == 5
+
+
+def test_append_records_encodes_100_records_of_100_bytes(benchmark: BenchmarkFixture, log: Log) -> None:
+    """`append_records`: the engine builds the batch (the codec's encode path) and appends it."""
+    benchmark.group = "append_records 100 x 100 B"
+    records = [(None, b"r" * 100)] * 100
+
+    def run() -> None:
+        for _ in range(BATCHES_PER_ROUND // 10):
+            log.append_records(records, timestamp_ms=TIMESTAMP_MS)
+
+    benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1)
+    assert log.log_end_offset == (ROUNDS + 1) * BATCHES_PER_ROUND // 10 * 100
+
+
+def test_read_and_decode_every_record(benchmark: BenchmarkFixture, log: Log) -> None:
+    """Read the log back batch by batch (CRC-checked) and decode every record."""
+    benchmark.group = "read and decode"
+    for _ in range(BATCHES_PER_ROUND // 10):
+        log.append_records([(b"k", b"r" * 100)] * 100, timestamp_ms=TIMESTAMP_MS)
+    end = log.log_end_offset
+
+    def run() -> int:
+        offset, decoded = 0, 0
+        while offset < end:
+            fetched = log.read(offset, max_bytes=256 * 1024)
+            decoded += sum(1 for _ in fetched.records())
+            offset = fetched.next_offset
+        return decoded
+
+    assert benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1) == end

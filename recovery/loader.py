@@ -132,9 +132,9 @@ def write_offsets(store: MetadataStore, values: dict[str, int]) -> None:
     store.put({key: _OFFSET.pack(value) for key, value in values.items()})
 
 
-def list_segment_bases(fs: FileSystem, directory: str) -> list[int]:
+def list_segment_bases(fs: FileSystem, directory: str, names: list[str] | None = None) -> list[int]:
     bases = []
-    for name in fs.listdir(directory):
+    for name in fs.listdir(directory) if names is None else names:
         if not name.endswith(LOG_SUFFIX):
             continue
         base = parse_segment_file_name(name, LOG_SUFFIX)
@@ -214,8 +214,10 @@ class LogLoader:
 
     # -- the steps -------------------------------------------------------------------
     def _load(self) -> int | None:
-        self._remove_temp_files()
-        bases = list_segment_bases(self.fs, self.directory)
+        # One listing for the start of the load: it grows with the segment count.
+        names = self.fs.listdir(self.directory)
+        self._remove_temp_files(names)  # removes only .tmp names, which nothing below reads
+        bases = list_segment_bases(self.fs, self.directory, names)
         flag = read_offset(self.store, CLIENT_ONLY_KEY)
         if not bases:
             if flag is None:
@@ -243,7 +245,7 @@ class LogLoader:
             self.clean = False
             first_unsafe = last
 
-        snapshot_offset, has_state = self._load_newest_snapshot(limit=None)
+        snapshot_offset, has_state = self._load_newest_snapshot(limit=None, names=names)
         validated_from = bases[first_unsafe] if first_unsafe < len(bases) else None
         self._replay_trusted(snapshot_offset, until=validated_from)
         self._validate_tail(first_unsafe, point, snapshot_offset)
@@ -281,9 +283,11 @@ class LogLoader:
             log.warning("clean shutdown marker, but %s", exc)
             return False
 
-    def _load_newest_snapshot(self, limit: int | None) -> tuple[int | None, bool]:
+    def _load_newest_snapshot(
+        self, limit: int | None, names: list[str] | None = None
+    ) -> tuple[int | None, bool]:
         """Load the newest readable snapshot (at or below `limit`); set corrupt ones aside."""
-        for offset in reversed(snapshots.list_snapshot_offsets(self.fs, self.directory)):
+        for offset in reversed(snapshots.list_snapshot_offsets(self.fs, self.directory, names)):
             if limit is not None and offset > limit:
                 continue
             try:
@@ -420,8 +424,8 @@ class LogLoader:
         self._replay.flush()
 
     # -- housekeeping ------------------------------------------------------------------
-    def _remove_temp_files(self) -> None:
-        for name in self.fs.listdir(self.directory):
+    def _remove_temp_files(self, names: list[str]) -> None:
+        for name in names:
             if name.endswith(snapshots.SNAPSHOT_SUFFIX + snapshots.TMP_SUFFIX):
                 # A snapshot write that crashed before its rename: never valid.
                 self.fs.unlink(os.path.join(self.directory, name))

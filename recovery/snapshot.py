@@ -59,10 +59,10 @@ def snapshot_file_name(offset: int) -> str:
     return f"{offset:020d}{SNAPSHOT_SUFFIX}"
 
 
-def list_snapshot_offsets(fs: FileSystem, directory: str) -> list[int]:
-    """Offsets of the `%020d.snapshot` files, ascending."""
+def list_snapshot_offsets(fs: FileSystem, directory: str, names: list[str] | None = None) -> list[int]:
+    """Offsets of the `%020d.snapshot` files, ascending (among `names`, if the caller listed them)."""
     offsets = []
-    for name in fs.listdir(directory):
+    for name in fs.listdir(directory) if names is None else names:
         stem = name[: -len(SNAPSHOT_SUFFIX)] if name.endswith(SNAPSHOT_SUFFIX) else ""
         if len(stem) == 20 and stem.isdigit():
             offsets.append(int(stem))

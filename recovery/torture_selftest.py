@@ -99,10 +99,11 @@ def snapshot_written_in_place() -> contextlib.AbstractContextManager[None]:
 
 
 def producer_state_not_restored_from_snapshot() -> contextlib.AbstractContextManager[None]:
-    def load_newest(self: LogLoader, limit: int | None) -> tuple[int | None, bool]:
-        offsets = [
-            o for o in snapshots.list_snapshot_offsets(self.fs, self.directory) if limit is None or o <= limit
-        ]
+    def load_newest(
+        self: LogLoader, limit: int | None, names: list[str] | None = None
+    ) -> tuple[int | None, bool]:
+        listed = snapshots.list_snapshot_offsets(self.fs, self.directory, names)
+        offsets = [o for o in listed if limit is None or o <= limit]
         return (offsets[-1], True) if offsets else (None, False)  # claims it, loads nothing
 
     return _patched(LogLoader, "_load_newest_snapshot", load_newest)

@@ -203,49 +203,25 @@ class LogSegment:
         costs one open per sealed segment, whatever their number.
         """
         log_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
+        limits = (index_interval_bytes, max_segment_bytes, max_index_bytes)
+        if next_base_offset is not None:
+            # Listed by the loader, so it exists: no stat, and no index opened.
+            segment = cls(fs, directory, base_offset, fs.open(log_path), None, None, *limits)
+            segment.next_offset = next_base_offset
+            return segment
         is_new = not fs.exists(log_path)
         if is_new and not create:
             raise FileNotFoundError(log_path)
         handle = fs.open(log_path, create=True)
-        if next_base_offset is not None:
-            segment = cls(
-                fs,
-                directory,
-                base_offset,
-                handle,
-                None,
-                None,
-                index_interval_bytes,
-                max_segment_bytes,
-                max_index_bytes,
-            )
-            segment.next_offset = next_base_offset
-            return segment
-        offset_index = OffsetIndex(
-            fs, _index_path(directory, base_offset, INDEX_SUFFIX), base_offset, max_index_bytes, sealed=sealed
-        )
-        time_index = TimeIndex(
-            fs,
-            _index_path(directory, base_offset, TIME_INDEX_SUFFIX),
-            base_offset,
-            max_index_bytes,
-            sealed=sealed,
-        )
+        index_path = _index_path(directory, base_offset, INDEX_SUFFIX)
+        time_index_path = _index_path(directory, base_offset, TIME_INDEX_SUFFIX)
+        offset_index = OffsetIndex(fs, index_path, base_offset, max_index_bytes, sealed=sealed)
+        time_index = TimeIndex(fs, time_index_path, base_offset, max_index_bytes, sealed=sealed)
         if is_new:
             # Without this a power loss can drop the new files' directory entries
             # even after their data is fsynced (KAFKA-3968).
             fs.fsync_dir(directory)
-        return cls(
-            fs,
-            directory,
-            base_offset,
-            handle,
-            offset_index,
-            time_index,
-            index_interval_bytes,
-            max_segment_bytes,
-            max_index_bytes,
-        )
+        return cls(fs, directory, base_offset, handle, offset_index, time_index, *limits)
 
     # -- indexes, mapped on first use for a lazily opened segment --------------------
     @property
