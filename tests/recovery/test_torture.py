@@ -90,8 +90,10 @@ def test_a_planted_snapshot_that_is_ignored_on_load_is_caught(monkeypatch: pytes
     assert any(v.invariant == "producer state equals a full replay" for v in summary.violations)
 
 
-def _pretend_snapshot_loaded(self: loader.LogLoader, limit: int | None) -> tuple[int | None, bool]:
-    offsets = loader.snapshots.list_snapshot_offsets(self.fs, self.directory)
+def _pretend_snapshot_loaded(
+    self: loader.LogLoader, limit: int | None, names: list[str] | None = None
+) -> tuple[int | None, bool]:
+    offsets = loader.snapshots.list_snapshot_offsets(self.fs, self.directory, names)
     usable = [offset for offset in offsets if limit is None or offset <= limit]
     return (usable[-1], True) if usable else (None, False)
 
