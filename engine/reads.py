@@ -34,7 +34,7 @@ def read_log(
     first = max(bisect.bisect_right(base_offsets, start_offset) - 1, 0)
     for segment in segments[first:]:
         try:
-            scanned = segment.read(start_offset, max_bytes, max_offset)
+            scanned = segment.read(start_offset, max_bytes, max_offset, contiguous=client_only)
         except CorruptRecordError as exc:
             # A header that cannot be walked inside the log (below its end): corruption.
             raise CorruptLogError(

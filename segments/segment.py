@@ -538,28 +538,53 @@ class LogSegment:
         end = self.size if end_position is None else end_position
         return scan_file(self._handle, start_position, end)
 
-    def read(self, start_offset: int, max_bytes: int, max_offset: int | None = None) -> list[ScannedBatch]:
+    def read(
+        self, start_offset: int, max_bytes: int, max_offset: int | None = None, *, contiguous: bool = False
+    ) -> list[ScannedBatch]:
         """Whole batches (with their positions) from the one holding `start_offset`.
 
         At most about `max_bytes`, but at least one batch when any qualifies, even
         if it alone is larger, so a reader always makes progress. Batches whose
         last offset reaches `max_offset` are left out.
+
+        `contiguous` (a log written only by client appends): every batch walked,
+        the skipped ones before `start_offset` included, must start right after
+        the one before it, the first where the index entry says. baseOffset is
+        outside the CRC, so a flipped bit there would otherwise pass as a batch
+        at other offsets. Raises CorruptRecordError naming the position.
         """
         end = self.size
-        start = self.offset_index.lookup(start_offset).position
+        entry = self.offset_index.lookup(start_offset)
         out: list[ScannedBatch] = []
         taken = 0
         chunk = self.index_interval_bytes + max_bytes + fmt.HEADER_SIZE
-        for scanned in scan_file(self._handle, start, end, chunk):
-            batch = scanned.batch
-            if batch.last_offset < start_offset:
+        # The walk starts at a batch whose last offset is the entry's (or at the segment's first batch).
+        expected_last = entry.offset if entry.position > 0 else None
+        expected_base = self.base_offset if entry.position == 0 else None
+        for scanned in scan_file(self._handle, entry.position, end, chunk):
+            h = scanned.batch.header
+            last_offset = h.base_offset + h.last_offset_delta
+            if contiguous:
+                if (expected_base is not None and h.base_offset != expected_base) or (
+                    expected_last is not None and last_offset != expected_last
+                ):
+                    raise CorruptRecordError(
+                        f"batch claims offsets {h.base_offset}..{last_offset}, but the batches around it "
+                        f"place it at {expected_base if expected_base is not None else '?'}.."
+                        f"{expected_last if expected_last is not None else '?'}",
+                        path=self.path,
+                        position=scanned.position,
+                    )
+                expected_base, expected_last = last_offset + 1, None
+            if last_offset < start_offset:
                 continue
-            if max_offset is not None and batch.last_offset >= max_offset:
+            if max_offset is not None and last_offset >= max_offset:
                 break
-            if out and taken + batch.size > max_bytes:
+            size = h.batch_length + fmt.LOG_OVERHEAD
+            if out and taken + size > max_bytes:
                 break
             out.append(scanned)
-            taken += batch.size
+            taken += size
             if taken >= max_bytes:
                 break
         return out
