@@ -220,6 +220,12 @@ class Log:
 
         With `durable`, return only once the batch is fsynced; appenders waiting at
         the same time share one fsync (group commit).
+
+        This is the fast path for one client batch: the same checks and the same
+        order of effects as the request path (see _plan/_execute), without
+        building a RecordBatch or a plan: one header unpack, one CRC, one copy into
+        the segment. append_batches takes the rare cases (replication, a roll,
+        LogAppendTime, a full producer table).
         """
         if origin != "client" or self._log_append_time:
             result = self.append_batches([batch_bytes], origin=origin)[0]
@@ -230,12 +236,6 @@ class Log:
         return result
 
     def _append_one(self, buffer: Buffer) -> AppendResult:
-        """The fast path of `append` for one client batch; append_batches takes the rare cases.
-
-        Same checks and the same order of effects as the request path (see
-        _plan/_execute), without building a RecordBatch or a plan: one header
-        unpack, one CRC, one copy into the segment's mapping.
-        """
         header = client_batch_header(buffer, self._max_batch_bytes)
         size = len(buffer)
         last_delta, max_ts, pid = header[6], header[8], header[9]
@@ -246,13 +246,12 @@ class Log:
             base = segment.next_offset
             last = base + last_delta
             segment_bytes = segment.size
-            # _should_roll, with its cheapest tests first: a roll goes to append_batches.
+            # _should_roll, in its cheapest form: a roll goes to append_batches.
+            # (A segment holding bytes always has a first batch timestamp.)
             if segment_bytes and (
                 segment_bytes + size > self._segment_bytes_limit
-                # (a segment holding bytes always has a first batch timestamp)
                 or max_ts - segment.first_batch_timestamp_ms > self._segment_ms
-                or segment.indexes_full
-                or last - segment.base_offset > fmt.INT32_MAX
+                or last > segment.last_offset_limit
             ):
                 return self.append_batches([buffer])[0]
             after: WorkingState | None = None

@@ -172,6 +172,9 @@ class LogSegment:
         self.unflushed = False
         # Pre-allocation never goes past the size the log rolls at.
         self.max_segment_bytes = max_segment_bytes
+        # The last offset this segment may take before it must roll.
+        self.last_offset_limit = -1
+        self._update_last_offset_limit()
         # The write mapping: bytes [0, _mapped_bytes) of the file, allocated on disk.
         self._write_region: MappedRegion | None = None
         self._write_view = memoryview(b"")
@@ -375,8 +378,14 @@ class LogSegment:
             self.offset_index.append(meta.last_offset, position)
             self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
             self.bytes_since_last_index_entry = 0
+            self._update_last_offset_limit()
         self.bytes_since_last_index_entry += meta.size
         self.next_offset = meta.last_offset + 1
+
+    def _update_last_offset_limit(self) -> None:
+        # Index entries hold offsets relative to the base as i32, and a full index
+        # must roll: both caps in one number the append path compares against.
+        self.last_offset_limit = -1 if self.indexes_full else self.base_offset + fmt.INT32_MAX
 
     @property
     def indexes_full(self) -> bool:
@@ -403,6 +412,7 @@ class LogSegment:
         """
         self.offset_index.reset()
         self.time_index.reset()
+        self._update_last_offset_limit()
         size_on_disk = self._handle.size()
         self.size = 0
         self.next_offset = self.base_offset
@@ -530,6 +540,7 @@ class LogSegment:
             self._handle.truncate(self.size)
         self.offset_index.truncate_to_position(self.size)
         self.time_index.truncate_to_offset(self.next_offset)
+        self._update_last_offset_limit()
         return on_disk - self.size
 
     # -- reads -------------------------------------------------------------------
