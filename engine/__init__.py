@@ -8,6 +8,7 @@ from oncelog.errors import (
     CorruptSnapshotError,
     InvalidProducerEpochError,
     InvalidRecordError,
+    InvalidTxnStateError,
     LogClosedError,
     LogDirLockedError,
     LogFailedError,
@@ -18,6 +19,7 @@ from oncelog.errors import (
     ProducerStateFullError,
     RecordTooLargeError,
     RetriableError,
+    TransactionCoordinatorFencedError,
 )
 from oncelog.log import Log
 from oncelog.producer_ids import ProducerIdManager, ProducerLease
@@ -36,6 +38,7 @@ __all__ = [
     "FetchResult",
     "InvalidProducerEpochError",
     "InvalidRecordError",
+    "InvalidTxnStateError",
     "Log",
     "LogClosedError",
     "LogConfig",
@@ -54,6 +57,7 @@ __all__ = [
     "RecordTooLargeError",
     "RecoveryReport",
     "RetriableError",
+    "TransactionCoordinatorFencedError",
     "TimestampOffset",
     "encode_batch",
     "errors",

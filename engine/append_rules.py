@@ -10,9 +10,23 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError, ProducerStateFullError
-from oncelog.producer_state import BatchMetadata, ProducerStateManager, WorkingState, apply_batch
+from oncelog.errors import (
+    InvalidProducerEpochError,
+    InvalidTxnStateError,
+    OutOfOrderSequenceError,
+    ProducerStateFullError,
+    TransactionCoordinatorFencedError,
+)
+from oncelog.producer_state import (
+    BatchMetadata,
+    CompletedTxn,
+    ProducerStateManager,
+    WorkingState,
+    apply_batch,
+    apply_marker,
+)
 from oncelog.segments import format as fmt
+from oncelog.segments.control import TxnMarker
 
 
 def in_sequence(last_sequence: int, next_sequence: int) -> bool:
@@ -43,7 +57,12 @@ class ProducerAppendInfo:
         return self._pending[producer_id]
 
     def check(
-        self, producer_id: int, producer_epoch: int, first_sequence: int, last_sequence: int
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        first_sequence: int,
+        last_sequence: int,
+        is_transactional: bool = False,
     ) -> DuplicateBatch | None:
         """Raise if the batch breaks a rule; return the original offsets of a duplicate."""
         current = self._current(producer_id)
@@ -61,31 +80,69 @@ class ProducerAppendInfo:
                     f"producer {producer_id} bumped its epoch to {producer_epoch} "
                     f"but started at sequence {first_sequence}, not 0"
                 )
-            return None
-        for cached in current.batches:
-            if cached.first_sequence == first_sequence and cached.last_sequence == last_sequence:
-                return DuplicateBatch(cached.first_offset, cached.last_offset)
-        last = current.batches[-1].last_sequence if current.batches else fmt.NO_SEQUENCE
-        if not in_sequence(last, first_sequence):
-            raise OutOfOrderSequenceError(
-                f"producer {producer_id} epoch {producer_epoch}: sequence {first_sequence} "
-                f"does not follow {last}"
+        else:
+            for cached in current.batches:
+                if cached.first_sequence == first_sequence and cached.last_sequence == last_sequence:
+                    return DuplicateBatch(cached.first_offset, cached.last_offset)
+            last = current.batches[-1].last_sequence if current.batches else fmt.NO_SEQUENCE
+            if not in_sequence(last, first_sequence):
+                raise OutOfOrderSequenceError(
+                    f"producer {producer_id} epoch {producer_epoch}: sequence {first_sequence} "
+                    f"does not follow {last}"
+                )
+        if current.txn_first_offset >= 0 and not is_transactional:
+            raise InvalidTxnStateError(
+                f"producer {producer_id} sent non-transactional data while its transaction "
+                f"from offset {current.txn_first_offset} is open"
             )
         return None
 
-    def apply(
-        self, producer_id: int, producer_epoch: int, batch: BatchMetadata, is_control: bool
-    ) -> WorkingState:
-        """Record an accepted batch (later batches of the request see it); returns the new state."""
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
+        """Raise if a transaction marker is fenced: an older producer or coordinator epoch."""
         current = self._current(producer_id)
         if current is None:
-            current = WorkingState(producer_id, producer_epoch, [], batch.max_timestamp_ms)
+            return  # Kafka writes a marker for a producer it has no state for
+        if producer_epoch < current.producer_epoch:
+            raise InvalidProducerEpochError(
+                f"marker for producer {producer_id} at epoch {producer_epoch}, older than the current "
+                f"{current.producer_epoch}: fenced"
+            )
+        if coordinator_epoch < current.coordinator_epoch:
+            raise TransactionCoordinatorFencedError(
+                f"marker for producer {producer_id} from coordinator epoch {coordinator_epoch}, older than "
+                f"{current.coordinator_epoch}"
+            )
+
+    def apply(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        batch: BatchMetadata,
+        is_control: bool,
+        is_transactional: bool = False,
+    ) -> WorkingState:
+        """Record an accepted batch (later batches of the request see it); returns the new state."""
+        current = self._current_or_new(producer_id, producer_epoch, batch.max_timestamp_ms)
+        apply_batch(current, producer_epoch, batch, is_control, is_transactional)
+        # A copy: a later batch of the same producer in this request changes `current`.
+        return current.copy()
+
+    def apply_marker(
+        self, producer_id: int, producer_epoch: int, marker_offset: int, timestamp_ms: int, marker: TxnMarker
+    ) -> tuple[WorkingState, CompletedTxn | None]:
+        """Record an accepted transaction marker; returns the new state and the transaction it closed."""
+        current = self._current_or_new(producer_id, producer_epoch, timestamp_ms)
+        completed = apply_marker(current, producer_epoch, marker_offset, timestamp_ms, marker)
+        return current.copy(), completed
+
+    def _current_or_new(self, producer_id: int, producer_epoch: int, timestamp_ms: int) -> WorkingState:
+        current = self._current(producer_id)
+        if current is None:
+            current = WorkingState(producer_id, producer_epoch, [], timestamp_ms)
             self._new_producers += 1
             if not self._manager.has_room_for(self._new_producers):
                 raise ProducerStateFullError(
                     f"all {self._manager.capacity} producer slots hold live producers; retry after expiry"
                 )
             self._pending[producer_id] = current
-        apply_batch(current, producer_epoch, batch, is_control)
-        # A copy: a later batch of the same producer in this request changes `current`.
-        return current.copy()
+        return current

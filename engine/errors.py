@@ -98,3 +98,11 @@ class OutOfOrderSequenceError(OncelogError):
 
 class ProducerStateFullError(RetriableError):
     """The producer table is full of live producers; retry after some expire."""
+
+
+class InvalidTxnStateError(OncelogError):
+    """Non-transactional data from a producer whose transaction is still open."""
+
+
+class TransactionCoordinatorFencedError(OncelogError):
+    """A transaction marker from a coordinator epoch older than the one already seen."""

@@ -14,6 +14,7 @@ that the next open deletes before loading, so a crash while loading is unclean.
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ from oncelog.errors import (
     LogFailedError,
     ProducerStateFullError,
 )
-from oncelog.producer_state import BatchMetadata, ProducerStateEntry, WorkingState
+from oncelog.producer_state import BatchMetadata, CompletedTxn, ProducerStateEntry, WorkingState
 from oncelog.reads import read_log
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore
@@ -43,11 +44,13 @@ from oncelog.recovery.loader import (
     write_offsets,
     write_recovery_point,
 )
-from oncelog.results import AppendResult, FetchResult
+from oncelog.results import ISOLATIONS, AppendResult, FetchResult, Isolation
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, encode_batch
+from oncelog.segments.control import TxnMarker, decode_txn_marker, encode_txn_marker
 from oncelog.segments.index import TimestampOffset
 from oncelog.segments.segment import BatchMeta, LogSegment
+from oncelog.segments.txn_index import AbortedTxn
 from oncelog.validation import Origin, client_batch_header, validate_batch
 
 Clock = Callable[[], int]
@@ -67,7 +70,7 @@ def wall_clock_ms() -> int:
 class _Planned:
     """One batch of a request after checks: where it goes, or the duplicate it is."""
 
-    __slots__ = ("base", "batch", "duplicate", "last", "max_ts", "producer_after", "replicated")
+    __slots__ = ("base", "batch", "completed", "duplicate", "last", "max_ts", "producer_after", "replicated")
 
     def __init__(
         self,
@@ -78,6 +81,7 @@ class _Planned:
         duplicate: bool,
         producer_after: WorkingState | None = None,
         replicated: bool = False,
+        completed: CompletedTxn | None = None,
     ):
         self.batch = batch
         self.base = base
@@ -87,6 +91,8 @@ class _Planned:
         # The producer's state once this batch is written (None: no producer id).
         self.producer_after = producer_after
         self.replicated = replicated
+        # The transaction a marker closed (None for data, and for an empty transaction).
+        self.completed = completed
 
 
 class Log:
@@ -108,6 +114,8 @@ class Log:
         self._segments = loaded.segments
         self._base_offsets = [segment.base_offset for segment in self._segments]
         self._producers = loaded.producers
+        # Open transactions, producer id -> first offset: the last stable offset is the smallest.
+        self._open_txns: dict[int, int] = self._producers.open_transactions()
         self._store = store
         self._dir_lock = dir_lock
         self.recovery_point = loaded.recovery_point
@@ -262,16 +270,17 @@ class Log:
                 if head_due_ms is not None and head_due_ms <= now_ms:
                     self._producers.expire(now_ms)  # cheap: only when the oldest entry is due
                 epoch, first_sequence = header[10], header[11]
+                is_transactional = bool(header[5] & fmt.TRANSACTIONAL_MASK)
                 last_sequence = (first_sequence + last_delta) % (fmt.INT32_MAX + 1)
                 info = ProducerAppendInfo(self._producers)
-                duplicate = info.check(pid, epoch, first_sequence, last_sequence)
+                duplicate = info.check(pid, epoch, first_sequence, last_sequence, is_transactional)
                 if duplicate is not None:
                     return _new_result(
                         AppendResult, (duplicate.first_offset, duplicate.last_offset, -1, True)
                     )
                 meta = BatchMetadata(first_sequence, last_sequence, base, last, max_ts)
                 try:
-                    after = info.apply(pid, epoch, meta, False)
+                    after = info.apply(pid, epoch, meta, False, is_transactional)
                 except ProducerStateFullError:
                     return self.append_batches([buffer])[0]  # makes room from expired producers, or refuses
             try:
@@ -281,6 +290,8 @@ class Log:
                 raise LogFailedError(f"write to {segment.path} failed: {exc}") from exc
             if after is not None:
                 self._producers.put(after, now_ms)
+                if after.txn_first_offset >= 0:
+                    self._open_txns.setdefault(pid, after.txn_first_offset)
             if self._has_flush_policy:
                 self._maybe_flush(header[12])
             return _new_result(AppendResult, (base, last, -1, False))
@@ -307,6 +318,62 @@ class Log:
             compression=compression,
         )
         return self.append(batch)
+
+    def write_txn_marker(
+        self, producer_id: int, producer_epoch: int, *, commit: bool, coordinator_epoch: int
+    ) -> AppendResult:
+        """Append a COMMIT or ABORT marker for `producer_id`, closing its open transaction.
+
+        Fenced (nothing written) when the producer epoch is older than the stored
+        one (InvalidProducerEpochError) or the coordinator epoch is
+        (TransactionCoordinatorFencedError). A marker for a producer with no open
+        transaction is written but completes nothing. An aborted transaction goes
+        to the transaction index of the segment holding its marker.
+        """
+        if producer_id < 0:
+            raise ValueError(f"a transaction marker needs a producer id, got {producer_id}")
+        with self._lock:
+            self._check_writable()
+            now_ms = self._clock()
+            info = ProducerAppendInfo(self._producers)
+            info.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            base = self.log_end_offset
+            data = encode_txn_marker(
+                producer_id,
+                producer_epoch,
+                commit=commit,
+                coordinator_epoch=coordinator_epoch,
+                timestamp_ms=now_ms,
+                base_offset=base,
+            )
+            marker = TxnMarker(commit, coordinator_epoch)
+            after, completed = info.apply_marker(producer_id, producer_epoch, base, now_ms, marker)
+            planned = _Planned(RecordBatch(data), base, base, now_ms, False, after, completed=completed)
+            return self._execute([planned])[0]
+
+    def _track_transaction(self, state: WorkingState, completed: CompletedTxn | None) -> None:
+        """Keep the open-transaction map (the last stable offset) and the index of aborted ones.
+
+        The index entry is written before the transaction leaves the map: if that
+        write fails, the last stable offset stays before the aborted data.
+        """
+        producer_id = state.producer_id
+        if completed is not None and completed.aborted:
+            # Kafka's rule: the stable offset as of the marker, its own transaction closed.
+            others = [first for pid, first in self._open_txns.items() if pid != producer_id]
+            stable = min(others, default=completed.last_offset + 1)
+            entry = AbortedTxn(producer_id, completed.first_offset, completed.last_offset, stable)
+            self.active_segment.txn_index.append(entry)
+        if state.txn_first_offset >= 0:
+            self._open_txns.setdefault(producer_id, state.txn_first_offset)
+        else:
+            self._open_txns.pop(producer_id, None)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the oldest open transaction, or the log end if none is open."""
+        with self._lock:
+            return min(self._open_txns.values(), default=self.log_end_offset)
 
     def append_batches(self, batches: Sequence[Buffer], *, origin: Origin = "client") -> list[AppendResult]:
         """Append many batches with as few write() calls as the segments allow.
@@ -346,7 +413,13 @@ class Log:
             pid = batch.producer_id
             max_ts = batch.max_timestamp if append_time_ms is None else append_time_ms
             if origin == "client" and pid >= 0:
-                duplicate = info.check(pid, batch.producer_epoch, batch.base_sequence, batch.last_sequence)
+                duplicate = info.check(
+                    pid,
+                    batch.producer_epoch,
+                    batch.base_sequence,
+                    batch.last_sequence,
+                    batch.is_transactional,
+                )
                 if duplicate is not None:
                     plan.append(_Planned(batch, duplicate.first_offset, duplicate.last_offset, max_ts, True))
                     continue
@@ -365,11 +438,15 @@ class Log:
             else:
                 base = next_offset
             last = base + batch.last_offset_delta
-            after = None
-            if pid >= 0:
+            after, completed = None, None
+            marker = decode_txn_marker(batch) if batch.is_control and pid >= 0 else None
+            if marker is not None:
+                # A leader's transaction marker (clients cannot send control batches).
+                after, completed = info.apply_marker(pid, batch.producer_epoch, base, max_ts, marker)
+            elif pid >= 0:
                 meta = BatchMetadata(batch.base_sequence, batch.last_sequence, base, last, max_ts)
-                after = info.apply(pid, batch.producer_epoch, meta, batch.is_control)
-            plan.append(_Planned(batch, base, last, max_ts, False, after, origin == "replication"))
+                after = info.apply(pid, batch.producer_epoch, meta, batch.is_control, batch.is_transactional)
+            plan.append(_Planned(batch, base, last, max_ts, False, after, origin == "replication", completed))
             next_offset = last + 1
         return plan
 
@@ -414,6 +491,15 @@ class Log:
         for p in group:
             if p.producer_after is not None:
                 self._producers.put(p.producer_after, now_ms)
+                try:
+                    self._track_transaction(p.producer_after, p.completed)
+                except OSError as exc:
+                    # The marker is written but its index entry is not: fail closed. The next
+                    # open validates this segment and rebuilds its transaction index.
+                    self._failure = exc
+                    raise LogFailedError(
+                        f"transaction index write in {self.directory} failed: {exc}"
+                    ) from exc
 
     def _stamped(self, p: _Planned) -> list[Buffer]:
         """The batch's bytes with its base offset set (and its timestamp on LogAppendTime)."""
@@ -659,12 +745,26 @@ class Log:
 
     # -- reads -----------------------------------------------------------------------
     def read(
-        self, start_offset: int, max_bytes: int = 1_048_576, *, max_offset: int | None = None
+        self,
+        start_offset: int,
+        max_bytes: int = 1_048_576,
+        *,
+        max_offset: int | None = None,
+        isolation: Isolation = "read_uncommitted",
     ) -> FetchResult:
-        """Whole batches from the one holding `start_offset`, about `max_bytes` of them."""
+        """Whole batches from the one holding `start_offset`, about `max_bytes` of them.
+
+        read_committed stops at the last stable offset and lists the aborted
+        transactions the batches overlap; FetchResult.records() then skips them.
+        """
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation is one of {ISOLATIONS}, got {isolation!r}")
         with self._lock:
             self._check_open()
-            return read_log(
+            if isolation == "read_committed":
+                stable = min(self._open_txns.values(), default=self.log_end_offset)
+                max_offset = stable if max_offset is None else min(max_offset, stable)
+            fetched = read_log(
                 self._segments,
                 self._base_offsets,
                 start_offset,
@@ -673,6 +773,28 @@ class Log:
                 self.directory,
                 client_only=self._client_only,
             )
+            if isolation == "read_uncommitted":
+                return fetched
+            aborted = self._aborted_between(start_offset, fetched.next_offset)
+            return fetched._replace(isolation=isolation, aborted_transactions=aborted)
+
+    def _aborted_between(self, start_offset: int, upper_offset: int) -> list[tuple[int, int]]:
+        """Aborted transactions overlapping [start_offset, upper_offset), from the segments' indexes.
+
+        A transaction's marker may sit in a later segment than its data, so the
+        search goes on past the start segment until an entry's stable offset
+        shows nothing later can overlap (Kafka's collectAbortedTxns).
+        """
+        if upper_offset <= start_offset:
+            return []
+        first = max(bisect.bisect_right(self._base_offsets, start_offset) - 1, 0)
+        aborted: list[tuple[int, int]] = []
+        for segment in self._segments[first:]:
+            found = segment.txn_index.collect_aborted(start_offset, upper_offset)
+            aborted += [(txn.producer_id, txn.first_offset) for txn in found.aborted]
+            if found.complete:
+                break
+        return aborted
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampOffset | None:
         """The first record whose timestamp is at or after `timestamp_ms`, if any."""

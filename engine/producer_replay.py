@@ -10,7 +10,15 @@ the ring's order is what a batch-by-batch replay would give.
 from __future__ import annotations
 
 from oncelog.errors import ProducerStateFullError
-from oncelog.producer_state import BatchMetadata, ProducerStateManager, WorkingState, apply_batch
+from oncelog.producer_state import (
+    BatchMetadata,
+    CompletedTxn,
+    ProducerStateManager,
+    WorkingState,
+    apply_batch,
+    apply_marker,
+)
+from oncelog.segments.control import TxnMarker
 
 # Bounds the dict (and the memory it holds) on a tail naming very many producers.
 MAX_PENDING_PRODUCERS = 100_000
@@ -32,18 +40,40 @@ class ReplayBuffer:
         last_offset: int,
         max_timestamp_ms: int,
         is_control: bool,
+        is_transactional: bool = False,
     ) -> None:
-        """Apply a stored batch without checks, as ProducerStateManager.replay_batch does."""
+        """Apply a stored data batch without checks, as ProducerStateManager.replay_batch does."""
+        w = self._working(producer_id, producer_epoch, max_timestamp_ms)
+        meta = BatchMetadata(first_sequence, last_sequence, first_offset, last_offset, max_timestamp_ms)
+        apply_batch(w, producer_epoch, meta, is_control, is_transactional)
+
+    def replay_marker(
+        self, producer_id: int, producer_epoch: int, marker_offset: int, timestamp_ms: int, marker: TxnMarker
+    ) -> CompletedTxn | None:
+        """Apply a stored transaction marker; returns the transaction it closed, if any."""
+        w = self._working(producer_id, producer_epoch, timestamp_ms)
+        return apply_marker(w, producer_epoch, marker_offset, timestamp_ms, marker)
+
+    def open_transactions(self) -> dict[int, int]:
+        """producer id -> first offset of each open transaction, pending states included."""
+        out = self._manager.open_transactions()
+        for producer_id, w in self._pending.items():
+            if w.txn_first_offset >= 0:
+                out[producer_id] = w.txn_first_offset
+            else:
+                out.pop(producer_id, None)
+        return out
+
+    def _working(self, producer_id: int, producer_epoch: int, timestamp_ms: int) -> WorkingState:
         w = self._pending.get(producer_id)
         if w is None:
             if len(self._pending) >= MAX_PENDING_PRODUCERS:
                 self.flush()
             w = self._manager.working(producer_id) or WorkingState(
-                producer_id, producer_epoch, [], max_timestamp_ms
+                producer_id, producer_epoch, [], timestamp_ms
             )
             self._pending[producer_id] = w
-        meta = BatchMetadata(first_sequence, last_sequence, first_offset, last_offset, max_timestamp_ms)
-        apply_batch(w, producer_epoch, meta, is_control)
+        return w
 
     def flush(self) -> None:
         """Write every pending producer into the table.

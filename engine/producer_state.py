@@ -24,6 +24,7 @@ import numpy as np
 from oncelog.errors import ProducerStateFullError
 from oncelog.pid_map import PidSlotMap
 from oncelog.segments import format as fmt
+from oncelog.segments.control import TxnMarker
 
 # Kafka keeps the metadata of each producer's last 5 batches for duplicate detection.
 WINDOW = 5
@@ -415,25 +416,87 @@ class ProducerStateManager:
         last_offset: int,
         max_timestamp_ms: int,
         is_control: bool,
+        is_transactional: bool = False,
     ) -> None:
-        """Apply a stored batch without checks (recovery)."""
+        """Apply a stored data batch without checks (recovery, and the torture checker's replay)."""
         w = self.working(producer_id) or WorkingState(producer_id, producer_epoch, [], max_timestamp_ms)
         apply_batch(
             w,
             producer_epoch,
             BatchMetadata(first_sequence, last_sequence, first_offset, last_offset, max_timestamp_ms),
             is_control,
+            is_transactional,
         )
         self.put(w)
 
+    def replay_marker(
+        self, producer_id: int, producer_epoch: int, marker_offset: int, timestamp_ms: int, marker: TxnMarker
+    ) -> CompletedTxn | None:
+        """Apply a stored transaction marker without checks."""
+        w = self.working(producer_id) or WorkingState(producer_id, producer_epoch, [], timestamp_ms)
+        completed = apply_marker(w, producer_epoch, marker_offset, timestamp_ms, marker)
+        self.put(w)
+        return completed
 
-def apply_batch(w: WorkingState, producer_epoch: int, batch: BatchMetadata, is_control: bool) -> None:
-    """How a written batch changes its producer's state: one rule for appends and replay."""
+    def open_transactions(self) -> dict[int, int]:
+        """producer id -> first offset of its open transaction, for every producer with one."""
+        out: dict[int, int] = {}
+        for start, stop in self._used_ranges():
+            region = self.table[start:stop]
+            open_rows = region[(region["live"] == 1) & (region["txn_first_offset"] >= 0)]
+            pids, first_offsets = open_rows["producer_id"].tolist(), open_rows["txn_first_offset"].tolist()
+            out.update(zip(pids, first_offsets, strict=True))
+        return out
+
+
+def apply_batch(
+    w: WorkingState,
+    producer_epoch: int,
+    batch: BatchMetadata,
+    is_control: bool,
+    is_transactional: bool = False,
+) -> None:
+    """How a written batch changes its producer's state: one rule for appends and replay.
+
+    A transactional data batch opens the producer's transaction if none is open:
+    its first offset is where the transaction starts. Transaction markers go to
+    apply_marker; a control batch that is no marker only moves the epoch.
+    """
     if is_control:
-        # A transaction marker moves the epoch but is not a retriable batch.
+        # Not a retriable batch: only the epoch (and the activity) move.
         if producer_epoch != w.producer_epoch:
             w.producer_epoch = producer_epoch
             w.batches = []
         w.last_activity_ms = batch.max_timestamp_ms
-    else:
-        w.add_batch(producer_epoch, batch)
+        return
+    w.add_batch(producer_epoch, batch)
+    if is_transactional and w.txn_first_offset < 0:
+        w.txn_first_offset = batch.first_offset
+
+
+class CompletedTxn(NamedTuple):
+    producer_id: int
+    first_offset: int
+    last_offset: int  # the marker's offset
+    aborted: bool
+
+
+def apply_marker(
+    w: WorkingState, producer_epoch: int, marker_offset: int, timestamp_ms: int, marker: TxnMarker
+) -> CompletedTxn | None:
+    """A COMMIT or ABORT marker: close the open transaction (if any) and record the coordinator epoch.
+
+    A marker with a newer producer epoch bumps it and clears the dedupe window, so
+    the producer's next batch must start at sequence 0. A marker for a producer
+    with no open transaction (an empty transaction) completes nothing.
+    """
+    if producer_epoch != w.producer_epoch:
+        w.producer_epoch = producer_epoch
+        w.batches = []
+    completed = None
+    if w.txn_first_offset >= 0:
+        completed = CompletedTxn(w.producer_id, w.txn_first_offset, marker_offset, not marker.commit)
+    w.txn_first_offset = -1
+    w.coordinator_epoch = marker.coordinator_epoch
+    w.last_activity_ms = timestamp_ms
+    return completed

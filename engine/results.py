@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Literal, NamedTuple
 
 from oncelog.segments import Record, RecordBatch
+from oncelog.segments.control import decode_txn_marker
 
 
 class AppendResult(NamedTuple):
@@ -18,6 +19,10 @@ class AppendResult(NamedTuple):
     duplicate: bool = False
 
 
+Isolation = Literal["read_uncommitted", "read_committed"]
+ISOLATIONS: tuple[Isolation, ...] = ("read_uncommitted", "read_committed")
+
+
 class FetchResult(NamedTuple):
     # Zero-copy views of whole batches; the first one holds `start_offset` (or is
     # the first batch after it), so it may start below it.
@@ -26,10 +31,34 @@ class FetchResult(NamedTuple):
     # Where the next read should start.
     next_offset: int
     log_end_offset: int
+    isolation: Isolation = "read_uncommitted"
+    # read_committed: (producer id, first offset) of each aborted transaction that
+    # overlaps the fetched batches, as in Kafka's fetch response.
+    aborted_transactions: Sequence[tuple[int, int]] = ()
 
     def records(self) -> Iterator[Record]:
-        """The records at or after `start_offset`, decoded."""
+        """The records at or after `start_offset`, decoded.
+
+        read_committed leaves out control records and the records of aborted
+        transactions, as a Kafka consumer does: a producer's transactional
+        batches are skipped from its aborted transaction's first offset until
+        its ABORT marker.
+        """
+        committed = self.isolation == "read_committed"
+        pending = sorted(self.aborted_transactions, key=lambda txn: txn[1])
+        aborting: set[int] = set()
         for batch in self.batches:
+            h = batch.header
+            if committed:
+                while pending and pending[0][1] <= h.base_offset + h.last_offset_delta:
+                    aborting.add(pending.pop(0)[0])
+                if batch.is_control:
+                    marker = decode_txn_marker(batch) if h.producer_id in aborting else None
+                    if marker is not None and not marker.commit:
+                        aborting.discard(h.producer_id)
+                    continue
+                if batch.is_transactional and h.producer_id in aborting:
+                    continue
             for record in batch.records():
                 if record.offset >= self.start_offset:
                     yield record

@@ -41,8 +41,10 @@ from oncelog.producer_state import ProducerStateManager
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import FileSystem, MetadataStore
 from oncelog.segments.batch import RecordBatch
-from oncelog.segments.format import CONTROL_MASK
+from oncelog.segments.control import decode_txn_marker
+from oncelog.segments.format import CONTROL_MASK, TRANSACTIONAL_MASK
 from oncelog.segments.segment import LOG_SUFFIX, LogSegment, parse_segment_file_name
+from oncelog.segments.txn_index import AbortedTxn
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +247,10 @@ class LogLoader:
             self.clean = False
             first_unsafe = last
 
-        snapshot_offset, has_state = self._load_newest_snapshot(limit=None, names=names)
         validated_from = bases[first_unsafe] if first_unsafe < len(bases) else None
+        # No newer than the first segment validated: rebuilding a segment's transaction
+        # index replays all of it, which needs the producers' state at its start.
+        snapshot_offset, has_state = self._load_newest_snapshot(limit=validated_from, names=names)
         self._replay_trusted(snapshot_offset, until=validated_from)
         self._validate_tail(first_unsafe, point, snapshot_offset)
         self._flush_replay()
@@ -337,7 +341,7 @@ class LogLoader:
         offset_at_point: list[int] = []
 
         def on_batch(position: int, batch: RecordBatch) -> None:
-            self._apply(batch, replay_from)
+            self._apply(batch, replay_from, rebuilding=segment)
             if holds_point and position + batch.size == recovery_point.position:
                 offset_at_point.append(batch.last_offset + 1)
 
@@ -404,9 +408,30 @@ class LogLoader:
         self._tail_error = why
         log.warning("cut %d bytes of torn tail from %s: %s", self._truncated, segment.path, why)
 
-    def _apply(self, batch: RecordBatch, from_offset: int) -> None:
+    def _apply(self, batch: RecordBatch, from_offset: int, rebuilding: LogSegment | None = None) -> None:
+        """Replay one stored batch into producer state (headers only, except a marker's one record).
+
+        `rebuilding`: the segment whose transaction index is being rebuilt; an
+        ABORT marker replayed from it goes back into that index.
+        """
         h = batch.header
         if h.producer_id < 0 or h.base_offset < from_offset:
+            return
+        self._replayed += 1
+        if h.attributes & CONTROL_MASK:
+            marker = decode_txn_marker(batch)
+            if marker is None:
+                return  # an empty control batch (or not a marker) closes nothing
+            completed = self._replay.replay_marker(
+                h.producer_id, h.producer_epoch, h.base_offset, h.max_timestamp, marker
+            )
+            if completed is not None and completed.aborted and rebuilding is not None:
+                # Kafka's rule: the stable offset as of the marker, its own transaction closed.
+                stable = min(self._replay.open_transactions().values(), default=completed.last_offset + 1)
+                entry = AbortedTxn(
+                    completed.producer_id, completed.first_offset, completed.last_offset, stable
+                )
+                rebuilding.txn_index.append(entry)
             return
         self._replay.replay_batch(
             h.producer_id,
@@ -416,9 +441,9 @@ class LogLoader:
             h.base_offset,
             h.base_offset + h.last_offset_delta,
             h.max_timestamp,
-            bool(h.attributes & CONTROL_MASK),
+            False,
+            bool(h.attributes & TRANSACTIONAL_MASK),
         )
-        self._replayed += 1
 
     def _flush_replay(self) -> None:
         self._replay.flush()

@@ -315,10 +315,13 @@ def encode_batch(
     timestamp_ms: int | None = None,
     compression: str | int | None = None,
     partition_leader_epoch: int = fmt.NO_PARTITION_LEADER_EPOCH,
+    control: bool = False,
 ) -> bytes:
     """Build one v2 batch. A record is (key, value), (key, value, headers) or a Record.
 
     Records without their own timestamp get `timestamp_ms` (default: now).
+    `control` sets the control bit: the broker's transaction markers (see
+    segments.control), never a client's data.
     """
     given = records if isinstance(records, list | tuple) else list(records)
     default_ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
@@ -334,7 +337,9 @@ def encode_batch(
         raw = encode_records(triples, stamps, base_ts)
     codec = _codec(compression)
     body = compress(codec, raw)
-    attributes = codec | (fmt.TRANSACTIONAL_MASK if is_transactional else 0)
+    attributes = (
+        codec | (fmt.TRANSACTIONAL_MASK if is_transactional else 0) | (fmt.CONTROL_MASK if control else 0)
+    )
     covered = fmt.CRC_COVERED_HEADER_STRUCT.pack(
         attributes,
         len(given) - 1,

@@ -18,6 +18,7 @@ from oncelog.recovery.fs import Buffer, FileHandle, FileSystem, MappedRegion
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, batch_size_at
 from oncelog.segments.index import OffsetIndex, TimeIndex, TimestampOffset
+from oncelog.segments.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,10 @@ class LogSegment:
         self._offset_index = offset_index
         self._time_index = time_index
         self._max_index_bytes = max_index_bytes
+        # Aborted transactions whose ABORT marker is in this segment; no I/O until used.
+        self.txn_index = TransactionIndex(
+            fs, _index_path(directory, base_offset, TXN_INDEX_SUFFIX), base_offset
+        )
         self.index_interval_bytes = index_interval_bytes
         # Logical end of the segment: bytes past it are not part of the log.
         self.size = handle.size()
@@ -412,6 +417,7 @@ class LogSegment:
         """
         self.offset_index.reset()
         self.time_index.reset()
+        self.txn_index.reset()  # the loader re-adds the ABORT markers it replays from this segment
         self._update_last_offset_limit()
         size_on_disk = self._handle.size()
         self.size = 0
@@ -497,6 +503,7 @@ class LogSegment:
             self.path,
             _index_path(self.directory, self.base_offset, INDEX_SUFFIX),
             _index_path(self.directory, self.base_offset, TIME_INDEX_SUFFIX),
+            self.txn_index.path,
         ]
         self.close(durable=False)
         for path in paths:
@@ -540,6 +547,7 @@ class LogSegment:
             self._handle.truncate(self.size)
         self.offset_index.truncate_to_position(self.size)
         self.time_index.truncate_to_offset(self.next_offset)
+        self.txn_index.truncate_to(self.next_offset)
         self._update_last_offset_limit()
         return on_disk - self.size
 
@@ -637,6 +645,9 @@ class LogSegment:
             # passes this segment, or a clean open would take the zeros as batches.
             self._handle.fsync()
             self.unflushed = False
+        # fsync: the recovery point is about to pass this segment, and recovery rebuilds
+        # only the tail's transaction index; a lost entry would serve aborted data.
+        self.txn_index.flush()
         if self._offset_index is None or (self.offset_index.is_sealed and self.time_index.is_sealed):
             return
         if self.max_timestamp_ms != fmt.NO_TIMESTAMP:
@@ -663,7 +674,13 @@ class LogSegment:
                 self._offset_index.close(trim=durable)
                 self._time_index.close(trim=durable)
         finally:
-            self._handle.close()
+            try:
+                if durable:
+                    # fsync: the clean-shutdown marker promises every index is on disk.
+                    self.txn_index.flush()
+            finally:
+                self.txn_index.close()
+                self._handle.close()
 
     def __repr__(self) -> str:
         return f"LogSegment({self.path}, base={self.base_offset}, next={self.next_offset}, size={self.size})"
