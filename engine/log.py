@@ -14,14 +14,12 @@ that the next open deletes before loading, so a crash while loading is unclean.
 
 from __future__ import annotations
 
-import bisect
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-import crc32c
-
+from oncelog.append_plan import PlannedBatch, stamped_buffers
 from oncelog.append_rules import ProducerAppendInfo
 from oncelog.config import LogConfig
 from oncelog.errors import (
@@ -31,7 +29,8 @@ from oncelog.errors import (
     LogFailedError,
     ProducerStateFullError,
 )
-from oncelog.producer_state import BatchMetadata, CompletedTxn, ProducerStateEntry, WorkingState
+from oncelog.group_commit import GroupCommit
+from oncelog.producer_state import BatchMetadata, ProducerStateEntry, WorkingState
 from oncelog.reads import read_log
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore
@@ -50,7 +49,7 @@ from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.control import TxnMarker, decode_txn_marker, encode_txn_marker
 from oncelog.segments.index import TimestampOffset
 from oncelog.segments.segment import BatchMeta, LogSegment
-from oncelog.segments.txn_index import AbortedTxn
+from oncelog.transactions import OpenTransactions, aborted_between
 from oncelog.validation import Origin, client_batch_header, validate_batch
 
 Clock = Callable[[], int]
@@ -65,34 +64,6 @@ METADATA_DIR = "meta.lmdb"
 
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
-
-
-class _Planned:
-    """One batch of a request after checks: where it goes, or the duplicate it is."""
-
-    __slots__ = ("base", "batch", "completed", "duplicate", "last", "max_ts", "producer_after", "replicated")
-
-    def __init__(
-        self,
-        batch: RecordBatch,
-        base: int,
-        last: int,
-        max_ts: int,
-        duplicate: bool,
-        producer_after: WorkingState | None = None,
-        replicated: bool = False,
-        completed: CompletedTxn | None = None,
-    ):
-        self.batch = batch
-        self.base = base
-        self.last = last
-        self.max_ts = max_ts
-        self.duplicate = duplicate
-        # The producer's state once this batch is written (None: no producer id).
-        self.producer_after = producer_after
-        self.replicated = replicated
-        # The transaction a marker closed (None for data, and for an empty transaction).
-        self.completed = completed
 
 
 class Log:
@@ -114,8 +85,7 @@ class Log:
         self._segments = loaded.segments
         self._base_offsets = [segment.base_offset for segment in self._segments]
         self._producers = loaded.producers
-        # Open transactions, producer id -> first offset: the last stable offset is the smallest.
-        self._open_txns: dict[int, int] = self._producers.open_transactions()
+        self._transactions = OpenTransactions(self._producers.open_transactions())
         self._store = store
         self._dir_lock = dir_lock
         self.recovery_point = loaded.recovery_point
@@ -133,11 +103,7 @@ class Log:
         self._segment_bytes_limit = config.segment_bytes
         self._max_batch_bytes = config.max_batch_bytes
         self._segment_ms = config.segment_ms
-        # Group commit: offsets below _durable_end are fsynced. One waiter at a time
-        # (the leader) runs the fsync, outside the append lock; the others wait for it.
-        self._durable_end = loaded.recovery_point
-        self._sync_cond = threading.Condition(threading.Lock())
-        self._sync_running = False
+        self._group_commit = GroupCommit(loaded.recovery_point)
         self._recovery_point_lock = threading.Lock()
 
     @classmethod
@@ -291,7 +257,7 @@ class Log:
             if after is not None:
                 self._producers.put(after, now_ms)
                 if after.txn_first_offset >= 0:
-                    self._open_txns.setdefault(pid, after.txn_first_offset)
+                    self._transactions.opened(pid, after.txn_first_offset)
             if self._has_flush_policy:
                 self._maybe_flush(header[12])
             return _new_result(AppendResult, (base, last, -1, False))
@@ -348,32 +314,14 @@ class Log:
             )
             marker = TxnMarker(commit, coordinator_epoch)
             after, completed = info.apply_marker(producer_id, producer_epoch, base, now_ms, marker)
-            planned = _Planned(RecordBatch(data), base, base, now_ms, False, after, completed=completed)
+            planned = PlannedBatch(RecordBatch(data), base, base, now_ms, False, after, completed=completed)
             return self._execute([planned])[0]
-
-    def _track_transaction(self, state: WorkingState, completed: CompletedTxn | None) -> None:
-        """Keep the open-transaction map (the last stable offset) and the index of aborted ones.
-
-        The index entry is written before the transaction leaves the map: if that
-        write fails, the last stable offset stays before the aborted data.
-        """
-        producer_id = state.producer_id
-        if completed is not None and completed.aborted:
-            # Kafka's rule: the stable offset as of the marker, its own transaction closed.
-            others = [first for pid, first in self._open_txns.items() if pid != producer_id]
-            stable = min(others, default=completed.last_offset + 1)
-            entry = AbortedTxn(producer_id, completed.first_offset, completed.last_offset, stable)
-            self.active_segment.txn_index.append(entry)
-        if state.txn_first_offset >= 0:
-            self._open_txns.setdefault(producer_id, state.txn_first_offset)
-        else:
-            self._open_txns.pop(producer_id, None)
 
     @property
     def last_stable_offset(self) -> int:
         """The first offset of the oldest open transaction, or the log end if none is open."""
         with self._lock:
-            return min(self._open_txns.values(), default=self.log_end_offset)
+            return self._transactions.last_stable_offset(self.log_end_offset)
 
     def append_batches(self, batches: Sequence[Buffer], *, origin: Origin = "client") -> list[AppendResult]:
         """Append many batches with as few write() calls as the segments allow.
@@ -403,11 +351,11 @@ class Log:
                 self._maybe_flush(sum(p.batch.records_count for p in plan if not p.duplicate))
             return results
 
-    def _plan(self, views: list[RecordBatch], origin: Origin) -> list[_Planned]:
+    def _plan(self, views: list[RecordBatch], origin: Origin) -> list[PlannedBatch]:
         """Offsets and producer checks for a request, with no I/O and no state change."""
         append_time_ms = self._clock() if self.config.timestamp_type == "LogAppendTime" else None
         info = ProducerAppendInfo(self._producers)
-        plan: list[_Planned] = []
+        plan: list[PlannedBatch] = []
         next_offset = self.log_end_offset
         for batch in views:
             pid = batch.producer_id
@@ -421,7 +369,9 @@ class Log:
                     batch.is_transactional,
                 )
                 if duplicate is not None:
-                    plan.append(_Planned(batch, duplicate.first_offset, duplicate.last_offset, max_ts, True))
+                    plan.append(
+                        PlannedBatch(batch, duplicate.first_offset, duplicate.last_offset, max_ts, True)
+                    )
                     continue
             if origin == "replication":
                 # A follower keeps its leader's offsets; gaps (compaction) are legal.
@@ -446,14 +396,16 @@ class Log:
             elif pid >= 0:
                 meta = BatchMetadata(batch.base_sequence, batch.last_sequence, base, last, max_ts)
                 after = info.apply(pid, batch.producer_epoch, meta, batch.is_control, batch.is_transactional)
-            plan.append(_Planned(batch, base, last, max_ts, False, after, origin == "replication", completed))
+            plan.append(
+                PlannedBatch(batch, base, last, max_ts, False, after, origin == "replication", completed)
+            )
             next_offset = last + 1
         return plan
 
-    def _execute(self, plan: list[_Planned]) -> list[AppendResult]:
+    def _execute(self, plan: list[PlannedBatch]) -> list[AppendResult]:
         append_time = self.config.timestamp_type == "LogAppendTime"
         results: list[AppendResult] = []
-        group: list[_Planned] = []
+        group: list[PlannedBatch] = []
         # The active segment as it will be once the pending group is written.
         segment_bytes = self.active_segment.size
         first_timestamp_ms = self.active_segment.first_batch_timestamp_ms
@@ -474,13 +426,13 @@ class Log:
         self._write_group(group)
         return results
 
-    def _write_group(self, group: list[_Planned]) -> None:
+    def _write_group(self, group: list[PlannedBatch]) -> None:
         """Write the group's bytes, then (only then) apply it to producer state."""
         if not group:
             return
         buffers: list[Buffer] = []
         for p in group:
-            buffers.extend(self._stamped(p))
+            buffers.extend(stamped_buffers(p, self._log_append_time))
         metas = [BatchMeta(p.last, p.max_ts, p.batch.size) for p in group]
         try:
             self.active_segment.append(buffers, metas)
@@ -492,7 +444,7 @@ class Log:
             if p.producer_after is not None:
                 self._producers.put(p.producer_after, now_ms)
                 try:
-                    self._track_transaction(p.producer_after, p.completed)
+                    self._transactions.track(p.producer_after, p.completed, self.active_segment)
                 except OSError as exc:
                     # The marker is written but its index entry is not: fail closed. The next
                     # open validates this segment and rebuilds its transaction index.
@@ -500,29 +452,6 @@ class Log:
                     raise LogFailedError(
                         f"transaction index write in {self.directory} failed: {exc}"
                     ) from exc
-
-    def _stamped(self, p: _Planned) -> list[Buffer]:
-        """The batch's bytes with its base offset set (and its timestamp on LogAppendTime)."""
-        buf = p.batch.buffer
-        if p.replicated:
-            return [buf]  # a follower stores its leader's bytes as they are
-        # Like a Kafka broker, stamp the fields outside the CRC: the offset, and the
-        # partition leader epoch (oncelog has none: -1). Only these 17 bytes are new.
-        prefix = fmt.SIZE_AND_MAGIC_STRUCT.pack(
-            p.base, p.batch.batch_length, fmt.NO_PARTITION_LEADER_EPOCH, fmt.MAGIC_V2
-        )
-        if self.config.timestamp_type != "LogAppendTime":
-            if buf[: fmt.SIZE_AND_MAGIC_BYTES] == prefix:
-                return [buf]
-            return [prefix, buf[fmt.SIZE_AND_MAGIC_BYTES :]]
-        # LogAppendTime changes CRC-covered fields, so this path copies the batch.
-        out = bytearray(buf)
-        out[: fmt.SIZE_AND_MAGIC_BYTES] = prefix
-        attributes = p.batch.attributes | fmt.TIMESTAMP_TYPE_MASK
-        out[fmt.ATTRIBUTES_OFFSET : fmt.ATTRIBUTES_OFFSET + 2] = attributes.to_bytes(2, "big", signed=True)
-        fmt.INT64.pack_into(out, fmt.MAX_TIMESTAMP_OFFSET, p.max_ts)
-        fmt.UINT32.pack_into(out, fmt.CRC_OFFSET, crc32c.crc32c(memoryview(out)[fmt.ATTRIBUTES_OFFSET :]))
-        return [out]
 
     def _should_roll(
         self,
@@ -575,7 +504,7 @@ class Log:
         except OSError as exc:
             self._failure = exc
             raise LogFailedError(f"rolling {old.path} failed: {exc}") from exc
-        self._mark_durable(base_offset)
+        self._group_commit.mark_durable(base_offset)
         self._segments.append(segment)
         self._base_offsets.append(base_offset)
         return segment
@@ -606,30 +535,8 @@ class Log:
             self._flush()
 
     def wait_durable(self, end_offset: int) -> None:
-        """Return once every offset below `end_offset` is fsynced (group commit).
-
-        The first waiter becomes the leader and runs one flush for everything
-        appended so far, outside the append lock, so appends go on meanwhile;
-        waiters that arrive during it are covered by the next one. N threads
-        appending durably thus pay about one fsync per round, not one each.
-        """
-        with self._sync_cond:
-            while self._durable_end < end_offset:
-                if self._closed:
-                    raise LogClosedError(
-                        f"{self.directory} closed before offset {end_offset - 1} was durable"
-                    )
-                if self._sync_running:
-                    self._sync_cond.wait()
-                    continue
-                self._sync_running = True
-                self._sync_cond.release()
-                try:
-                    self._flush()
-                finally:
-                    self._sync_cond.acquire()
-                    self._sync_running = False
-                    self._sync_cond.notify_all()
+        """Return once every offset below `end_offset` is fsynced; concurrent callers share one flush."""
+        self._group_commit.wait(end_offset, self._flush, self.directory)
 
     def _flush(self) -> None:
         """fsync every segment with unflushed bytes, then move the recovery point.
@@ -660,13 +567,7 @@ class Log:
         with self._lock:
             self._unflushed_messages -= flushed_messages
             self._last_flush_ms = self._clock()
-        self._mark_durable(end)
-
-    def _mark_durable(self, end_offset: int) -> None:
-        with self._sync_cond:
-            if end_offset > self._durable_end:
-                self._durable_end = end_offset
-                self._sync_cond.notify_all()
+        self._group_commit.mark_durable(end)
 
     def close(self) -> None:
         """Flush, snapshot at the log end and leave the clean-shutdown marker.
@@ -675,19 +576,13 @@ class Log:
         reopened; a log that could not be flushed closes without the marker, and
         the next open recovers it.
         """
-        with self._sync_cond:
-            # A group-commit leader fsyncs outside the append lock: let it finish
-            # before the files it fsyncs are closed.
-            while self._sync_running and not self._closed:
-                self._sync_cond.wait()
-            if self._closed:
-                return
-            self._sync_running = True  # no new leader from here on
+        # A group-commit leader fsyncs outside the append lock: it finishes first.
+        if not self._group_commit.begin_close():
+            return
         try:
             self._close()
         finally:
-            with self._sync_cond:
-                self._sync_cond.notify_all()  # waiters wake to find the log closed
+            self._group_commit.end_close()
 
     def _close(self) -> None:
         with self._lock:
@@ -762,7 +657,7 @@ class Log:
         with self._lock:
             self._check_open()
             if isolation == "read_committed":
-                stable = min(self._open_txns.values(), default=self.log_end_offset)
+                stable = self._transactions.last_stable_offset(self.log_end_offset)
                 max_offset = stable if max_offset is None else min(max_offset, stable)
             fetched = read_log(
                 self._segments,
@@ -775,26 +670,8 @@ class Log:
             )
             if isolation == "read_uncommitted":
                 return fetched
-            aborted = self._aborted_between(start_offset, fetched.next_offset)
+            aborted = aborted_between(self._segments, self._base_offsets, start_offset, fetched.next_offset)
             return fetched._replace(isolation=isolation, aborted_transactions=aborted)
-
-    def _aborted_between(self, start_offset: int, upper_offset: int) -> list[tuple[int, int]]:
-        """Aborted transactions overlapping [start_offset, upper_offset), from the segments' indexes.
-
-        A transaction's marker may sit in a later segment than its data, so the
-        search goes on past the start segment until an entry's stable offset
-        shows nothing later can overlap (Kafka's collectAbortedTxns).
-        """
-        if upper_offset <= start_offset:
-            return []
-        first = max(bisect.bisect_right(self._base_offsets, start_offset) - 1, 0)
-        aborted: list[tuple[int, int]] = []
-        for segment in self._segments[first:]:
-            found = segment.txn_index.collect_aborted(start_offset, upper_offset)
-            aborted += [(txn.producer_id, txn.first_offset) for txn in found.aborted]
-            if found.complete:
-                break
-        return aborted
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampOffset | None:
         """The first record whose timestamp is at or after `timestamp_ms`, if any."""

@@ -1,0 +1,67 @@
+"""GroupCommit: appenders waiting for durability share one flush (brief §5).
+
+One waiter at a time is the leader: it runs the flush (the log's fsyncs and the
+recovery point's commit) with this object's lock released, so other threads
+keep appending and queue up behind it; the next leader's flush covers them all.
+N threads appending durably thus pay about one fsync per round, not one each.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from oncelog.errors import LogClosedError
+
+
+class GroupCommit:
+    def __init__(self, durable_end_offset: int):
+        # Offsets below this are fsynced (and acknowledged as durable to waiters).
+        self.durable_end_offset = durable_end_offset
+        self._cond = threading.Condition(threading.Lock())
+        self._flush_running = False
+        self._closing = False
+
+    def wait(self, end_offset: int, flush: Callable[[], None], what: str) -> None:
+        """Return once every offset below `end_offset` is durable, running `flush` if no one is.
+
+        `flush` must call `mark_durable` with what it made durable; its errors
+        reach the waiter that ran it, and the next waiter runs it again (a failed
+        log refuses, so each waiter sees the failure).
+        """
+        with self._cond:
+            while self.durable_end_offset < end_offset:
+                if self._closing:
+                    raise LogClosedError(f"{what} closed before offset {end_offset - 1} was fsynced")
+                if self._flush_running:
+                    self._cond.wait()
+                    continue
+                self._flush_running = True
+                self._cond.release()
+                try:
+                    flush()
+                finally:
+                    self._cond.acquire()
+                    self._flush_running = False
+                    self._cond.notify_all()
+
+    def mark_durable(self, end_offset: int) -> None:
+        with self._cond:
+            if end_offset > self.durable_end_offset:
+                self.durable_end_offset = end_offset
+                self._cond.notify_all()
+
+    def begin_close(self) -> bool:
+        """Wait out a running leader (it fsyncs files about to close); False if already closing."""
+        with self._cond:
+            while self._flush_running and not self._closing:
+                self._cond.wait()
+            if self._closing:
+                return False
+            self._closing = True
+            self._flush_running = True  # no new leader from here on
+            return True
+
+    def end_close(self) -> None:
+        with self._cond:
+            self._cond.notify_all()  # waiters wake to find the log closed

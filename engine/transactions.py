@@ -1,0 +1,67 @@
+"""OpenTransactions: the log's open transactions, its last stable offset, its aborted ones (brief §8).
+
+Producer state holds each producer's open transaction (its first offset); this
+keeps the same facts by producer for the two questions reads ask: where does the
+stable prefix end (the oldest open transaction's first offset), and which aborted
+transactions does a fetch overlap (the segments' .txnindex files).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from oncelog.producer_state import CompletedTxn, WorkingState
+from oncelog.segments.segment import LogSegment
+from oncelog.segments.txn_index import AbortedTxn
+
+
+class OpenTransactions:
+    def __init__(self, first_offsets: dict[int, int]):
+        self._first_offsets = first_offsets  # producer id -> first offset of its open transaction
+
+    def last_stable_offset(self, log_end_offset: int) -> int:
+        return min(self._first_offsets.values(), default=log_end_offset)
+
+    def opened(self, producer_id: int, first_offset: int) -> None:
+        self._first_offsets.setdefault(producer_id, first_offset)
+
+    def track(self, state: WorkingState, completed: CompletedTxn | None, segment: LogSegment) -> None:
+        """Follow a producer's new state; an aborted transaction goes to `segment`'s index.
+
+        The index entry is written before the transaction leaves the map: if that
+        write fails, the last stable offset stays before the aborted data.
+        """
+        producer_id = state.producer_id
+        if completed is not None and completed.aborted:
+            # Kafka's rule: the stable offset as of the marker, its own transaction closed.
+            others = [first for pid, first in self._first_offsets.items() if pid != producer_id]
+            stable = min(others, default=completed.last_offset + 1)
+            segment.txn_index.append(
+                AbortedTxn(producer_id, completed.first_offset, completed.last_offset, stable)
+            )
+        if state.txn_first_offset >= 0:
+            self._first_offsets.setdefault(producer_id, state.txn_first_offset)
+        else:
+            self._first_offsets.pop(producer_id, None)
+
+
+def aborted_between(
+    segments: Sequence[LogSegment], base_offsets: Sequence[int], start_offset: int, upper_offset: int
+) -> list[tuple[int, int]]:
+    """(producer id, first offset) of the aborted transactions overlapping [start_offset, upper_offset).
+
+    A transaction's marker may sit in a later segment than its data, so the search
+    goes on past the start segment until an entry's stable offset shows nothing
+    later can overlap (Kafka's collectAbortedTxns).
+    """
+    if upper_offset <= start_offset:
+        return []
+    first = max(bisect.bisect_right(base_offsets, start_offset) - 1, 0)
+    aborted: list[tuple[int, int]] = []
+    for segment in segments[first:]:
+        found = segment.txn_index.collect_aborted(start_offset, upper_offset)
+        aborted += [(txn.producer_id, txn.first_offset) for txn in found.aborted]
+        if found.complete:
+            break
+    return aborted
