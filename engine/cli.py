@@ -1,13 +1,16 @@
 """The `oncelog` command line: `dump` (inspect segment files) and `demo`.
 
 `oncelog dump` is modelled on Kafka's `kafka-dump-log.sh` (DumpLogSegments): one
-line per batch with every header field, and with `--records` one line per record.
+line per batch with every header field, and with `--records` one line per record;
+a transaction index (`.txnindex`) is dumped one line per aborted transaction.
 It is strictly read-only: files are opened through the filesystem seam with
-`writable=False` and streamed with `scan_file`, so memory stays bounded whatever
-the segment size and nothing on disk is ever created or changed.
+`writable=False` and segments are streamed with `scan_file`, so memory stays
+bounded whatever the segment size and nothing on disk is ever created or changed.
+It never opens a `Log` (which would take the directory lock and recover).
 
 Exit status: 0 when everything was dumped, 2 for bad input (a missing path, a
-directory without segments, a file that is not a segment, a corrupt or torn batch).
+directory without segments, a file that is not a segment, a corrupt or torn batch,
+a corrupt transaction index entry).
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from typing import TextIO
 
 from oncelog import bench_cli, torture_cli
 from oncelog.errors import CorruptRecordError
-from oncelog.recovery.fs import DEFAULT_FS, FileSystem
+from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, FileSystem
 from oncelog.segments import format as fmt
-from oncelog.segments.batch import RecordBatch, TruncatedBatchError
+from oncelog.segments.batch import RecordBatch, TruncatedBatchError, UnwrittenSpaceError
 from oncelog.segments.records import Record
 from oncelog.segments.segment import LOG_SUFFIX, parse_segment_file_name, scan_file
+from oncelog.segments.txn_index import ENTRY, ENTRY_SIZE, TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex
+from oncelog.segments.txn_index import VERSION as TXN_INDEX_VERSION
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -63,6 +68,7 @@ EPILOG = """\
 examples:
   oncelog dump data/orders-0/00000000000000000000.log
   oncelog dump --records /var/lib/kafka/orders-0 | head -50
+  oncelog dump data/orders-0/00000000000000000000.txnindex
   oncelog demo --data-dir ./data/demo
 
 Run `oncelog <command> --help` for the options of a command."""
@@ -71,17 +77,28 @@ DUMP_DESCRIPTION = """\
 Print the record batches of a segment file (%020d.log) or of every segment of a
 partition directory (in offset order), one line per batch, like Kafka's
 kafka-dump-log.sh (DumpLogSegments). Strictly read-only: nothing is created or
-modified, so it is safe on a live or damaged log.
+modified and the log is not opened (no lock taken), so it is safe on a live or
+damaged log.
 
 Each batch line shows its header: baseOffset, lastOffset, count, producer id,
 epoch and sequences, partitionLeaderEpoch, isTransactional, isControl, its byte
 position in the file, its max timestamp (CreateTime or LogAppendTime), size,
 compression codec, stored CRC and whether it is valid (CRC-32C and structure).
-A summary line ends each file.
+With --records, a transaction marker (a control record) is shown as
+`endTxnMarker: COMMIT|ABORT coordinatorEpoch: N`. A summary line ends each file.
+
+A transaction index (%020d.txnindex: the aborted transactions whose ABORT marker
+is in that segment) is dumped one line per entry, as Kafka does:
+`version: 0 producerId: P firstOffset: F lastOffset: L lastStableOffset: S`.
+For a directory, each segment's index (if it has one) follows its batches. A
+partial entry at the end (a crash mid-append leaves one) is ignored, as the
+engine ignores it. The last stable offset of the log itself is not shown: that
+needs the producer state, which only opening the log recovers.
 
 Exit status is 2 if PATH does not exist, holds no segments, or a file is not a
-segment, has an impossible batch header or ends in the middle of a batch; what
-was readable is printed first and the error (file and byte position) goes to
+segment, has an impossible batch header or ends in the middle of a batch, or a
+transaction index has an entry with a bad version or out of order; what was
+readable is printed first and the error (file and byte position) goes to
 stderr. A batch whose CRC does not match is shown with `isvalid: false` and does
 not change the exit status."""
 
@@ -89,7 +106,8 @@ DUMP_EPILOG = """\
 examples:
   oncelog dump data/orders-0/00000000000000000000.log
   oncelog dump data/orders-0                    # every segment, in offset order
-  oncelog dump --records data/orders-0 | head   # records too (key, payload, headers)"""
+  oncelog dump --records data/orders-0 | head   # records too (key, payload, headers)
+  oncelog dump data/orders-0/00000000000000000000.txnindex   # aborted transactions"""
 
 DEMO_DESCRIPTION = """\
 Run the oncelog demo: create a log in DATA_DIR, append to it, crash-recover it
@@ -117,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument(
         "path",
         metavar="PATH",
-        help="a segment file (%%020d.log) or a partition directory",
+        help="a segment file (%%020d.log), a transaction index (%%020d.txnindex) or a partition directory",
     )
     dump.add_argument(
         "--records",
@@ -228,37 +246,46 @@ def _run_dump(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_BAD_INPUT
     status = EXIT_OK
     for file_path in files:
-        ok = dump_file(
-            file_path,
-            out,
-            err,
-            records=args.records,
-            validate=args.validate,
-            fs=DEFAULT_FS,
-        )
+        if file_path.endswith(TXN_INDEX_SUFFIX):
+            ok = dump_txn_index(file_path, out, err, fs=DEFAULT_FS)
+        else:
+            ok = dump_file(
+                file_path,
+                out,
+                err,
+                records=args.records,
+                validate=args.validate,
+                fs=DEFAULT_FS,
+            )
         if not ok:
             status = EXIT_BAD_INPUT
     return status
 
 
 def _segment_files(path: str, err: TextIO) -> list[str] | None:
-    """The files to dump for PATH, or None (after printing why) if there are none."""
+    """The files to dump for PATH, or None (after printing why) if there are none.
+
+    For a directory: its segments in offset order, each followed by its transaction
+    index if it has one.
+    """
     if os.path.isdir(path):
         try:
             names = DEFAULT_FS.listdir(path)
         except OSError as exc:
             print(f"{PROG} dump: cannot list {path}: {exc.strerror or exc}", file=err)
             return None
-        logs = [name for name in names if name.endswith(LOG_SUFFIX)]
-        if not logs:
+        if not any(name.endswith(LOG_SUFFIX) for name in names):
             print(f"{PROG} dump: no {LOG_SUFFIX} segment files in directory {path}", file=err)
             return None
+        kinds = (LOG_SUFFIX, TXN_INDEX_SUFFIX)
+        wanted = [name for name in names if name.endswith(kinds)]
 
-        def order(name: str) -> tuple[int, int, str]:
-            base = parse_segment_file_name(name, LOG_SUFFIX)
-            return (0, base, name) if base is not None else (1, 0, name)
+        def order(name: str) -> tuple[int, int, int, str]:
+            kind = 0 if name.endswith(LOG_SUFFIX) else 1
+            base = parse_segment_file_name(name, kinds[kind])
+            return (0, base, kind, name) if base is not None else (1, 0, kind, name)
 
-        return [os.path.join(path, name) for name in sorted(logs, key=order)]
+        return [os.path.join(path, name) for name in sorted(wanted, key=order)]
     if not os.path.exists(path):
         print(f"{PROG} dump: no such file or directory: {path}", file=err)
         return None
@@ -296,6 +323,12 @@ def dump_file(
                 if records:
                     summary.records += _dump_records(batch, out)
         except CorruptRecordError as exc:
+            start = exc.position or 0
+            if isinstance(exc, UnwrittenSpaceError) and _zeros_to_end(handle, start, size):
+                # A live log's pre-allocated space, or what a crash left of it: the data ends here.
+                print(_summary_line(summary, records), file=out)
+                print(f"{size - start} bytes of unwritten space follow the last batch", file=out)
+                return True
             print(_summary_line(summary, records), file=out)
             out.flush()
             print(f"{PROG} dump: {_describe_error(exc, path, size, summary)}", file=err)
@@ -309,6 +342,82 @@ def dump_file(
         handle.close()
     print(_summary_line(summary, records), file=out)
     return True
+
+
+def _zeros_to_end(handle: FileHandle, start: int, end: int, chunk_bytes: int = 1 << 20) -> bool:
+    """True if bytes [start, end) of the file are all zero (read a chunk at a time)."""
+    zeros = bytes(chunk_bytes)
+    while start < end:
+        chunk = handle.pread(min(chunk_bytes, end - start), start)
+        if not chunk or chunk != zeros[: len(chunk)]:
+            return False
+        start += len(chunk)
+    return True
+
+
+class _ReadOnlyFileSystem(DelegatingFileSystem):
+    """Hands TransactionIndex read-only handles: it can never create or change a file."""
+
+    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
+        return self.inner.open(path, writable=False)
+
+
+def dump_txn_index(path: str, out: TextIO, err: TextIO, *, fs: FileSystem = DEFAULT_FS) -> bool:
+    """Dump one transaction index (`.txnindex`) to `out`, one line per aborted transaction.
+
+    Returns False (after reporting to `err`) if it cannot be read or an entry is corrupt;
+    the entries before the corrupt one are printed first.
+    """
+    try:
+        handle = fs.open(path, writable=False)
+    except OSError as exc:
+        print(f"{PROG} dump: cannot open {path}: {exc.strerror or exc}", file=err)
+        return False
+    print(f"Dumping {path}", file=out)
+    base = parse_segment_file_name(os.path.basename(path), TXN_INDEX_SUFFIX)
+    # An unconventional name has no base offset to check entries against: use 0.
+    index = TransactionIndex(_ReadOnlyFileSystem(fs), path, 0 if base is None else base)
+    try:
+        size = handle.size()
+        try:
+            entries = index.entries()
+        except CorruptRecordError as exc:
+            # The entries before the bad one passed the same checks: show them.
+            good = handle.pread(exc.position or 0, 0)
+            shown = [AbortedTxn(*fields[1:]) for fields in ENTRY.iter_unpack(good)]
+            for txn in shown:
+                print(_txn_line(txn), file=out)
+            print(_txn_summary_line(len(shown), len(good), size), file=out)
+            out.flush()
+            print(f"{PROG} dump: corrupt transaction index: {exc}", file=err)
+            return False
+    except OSError as exc:
+        out.flush()
+        print(f"{PROG} dump: cannot read {path}: {exc.strerror or exc}", file=err)
+        return False
+    finally:
+        index.close()
+        handle.close()
+    for txn in entries:
+        print(_txn_line(txn), file=out)
+    print(_txn_summary_line(len(entries), len(entries) * ENTRY_SIZE, size), file=out)
+    return True
+
+
+def _txn_line(txn: AbortedTxn) -> str:
+    # Kafka's DumpLogSegments format; every entry the engine accepts is version 0.
+    return (
+        f"version: {TXN_INDEX_VERSION} producerId: {txn.producer_id} firstOffset: {txn.first_offset}"
+        f" lastOffset: {txn.last_offset} lastStableOffset: {txn.last_stable_offset}"
+    )
+
+
+def _txn_summary_line(entries: int, entry_bytes: int, file_size: int) -> str:
+    line = f"Summary: {entries} aborted transactions, {entry_bytes} bytes"
+    partial = file_size % ENTRY_SIZE
+    if partial and entry_bytes == file_size - partial:
+        line += f" (a partial entry of {partial} bytes at the end is ignored, as a crash mid-append leaves)"
+    return line
 
 
 def _describe_error(

@@ -1,7 +1,9 @@
-"""`oncelog demo`: idempotent producers, a SIGKILL, recovery, and retries after it.
+"""`oncelog demo`: idempotent producers, a SIGKILL, recovery, retries after it, and transactions.
 
 Self-checking: it exits non-zero if any acknowledged batch is missing or moved,
-or if a retry after recovery is not recognised as a duplicate.
+if a retry after recovery is not recognised as a duplicate, if the transaction
+the killed child left open is not still open after recovery, or if a
+read_committed read returns aborted data or misses committed data.
 """
 
 from __future__ import annotations
@@ -13,36 +15,73 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from typing import TextIO
 
 from oncelog.config import LogConfig
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from oncelog.log import Log
 from oncelog.producer_ids import ProducerIdManager
-from oncelog.segments import encode_batch
+from oncelog.results import Isolation
+from oncelog.segments import Record, encode_batch
 
 DEMO_CONFIG = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=1024)
 PRODUCERS = 3
 ACKS_BEFORE_KILL = 1500
 
 
-def _batch(producer_id: int, epoch: int, sequence: int) -> bytes:
+def _batch(producer_id: int, epoch: int, sequence: int, *, transactional: bool = False) -> bytes:
     value = f"producer={producer_id} epoch={epoch} seq={sequence} ".encode() * 3
     return encode_batch(
         [(b"key-%d" % producer_id, value)],
         producer_id=producer_id,
         producer_epoch=epoch,
         base_sequence=sequence,
+        is_transactional=transactional,
         timestamp_ms=int(time.time() * 1000),
     )
 
 
+def _txn_batch(producer_id: int, epoch: int, sequence: int, keys: list[str]) -> bytes:
+    return encode_batch(
+        [(key.encode(), b"demo") for key in keys],
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        base_sequence=sequence,
+        is_transactional=True,
+        timestamp_ms=int(time.time() * 1000),
+    )
+
+
+def _read_all(log: Log, start: int, isolation: Isolation) -> tuple[list[Record], list[tuple[int, int]]]:
+    """The records from `start` up to where `isolation` may read, and the aborted transactions reported."""
+    records: list[Record] = []
+    aborted: list[tuple[int, int]] = []
+    offset = start
+    while True:
+        fetched = log.read(offset, max_bytes=1 << 20, isolation=isolation)
+        if not fetched.batches:
+            return records, aborted
+        records.extend(fetched.records())
+        aborted.extend(txn for txn in fetched.aborted_transactions if txn not in aborted)
+        offset = fetched.next_offset
+
+
+def _keys(records: Iterable[Record]) -> list[str]:
+    return [(record.key or b"").decode(errors="replace") for record in records]
+
+
 def _child(directory: str, data_dir: str, seed: int) -> None:
-    """Lease PIDs, then append forever; print 'offset pid seq duplicate' for each ack."""
+    """Lease PIDs and open a transaction (print 'txn pid offset'), then append forever;
+    print 'offset pid seq duplicate' for each ack."""
     rng = random.Random(seed)
     with ProducerIdManager.open(data_dir) as pids:
         producer_ids = [pids.lease().producer_id for _ in range(PRODUCERS)]
+        txn_pid = pids.lease().producer_id
     log = Log.open(directory, DEMO_CONFIG)
+    # A transactional producer opens a transaction that the kill leaves unfinished.
+    opened = log.append(_batch(txn_pid, 0, 0, transactional=True))
+    print("txn", txn_pid, opened.first_offset, flush=True)
     sequence = dict.fromkeys(producer_ids, 0)
     while True:
         pid = rng.choice(producer_ids)
@@ -96,6 +135,7 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
             say(f"   the old incarnation (epoch {epoch}) again -> InvalidProducerEpochError: {exc}")
 
     say(f"2. A child process leases {PRODUCERS} producer ids and appends, retrying 10% of its batches;")
+    say("   before that, a 4th producer id opens a transaction that it never ends;")
     say(f"   it is killed with SIGKILL after {ACKS_BEFORE_KILL} acknowledgements, without close()")
     child = subprocess.Popen(
         [sys.executable, "-c", f"from oncelog.demo import _child; _child({directory!r}, {data_dir!r}, 7)"],
@@ -103,6 +143,12 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
         text=True,
     )
     assert child.stdout is not None
+    opened = child.stdout.readline().split()
+    if len(opened) != 3 or opened[0] != "txn":
+        child.kill()
+        child.wait()
+        raise RuntimeError(f"the demo's child process failed before opening its transaction: {opened}")
+    open_pid, open_first = int(opened[1]), int(opened[2])
     lines: list[str] = []
     for line in child.stdout:
         lines.append(line)
@@ -114,7 +160,10 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
     lines.extend(line + "\n" for line in rest.split("\n")[:-1])
     acks = [tuple(int(field) for field in line.split()) for line in lines]
     retried = sum(1 for *_, duplicate in acks if duplicate)
-    say(f"   child killed: {len(acks)} acks, {retried} of them retries answered as duplicates")
+    say(f"   child killed: {len(acks)} acks, {retried} of them retries answered as duplicates;")
+    say(
+        f"   producer {open_pid}'s transaction, opened at offset {open_first}, was never committed or aborted"
+    )
 
     say("3. Reopening after the crash")
     with Log.open(directory, DEMO_CONFIG) as log:
@@ -125,12 +174,19 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
             f"snapshot_offset={report.snapshot_offset} truncated={report.truncated_bytes} "
             f"in {report.duration_s * 1000:.1f} ms"
         )
+        lso = log.last_stable_offset
+        committed_end = log.read(0, max_bytes=1 << 20, isolation="read_committed").next_offset
         say(f"   log end offset {log.log_end_offset}")
+        say(f"   last stable offset {lso}: the child's transaction is still open; read_committed stops there")
+        if lso != open_first or committed_end > open_first:
+            failures.append(f"after recovery the last stable offset is {lso}, not {open_first}")
         for entry in log.producers():
+            txn = entry.current_txn_first_offset
             say(
                 f"   producer {entry.producer_id}: epoch {entry.producer_epoch}, "
                 f"last seq {entry.last_sequence} at offset {entry.last_offset}, "
                 f"{len(entry.batches)} batches in its dedupe window"
+                + (f", transaction open since offset {txn}" if txn >= 0 else "")
             )
         for offset, pid, seq, _ in acks:
             batch = log.read(offset, max_bytes=1).batches[0]
@@ -161,8 +217,77 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
                 f"{[a.first_offset for a in answers]}: {ok}"
             )
         say("   (* written but not acknowledged before the kill)")
+
+        say(
+            "5. Transactions: read_committed reads stop at the last stable offset (LSO) and skip aborted data"
+        )
+        _transactions(log, data_dir, open_pid, open_first, say, failures)
     say()
     say(f"Inspect it: oncelog dump {directory} | head")
+    say(f"            oncelog dump --records {directory} | tail -n 16   # the markers and the .txnindex")
     for failure in failures:
         say(f"FAILED: {failure}")
     return 1 if failures else 0
+
+
+def _transactions(
+    log: Log, data_dir: str, open_pid: int, open_first: int, say: Callable[[str], None], failures: list[str]
+) -> None:
+    """Abort the child's transaction, then one transaction aborted and one committed."""
+    marker = log.write_txn_marker(open_pid, 0, commit=False, coordinator_epoch=0)
+    say(
+        f"   the coordinator aborts the child's transaction: ABORT marker at offset {marker.first_offset};"
+        f" LSO {log.last_stable_offset} (= log end)"
+    )
+    if log.last_stable_offset != log.log_end_offset:
+        failures.append("the last stable offset did not move to the log end after the abort")
+
+    with ProducerIdManager.open(data_dir) as pid_manager:
+        pid, epoch = pid_manager.init_producer_id("demo-txn")
+    aborted_keys = [f"aborted-{i}" for i in range(3)]
+    committed_keys = [f"committed-{i}" for i in range(2)]
+    first = log.append(_txn_batch(pid, epoch, 0, aborted_keys))
+    open_lso = log.last_stable_offset
+    say(f"   init_producer_id('demo-txn') -> producer {pid}, epoch {epoch}")
+    say(
+        f"   it writes 3 records in a transaction at offsets {first.first_offset}-{first.last_offset}: "
+        f"LSO {open_lso} while it is open, log end {log.log_end_offset}"
+    )
+    if open_lso != first.first_offset:
+        failures.append(
+            f"the last stable offset of an open transaction is {open_lso}, not {first.first_offset}"
+        )
+    abort = log.write_txn_marker(pid, epoch, commit=False, coordinator_epoch=1)
+    second = log.append(_txn_batch(pid, epoch, 3, committed_keys))
+    commit = log.write_txn_marker(pid, epoch, commit=True, coordinator_epoch=1)
+    say(
+        f"   ABORT (coordinator epoch 1) at offset {abort.first_offset}; 2 more records at "
+        f"{second.first_offset}-{second.last_offset}, COMMIT at {commit.first_offset}: "
+        f"LSO {log.last_stable_offset} (= log end)"
+    )
+
+    committed, aborted = _read_all(log, first.first_offset, "read_committed")
+    uncommitted, _ = _read_all(log, first.first_offset, "read_uncommitted")
+    # Leave out the markers' control records, if records() returns them.
+    data = [r for r in uncommitted if r.offset not in (abort.first_offset, commit.first_offset)]
+    say(f"   read_committed from {first.first_offset}:   {_keys(committed)}, aborted_transactions {aborted}")
+    say(f"   read_uncommitted from {first.first_offset}: {_keys(data)}")
+    if aborted != [(pid, first.first_offset)] or _keys(committed) != committed_keys:
+        failures.append("read_committed did not return exactly the committed transaction")
+    if _keys(data) != aborted_keys + committed_keys:
+        failures.append("read_uncommitted did not return every record")
+
+    # The whole log: every record but the markers and the aborted ones, the child's included.
+    everything, _ = _read_all(log, 0, "read_uncommitted")
+    markers_at = {marker.first_offset, abort.first_offset, commit.first_offset}
+    aborted_at = {open_first, *range(first.first_offset, first.last_offset + 1)}
+    data_offsets = [r.offset for r in everything if r.offset not in markers_at]
+    committed_all, aborted_all = _read_all(log, 0, "read_committed")
+    ok = [r.offset for r in committed_all] == [o for o in data_offsets if o not in aborted_at]
+    ok &= sorted(aborted_all) == [(open_pid, open_first), (pid, first.first_offset)]
+    say(
+        f"   read_committed over the whole log: {len(committed_all)} of its {len(data_offsets)} data records,"
+        f" all but the {len(aborted_at)} aborted ones: {ok}"
+    )
+    if not ok:
+        failures.append("read_committed over the whole log returned aborted data or missed committed data")

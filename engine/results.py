@@ -37,12 +37,13 @@ class FetchResult(NamedTuple):
     aborted_transactions: Sequence[tuple[int, int]] = ()
 
     def records(self) -> Iterator[Record]:
-        """The records at or after `start_offset`, decoded.
+        """The data records at or after `start_offset`, decoded.
 
-        read_committed leaves out control records and the records of aborted
-        transactions, as a Kafka consumer does: a producer's transactional
-        batches are skipped from its aborted transaction's first offset until
-        its ABORT marker.
+        Control records (transaction markers) are never records of the data, so
+        they are left out, as a Kafka consumer leaves them out; `batches` still
+        has them. read_committed also leaves out the records of aborted
+        transactions: a producer's transactional batches are skipped from its
+        aborted transaction's first offset until its ABORT marker.
         """
         committed = self.isolation == "read_committed"
         pending = sorted(self.aborted_transactions, key=lambda txn: txn[1])
@@ -52,13 +53,13 @@ class FetchResult(NamedTuple):
             if committed:
                 while pending and pending[0][1] <= h.base_offset + h.last_offset_delta:
                     aborting.add(pending.pop(0)[0])
-                if batch.is_control:
-                    marker = decode_txn_marker(batch) if h.producer_id in aborting else None
-                    if marker is not None and not marker.commit:
-                        aborting.discard(h.producer_id)
-                    continue
-                if batch.is_transactional and h.producer_id in aborting:
-                    continue
+            if batch.is_control:
+                marker = decode_txn_marker(batch) if h.producer_id in aborting else None
+                if marker is not None and not marker.commit:
+                    aborting.discard(h.producer_id)
+                continue
+            if batch.is_transactional and h.producer_id in aborting:
+                continue
             for record in batch.records():
                 if record.offset >= self.start_offset:
                     yield record

@@ -19,6 +19,8 @@ import crc32c
 import pytest
 
 from oncelog import cli
+from oncelog.config import LogConfig
+from oncelog.log import Log
 from oncelog.recovery.fs import DEFAULT_FS, FileHandle
 from oncelog.segments import RecordBatch, encode_batch, iter_batches
 from oncelog.segments.records import Record
@@ -418,13 +420,54 @@ def test_impossible_header_after_good_batch(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     first = encode_batch([(b"k", b"one")], timestamp_ms=1)
-    path = write_segment(tmp_path, first, b"\x00" * 100)
+    path = write_segment(tmp_path, first, b"\x00" * 16 + b"\x07" + b"\x00" * 83)  # magic 7
 
     status, lines, err = run(capsys, "dump", str(path))
 
     assert status == 2
     assert len(batch_lines(lines)) == 1
     assert str(path) in err and f"position {len(first)}" in err and "corrupt" in err
+
+
+def test_zeros_to_the_end_are_unwritten_space_not_corruption(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A live log's active segment is pre-allocated: its data is followed by zeros.
+    first = encode_batch([(b"k", b"one")], timestamp_ms=1)
+    path = write_segment(tmp_path, first, b"\x00" * 4096)
+
+    status, lines, err = run(capsys, "dump", str(path))
+
+    assert status == 0 and err == ""
+    assert len(batch_lines(lines)) == 1
+    assert "4096 bytes of unwritten space follow the last batch" in lines
+
+
+def test_zeros_followed_by_data_are_corruption(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first = encode_batch([(b"k", b"one")], timestamp_ms=1)
+    path = write_segment(tmp_path, first, b"\x00" * 4096, first)
+
+    status, lines, err = run(capsys, "dump", str(path))
+
+    assert status == 2
+    assert len(batch_lines(lines)) == 1
+    assert f"position {len(first)}" in err and "unwritten space" in err
+
+
+def test_a_live_logs_directory_dumps_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with Log.open(tmp_path / "live-0", LogConfig(producer_expiration_ms=10**13), clock=lambda: 1) as log:
+        for n in range(3):
+            log.append(encode_batch([(b"k", b"v%d" % n)], timestamp_ms=1))
+        assert (tmp_path / "live-0" / "00000000000000000000.log").stat().st_size > log.active_segment.size
+
+        status, lines, err = run(capsys, "dump", str(tmp_path / "live-0"))
+
+    assert status == 0 and err == ""
+    assert len(batch_lines(lines)) == 3
 
 
 def test_missing_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -466,7 +509,7 @@ def test_directory_dumps_segments_in_offset_order(
 ) -> None:
     write_segment(tmp_path, encode_batch([(b"k", b"v")], base_offset=5), name=f"{5:020d}.log")
     write_segment(tmp_path, encode_batch([(b"k", b"v")], base_offset=0), name=f"{0:020d}.log")
-    bad = write_segment(tmp_path, b"\x00" * 30, name=f"{900:020d}.log")
+    bad = write_segment(tmp_path, b"\xff" * 30, name=f"{900:020d}.log")
     write_segment(tmp_path, encode_batch([(b"k", b"v")], base_offset=10), name=f"{10:020d}.log")
     (tmp_path / f"{0:020d}.index").write_bytes(b"\x00" * 8)
 
@@ -515,6 +558,9 @@ class RecordingFs:
 
     def listdir(self, path: str) -> list[str]:
         return DEFAULT_FS.listdir(path)
+
+    def exists(self, path: str) -> bool:
+        return DEFAULT_FS.exists(path)
 
 
 def test_dump_is_read_only(
@@ -649,3 +695,221 @@ def test_demo_runs_run_demo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     assert cli.main(["demo", "--data-dir", str(tmp_path / "d")]) == 7
     assert cli.main(["demo"]) == 7
     assert calls == [str(tmp_path / "d"), os.path.join(".", "data", "demo")]
+
+
+# -- transactions: markers and the transaction index ---------------------------------
+
+# Kafka's AbortedTxn entry, written out here independently of segments/txn_index.py:
+# version i16, producerId i64, firstOffset i64, lastOffset i64, lastStableOffset i64.
+TXN_ENTRY = struct.Struct(">hqqqq")
+TXN_INDEX_NAME = "00000000000000000000.txnindex"
+# The log's clock (which stamps the markers) and the batches' timestamp: equal, so
+# that no segment rolls on segment_ms between a batch and its marker.
+T0 = 1_700_000_000_000
+
+
+def txn_entry(pid: int, first: int, last: int, lso: int, version: int = 0) -> bytes:
+    return TXN_ENTRY.pack(version, pid, first, last, lso)
+
+
+def txn_line(pid: int, first: int, last: int, lso: int) -> str:
+    """Kafka's DumpLogSegments line for one aborted transaction."""
+    return f"version: 0 producerId: {pid} firstOffset: {first} lastOffset: {last} lastStableOffset: {lso}"
+
+
+def txn_batch(pid: int, seq: int, *keys: bytes) -> bytes:
+    return encode_batch(
+        [(key, b"v") for key in keys],
+        producer_id=pid,
+        producer_epoch=0,
+        base_sequence=seq,
+        is_transactional=True,
+        timestamp_ms=T0,
+    )
+
+
+def write_transactional_log(directory: Path) -> None:
+    """Offsets: 0 plain; 1 pid 8 opens; 2-4 pid 7 aborted (ABORT at 5); roll at 6;
+    6-7 pid 7 committed (COMMIT at 8); COMMIT for pid 8 at 9."""
+    with Log.open(directory, clock=lambda: T0) as log:
+        log.append(encode_batch([(b"plain", b"v")], timestamp_ms=T0))
+        log.append(txn_batch(8, 0, b"other"))
+        log.append(txn_batch(7, 0, b"a0", b"a1", b"a2"))
+        assert log.write_txn_marker(7, 0, commit=False, coordinator_epoch=5).first_offset == 5
+        log.roll()
+        log.append(txn_batch(7, 3, b"c0", b"c1"))
+        assert log.write_txn_marker(7, 0, commit=True, coordinator_epoch=5).first_offset == 8
+        assert log.write_txn_marker(8, 0, commit=True, coordinator_epoch=2).first_offset == 9
+
+
+def test_dump_log_with_an_aborted_and_a_committed_transaction(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "orders-0"
+    write_transactional_log(directory)
+    index_path = directory / TXN_INDEX_NAME
+    # Kafka's rule, by hand: the entry's LSO is the oldest other open transaction (pid 8's, at 1).
+    assert index_path.read_bytes() == txn_entry(7, 2, 5, 1)
+    assert not (directory / "00000000000000000006.txnindex").exists()
+
+    status, lines, err = run(capsys, "dump", "--records", str(directory))
+
+    assert status == 0, err
+    assert err == ""
+    fields = {int(p["baseOffset"]): p for p in batch_lines(lines)}
+    assert sorted(fields) == [0, 1, 2, 5, 6, 8, 9]
+    assert [fields[o]["isTransactional"] for o in sorted(fields)] == ["false"] + ["true"] * 6
+    assert [o for o in sorted(fields) if fields[o]["isControl"] == "true"] == [5, 8, 9]
+    assert fields[5]["producerId"] == "7" and fields[9]["producerId"] == "8"
+    markers = {int(line.split()[2]): line for line in record_lines(lines) if "endTxnMarker" in line}
+    assert sorted(markers) == [5, 8, 9]
+    assert markers[5].endswith(" endTxnMarker: ABORT coordinatorEpoch: 5")
+    assert markers[8].endswith(" endTxnMarker: COMMIT coordinatorEpoch: 5")
+    assert markers[9].endswith(" endTxnMarker: COMMIT coordinatorEpoch: 2")
+    # The index follows its own segment's batches and summary, before the next segment.
+    heading = lines.index(f"Dumping {index_path}")
+    assert lines[heading - 1].startswith("Summary: 4 batches, 6 records, ")
+    assert lines[heading + 1 : heading + 4] == [
+        txn_line(7, 2, 5, 1),
+        "Summary: 1 aborted transactions, 34 bytes",
+        f"Dumping {directory / '00000000000000000006.log'}",
+    ]
+    assert sum(line.startswith("Dumping ") for line in lines) == 3
+
+
+def test_dump_txn_index_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "00000000000000000100.txnindex"
+    path.write_bytes(txn_entry(1, 100, 129, 108) + txn_entry(2, 90, 140, 140))
+
+    status, lines, err = run(capsys, "dump", str(path))
+
+    assert status == 0, err
+    assert lines == [
+        f"Dumping {path}",
+        "version: 0 producerId: 1 firstOffset: 100 lastOffset: 129 lastStableOffset: 108",
+        "version: 0 producerId: 2 firstOffset: 90 lastOffset: 140 lastStableOffset: 140",
+        "Summary: 2 aborted transactions, 68 bytes",
+    ]
+
+
+def test_dump_empty_txn_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / TXN_INDEX_NAME
+    path.write_bytes(b"")
+
+    status, lines, err = run(capsys, "dump", str(path))
+
+    assert status == 0, err
+    assert lines == [f"Dumping {path}", "Summary: 0 aborted transactions, 0 bytes"]
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "position"),
+    [
+        ("bad version", txn_entry(1, 0, 5, 6) + txn_entry(2, 3, 9, 10, version=1), 34),
+        ("out of order", txn_entry(1, 0, 5, 6) + txn_entry(2, 3, 5, 10), 34),
+        ("first after last", txn_entry(1, 0, 5, 6) + txn_entry(2, 9, 8, 10), 34),
+        ("garbage", txn_entry(1, 0, 5, 6) + b"\xa7" * 40, 34),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_corrupt_txn_index_exits_2_naming_file_and_position(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, data: bytes, position: int
+) -> None:
+    path = tmp_path / TXN_INDEX_NAME
+    path.write_bytes(data)
+
+    status, lines, err = run(capsys, "dump", str(path))
+
+    assert status == 2, name
+    # What was readable comes first.
+    assert lines == [f"Dumping {path}", txn_line(1, 0, 5, 6), "Summary: 1 aborted transactions, 34 bytes"]
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("oncelog dump: corrupt transaction index: ")
+    assert f"{path} at position {position}: " in err
+
+
+def test_txn_index_entry_below_its_segment_base_is_corrupt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "00000000000000000100.txnindex"
+    path.write_bytes(txn_entry(1, 10, 50, 51))
+
+    status, lines, err = run(capsys, "dump", str(path))
+
+    assert status == 2
+    assert lines == [f"Dumping {path}", "Summary: 0 aborted transactions, 0 bytes"]
+    assert f"{path} at position 0: " in err and "base offset 100" in err
+
+
+def test_corrupt_txn_index_in_a_directory_does_not_hide_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_segment(tmp_path, encode_batch([(b"k", b"v")]))
+    write_segment(tmp_path, encode_batch([(b"k", b"v")], base_offset=7), name=f"{7:020d}.log")
+    index_path = tmp_path / TXN_INDEX_NAME
+    index_path.write_bytes(txn_entry(1, 0, 5, 6, version=3))
+
+    status, lines, err = run(capsys, "dump", str(tmp_path))
+
+    assert status == 2
+    assert [p["baseOffset"] for p in batch_lines(lines)] == ["0", "7"]
+    assert lines.index(f"Dumping {index_path}") < lines.index(f"Dumping {tmp_path / f'{7:020d}.log'}")
+    assert f"{index_path} at position 0: " in err and "version 3" in err
+
+
+@pytest.mark.parametrize("partial", [1, 20, 33])
+def test_partial_trailing_txn_index_entry_is_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], partial: int
+) -> None:
+    """A crash mid-append leaves part of an entry: end of file, not corruption."""
+    path = tmp_path / TXN_INDEX_NAME
+    torn = txn_entry(3, 11, 20, 21)[:partial]
+    path.write_bytes(txn_entry(1, 0, 5, 6) + txn_entry(2, 3, 9, 10) + torn)
+
+    status, lines, err = run(capsys, "dump", str(path))
+
+    assert status == 0, err
+    assert err == ""
+    assert lines[1:3] == [txn_line(1, 0, 5, 6), txn_line(2, 3, 9, 10)]
+    assert lines[3] == (
+        f"Summary: 2 aborted transactions, 68 bytes (a partial entry of {partial} bytes"
+        " at the end is ignored, as a crash mid-append leaves)"
+    )
+    assert len(lines) == 4
+
+
+def test_txn_index_of_only_a_partial_entry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / TXN_INDEX_NAME
+    path.write_bytes(txn_entry(1, 0, 5, 6)[:10])
+
+    status, lines, _ = run(capsys, "dump", str(path))
+
+    assert status == 0
+    assert lines[1].startswith("Summary: 0 aborted transactions, 0 bytes (a partial entry of 10 bytes")
+
+
+def test_dump_of_txn_index_is_read_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_transactional_log(tmp_path)
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir() if p.is_file()}
+    fs = RecordingFs()
+    monkeypatch.setattr(cli, "DEFAULT_FS", fs)
+
+    status, lines, err = run(capsys, "dump", str(tmp_path))
+
+    assert status == 0, err
+    assert txn_line(7, 2, 5, 1) in lines
+    opened = {path for path, *_ in fs.opened}
+    assert str(tmp_path / TXN_INDEX_NAME) in opened
+    assert all(not create and not writable for _, create, writable in fs.opened)
+    after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir() if p.is_file()}
+    assert after == before
+
+
+def test_dump_help_mentions_txn_index(capsys: pytest.CaptureFixture[str]) -> None:
+    status, lines, _ = run(capsys, "dump", "--help")
+
+    text = "\n".join(lines)
+    assert status == 0
+    assert ".txnindex" in text and "lastStableOffset" in text and "endTxnMarker" in text
