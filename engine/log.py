@@ -393,6 +393,8 @@ class Log:
             if marker is not None:
                 # A leader's transaction marker (clients cannot send control batches).
                 after, completed = info.apply_marker(pid, batch.producer_epoch, base, max_ts, marker)
+            elif batch.is_control:
+                pass  # an empty control batch (compaction left it) or another control type: no state
             elif pid >= 0:
                 meta = BatchMetadata(batch.base_sequence, batch.last_sequence, base, last, max_ts)
                 after = info.apply(pid, batch.producer_epoch, meta, batch.is_control, batch.is_transactional)

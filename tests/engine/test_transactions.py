@@ -680,6 +680,29 @@ class TestTxnMarkers:
 
 
 # ==========================================================================================
+def empty_control_batch(pid: int, epoch: int, base_offset: int) -> bytes:
+    """A control batch whose marker record compaction removed: the header alone, 0 records."""
+    covered = struct.pack(">hiqqqhii", 0x30, 0, T0, T0, pid, epoch, -1, 0)  # transactional | control
+    crc = crc32c.crc32c(covered)
+    return struct.pack(">qiib", base_offset, 49, -1, 2) + struct.pack(">I", crc) + covered
+
+
+class TestEmptyControlBatch:
+    def test_an_empty_control_batch_from_a_leader_changes_no_producer_state(self, log: Log) -> None:
+        """Kafka's ProducerAppendInfo skips a control batch with no records (its transaction was cleaned)."""
+        producer = Producer(log, PID)
+        producer.send(2)
+        before = log.producer_state(PID)
+        assert before is not None and before.current_txn_first_offset == 0
+        end = log.log_end_offset
+        result = log.append(empty_control_batch(PID, 5, end), origin="replication")
+        assert (result.first_offset, log.log_end_offset) == (end, end + 1)
+        assert log.producer_state(PID) == before  # no epoch bump, the transaction still open
+        assert log.last_stable_offset == 0
+        producer.commit()
+        assert log.last_stable_offset == log.log_end_offset
+
+
 class TestLastStableOffset:
     def test_last_stable_offset_is_the_log_end_without_transactional_data(self, log: Log) -> None:
         """UnifiedLogTest.testFirstUnstableOffsetNoTransactionalData."""
