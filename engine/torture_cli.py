@@ -15,12 +15,18 @@ from oncelog.recovery.torture_selftest import run_self_test
 
 DESCRIPTION = """\
 Crash-torture oncelog. Each crash state runs a seeded workload of idempotent
-producers (appends, retries, epoch bumps, flushes, rolls, clean reopens) on the
-in-memory fault-injecting filesystem, crashes it in one fault class, recovers, and
-checks every invariant: acknowledged-durable data present byte for byte, no
-duplicates or holes, the log a prefix of what was written, producer state equal
-to a full replay, retries answered as duplicates, nothing lost to a second crash
-right after recovery, corruption reported and never served.
+producers (appends, retries, epoch bumps, flushes, rolls, clean reopens) and
+transactional producers (1-3 transactional batches, then a COMMIT or ABORT marker;
+some transactions still open at the crash) on the in-memory fault-injecting
+filesystem, crashes it in one fault class, recovers, and checks every invariant:
+acknowledged-durable data and markers present byte for byte, no duplicates or
+holes, the log a prefix of what was written, producer state (open transactions
+included) equal to a full replay, retries answered as duplicates, nothing lost to
+a second crash right after recovery, corruption reported and never served, and
+read_committed returning only committed data below a last stable offset that is
+the first offset of the oldest open transaction (derived from the markers in the
+recovered log; checked again after the second crash and once the open
+transactions are ended).
 
 Fault classes: kill (process death at a random I/O call), drop (power loss keeps
 any subset of unsynced writes), torn (a write torn at 512/4096 bytes, zeros or
@@ -36,7 +42,7 @@ examples:
   oncelog torture --crashes 2000
   oncelog torture --seed 7 --crashes 500 --faults kill,torn --json
   oncelog torture --seed 1000015 --crashes 1 --faults bitflip   # replay one state
-  oncelog torture --self-test --json      # {"planted": 6, "caught": 6, "missed": []}"""
+  oncelog torture --self-test --json      # {"planted": 8, "caught": 8, "missed": []}"""
 
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
@@ -60,8 +66,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         "--mode",
         choices=["sim", "process"],
         default="sim",
-        help="sim: the in-memory fault-injecting twin; process: a real child appending and "
-        "flushing on disk, SIGKILLed --crashes times (default: %(default)s)",
+        help="sim: the in-memory fault-injecting twin; process: a real child appending, "
+        "running transactions and flushing on disk, SIGKILLed --crashes times (default: %(default)s)",
     )
     parser.add_argument(
         "--data-dir",
@@ -72,7 +78,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     parser.add_argument(
         "--self-test",
         action="store_true",
-        help="plant six known bugs in turn and check the harness catches each (exit 1 if one is missed)",
+        help="plant eight known bugs in turn and check the harness catches each (exit 1 if one is missed)",
     )
     parser.set_defaults(handler=run)
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from oncelog.log import Log
+from oncelog.producer_state import ProducerStateManager
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import FileSystem
 from oncelog.recovery.loader import LogLoader
@@ -109,6 +110,28 @@ def producer_state_not_restored_from_snapshot() -> contextlib.AbstractContextMan
     return _patched(LogLoader, "_load_newest_snapshot", load_newest)
 
 
+def last_stable_offset_not_restored() -> contextlib.AbstractContextManager[None]:
+    # The producer table keeps each open transaction's first offset, but the log's
+    # open-transaction map (the last stable offset) is not rebuilt from it on open.
+    def open_transactions(self: ProducerStateManager) -> dict[int, int]:
+        return {}
+
+    return _patched(ProducerStateManager, "open_transactions", open_transactions)
+
+
+def transaction_index_not_rebuilt_by_recovery() -> contextlib.AbstractContextManager[None]:
+    # Recovery rescans the tail segment and resets its .txnindex, but forgets to put
+    # back the ABORT markers it replays: their data is served to read_committed.
+    original = LogLoader._apply
+
+    def apply(
+        self: LogLoader, batch: RecordBatch, from_offset: int, rebuilding: LogSegment | None = None
+    ) -> None:
+        original(self, batch, from_offset, None)
+
+    return _patched(LogLoader, "_apply", apply)
+
+
 # Each bug with the fault classes that can expose it: a missing directory fsync
 # shows only when unsynced directory entries vanish, and so on.
 PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], tuple[str, ...]]] = {
@@ -120,6 +143,11 @@ PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], 
     "producer state not restored from the snapshot": (
         producer_state_not_restored_from_snapshot,
         ("kill", "drop"),
+    ),
+    "last stable offset not restored on open": (last_stable_offset_not_restored, ("kill", "drop")),
+    "aborted transactions left out of the transaction index recovery rebuilds": (
+        transaction_index_not_rebuilt_by_recovery,
+        ("kill", "drop", "torn"),
     ),
 }
 

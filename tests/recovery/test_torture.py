@@ -6,17 +6,36 @@ can switch them on.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
+import random
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from oncelog.cli import main
+from oncelog.producer_state import ProducerStateManager
 from oncelog.recovery import loader, torture
-from oncelog.recovery.torture import FAULTS, run_crash_state, run_torture
-from oncelog.segments.batch import RecordBatch
+from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.recovery.torture import (
+    ABORTED,
+    COMMITTED,
+    FAULTS,
+    OPEN,
+    Model,
+    derive_transactions,
+    run_crash_state,
+    run_torture,
+    run_workload,
+)
+from oncelog.results import FetchResult
+from oncelog.segments.batch import RecordBatch, encode_batch
+from oncelog.segments.control import encode_txn_marker
+from oncelog.segments.records import Record
 from oncelog.segments.segment import LogSegment
 
 
@@ -98,13 +117,78 @@ def _pretend_snapshot_loaded(
     return (usable[-1], True) if usable else (None, False)
 
 
+# -- transactions: the workload runs them, the checker derives their outcomes from the log -------
+def test_the_workload_commits_aborts_and_leaves_transactions_open_at_the_crash() -> None:
+    outcomes: Counter[str] = Counter()
+    interleaved = 0
+    for seed in range(40):
+        fs, model = FaultFileSystem(seed), Model()
+        fs.kill_at(random.Random(seed).randint(50, 400))
+        with contextlib.suppress(SimulatedCrash):
+            run_workload(fs, random.Random(seed), model, steps=60)
+        outcomes.update(txn.outcome for txn in model.txns)
+        spans = sorted((txn.first_offset, txn.marker_offset) for txn in model.txns if txn.acked)
+        interleaved += sum(1 for a, b in itertools.pairwise(spans) if b[0] < a[1])
+        assert all(model.txn_of[offset] is txn for txn in model.txns for offset in txn.batches)
+    assert outcomes[COMMITTED] >= 10 and outcomes[ABORTED] >= 10 and outcomes[OPEN] >= 10, outcomes
+    assert interleaved >= 1  # the two transactional producers' transactions overlap
+
+
+def _txn_batch(pid: int, seq: int, offset: int, *, transactional: bool = True) -> RecordBatch:
+    data = encode_batch(
+        [(b"k", b"v"), (b"k", b"w")],
+        base_offset=offset,
+        producer_id=pid,
+        producer_epoch=0,
+        base_sequence=seq,
+        is_transactional=transactional,
+        timestamp_ms=torture.CLOCK_MS,
+    )
+    return RecordBatch(data)
+
+
+def _marker(pid: int, offset: int, *, commit: bool) -> RecordBatch:
+    data = encode_txn_marker(
+        pid, 0, commit=commit, coordinator_epoch=0, timestamp_ms=torture.CLOCK_MS, base_offset=offset
+    )
+    return RecordBatch(data)
+
+
+def test_outcomes_come_from_the_markers_in_the_log_a_lost_marker_leaves_its_transaction_open() -> None:
+    # 21 commits [0, 3), 22 aborts [2, 6), 11 is plain, 21 opens again at 9 and its marker is lost.
+    batches = [
+        _txn_batch(21, 0, 0),
+        _txn_batch(22, 0, 2),
+        _marker(21, 4, commit=True),
+        _marker(22, 5, commit=False),
+        _txn_batch(11, 0, 6, transactional=False),
+        _txn_batch(21, 2, 8),
+    ]
+    view = derive_transactions(batches, end=10)
+    assert view.outcomes == {0: COMMITTED, 2: ABORTED, 8: OPEN}
+    assert view.open_txns == {21: 8} and view.stable == 8
+    kinds = [kind for _, _, kind in view.ranges]
+    assert kinds == [COMMITTED, ABORTED, "control", "control", "plain", OPEN]
+    assert derive_transactions(batches[:3], end=5).stable == 2  # 22's marker lost: open from 2
+
+
+def test_a_read_committed_view_serving_aborted_records_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unfiltered(self: FetchResult) -> Iterator[Record]:
+        for batch in self.batches:
+            yield from (record for record in batch.records() if record.offset >= self.start_offset)
+
+    monkeypatch.setattr(FetchResult, "records", unfiltered)
+    summary = run_torture(seed=8, crashes=40, faults=("kill", "drop"))
+    assert any(v.invariant == "read_committed returns only committed data" for v in summary.violations)
+
+
 def test_the_checker_is_wired_to_every_fault_class() -> None:
     assert set(torture.FAULTS) == {"kill", "drop", "torn", "dirent", "bitflip", "enospc", "eio", "misdirect"}
 
 
-def test_the_self_test_catches_all_six_planted_bugs(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_self_test_catches_all_eight_planted_bugs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["torture", "--self-test", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"planted": 6, "caught": 6, "missed": []}
+    assert json.loads(capsys.readouterr().out) == {"planted": 8, "caught": 8, "missed": []}
 
 
 def test_planted_bugs_are_restored_after_the_self_test() -> None:
@@ -115,6 +199,8 @@ def test_planted_bugs_are_restored_after_the_self_test() -> None:
         LogSegment.rebuild,
         RecordBatch.compute_crc,
         loader.LogLoader._load_newest_snapshot,
+        loader.LogLoader._apply,
+        ProducerStateManager.open_transactions,
     )
     for plant, _ in PLANTED.values():
         with plant():
@@ -124,6 +210,8 @@ def test_planted_bugs_are_restored_after_the_self_test() -> None:
         LogSegment.rebuild,
         RecordBatch.compute_crc,
         loader.LogLoader._load_newest_snapshot,
+        loader.LogLoader._apply,
+        ProducerStateManager.open_transactions,
     )
     assert before == after
 
