@@ -28,6 +28,8 @@ from oncelog.segments.control import TxnMarker
 
 # Kafka keeps the metadata of each producer's last 5 batches for duplicate detection.
 WINDOW = 5
+# Producers kept as objects besides their rows (see ProducerStateManager._remember).
+HOT_PRODUCERS = 4096
 SEQUENCE_MODULUS = fmt.INT32_MAX + 1
 
 PRODUCER_DTYPE = np.dtype(
@@ -170,6 +172,7 @@ class ProducerStateManager:
         self.due_s = np.zeros(capacity, dtype=np.uint32)
         self._due = self.due_s.data
         self._slots = PidSlotMap(capacity)
+        self._hot: dict[int, WorkingState] = {}
         self.head = 0  # oldest slot of the ring
         self.used = 0  # slots from head to tail, holes included
         self.holes = 0  # slots in the ring whose producer a full pass expired
@@ -196,8 +199,25 @@ class ProducerStateManager:
         return WorkingState(pid, epoch, batches, activity, coordinator_epoch, txn_first)
 
     def working(self, producer_id: int) -> WorkingState | None:
+        """A copy of the producer's state to check a request against (the caller may change it)."""
+        cached = self._hot.get(producer_id)
+        if cached is not None:
+            return cached.copy()
         slot = self._slots.get(producer_id)
-        return None if slot is None else self._read(slot)
+        if slot is None:
+            return None
+        w = self._read(slot)
+        self._remember(w)
+        return w.copy()
+
+    def _remember(self, w: WorkingState) -> None:
+        # Unpacking a row costs more than checking the batch: keep the producers that
+        # appended lately, a bounded few, as objects. The table stays the truth.
+        hot = self._hot
+        hot.pop(w.producer_id, None)
+        hot[w.producer_id] = w
+        if len(hot) > HOT_PRODUCERS:
+            del hot[next(iter(hot))]  # the least recently stored
 
     def get(self, producer_id: int) -> ProducerStateEntry | None:
         working = self.working(producer_id)
@@ -263,6 +283,7 @@ class ProducerStateManager:
             activity = w.last_activity_ms if now_ms is None else min(w.last_activity_ms, now_ms)
             self._due[slot] = _due_seconds(activity + self.expiration_ms)
         self._write(slot, w)
+        self._remember(w)  # the caller hands `w` over and does not change it again
 
     def has_room_for(self, new_producers: int) -> bool:
         return len(self._slots) + new_producers <= self.capacity
@@ -276,6 +297,7 @@ class ProducerStateManager:
         for start, stop in self._used_ranges():
             self.table[start:stop] = _EMPTY_ROW
         self._slots.clear()
+        self._hot.clear()
         self.head = 0
         self.used = 0
         self.holes = 0
@@ -299,6 +321,7 @@ class ProducerStateManager:
 
     def load_rows(self, rows: np.ndarray) -> None:
         """Replace the table with `rows` (oldest first), as read from a snapshot."""
+        self._hot.clear()
         count = len(rows)
         if count > self.capacity:
             raise ProducerStateFullError(
@@ -377,6 +400,8 @@ class ProducerStateManager:
                 self.table[tails] = kept_rows
                 self.due_s[tails] = kept_due
                 self.used += keep.size
+        if expired:
+            self._hot.clear()  # some of them may have left the table
         return expired
 
     def _full_pass(self, now_ms: int) -> int:

@@ -9,7 +9,8 @@ import os
 import tempfile
 from typing import Any, TextIO
 
-from oncelog.recovery.torture import FAULTS, TortureSummary, run_torture
+from oncelog.recovery.torture import TortureSummary, run_torture
+from oncelog.recovery.torture_model import FAULTS
 from oncelog.recovery.torture_process import run_process_mode
 from oncelog.recovery.torture_selftest import run_self_test
 

@@ -26,14 +26,9 @@ from typing import NamedTuple
 
 from oncelog.config import LogConfig
 from oncelog.log import Log
-from oncelog.recovery.torture import (
-    PRODUCERS,
-    TXN_PRODUCERS,
-    Violation,
-    _check_producer_state,
-    _read_all,
-    check_read_committed,
-)
+from oncelog.recovery.torture import check_producer_state
+from oncelog.recovery.torture_model import PRODUCERS, TXN_PRODUCERS, Violation
+from oncelog.recovery.torture_txn import check_read_committed, read_all
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.control import decode_txn_marker
 
@@ -164,7 +159,7 @@ def _check(
         found.append(Violation(seed, "sigkill", invariant, f"round {round_}: {detail}"))
 
     with Log.open(directory, CONFIG) as log:
-        present = {batch.base_offset: batch for batch in _read_all(log)}
+        present = {batch.base_offset: batch for batch in read_all(log)}
         expected = log.log_start_offset
         for offset in sorted(present):
             if offset != expected:
@@ -196,7 +191,7 @@ def _check(
                     f"marker at {offset} was {(pid, epoch, commit)}, log has {got_marker}",
                 )
         batches = [RecordBatch(present[offset].buffer.tobytes()) for offset in sorted(present)]
-        _check_producer_state(log, {b.base_offset: b.buffer.tobytes() for b in batches}, violation, batches)
+        check_producer_state(log, {b.base_offset: b.buffer.tobytes() for b in batches}, violation, batches)
         check_read_committed(log, batches, 4096, violation)
         for entry in list(log.producers()):
             for meta in entry.batches:

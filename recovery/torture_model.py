@@ -1,0 +1,99 @@
+"""The torture harness's shared vocabulary: its constants, the Model and the violation types.
+
+Everything here is plain data that the workload (torture_workload), the transaction
+checks (torture_txn) and the crash-state checker (torture) all agree on: the fault
+classes, the directory, clock and config of every crash state, the producers, the
+transaction outcomes, what a violation is, and the Model of what the workload did.
+It imports nothing of the harness, so every other torture module can import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from oncelog.config import LogConfig
+
+FAULTS = ("kill", "drop", "torn", "dirent", "bitflip", "enospc", "eio", "misdirect")
+DIRECTORY = "/torture/topic-0"
+CLOCK_MS = 1_800_000_000_000
+# Small segments and indexes, so rolls, full indexes and several segments happen.
+CONFIG = LogConfig(
+    segment_bytes=2048,
+    index_interval_bytes=256,
+    segment_index_bytes=1024,
+    producer_expiration_ms=10**13,
+    # Five producers: a small table keeps each open (and the checker's replay) from
+    # allocating the default 100,000 rows, most of a crash state's time otherwise.
+    producer_capacity=64,
+)
+PRODUCERS = (11, 12, 13)  # idempotent producers
+TXN_PRODUCERS = (21, 22)  # transactional producers: two, so their transactions interleave
+TAIL_SLACK_BYTES = 4096
+# Each seam call of a workload is a possible kill point; workloads make a few hundred.
+MAX_KILL_POINT = 400
+# read_committed scans fetch this many bytes at a time (chosen by the crash state's
+# seed): one batch per fetch makes every fetch compute its own aborted list.
+READ_COMMITTED_FETCH_BYTES = (1, 700, 64 * 1024)
+
+COMMITTED = "commit"
+ABORTED = "abort"
+OPEN = "open"
+
+
+class Violation(NamedTuple):
+    seed: int
+    fault: str
+    invariant: str
+    detail: str
+
+    @property
+    def replay_command(self) -> str:
+        return f"oncelog torture --seed {self.seed} --crashes 1 --faults {self.fault}"
+
+
+class OnlineCheckFailed(AssertionError):
+    """The workload saw the live log break a rule (a retry, a refusal, the stable offset)."""
+
+    def __init__(self, invariant: str, detail: str):
+        super().__init__(detail)
+        self.invariant = invariant
+
+
+@dataclass
+class Txn:
+    """One transaction as the workload drove it."""
+
+    producer_id: int
+    first_offset: int  # the offset its first batch was handed to append() at
+    batches: list[int] = field(default_factory=list)  # offsets of its data batches
+    marker_offset: int = -1  # where its marker was handed to write_txn_marker(), -1: not yet
+    commit: bool | None = None  # the marker's kind, once handed to the log
+    acked: bool = False  # write_txn_marker() returned
+
+    @property
+    def outcome(self) -> str:
+        """As acknowledged: committed or aborted once its marker's write returned, else open."""
+        if not self.acked:
+            return OPEN
+        return COMMITTED if self.commit else ABORTED
+
+
+@dataclass
+class Model:
+    """What the workload did, as the checker needs it."""
+
+    # Every batch handed to append(), by the offset it would take: a batch killed
+    # mid-append may or may not be in the log, but no other bytes may be.
+    written: dict[int, bytes] = field(default_factory=dict)
+    acked: dict[int, bytes] = field(default_factory=dict)
+    durable_end: int = 0  # log end at the last flush that returned
+    fsync_failed: bool = False
+    acked_after_fsync_failure: int = 0
+    # Every transaction begun, and for each transactional data batch the one it belongs to.
+    txns: list[Txn] = field(default_factory=list)
+    txn_of: dict[int, Txn] = field(default_factory=dict)
+
+
+def crash_seed(seed: int, index: int) -> int:
+    return (seed * 1_000_003 + index) % (2**63)
