@@ -42,7 +42,7 @@ class ReplayBuffer:
         is_control: bool,
         is_transactional: bool = False,
     ) -> None:
-        """Apply a stored data batch without checks, as ProducerStateManager.replay_batch does."""
+        """Apply a stored data batch without checks (recovery, and the torture checker's full replay)."""
         w = self._working(producer_id, producer_epoch, max_timestamp_ms)
         meta = BatchMetadata(first_sequence, last_sequence, first_offset, last_offset, max_timestamp_ms)
         apply_batch(w, producer_epoch, meta, is_control, is_transactional)

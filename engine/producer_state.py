@@ -430,39 +430,6 @@ class ProducerStateManager:
             self._compact()
         return expired
 
-    # -- replay ------------------------------------------------------------------
-    def replay_batch(
-        self,
-        producer_id: int,
-        producer_epoch: int,
-        first_sequence: int,
-        last_sequence: int,
-        first_offset: int,
-        last_offset: int,
-        max_timestamp_ms: int,
-        is_control: bool,
-        is_transactional: bool = False,
-    ) -> None:
-        """Apply a stored data batch without checks (recovery, and the torture checker's replay)."""
-        w = self.working(producer_id) or WorkingState(producer_id, producer_epoch, [], max_timestamp_ms)
-        apply_batch(
-            w,
-            producer_epoch,
-            BatchMetadata(first_sequence, last_sequence, first_offset, last_offset, max_timestamp_ms),
-            is_control,
-            is_transactional,
-        )
-        self.put(w)
-
-    def replay_marker(
-        self, producer_id: int, producer_epoch: int, marker_offset: int, timestamp_ms: int, marker: TxnMarker
-    ) -> CompletedTxn | None:
-        """Apply a stored transaction marker without checks."""
-        w = self.working(producer_id) or WorkingState(producer_id, producer_epoch, [], timestamp_ms)
-        completed = apply_marker(w, producer_epoch, marker_offset, timestamp_ms, marker)
-        self.put(w)
-        return completed
-
     def open_transactions(self) -> dict[int, int]:
         """producer id -> first offset of its open transaction, for every producer with one."""
         out: dict[int, int] = {}

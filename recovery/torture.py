@@ -45,6 +45,7 @@ from typing import NamedTuple
 
 from oncelog.errors import CorruptLogError, CorruptRecordError, OncelogError
 from oncelog.log import METADATA_DIR, Log
+from oncelog.producer_replay import ReplayBuffer
 from oncelog.producer_state import ProducerStateManager
 from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.recovery.loader import read_recovery_point
@@ -224,6 +225,8 @@ def check_producer_state(
 ) -> None:
     """Producer state (windows, epochs, coordinator epochs, open transactions) equals a full replay."""
     replayed = ProducerStateManager(CONFIG.producer_capacity, CONFIG.producer_expiration_ms)
+    # The loader's own replay, from offset 0 with nothing expired: a full replay.
+    replay = ReplayBuffer(replayed, now_ms=0)
     if batches is None:
         batches = [RecordBatch(present[offset]) for offset in sorted(present)]
     for batch in batches:
@@ -232,11 +235,11 @@ def check_producer_state(
         if batch.is_control:
             marker = decode_txn_marker(batch)
             if marker is not None:
-                replayed.replay_marker(
+                replay.replay_marker(
                     batch.producer_id, batch.producer_epoch, batch.base_offset, batch.max_timestamp, marker
                 )
             continue
-        replayed.replay_batch(
+        replay.replay_batch(
             batch.producer_id,
             batch.producer_epoch,
             batch.base_sequence,
@@ -247,6 +250,7 @@ def check_producer_state(
             False,
             batch.is_transactional,
         )
+    replay.flush()
     ours = {entry.producer_id: entry for entry in log.producers()}
     theirs = {entry.producer_id: entry for entry in replayed.entries()}
     if ours != theirs:

@@ -11,6 +11,7 @@ import pytest
 
 from oncelog.append_rules import DuplicateBatch, ProducerAppendInfo, in_sequence
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError, ProducerStateFullError
+from oncelog.producer_replay import ReplayBuffer
 from oncelog.producer_state import (
     WINDOW,
     BatchMetadata,
@@ -31,8 +32,12 @@ def metadata(i: int, *, count: int = 1, first_offset: int | None = None) -> Batc
     return BatchMetadata(first_seq, first_seq + count - 1, first, first + count - 1, T0 + i)
 
 
-def replay(manager: ProducerStateManager, pid: int, epoch: int, batch: BatchMetadata) -> None:
-    manager.replay_batch(
+def replay(
+    manager: ProducerStateManager, pid: int, epoch: int, batch: BatchMetadata, *, control: bool = False
+) -> None:
+    """One stored batch through recovery's replay (ReplayBuffer), written to the table at once."""
+    buffer = ReplayBuffer(manager, now_ms=T0)
+    buffer.replay_batch(
         pid,
         epoch,
         batch.first_sequence,
@@ -40,8 +45,9 @@ def replay(manager: ProducerStateManager, pid: int, epoch: int, batch: BatchMeta
         batch.first_offset,
         batch.last_offset,
         batch.max_timestamp_ms,
-        False,
+        control,
     )
+    buffer.flush()
 
 
 def filled(pids_and_batches: dict[int, int], capacity: int = 16) -> ProducerStateManager:
@@ -148,7 +154,7 @@ class TestWindow:
     def test_control_batch_with_a_new_epoch_clears_window_but_is_not_cached(self) -> None:
         manager = ProducerStateManager(4)
         replay(manager, 1, 0, metadata(0))
-        manager.replay_batch(1, 1, -1, -1, 10, 10, T0 + 9, True)
+        replay(manager, 1, 1, BatchMetadata(-1, -1, 10, 10, T0 + 9), control=True)
         entry = manager.get(1)
         assert entry is not None
         assert entry.producer_epoch == 1

@@ -23,6 +23,7 @@ import pytest
 
 from oncelog.errors import CorruptSnapshotError
 from oncelog.pid_map import DuplicateProducerError
+from oncelog.producer_replay import ReplayBuffer
 from oncelog.producer_state import PRODUCER_DTYPE, WINDOW, BatchMetadata, ProducerStateManager
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import Buffer, DelegatingFileHandle, DelegatingFileSystem, FileHandle, OsFileSystem
@@ -61,6 +62,7 @@ def fixture_snapshot_params() -> list[object]:
 def windowed_rows() -> tuple[np.ndarray, dict[int, tuple[BatchMetadata, ...]]]:
     """Rows for producers with 1, 3, 5 and 8 batches (the last two hold full windows)."""
     manager = ProducerStateManager(16)
+    replay = ReplayBuffer(manager, now_ms=T0)
     expected: dict[int, list[BatchMetadata]] = {}
     offset = 0
     for pid, batches in ((7, 1), (8, 3), (9, 5), (2**40, 8)):
@@ -68,10 +70,11 @@ def windowed_rows() -> tuple[np.ndarray, dict[int, tuple[BatchMetadata, ...]]]:
         for n in range(batches):
             count = n % 3 + 1
             meta = BatchMetadata(seq, seq + count - 1, offset, offset + count - 1, T0 + offset)
-            manager.replay_batch(pid, 3, meta[0], meta[1], meta[2], meta[3], meta[4], False)
+            replay.replay_batch(pid, 3, meta[0], meta[1], meta[2], meta[3], meta[4], False)
             expected.setdefault(pid, []).append(meta)
             seq += count
             offset += count
+    replay.flush()
     return manager.live_rows(), {pid: tuple(metas[-WINDOW:]) for pid, metas in expected.items()}
 
 
