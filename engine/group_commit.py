@@ -51,6 +51,11 @@ class GroupCommit:
                 self.durable_end_offset = end_offset
                 self._cond.notify_all()
 
+    def truncated(self, end_offset: int) -> None:
+        """The log was cut back to `end_offset`: offsets from there on are not durable any more."""
+        with self._cond:
+            self.durable_end_offset = min(self.durable_end_offset, end_offset)
+
     def begin_close(self) -> bool:
         """Wait out a running leader (it fsyncs files about to close); False if already closing."""
         with self._cond:

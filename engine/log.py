@@ -14,6 +14,7 @@ that the next open deletes before loading, so a crash while loading is unclean.
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ from oncelog.errors import (
     LogClosedError,
     LogDirLockedError,
     LogFailedError,
+    OffsetOutOfRangeError,
     ProducerStateFullError,
 )
 from oncelog.group_commit import GroupCommit
@@ -510,6 +512,68 @@ class Log:
         self._segments.append(segment)
         self._base_offsets.append(base_offset)
         return segment
+
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log back to `offset`, as a follower whose log diverged from its leader's.
+
+        Returns the new log end: `offset`, or the start of the batch holding it when
+        it falls inside one. Segments past it go, with their indexes and snapshots;
+        producer state and open transactions are rebuilt as recovery rebuilds them
+        (the newest snapshot at or below the cut, then the batches after it).
+
+        Ordered for crashes: the recovery point moves back to the cut first, so a
+        crash at any later step finds either the old data (validated as a tail and
+        served again: the truncation did not happen) or a prefix of it, never data
+        it must trust past the cut. Each step is fsynced before the next.
+        """
+        with self._lock:
+            self._check_writable()
+            if not self.log_start_offset <= offset <= self.log_end_offset:
+                raise OffsetOutOfRangeError(
+                    f"cannot truncate {self.directory} to {offset}: outside "
+                    f"[{self.log_start_offset}, {self.log_end_offset}]"
+                )
+            if offset == self.log_end_offset:
+                return offset
+            n = max(bisect.bisect_right(self._base_offsets, offset) - 1, 0)
+            cut = self._segments[n]
+            try:
+                position, new_end = cut.batch_start_at_or_after(offset)
+                with self._recovery_point_lock:
+                    # Durable before anything is cut (see above); it may move back, unlike a flush's.
+                    write_recovery_point(self._store, RecoveryPoint(new_end, cut.base_offset, position))
+                    self.recovery_point = new_end
+                self._group_commit.truncated(new_end)
+                for later in reversed(self._segments[n + 1 :]):
+                    later.delete()  # fsyncs the directory
+                del self._segments[n + 1 :], self._base_offsets[n + 1 :]
+                cut.cut_at(position, new_end)
+                for snapshot_offset in snapshots.list_snapshot_offsets(self._fs, self.directory):
+                    if snapshot_offset > new_end:
+                        snapshots.delete_snapshot(self._fs, self.directory, snapshot_offset)
+                # fsync(dir): a snapshot past the cut must not come back and be loaded.
+                self._fs.fsync_dir(self.directory)
+                self._reload()
+            except OSError as exc:
+                self._failure = exc
+                raise LogFailedError(f"truncating {self.directory} to {offset} failed: {exc}") from exc
+            return self.log_end_offset
+
+    def _reload(self) -> None:
+        """Rebuild segments and producer state from the directory, as an unclean open does."""
+        for segment in self._segments:
+            segment.close(durable=False)
+        self._segments = []
+        loaded = LogLoader(
+            self._fs, self.directory, self.config, self._store, clean=False, now_ms=self._clock()
+        ).load()
+        self._segments = loaded.segments
+        self._base_offsets = [segment.base_offset for segment in self._segments]
+        self._producers = loaded.producers
+        self._transactions = OpenTransactions(self._producers.open_transactions())
+        self._client_only = loaded.client_only
+        self.recovery_point = loaded.recovery_point
+        self._group_commit.mark_durable(loaded.recovery_point)
 
     def _set_recovery_point(self, offset: int, segment_base: int, position: int) -> None:
         # One durable LMDB commit; only ever called after what it covers was fsynced.

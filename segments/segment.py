@@ -512,6 +512,27 @@ class LogSegment:
         # fsync(dir): a deleted segment must not reappear after a crash and be replayed.
         self.fs.fsync_dir(self.directory)
 
+    def batch_start_at_or_after(self, offset: int) -> tuple[int, int]:
+        """(position, base offset) of the first batch whose last offset is at or after `offset`.
+
+        (size, next offset) when there is none. Truncation cuts there, so a cut that
+        falls inside a batch takes the whole batch.
+        """
+        entry = self.offset_index.lookup(offset)
+        for position, batch in scan_file(self._handle, entry.position, self.size):
+            if batch.last_offset >= offset:
+                return position, batch.base_offset
+        return self.size, self.next_offset
+
+    def cut_at(self, position: int, next_offset: int) -> None:
+        """Cut the segment at a batch boundary: file, indexes and transaction index, then fsync."""
+        assert 0 <= position <= self.size, (self.path, position, self.size)
+        self.size = position
+        self.next_offset = next_offset
+        self.truncate_to_size()
+        # fsync: the cut must stay cut, or a crash brings back the batches a follower dropped.
+        self._handle.fsync()
+
     def trailing_zero_bytes(self) -> int:
         """How many of the bytes past the logical end are a run of zeros at the end of the file.
 

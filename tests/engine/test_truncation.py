@@ -1,0 +1,187 @@
+"""Log.truncate_to: a follower cuts its diverged log back (issue 8, brief §5).
+
+Producer state after a truncation must equal what a fresh replay of the kept log
+gives, the transaction index and last stable offset must forget what was cut, and
+a crash at any I/O call of the truncation must leave either the old log or a
+prefix of it, never corruption.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from oncelog.config import LogConfig
+from oncelog.errors import OffsetOutOfRangeError
+from oncelog.log import METADATA_DIR, Log
+from oncelog.producer_state import ProducerStateEntry
+from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.segments.batch import encode_batch
+
+T0 = 1_700_000_000_000
+CONFIG = LogConfig(segment_bytes=1024, index_interval_bytes=256, producer_expiration_ms=10**13)
+
+
+def clock() -> int:
+    return T0
+
+
+def batch(pid: int, seq: int, *, records: int = 1, transactional: bool = False) -> bytes:
+    return encode_batch(
+        [(b"k", b"p%d-s%d" % (pid, seq + i)) for i in range(records)],
+        producer_id=pid,
+        producer_epoch=0,
+        base_sequence=seq,
+        is_transactional=transactional,
+        timestamp_ms=T0,
+    )
+
+
+def fill(log: Log, rounds: int) -> dict[int, int]:
+    """Producers 1 and 2 alternate 2-record batches; returns each one's next sequence."""
+    sequences = {1: 0, 2: 0}
+    for _ in range(rounds):
+        for pid in (1, 2):
+            log.append(batch(pid, sequences[pid], records=2))
+            sequences[pid] += 2
+    return sequences
+
+
+def stored(log: Log) -> list[bytes]:
+    out, offset = [], log.log_start_offset
+    while offset < log.log_end_offset:
+        fetched = log.read(offset)
+        out += [bytes(b.buffer) for b in fetched.batches]
+        offset = fetched.next_offset
+    return out
+
+
+def state(log: Log) -> list[ProducerStateEntry]:
+    return sorted(log.producers())
+
+
+def fresh_replay_state(directory: Path, scratch: Path) -> list[ProducerStateEntry]:
+    """Producer state from replaying every batch: a copy without snapshots or recovery point."""
+    copy = scratch / "replay-0"
+    shutil.copytree(directory, copy)
+    for snapshot in copy.glob("*.snapshot"):
+        snapshot.unlink()
+    shutil.rmtree(copy / METADATA_DIR)
+    (copy / ".clean_shutdown").unlink(missing_ok=True)
+    with Log.open(copy, CONFIG, clock=clock) as replayed:
+        return state(replayed)
+
+
+class TestTruncateTo:
+    def test_truncation_drops_later_segments_and_snapshots_and_appends_continue(self, tmp_path: Path) -> None:
+        with Log.open(tmp_path / "t-0", CONFIG, clock=clock) as log:
+            fill(log, 20)
+            assert len(log.segments) > 3
+            before = stored(log)
+            cut = log.segments[2].base_offset + 2  # a batch boundary inside the third segment
+            assert log.truncate_to(cut) == cut
+            assert log.log_end_offset == cut
+            assert stored(log) == [b for b in before if int.from_bytes(b[:8], "big") < cut]
+            assert all(s.base_offset <= cut for s in log.segments)
+            assert not [p for p in (tmp_path / "t-0").glob("*.log") if int(p.stem) > cut]
+            assert all(int(p.stem) <= cut for p in (tmp_path / "t-0").glob("*.snapshot"))
+            assert log.append(batch(3, 0)).first_offset == cut
+        with Log.open(tmp_path / "t-0", CONFIG, clock=clock) as reopened:
+            assert reopened.recovery_report.clean
+            assert reopened.log_end_offset == cut + 1
+
+    def test_a_cut_inside_a_batch_takes_the_whole_batch(self, log_dir: Path) -> None:
+        with Log.open(log_dir, CONFIG, clock=clock) as log:
+            fill(log, 10)
+            assert log.truncate_to(7) == 6  # batches hold offsets 0-1, 2-3, 4-5, 6-7, ...
+            assert log.log_end_offset == 6
+
+    def test_producer_state_equals_a_fresh_replay_after_a_divergent_history(self, tmp_path: Path) -> None:
+        directory = tmp_path / "t-0"
+        with Log.open(directory, CONFIG, clock=clock) as log:
+            fill(log, 20)
+            cut = log.segments[1].base_offset + 4
+            log.truncate_to(cut)
+            # The follower now takes the leader's history: producer 2 resumes where the
+            # cut left it, and a producer the old history never had appears.
+            resumed = log.producer_state(2)
+            assert resumed is not None
+            log.append(batch(2, resumed.last_sequence + 1, records=3))
+            for seq in range(0, 12, 2):
+                log.append(batch(9, seq, records=2))
+            expected = state(log)
+        assert fresh_replay_state(directory, tmp_path) == expected
+
+    def test_the_truncated_log_equals_a_fresh_replay_at_once(self, tmp_path: Path) -> None:
+        directory = tmp_path / "t-0"
+        with Log.open(directory, CONFIG, clock=clock) as log:
+            fill(log, 15)
+            log.truncate_to(log.segments[-2].base_offset + 2)
+            expected = state(log)
+        assert fresh_replay_state(directory, tmp_path) == expected
+
+    def test_cutting_an_abort_marker_reopens_the_transaction_and_its_index_entry_goes(
+        self, log_dir: Path
+    ) -> None:
+        with Log.open(log_dir, CONFIG, clock=clock) as log:
+            fill(log, 3)
+            first = log.append(batch(5, 0, records=2, transactional=True)).first_offset
+            log.append(batch(5, 2, records=2, transactional=True))
+            marker = log.write_txn_marker(5, 0, commit=False, coordinator_epoch=1).first_offset
+            assert log.last_stable_offset == log.log_end_offset
+            assert list(log_dir.glob("*.txnindex"))
+            log.truncate_to(marker)
+            assert log.last_stable_offset == first
+            entry = log.producer_state(5)
+            assert entry is not None and entry.current_txn_first_offset == first
+            fetched = log.read(0, isolation="read_committed")
+            assert fetched.aborted_transactions == []
+            assert all(p.stat().st_size == 0 for p in log_dir.glob("*.txnindex"))
+            log.write_txn_marker(5, 0, commit=True, coordinator_epoch=1)
+            assert log.last_stable_offset == log.log_end_offset
+
+    def test_offsets_outside_the_log_are_refused(self, log_dir: Path) -> None:
+        with Log.open(log_dir, CONFIG, clock=clock) as log:
+            fill(log, 2)
+            with pytest.raises(OffsetOutOfRangeError):
+                log.truncate_to(log.log_end_offset + 1)
+            assert log.truncate_to(log.log_end_offset) == log.log_end_offset
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    return tmp_path / "t-0"
+
+
+class TestTruncationCrashes:
+    def test_a_crash_at_any_io_call_of_a_truncation_leaves_the_old_log_or_a_prefix(self) -> None:
+        directory = "/d/t-0"
+
+        def build(fs: FaultFileSystem) -> tuple[Log, list[bytes], int]:
+            log = Log.open(directory, CONFIG, fs=fs, clock=clock)
+            fill(log, 12)
+            log.flush()
+            return log, stored(log), log.segments[1].base_offset + 2
+
+        dry = FaultFileSystem(3)
+        log, before, cut = build(dry)
+        start = dry.io_calls
+        log.truncate_to(cut)
+        calls = dry.io_calls - start
+        assert calls > 5
+        for n in range(1, calls + 1):
+            fs = FaultFileSystem(3)
+            log, before, cut = build(fs)
+            fs.kill_at(fs.io_calls + n)
+            with pytest.raises(SimulatedCrash):
+                log.truncate_to(cut)
+            for mode in ("kill", "drop"):
+                crashed = fs.crash(mode)  # type: ignore[arg-type]
+                why = f"killed at truncation I/O call {n}/{calls}, {mode}; {crashed.describe()}"
+                reopened = Log.open(directory, CONFIG, fs=crashed, clock=clock)
+                got = stored(reopened)
+                assert got == before[: len(got)], why
+                assert len(got) >= len([b for b in before if int.from_bytes(b[:8], "big") < cut]), why
+                reopened.close()
