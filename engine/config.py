@@ -35,6 +35,11 @@ class LogConfig:
     # A producer idle this long (by its newest batch's timestamp) with no open
     # transaction is forgotten; its next batch is accepted at any sequence.
     producer_expiration_ms: int = 24 * 3600 * 1000
+    # Retention (Kafka's defaults): whole sealed segments older than retention_ms (by
+    # their newest timestamp), or past retention_bytes of log, are deleted by
+    # apply_retention(). None: no limit.
+    retention_ms: int | None = 7 * 24 * 3600 * 1000
+    retention_bytes: int | None = None
 
     def __post_init__(self) -> None:
         # A 61-byte header plus one minimal record must fit in a segment and a batch.
@@ -59,6 +64,10 @@ class LogConfig:
             raise ValueError(f"on_corruption must be 'raise' or 'truncate', got {self.on_corruption!r}")
         if self.producer_expiration_ms <= 0:
             raise ValueError(f"producer_expiration_ms must be positive, got {self.producer_expiration_ms}")
+        if self.retention_ms is not None and self.retention_ms < 0:
+            raise ValueError(f"retention_ms must be >= 0 or None, got {self.retention_ms}")
+        if self.retention_bytes is not None and self.retention_bytes < 0:
+            raise ValueError(f"retention_bytes must be >= 0 or None, got {self.retention_bytes}")
         if self.producer_capacity <= 0:
             raise ValueError(f"producer_capacity must be positive, got {self.producer_capacity}")
         if self.timestamp_type not in ("CreateTime", "LogAppendTime"):

@@ -38,6 +38,7 @@ from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore
 from oncelog.recovery.loader import (
     CLIENT_ONLY_KEY,
+    LOG_START_KEY,
     LoadedLog,
     LogLoader,
     RecoveryPoint,
@@ -92,6 +93,7 @@ class Log:
         self._dir_lock = dir_lock
         self.recovery_point = loaded.recovery_point
         self._client_only = loaded.client_only
+        self._log_start_offset = loaded.log_start_offset
         # What opening read and did: clean or not, bytes scanned, tail cut.
         self.recovery_report: RecoveryReport = loaded.report
         self._lock = threading.RLock()
@@ -150,7 +152,8 @@ class Log:
     # -- properties ------------------------------------------------------------------
     @property
     def log_start_offset(self) -> int:
-        return self._segments[0].base_offset
+        """The first offset reads may ask for (delete_records and retention move it)."""
+        return self._log_start_offset
 
     @property
     def log_end_offset(self) -> int:
@@ -559,6 +562,68 @@ class Log:
                 raise LogFailedError(f"truncating {self.directory} to {offset} failed: {exc}") from exc
             return self.log_end_offset
 
+    def delete_records(self, before_offset: int) -> int:
+        """Move the log start offset to `before_offset` (Kafka's DeleteRecords); returns the start.
+
+        Reads below it are refused from then on; sealed segments wholly below it are
+        deleted. Producer state is kept (Kafka's LoadProducersAfterDeleteRecordsMidSegment).
+        """
+        with self._lock:
+            self._check_writable()
+            if before_offset > self.log_end_offset:
+                raise OffsetOutOfRangeError(
+                    f"cannot delete records of {self.directory} before {before_offset}: "
+                    f"past the log end {self.log_end_offset}"
+                )
+            if before_offset > self._log_start_offset:
+                self._advance_log_start(before_offset)
+            return self._log_start_offset
+
+    def apply_retention(self, now_ms: int | None = None) -> int:
+        """Delete the oldest sealed segments past `retention_ms` or `retention_bytes`; returns how many.
+
+        Whole segments only, oldest first, never the active one. A segment is past
+        retention_ms when its newest timestamp is; past retention_bytes while the log
+        stays at least that large without it (Kafka's rules).
+        """
+        with self._lock:
+            self._check_writable()
+            now_ms = self._clock() if now_ms is None else now_ms
+            retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
+            excess_bytes = self.size_bytes - retention_bytes if retention_bytes is not None else 0
+            expired = 0
+            for segment in self._segments[:-1]:
+                too_old = retention_ms is not None and segment.newest_timestamp_ms() <= now_ms - retention_ms
+                too_big = retention_bytes is not None and excess_bytes >= segment.size
+                if not (too_old or too_big):
+                    break
+                excess_bytes -= segment.size
+                expired += 1
+            if expired:
+                self._advance_log_start(max(self._segments[expired].base_offset, self._log_start_offset))
+            return expired
+
+    def _advance_log_start(self, start: int) -> None:
+        """Persist the new start, then delete the sealed segments (and snapshots) wholly below it."""
+        try:
+            # Durable first: a crash before the files go leaves segments below the start,
+            # which reads refuse and the next retention deletes; never the reverse.
+            write_offsets(self._store, {LOG_START_KEY: start})
+            self._log_start_offset = start
+            while len(self._segments) > 1 and self._segments[1].base_offset <= start:
+                gone = self._segments.pop(0)
+                self._base_offsets.pop(0)
+                gone.delete()  # fsyncs the directory
+                if gone.base_offset in snapshots.list_snapshot_offsets(self._fs, self.directory):
+                    snapshots.delete_snapshot(self._fs, self.directory, gone.base_offset)
+            # fsync(dir): a deleted segment's snapshot must not come back after a crash.
+            self._fs.fsync_dir(self.directory)
+        except OSError as exc:
+            self._failure = exc
+            raise LogFailedError(
+                f"deleting segments of {self.directory} below {start} failed: {exc}"
+            ) from exc
+
     def _reload(self) -> None:
         """Rebuild segments and producer state from the directory, as an unclean open does."""
         for segment in self._segments:
@@ -572,6 +637,7 @@ class Log:
         self._producers = loaded.producers
         self._transactions = OpenTransactions(self._producers.open_transactions())
         self._client_only = loaded.client_only
+        self._log_start_offset = loaded.log_start_offset
         self.recovery_point = loaded.recovery_point
         self._group_commit.mark_durable(loaded.recovery_point)
 
@@ -733,6 +799,7 @@ class Log:
                 max_offset,
                 self.directory,
                 client_only=self._client_only,
+                log_start_offset=self._log_start_offset,
             )
             if isolation == "read_uncommitted":
                 return fetched

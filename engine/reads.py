@@ -26,8 +26,10 @@ def read_log(
     directory: str,
     *,
     client_only: bool = False,
+    log_start_offset: int | None = None,
 ) -> FetchResult:
-    start, end = segments[0].base_offset, segments[-1].next_offset
+    start = segments[0].base_offset if log_start_offset is None else log_start_offset
+    end = segments[-1].next_offset
     if not start <= start_offset <= end:
         raise OffsetOutOfRangeError(f"offset {start_offset} is outside [{start}, {end}] of {directory}")
     scanned: list[ScannedBatch] = []

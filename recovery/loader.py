@@ -61,6 +61,9 @@ RECOVERY_POSITION_KEY = "recovery_point_position"
 # the header fields no CRC covers (baseOffset, partitionLeaderEpoch). The first
 # replication append (a leader's offsets and epochs, perhaps with gaps) clears it.
 CLIENT_ONLY_KEY = "client_appends_only"
+# The first offset a read may ask for: moved by delete_records and retention, durable
+# before the segments below it are deleted.
+LOG_START_KEY = "log_start_offset"
 
 
 class RecoveryPoint(NamedTuple):
@@ -123,6 +126,7 @@ class LoadedLog(NamedTuple):
     recovery_point: int
     report: RecoveryReport
     client_only: bool
+    log_start_offset: int
 
 
 def read_offset(store: MetadataStore, key: str) -> int | None:
@@ -212,7 +216,11 @@ class LogLoader:
             tail_error=self._tail_error,
             zero_tail_bytes=self._zero_tail,
         )
-        return LoadedLog(self.segments, self.producers, end, report, self.client_only)
+        # The stored start (delete_records, retention) can be inside the first segment;
+        # never below it, and never past the end (recovery may have cut the log).
+        stored_start = read_offset(self.store, LOG_START_KEY) or 0
+        start = min(max(stored_start, self.segments[0].base_offset), end)
+        return LoadedLog(self.segments, self.producers, end, report, self.client_only, start)
 
     # -- the steps -------------------------------------------------------------------
     def _load(self) -> int | None:

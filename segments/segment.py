@@ -512,6 +512,12 @@ class LogSegment:
         # fsync(dir): a deleted segment must not reappear after a crash and be replayed.
         self.fs.fsync_dir(self.directory)
 
+    def newest_timestamp_ms(self) -> int:
+        """The largest batch timestamp in the segment (mapping a lazy segment's time index)."""
+        if self._offset_index is None:
+            self._load_lazy_indexes()  # a lazily opened segment learns its max timestamp there
+        return self.max_timestamp_ms
+
     def batch_start_at_or_after(self, offset: int) -> tuple[int, int]:
         """(position, base offset) of the first batch whose last offset is at or after `offset`.
 
