@@ -543,14 +543,21 @@ class Log:
             try:
                 position, new_end = cut.batch_start_at_or_after(offset)
                 with self._recovery_point_lock:
-                    # Durable before anything is cut (see above); it may move back, unlike a flush's.
-                    write_recovery_point(self._store, RecoveryPoint(new_end, cut.base_offset, position))
-                    self.recovery_point = new_end
+                    # Durable before anything is cut (see above); only ever back, never past
+                    # data not yet fsynced: below the point, what it covers is untouched.
+                    if new_end <= self.recovery_point:
+                        write_recovery_point(self._store, RecoveryPoint(new_end, cut.base_offset, position))
+                        self.recovery_point = new_end
                 self._group_commit.truncated(new_end)
                 for later in reversed(self._segments[n + 1 :]):
                     later.delete()  # fsyncs the directory
                 del self._segments[n + 1 :], self._base_offsets[n + 1 :]
                 cut.cut_at(position, new_end)
+                if new_end < self._log_start_offset:
+                    # The cut took the batch holding the start: the log starts afresh at the
+                    # cut (Kafka truncates fully there), and durably, or a reload would put
+                    # the start back above batches appended from here.
+                    write_offsets(self._store, {LOG_START_KEY: new_end})
                 for snapshot_offset in snapshots.list_snapshot_offsets(self._fs, self.directory):
                     if snapshot_offset > new_end:
                         snapshots.delete_snapshot(self._fs, self.directory, snapshot_offset)

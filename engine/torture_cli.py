@@ -16,11 +16,15 @@ from oncelog.recovery.torture_selftest import run_self_test
 
 DESCRIPTION = """\
 Crash-torture oncelog. Each crash state runs a seeded workload of idempotent
-producers (appends, retries, epoch bumps, flushes, rolls, clean reopens) and
+producers (appends, retries, epoch bumps, flushes, rolls, clean reopens),
 transactional producers (1-3 transactional batches, then a COMMIT or ABORT marker;
-some transactions still open at the crash) on the in-memory fault-injecting
+some transactions still open at the crash), follower truncations, delete_records
+and retention on the in-memory fault-injecting
 filesystem, crashes it in one fault class, recovers, and checks every invariant:
-acknowledged-durable data and markers present byte for byte, no duplicates or
+acknowledged-durable data and markers at or above the log start present byte for
+byte (unless a completed truncation, delete_records or retention removed them; a
+crash inside one leaves the old state or the new, a truncation the old log or a
+prefix of it), no duplicates or
 holes, the log a prefix of what was written, producer state (open transactions
 included) equal to a full replay, retries answered as duplicates, nothing lost to
 a second crash right after recovery, corruption reported and never served, and
@@ -43,7 +47,7 @@ examples:
   oncelog torture --crashes 2000
   oncelog torture --seed 7 --crashes 500 --faults kill,torn --json
   oncelog torture --seed 1000015 --crashes 1 --faults bitflip   # replay one state
-  oncelog torture --self-test --json      # {"planted": 8, "caught": 8, "missed": []}"""
+  oncelog torture --self-test --json      # {"planted": 9, "caught": 9, "missed": []}"""
 
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
@@ -79,7 +83,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     parser.add_argument(
         "--self-test",
         action="store_true",
-        help="plant eight known bugs in turn and check the harness catches each (exit 1 if one is missed)",
+        help="plant nine known bugs in turn and check the harness catches each (exit 1 if one is missed)",
     )
     parser.set_defaults(handler=run)
 

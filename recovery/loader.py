@@ -220,6 +220,10 @@ class LogLoader:
         # never below it, and never past the end (recovery may have cut the log).
         stored_start = read_offset(self.store, LOG_START_KEY) or 0
         start = min(max(stored_start, self.segments[0].base_offset), end)
+        if stored_start > end:
+            # A cut (recovery's, or a truncation a crash interrupted) went below the start:
+            # keep the start at the end durably, or appends from here would land below it.
+            write_offsets(self.store, {LOG_START_KEY: end})
         return LoadedLog(self.segments, self.producers, end, report, self.client_only, start)
 
     # -- the steps -------------------------------------------------------------------

@@ -22,7 +22,11 @@ is reopened on what the crash left; the checker enforces every invariant:
    offset, which must be the first offset of the oldest open transaction (or the
    log end); markers acknowledged as durable must be there. Checked after
    recovery, after the second crash, and once the transactions left open by the
-   crash are committed or aborted on the recovered log.
+   crash are committed or aborted on the recovered log;
+8. the log start is the one the last completed delete_records / retention left,
+   or (a crash inside one) the one it was moving to; data removed on purpose by a
+   completed truncation, delete_records or retention is not required, and a crash
+   inside truncate_to may leave the old log or any prefix of it down to its cut.
 
 A bit flip below the recovery point must be reported (CorruptLogError), never
 served; a failed fsync must never be followed by an acknowledgement.
@@ -31,9 +35,10 @@ Every crash state has its own seed; `replay_command` reproduces it exactly.
 
 This module holds the crash-state checker (check_recovered and the per-invariant
 checks), run_crash_state and run_torture. The rest of the harness lives beside it:
-torture_model (constants, Model, Violation), torture_workload (the seeded workload)
-and torture_txn (the transaction view and the read_committed checks). This module
-re-exports their public names (`__all__`), so `torture.X` still reaches all of them.
+torture_model (constants, Model, Violation), torture_workload (the seeded workload),
+torture_cuts (the Model's side of truncation and retention) and torture_txn (the
+transaction view and the read_committed checks). This module re-exports their public
+names (`__all__`), so `torture.X` still reaches all of them.
 """
 
 from __future__ import annotations
@@ -141,18 +146,22 @@ def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) ->
         present = {batch.base_offset: batch.buffer.tobytes() for batch in read_all(log)}
         batches = [RecordBatch(present[offset]) for offset in sorted(present)]
         end = log.log_end_offset
+        _check_log_start(log.log_start_offset, end, model, violation)
+        # The batches retention or delete_records took are gone from the log but not from
+        # its history: producer state and transactions are checked against all of it.
+        history = _history_below(model, batches[0].base_offset if batches else end) + batches
         scanned = log.recovery_report.bytes_scanned
         # Brief §5: recovery cost follows the tail. Only faults that cannot damage fsynced
         # snapshots or indexes are held to it (a bit flip or misdirected write may).
         if fault not in ("bitflip", "misdirect") and scanned > tail_bytes + TAIL_SLACK_BYTES:
             violation("recovery reads only the tail", f"scanned {scanned} bytes, the tail holds {tail_bytes}")
-        _check_log_contents(batches, present, end, model, fault, violation)
-        check_producer_state(log, present, violation, batches)
-        view = check_read_committed(log, batches, max_bytes, violation)
+        _check_log_contents(batches, present, log.log_start_offset, end, model, fault, violation)
+        check_producer_state(log, present, violation, history)
+        view = check_read_committed(log, history, max_bytes, violation)
         check_txn_outcomes(view, model, fault, violation)
         _check_retries(log, present, model, violation)
-        _check_second_crash(log, fs, present, max_bytes, violation)
-        complete_open_transactions(log, batches, view, seed, violation)
+        _check_second_crash(log, fs, present, model, max_bytes, violation)
+        complete_open_transactions(log, history, view, seed, violation)
     except (CorruptLogError, CorruptRecordError) as exc:
         if fault not in ("bitflip", "misdirect"):
             violation("reads succeed", str(exc))
@@ -182,15 +191,35 @@ def _bytes_from_recovery_point(fs: FaultFileSystem) -> int:
     return total
 
 
+def _check_log_start(start: int, end: int, model: Model, violation: Callable[[str, str], None]) -> None:
+    """The start is the one the last completed delete_records / retention left, or the one an
+    interrupted one moves to; a crash that cut the log end below it leaves the end."""
+    allowed = {min(model.log_start, end)}
+    if model.pending_start is not None:
+        allowed.add(min(model.pending_start, end))
+    if start not in allowed:
+        violation(
+            "the log start is the old or the new one",
+            f"recovered start {start}, expected one of {sorted(allowed)} (log end {end})",
+        )
+
+
+def _history_below(model: Model, offset: int) -> list[RecordBatch]:
+    """What the workload wrote below `offset` (the first batch the recovered log serves)."""
+    return [RecordBatch(model.written[base]) for base in sorted(model.written) if base < offset]
+
+
 def _check_log_contents(
     batches: Sequence[RecordBatch],
     present: dict[int, bytes],
+    start: int,
     end: int,
     model: Model,
     fault: str,
     violation: Callable[[str, str], None],
 ) -> None:
-    expected = 0
+    # Reads serve whole batches: the first one holds the start.
+    expected = batches[0].base_offset if batches and batches[0].base_offset <= start else start
     seen: set[tuple[int, int, int]] = set()
     for batch in batches:
         offset = batch.base_offset
@@ -210,7 +239,10 @@ def _check_log_contents(
     # After a kill (enospc runs end in one) the page cache survives: every ack must.
     must_survive = model.acked if fault in ("kill", "enospc") else {}
     for offset, data in model.acked.items():
-        durable = RecordBatch(data).last_offset < model.durable_end
+        last = RecordBatch(data).last_offset
+        if last < start or model.excused(last):
+            continue  # below the start (retention, delete_records), or cut by the interrupted truncation
+        durable = last < model.durable_end
         if (durable or offset in must_survive) and present.get(offset) != data:
             why = "durable" if durable else "acknowledged before a kill"
             kind = "marker" if RecordBatch(data).is_control else "batch"
@@ -274,6 +306,7 @@ def _check_second_crash(
     log: Log,
     fs: FaultFileSystem,
     present: dict[int, bytes],
+    model: Model,
     max_bytes: int,
     violation: Callable[[str, str], None],
 ) -> None:
@@ -292,12 +325,14 @@ def _check_second_crash(
     def after_second_crash(invariant: str, detail: str) -> None:
         violation(invariant, f"after a second crash: {detail}")
 
-    check_read_committed(
-        reopened,
-        [RecordBatch(survived[offset]) for offset in sorted(survived)],
-        max_bytes,
-        after_second_crash,
-    )
+    if reopened.log_start_offset != log.log_start_offset:
+        after_second_crash(
+            "the log start survives",
+            f"start {reopened.log_start_offset}, recovery exposed {log.log_start_offset}",
+        )
+    batches = [RecordBatch(survived[offset]) for offset in sorted(survived)]
+    history = _history_below(model, batches[0].base_offset if batches else reopened.log_end_offset)
+    check_read_committed(reopened, history + batches, max_bytes, after_second_crash)
     reopened.close()
 
 

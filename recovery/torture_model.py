@@ -26,6 +26,9 @@ CONFIG = LogConfig(
     # Five producers: a small table keeps each open (and the checker's replay) from
     # allocating the default 100,000 rows, most of a crash state's time otherwise.
     producer_capacity=64,
+    # Small enough that apply_retention() (called by the workload now and then) deletes
+    # the oldest segment or two of a typical run; retention_ms is Kafka's default week.
+    retention_bytes=4096,
 )
 PRODUCERS = (11, 12, 13)  # idempotent producers
 TXN_PRODUCERS = (21, 22)  # transactional producers: two, so their transactions interleave
@@ -93,6 +96,20 @@ class Model:
     # Every transaction begun, and for each transactional data batch the one it belongs to.
     txns: list[Txn] = field(default_factory=list)
     txn_of: dict[int, Txn] = field(default_factory=dict)
+    # The persisted log start offset after the last completed delete_records / retention
+    # (or truncation, which can only lower it to its new end).
+    log_start: int = 0
+    # An operation under way when the run ended (a crash or a failed write inside it):
+    # truncate_to(k) may have left the old log or any prefix of it down to the batch
+    # holding k; delete_records / apply_retention may have left the old start or this one.
+    pending_cut: int | None = None
+    pending_start: int | None = None
+    truncations: int = 0  # completed, for the tests' coverage figures
+    starts_moved: int = 0
+
+    def excused(self, last_offset: int) -> bool:
+        """A batch ending at `last_offset` may be gone: cut by a truncation the crash interrupted."""
+        return self.pending_cut is not None and last_offset >= self.pending_cut
 
 
 def crash_seed(seed: int, index: int) -> int:

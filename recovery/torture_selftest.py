@@ -15,11 +15,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from oncelog import log as log_module
 from oncelog.log import Log
 from oncelog.producer_state import ProducerStateManager
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import FileSystem
-from oncelog.recovery.loader import LogLoader
+from oncelog.recovery.loader import LOG_START_KEY, LogLoader, write_offsets
 from oncelog.recovery.torture import run_torture
 from oncelog.segments.batch import RecordBatch
 from oncelog.segments.segment import LogSegment
@@ -132,6 +133,17 @@ def transaction_index_not_rebuilt_by_recovery() -> contextlib.AbstractContextMan
     return _patched(LogLoader, "_apply", apply)
 
 
+def log_start_not_persisted() -> contextlib.AbstractContextManager[None]:
+    # delete_records and retention move the start in memory and delete the files below it,
+    # but never write the start down: after a crash, records deleted mid-segment come back.
+    def write(store: Any, values: dict[str, int]) -> None:
+        kept = {key: value for key, value in values.items() if key != LOG_START_KEY}
+        if kept:
+            write_offsets(store, kept)
+
+    return _patched(log_module, "write_offsets", write)
+
+
 # Each bug with the fault classes that can expose it: a missing directory fsync
 # shows only when unsynced directory entries vanish, and so on.
 PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], tuple[str, ...]]] = {
@@ -148,6 +160,10 @@ PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], 
     "aborted transactions left out of the transaction index recovery rebuilds": (
         transaction_index_not_rebuilt_by_recovery,
         ("kill", "drop", "torn"),
+    ),
+    "log start offset not persisted by delete_records and retention": (
+        log_start_not_persisted,
+        ("kill", "drop"),
     ),
 }
 

@@ -25,6 +25,7 @@ from oncelog.errors import (
 )
 from oncelog.log import Log
 from oncelog.recovery.faultfs import FaultFileSystem
+from oncelog.recovery.torture_cuts import cut_model, next_sequence, retention_plan, truncation_end
 from oncelog.recovery.torture_model import (
     CLOCK_MS,
     CONFIG,
@@ -219,6 +220,84 @@ class _Workload:
         if (log.log_end_offset, log.last_stable_offset) != (end, stable):
             raise OnlineCheckFailed(invariant, f"producer {pid}: a refused write moved the log")
 
+    def truncate(self, log: Log) -> None:
+        """A follower cuts its diverged suffix: mostly the last few offsets, now and then deep."""
+        rng, model = self.rng, self.model
+        start, end = log.log_start_offset, log.log_end_offset
+        offset = rng.randint(start if rng.random() < 0.3 else max(start, end - 8), end)
+        expected = truncation_end(model, offset)
+        model.pending_cut = offset
+        new_end = log.truncate_to(offset)
+        if new_end != expected or log.log_end_offset != expected:
+            raise OnlineCheckFailed(
+                "truncation cuts whole batches", f"truncate_to({offset}) gave {new_end}, expected {expected}"
+            )
+        cut_model(model, new_end)
+        model.pending_cut, model.truncations = None, model.truncations + 1
+        if log.log_start_offset != model.log_start:
+            raise OnlineCheckFailed(
+                "truncation keeps the log start",
+                f"truncate_to({offset}): start {log.log_start_offset}, expected {model.log_start}",
+            )
+        self.resume_after_truncation(log, new_end)
+
+    def resume_after_truncation(self, log: Log, new_end: int) -> None:
+        """Producers continue from the state the log reports; its open transactions are the Model's."""
+        for pid in PRODUCERS:
+            self.recent[pid] = [(batch, offset) for batch, offset in self.recent[pid] if offset < new_end]
+            self.sequences[pid] = next_sequence(self.model, pid, self.epochs[pid])
+        for p in self.txn.values():
+            pid = p.producer_id
+            self.recent[pid] = [(batch, offset) for batch, offset in self.recent[pid] if offset < new_end]
+            entry = log.producer_state(pid)
+            if entry is not None:
+                p.epoch = entry.producer_epoch
+            p.stored_coordinator_epoch = entry.coordinator_epoch if entry is not None else -1
+            p.coordinator_epoch = max(p.coordinator_epoch, p.stored_coordinator_epoch)
+            p.sequence = next_sequence(self.model, pid, p.epoch)
+            first = entry.current_txn_first_offset if entry is not None else -1
+            opened = [txn for txn in self.model.txns if txn.producer_id == pid and not txn.acked]
+            if [txn.first_offset for txn in opened] != ([first] if first >= 0 else []):
+                raise OnlineCheckFailed(
+                    "truncation rebuilds open transactions",
+                    f"producer {pid} after truncate_to: the log's transaction from {first}, the "
+                    f"workload's open ones from {[txn.first_offset for txn in opened]}",
+                )
+            p.txn = opened[0] if opened else None
+            if p.txn is not None:
+                p.planned = max(len(p.txn.batches), self.rng.randint(1, 3))
+
+    def delete_records(self, log: Log) -> None:
+        rng, model = self.rng, self.model
+        start, end = log.log_start_offset, log.log_end_offset
+        before = rng.randint(max(start - 2, 0), end)
+        expected = max(before, start)
+        model.pending_start = expected
+        got = log.delete_records(before)
+        if got != expected or log.log_start_offset != expected:
+            raise OnlineCheckFailed(
+                "delete_records moves the start to its offset",
+                f"delete_records({before}) from start {start}: gave {got}, log start {log.log_start_offset}",
+            )
+        model.log_start, model.pending_start = got, None
+        model.starts_moved += got > start
+
+    def retention(self, log: Log) -> None:
+        rng, model = self.rng, self.model
+        week = log.config.retention_ms or 0
+        now = CLOCK_MS if rng.random() < 0.85 else CLOCK_MS + week + 1  # now and then: all expired
+        count, expected = retention_plan(log, now)
+        model.pending_start = expected
+        got = log.apply_retention(now)
+        if got != count or log.log_start_offset != expected:
+            raise OnlineCheckFailed(
+                "retention deletes exactly the segments past it",
+                f"apply_retention: {got} segments, start {log.log_start_offset}; "
+                f"expected {count}, {expected}",
+            )
+        model.starts_moved += expected > model.log_start
+        model.log_start, model.pending_start = expected, None
+
     def check_stable_offset(self, log: Log) -> None:
         opened = [p.txn.first_offset for p in self.txn.values() if p.txn is not None]
         expected = min(opened, default=log.log_end_offset)
@@ -242,25 +321,31 @@ def run_workload(fs: FaultFileSystem, rng: random.Random, model: Model, steps: i
         for _ in range(steps):
             action = rng.random()
             pid = rng.choice(PRODUCERS)
-            if action < 0.42:
+            if action < 0.41:
                 w.append(log, pid)
-            elif action < 0.62:
+            elif action < 0.61:
                 w.transaction_step(log, w.txn[rng.choice(TXN_PRODUCERS)])
-            elif action < 0.69:
+            elif action < 0.67:
                 retried = rng.choice(PRODUCERS + TXN_PRODUCERS)
                 if w.recent[retried]:
                     w.retry(log, retried)
-            elif action < 0.8:
+            elif action < 0.77:
                 log.flush()
                 model.durable_end = log.log_end_offset
-            elif action < 0.86:
+            elif action < 0.83:
                 log.roll()
-            elif action < 0.9:
+            elif action < 0.86:
                 w.epochs[pid] += 1
                 w.sequences[pid] = 0
                 w.recent[pid] = []
-            elif action < 0.93:
+            elif action < 0.89:
                 w.refusal(log, w.txn[rng.choice(TXN_PRODUCERS)])
+            elif action < 0.92:
+                w.truncate(log)
+            elif action < 0.935:
+                w.delete_records(log)
+            elif action < 0.95:
+                w.retention(log)
             else:
                 log.close()
                 model.durable_end = log.log_end_offset  # close flushes

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from oncelog import log as log_module
 from oncelog.cli import main
 from oncelog.producer_state import ProducerStateManager
 from oncelog.recovery import loader, torture
@@ -186,9 +187,36 @@ def test_the_checker_is_wired_to_every_fault_class() -> None:
     assert set(torture.FAULTS) == {"kill", "drop", "torn", "dirent", "bitflip", "enospc", "eio", "misdirect"}
 
 
-def test_the_self_test_catches_all_eight_planted_bugs(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_self_test_catches_all_nine_planted_bugs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["torture", "--self-test", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"planted": 8, "caught": 8, "missed": []}
+    assert json.loads(capsys.readouterr().out) == {"planted": 9, "caught": 9, "missed": []}
+
+
+def test_the_workload_truncates_deletes_records_and_applies_retention_and_crashes_inside_them() -> None:
+    truncations = starts_moved = cut_by_crash = 0
+    for seed in range(120):
+        rng, fs, model = random.Random(seed), FaultFileSystem(seed), Model()
+        fs.kill_at(rng.randint(1, torture.MAX_KILL_POINT))
+        with contextlib.suppress(SimulatedCrash):
+            run_workload(fs, rng, model, steps=rng.randint(10, 60))
+        truncations += model.truncations
+        starts_moved += model.starts_moved
+        cut_by_crash += model.pending_cut is not None
+        # A completed truncation takes its cut batches out of the model, with their transactions.
+        assert all(model.txn_of[offset] is txn for txn in model.txns for offset in txn.batches)
+    assert truncations >= 50 and starts_moved >= 20, (truncations, starts_moved)
+    assert cut_by_crash >= 1, "no crash state killed inside a truncation"
+
+
+def test_a_truncation_whose_cut_never_reaches_the_file_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The segment forgets the cut batches in memory, but the file keeps them: the reload
+    # (or recovery after a crash) brings back batches a follower discarded.
+    def cut_in_memory(self: LogSegment, position: int, next_offset: int) -> None:
+        self.size, self.next_offset = position, next_offset
+
+    monkeypatch.setattr(LogSegment, "cut_at", cut_in_memory)
+    summary = run_torture(seed=11, crashes=40, faults=("kill", "drop"))
+    assert any("truncat" in v.invariant for v in summary.violations), summary.violations[:3]
 
 
 def test_planted_bugs_are_restored_after_the_self_test() -> None:
@@ -201,6 +229,7 @@ def test_planted_bugs_are_restored_after_the_self_test() -> None:
         loader.LogLoader._load_newest_snapshot,
         loader.LogLoader._apply,
         ProducerStateManager.open_transactions,
+        log_module.write_offsets,
     )
     for plant, _ in PLANTED.values():
         with plant():
@@ -212,6 +241,7 @@ def test_planted_bugs_are_restored_after_the_self_test() -> None:
         loader.LogLoader._load_newest_snapshot,
         loader.LogLoader._apply,
         ProducerStateManager.open_transactions,
+        log_module.write_offsets,
     )
     assert before == after
 
@@ -223,3 +253,15 @@ def test_process_mode_sigkills_a_real_child_and_loses_no_acknowledged_batch(
     assert main(["torture", "--mode", "process", "--crashes", "20", "--data-dir", directory, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["sigkills"] == 20 and report["violations"] == 0 and report["acks"] >= 20
+
+
+# Found when truncation joined the workload; each failed before its fix.
+@pytest.mark.parametrize(
+    ("seed", "fault"),
+    [(1001641, "eio"), (1000881, "eio"), (1001121, "eio"), (1000827, "kill")],
+)
+def test_truncation_regression_seeds_find_no_violation(seed: int, fault: str) -> None:
+    # eio: a truncation above the recovery point must not move it past unsynced data;
+    # kill: a truncation into the start's batch must persist the lowered start.
+    summary = run_torture(seed=seed, crashes=1, faults=(fault,))
+    assert not summary.violations, summary.violations
