@@ -25,13 +25,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from oncelog import bench_cli, torture_cli
+from oncelog import bench_cli, dump_state, torture_cli
 from oncelog.errors import CorruptRecordError
 from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, FileSystem
+from oncelog.recovery.snapshot import SNAPSHOT_SUFFIX
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, UnwrittenSpaceError
 from oncelog.segments.records import Record
-from oncelog.segments.segment import LOG_SUFFIX, parse_segment_file_name, scan_file
+from oncelog.segments.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    parse_segment_file_name,
+    scan_file,
+)
 from oncelog.segments.txn_index import ENTRY, ENTRY_SIZE, TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex
 from oncelog.segments.txn_index import VERSION as TXN_INDEX_VERSION
 
@@ -97,7 +104,8 @@ needs the producer state, which only opening the log recovers.
 
 Exit status is 2 if PATH does not exist, holds no segments, or a file is not a
 segment, has an impossible batch header or ends in the middle of a batch, or a
-transaction index has an entry with a bad version or out of order; what was
+transaction index has an entry with a bad version or out of order, a snapshot
+is corrupt (bad CRC, length or header) or an index has entries out of order; what was
 readable is printed first and the error (file and byte position) goes to
 stderr. A batch whose CRC does not match is shown with `isvalid: false` and does
 not change the exit status."""
@@ -107,7 +115,9 @@ examples:
   oncelog dump data/orders-0/00000000000000000000.log
   oncelog dump data/orders-0                    # every segment, in offset order
   oncelog dump --records data/orders-0 | head   # records too (key, payload, headers)
-  oncelog dump data/orders-0/00000000000000000000.txnindex   # aborted transactions"""
+  oncelog dump data/orders-0/00000000000000000000.txnindex   # aborted transactions
+  oncelog dump --producers --indexes data/orders-0   # + newest snapshot, offset/time indexes
+  oncelog dump --snapshot data/orders-0/00000000000000000042.snapshot"""
 
 DEMO_DESCRIPTION = """\
 Run the oncelog demo: create a log in DATA_DIR, append to it, crash-recover it
@@ -135,7 +145,27 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument(
         "path",
         metavar="PATH",
-        help="a segment file (%%020d.log), a transaction index (%%020d.txnindex) or a partition directory",
+        nargs="?",
+        help="a segment file (%%020d.log), a transaction index (%%020d.txnindex), an offset or time "
+        "index (.index, .timeindex), a producer snapshot (%%020d.snapshot) or a partition directory",
+    )
+    dump.add_argument(
+        "--snapshot",
+        metavar="FILE",
+        help="print the producer-state snapshot FILE (oncelog's or Kafka's): one line per producer "
+        "(id, epoch, coordinator epoch, open transaction, newest batch); oncelog's snapshots keep "
+        "up to 5 batches per producer, printed indented after it",
+    )
+    dump.add_argument(
+        "--producers",
+        action="store_true",
+        help="after the segments, print the newest producer snapshot of the directory the same way",
+    )
+    dump.add_argument(
+        "--indexes",
+        action="store_true",
+        help="after each segment, print its offset index (`offset: N position: P`) and time index "
+        "(`timestamp: T offset: N`) entries, up to any zero-filled tail",
     )
     dump.add_argument(
         "--records",
@@ -240,7 +270,21 @@ class _FileSummary:
 
 
 def _run_dump(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    path: str = args.path
+    path: str | None = args.path
+    if path is None and args.snapshot is None:
+        print(f"{PROG} dump: give a PATH or --snapshot FILE (see --help)", file=err)
+        return EXIT_BAD_INPUT
+    status = EXIT_OK if path is None else _dump_path(path, args, out, err)
+    if args.snapshot is not None and not dump_state.dump_snapshot(args.snapshot, out, err):
+        status = EXIT_BAD_INPUT
+    return status
+
+
+def _dump_path(path: str, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if path.endswith(SNAPSHOT_SUFFIX) and not os.path.isdir(path):
+        return EXIT_OK if dump_state.dump_snapshot(path, out, err) else EXIT_BAD_INPUT
+    if path.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX)) and os.path.isfile(path):
+        return EXIT_OK if dump_state.dump_index(path, out, err) else EXIT_BAD_INPUT
     files = _segment_files(path, err)
     if files is None:
         return EXIT_BAD_INPUT
@@ -257,7 +301,13 @@ def _run_dump(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 validate=args.validate,
                 fs=DEFAULT_FS,
             )
+            if args.indexes and not dump_state.dump_segment_indexes(file_path, out, err):
+                ok = False
         if not ok:
+            status = EXIT_BAD_INPUT
+    if args.producers:
+        directory = path if os.path.isdir(path) else os.path.dirname(path) or "."
+        if not dump_state.dump_newest_snapshot(directory, out, err):
             status = EXIT_BAD_INPUT
     return status
 

@@ -913,3 +913,123 @@ def test_dump_help_mentions_txn_index(capsys: pytest.CaptureFixture[str]) -> Non
     text = "\n".join(lines)
     assert status == 0
     assert ".txnindex" in text and "lastStableOffset" in text and "endTxnMarker" in text
+
+
+# -- snapshots, --producers, --indexes ---------------------------------------------------
+
+SNAPSHOT_FIXTURE = PROMOTIONS_DIR / "00000000000000000029.snapshot"
+
+
+def producer_lines(lines: list[str]) -> dict[int, dict[str, str]]:
+    out = {}
+    for line in lines:
+        if line.startswith("producerId: "):
+            tokens = line.split()
+            fields = dict(zip((t[:-1] for t in tokens[::2]), tokens[1::2], strict=True))
+            out[int(fields["producerId"])] = fields
+    return out
+
+
+def test_dump_kafka_fixture_snapshot(capsys: pytest.CaptureFixture[str]) -> None:
+    needs(PROMOTIONS_DIR)
+    status, lines, err = run(capsys, "dump", str(SNAPSHOT_FIXTURE))
+    assert status == 0, err
+    producers = producer_lines(lines)
+    assert sorted(producers) == [45, 46]
+    assert producers[45]["lastSequence"] == "2" and producers[45]["lastOffset"] == "26"
+    assert producers[46]["lastSequence"] == "25" and producers[46]["lastOffset"] == "28"
+    assert producers[45]["producerEpoch"] == "0" and producers[45]["coordinatorEpoch"] == "-1"
+    assert producers[45]["currentTxnFirstOffset"] == "-1"
+    assert not any(line.startswith("    batch: ") for line in lines)  # Kafka keeps one batch
+    # --snapshot FILE prints the same.
+    status2, lines2, _ = run(capsys, "dump", "--snapshot", str(SNAPSHOT_FIXTURE))
+    assert status2 == 0 and lines2 == lines
+
+
+def write_idempotent_log(directory: Path, config: LogConfig | None = None, batches: int = 3) -> None:
+    with Log.open(directory, config, clock=lambda: T0) as log:
+        for seq in range(batches):
+            batch = encode_batch(
+                [(b"k%d" % seq, b"v" * 100), (b"x", b"y")],
+                producer_id=77,
+                producer_epoch=3,
+                base_sequence=2 * seq,
+                timestamp_ms=T0 + seq,
+            )
+            log.append(batch)
+
+
+def test_dump_oncelog_snapshot_written_by_a_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = tmp_path / "p-0"
+    write_idempotent_log(directory)
+    snapshot = directory / "00000000000000000006.snapshot"
+    assert snapshot.exists()
+    status, lines, err = run(capsys, "dump", str(snapshot))
+    assert status == 0, err
+    producers = producer_lines(lines)
+    assert list(producers) == [77]
+    fields = producers[77]
+    assert (fields["producerEpoch"], fields["firstSequence"], fields["lastSequence"]) == ("3", "4", "5")
+    assert (fields["lastOffset"], fields["offsetDelta"]) == ("5", "1")
+    windows = [line for line in lines if line.startswith("    batch: ")]
+    assert [line.split()[7] for line in windows] == ["1", "3", "5"]  # lastOffset of each kept batch
+
+
+def test_corrupt_snapshot_exits_2_naming_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    needs(PROMOTIONS_DIR)
+    bad = tmp_path / SNAPSHOT_FIXTURE.name
+    data = bytearray(SNAPSHOT_FIXTURE.read_bytes())
+    data[-3] ^= 0x10
+    bad.write_bytes(bytes(data))
+    status, _, err = run(capsys, "dump", str(bad))
+    assert status == 2
+    assert str(bad) in err and "CRC" in err
+
+
+def test_producers_on_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    needs(PROMOTIONS_DIR)
+    status, lines, err = run(capsys, "dump", "--producers", str(PROMOTIONS_DIR))
+    assert status == 0, err
+    heading = lines.index(f"Dumping {SNAPSHOT_FIXTURE}")
+    assert lines[heading - 1].startswith("Summary: 19 batches")
+    assert sorted(producer_lines(lines[heading:])) == [45, 46]
+    # A live oncelog directory: no lock taken, no Log opened, newest snapshot shown.
+    directory = tmp_path / "p-0"
+    write_idempotent_log(directory)
+    status, lines, err = run(capsys, "dump", "--producers", str(directory))
+    assert status == 0, err
+    assert list(producer_lines(lines)) == [77]
+
+
+def test_indexes_on_a_directory_with_several_segments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "p-0"
+    config = LogConfig(segment_bytes=1024, index_interval_bytes=1)
+    write_idempotent_log(directory, config, batches=30)
+    status, lines, err = run(capsys, "dump", "--indexes", str(directory))
+    assert status == 0, err
+    with Log.open(directory, config) as log:
+        segments = log.segments
+        assert len(segments) >= 3
+        for segment in segments[:-1]:
+            base = segment.base_offset
+            heading = lines.index(f"Dumping {directory / f'{base:020d}.index'}")
+            entries = []
+            for line in lines[heading + 1 :]:
+                if not line.startswith("offset: "):
+                    break
+                _, offset, _, position = line.split()
+                entries.append((int(offset), int(position)))
+            assert entries
+            for offset, position in entries[:3] + entries[-1:]:
+                assert tuple(segment.offset_index.lookup(offset)) == (offset, position)
+            assert f"Dumping {directory / f'{base:020d}.timeindex'}" in lines
+
+
+def test_dump_help_mentions_snapshot_options(capsys: pytest.CaptureFixture[str]) -> None:
+    status, lines, _ = run(capsys, "dump", "--help")
+    text = "\n".join(lines)
+    assert status == 0
+    for option in ("--snapshot", "--producers", "--indexes", "producerId:", "timestamp: T offset: N"):
+        assert option in text
