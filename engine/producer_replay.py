@@ -29,6 +29,7 @@ class ReplayBuffer:
         self._manager = manager
         self._now_ms = now_ms  # the load's clock, for expiry when the table is full
         self._pending: dict[int, WorkingState] = {}
+        self._open: dict[int, int] | None = None  # see open_transactions
 
     def replay_batch(
         self,
@@ -46,23 +47,33 @@ class ReplayBuffer:
         w = self._working(producer_id, producer_epoch, max_timestamp_ms)
         meta = BatchMetadata(first_sequence, last_sequence, first_offset, last_offset, max_timestamp_ms)
         apply_batch(w, producer_epoch, meta, is_control, is_transactional)
+        if self._open is not None and w.txn_first_offset >= 0:
+            self._open.setdefault(producer_id, w.txn_first_offset)
 
     def replay_marker(
         self, producer_id: int, producer_epoch: int, marker_offset: int, timestamp_ms: int, marker: TxnMarker
     ) -> CompletedTxn | None:
         """Apply a stored transaction marker; returns the transaction it closed, if any."""
         w = self._working(producer_id, producer_epoch, timestamp_ms)
-        return apply_marker(w, producer_epoch, marker_offset, timestamp_ms, marker)
+        completed = apply_marker(w, producer_epoch, marker_offset, timestamp_ms, marker)
+        if self._open is not None:
+            self._open.pop(producer_id, None)
+        return completed
 
     def open_transactions(self) -> dict[int, int]:
-        """producer id -> first offset of each open transaction, pending states included."""
-        out = self._manager.open_transactions()
-        for producer_id, w in self._pending.items():
-            if w.txn_first_offset >= 0:
-                out[producer_id] = w.txn_first_offset
-            else:
-                out.pop(producer_id, None)
-        return out
+        """producer id -> first offset of each open transaction, pending states included.
+
+        Built from the table once (a scan of every producer), then kept up to date by
+        each replayed batch and marker: recovery asks at every ABORT marker it replays.
+        """
+        if self._open is None:
+            self._open = self._manager.open_transactions()
+            for producer_id, w in self._pending.items():
+                if w.txn_first_offset >= 0:
+                    self._open[producer_id] = w.txn_first_offset
+                else:
+                    self._open.pop(producer_id, None)
+        return self._open
 
     def _working(self, producer_id: int, producer_epoch: int, timestamp_ms: int) -> WorkingState:
         w = self._pending.get(producer_id)

@@ -47,12 +47,17 @@ class FetchResult(NamedTuple):
         """
         committed = self.isolation == "read_committed"
         pending = sorted(self.aborted_transactions, key=lambda txn: txn[1])
+        next_pending = 0  # an index, not pop(0): a fetch may overlap many aborted transactions
         aborting: set[int] = set()
         for batch in self.batches:
             h = batch.header
             if committed:
-                while pending and pending[0][1] <= h.base_offset + h.last_offset_delta:
-                    aborting.add(pending.pop(0)[0])
+                while (
+                    next_pending < len(pending)
+                    and pending[next_pending][1] <= h.base_offset + h.last_offset_delta
+                ):
+                    aborting.add(pending[next_pending][0])
+                    next_pending += 1
             if batch.is_control:
                 marker = decode_txn_marker(batch) if h.producer_id in aborting else None
                 if marker is not None and not marker.commit:

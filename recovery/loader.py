@@ -272,6 +272,7 @@ class LogLoader:
             log.warning("snapshot at %d is past the recovered log end %d; replaying", snapshot_offset, end)
             snapshots.delete_snapshot(self.fs, self.directory, snapshot_offset)
             self.producers.clear()
+            self._replay = ReplayBuffer(self.producers, self.now_ms)  # nothing of the first replay kept
             snapshot_offset, _ = self._load_newest_snapshot(limit=end)
             self._replay_trusted(snapshot_offset, until=None)
             self._flush_replay()
