@@ -21,15 +21,24 @@ from oncelog.errors import (
     RetriableError,
     TransactionCoordinatorFencedError,
 )
+from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.log import Log
+from oncelog.log_manager import LogManager, PartitionRecoveryError, UnknownTopicOrPartitionError
 from oncelog.producer_ids import ProducerIdManager, ProducerLease
 from oncelog.producer_state import BatchMetadata, ProducerStateEntry
 from oncelog.recovery.loader import RecoveryReport
+from oncelog.recovery_progress import RecoverySummary
 from oncelog.results import AppendResult, FetchResult
 from oncelog.segments import Record, RecordBatch, encode_batch, iter_batches
 from oncelog.segments.index import TimestampOffset
 
 __all__ = [
+    "UnknownTopicOrPartitionError",
+    "TopicPartition",
+    "RecoverySummary",
+    "PartitionRecoveryError",
+    "LogManager",
+    "InvalidTopicError",
     "AppendResult",
     "BatchMetadata",
     "CorruptLogError",

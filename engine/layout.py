@@ -2,9 +2,7 @@
 
 A root directory (a broker's log.dir) holds one directory per topic-partition, named
 `<topic>-<partition>`, next to root-wide files that never parse as one (`.lock`,
-`meta.lmdb`, `producer_ids.lmdb`). A partition being deleted is first renamed to
-`<topic>-<partition>.<hex>-delete` (Kafka's naming), which no longer parses as a
-partition, so a crash mid-delete never brings it back.
+`meta.lmdb`, `producer_ids.lmdb`) or anything else a name check rejects.
 
 Pure: names only, no I/O.
 """
@@ -19,7 +17,6 @@ from typing import NamedTuple
 MAX_TOPIC_CHARS = 249
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
 _PARTITION_DIR = re.compile(r"(?P<topic>[A-Za-z0-9._-]+)-(?P<partition>0|[1-9][0-9]{0,9})")
-DELETE_SUFFIX = "-delete"
 MAX_PARTITION = 2**31 - 1  # Kafka's partition numbers are i32
 
 
@@ -67,5 +64,9 @@ def parse_partition_dir_name(name: str) -> TopicPartition | None:
 
 
 def is_pending_delete(name: str) -> bool:
-    """A partition directory renamed for deletion (finished at the next open)."""
-    return name.endswith(DELETE_SUFFIX) and parse_partition_dir_name(name.rsplit(".", 1)[0]) is not None
+    """A Kafka partition directory renamed for deletion (`<topic>-<partition>.<id>-delete`).
+
+    Kafka deletes asynchronously after this rename; such directories are never partitions.
+    (oncelog's LogManager records a durable delete intent instead of renaming.)
+    """
+    return name.endswith("-delete") and parse_partition_dir_name(name.rsplit(".", 1)[0]) is not None

@@ -15,6 +15,7 @@ that the next open deletes before loading, so a crash while loading is unclean.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import threading
 import time
@@ -63,6 +64,16 @@ _new_result = tuple.__new__
 LOCK_FILE = ".lock"
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 METADATA_DIR = "meta.lmdb"
+
+
+def take_clean_marker(fs: FileSystem, directory: str) -> bool:
+    """Remove the clean-shutdown marker if present; whether it was. Not durable yet:
+    the caller makes the removal durable before loading (KAFKA-10471)."""
+    marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
+    if not fs.exists(marker):
+        return False
+    fs.unlink(marker)
+    return True
 
 
 def wall_clock_ms() -> int:
@@ -118,8 +129,15 @@ class Log:
         *,
         fs: FileSystem | None = None,
         clock: Clock | None = None,
+        clean_shutdown: bool | None = None,
     ) -> Log:
-        """Open the partition directory at `path`, creating it if missing."""
+        """Open the partition directory at `path`, creating it if missing.
+
+        `clean_shutdown` is for a caller that took the clean-shutdown marker itself
+        (`take_clean_marker`) and made its removal durable (LogManager removes every
+        partition's marker, then syncs the filesystem once): whether it was there.
+        None: take and remove it here.
+        """
         directory = os.fspath(path)
         config = config or LogConfig()
         fs = fs or DEFAULT_FS
@@ -130,12 +148,12 @@ class Log:
             raise LogDirLockedError(f"{directory} is already open in another Log") from None
         store: MetadataStore | None = None
         try:
-            marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
-            clean = fs.exists(marker)
-            if clean:
-                fs.unlink(marker)
-                # fsync(dir): a crash during loading must find no marker and count as unclean.
-                fs.fsync_dir(directory)
+            clean = clean_shutdown
+            if clean is None:
+                clean = take_clean_marker(fs, directory)
+                if clean:
+                    # fsync(dir): a crash during loading must find no marker and count as unclean.
+                    fs.fsync_dir(directory)
             store = fs.open_store(os.path.join(directory, METADATA_DIR))
             clock = clock or wall_clock_ms
             loaded = LogLoader(fs, directory, config, store, clean=clean, now_ms=clock()).load()
@@ -170,6 +188,25 @@ class Log:
     @property
     def size_bytes(self) -> int:
         return sum(segment.size for segment in self._segments)
+
+    # Sized or scheduled when the log opens; a new value applies at the next open.
+    FIELDS_APPLIED_AT_OPEN = ("producer_capacity", "segment_index_bytes", "producer_expiration_ms")
+
+    def reconfigure(self, config: LogConfig) -> None:
+        """Apply `config` to the open log (a LogManager's per-topic overrides).
+
+        Rolling, flushing, batch limits, timestamps and retention follow it from the next
+        append; FIELDS_APPLIED_AT_OPEN keep their old values until the log is reopened.
+        """
+        with self._lock:
+            self._check_open()
+            kept = {name: getattr(self.config, name) for name in self.FIELDS_APPLIED_AT_OPEN}
+            self.config = dataclasses.replace(config, **kept)
+            self._has_flush_policy = config.flush_messages is not None or config.flush_ms is not None
+            self._log_append_time = config.timestamp_type == "LogAppendTime"
+            self._segment_bytes_limit = config.segment_bytes
+            self._max_batch_bytes = config.max_batch_bytes
+            self._segment_ms = config.segment_ms
 
     def producer_state(self, producer_id: int) -> ProducerStateEntry | None:
         with self._lock:

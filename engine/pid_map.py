@@ -7,6 +7,10 @@ about 16 bytes per producer, and has vectorised bulk operations for snapshot loa
 and expiry. Single lookups index the arrays through memoryviews, which return
 plain ints.
 
+Keys are stored as ~producer_id (negative), so an empty bucket is 0: the arrays
+come from np.zeros, whose untouched pages cost no memory, and a log (one of
+thousands under a LogManager) with few producers never touches most of them.
+
 Deletes leave tombstones (so a batch of deletes is one vectorised store); when
 live keys plus tombstones pass 0.85 of the buckets, the table is rebuilt from its
 live keys in one vectorised pass, amortised below a microsecond per delete.
@@ -16,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-EMPTY = -1  # producer ids are >= 0, so negative keys are free markers
-TOMBSTONE = -2  # a deleted key: lookups probe past it, inserts may reuse it
+EMPTY = 0  # stored keys are ~producer_id < 0, so non-negative values are free markers
+TOMBSTONE = 1  # a deleted key: lookups probe past it, inserts may reuse it
 _MAX_LIVE_LOAD = 0.75
 _MAX_OCCUPIED_LOAD = 0.85
 # Fibonacci hashing then a xor-shift spreads sequential producer ids (the common case).
@@ -33,11 +37,11 @@ class PidSlotMap:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.buckets = max(8, int(capacity / _MAX_LIVE_LOAD) + 1)
-        self.keys = np.full(self.buckets, EMPTY, dtype=np.int64)
+        self.keys = np.zeros(self.buckets, dtype=np.int64)  # all EMPTY
         self.values = np.zeros(self.buckets, dtype=np.int32)
         # The reverse index, slot -> bucket: expiry removes or moves a run of slots
         # with one vectorised store instead of probing for each producer.
-        self.bucket_of = np.full(capacity, -1, dtype=np.int32)
+        self.bucket_of = np.zeros(capacity, dtype=np.int32)  # read only for slots put
         self._keys = self.keys.data
         self._values = self.values.data
         self._bucket_of = self.bucket_of.data
@@ -59,11 +63,12 @@ class PidSlotMap:
     def _probe(self, producer_id: int) -> tuple[int, int]:
         """(bucket holding the key or the empty bucket ending its run, first tombstone or -1)."""
         keys = self._keys
+        stored = ~producer_id
         i = self._home(producer_id)
         first_tombstone = -1
         while True:
             key = keys[i]
-            if key in (producer_id, EMPTY):
+            if key in (stored, EMPTY):
                 return i, first_tombstone
             if key == TOMBSTONE and first_tombstone < 0:
                 first_tombstone = i
@@ -83,7 +88,7 @@ class PidSlotMap:
             if tombstone >= 0:
                 i = tombstone
                 self.tombstones -= 1
-            self._keys[i] = producer_id
+            self._keys[i] = ~producer_id
             self.count += 1
         self._values[i] = slot
         self._bucket_of[slot] = i
@@ -101,7 +106,7 @@ class PidSlotMap:
     def delete_slots(self, slots: np.ndarray) -> None:
         """Remove the producers held in these table slots (expiry at the ring's head)."""
         buckets = self.bucket_of[slots]
-        assert np.all(self.keys[buckets] >= 0), "delete_slots on a slot with no producer"
+        assert np.all(self.keys[buckets] < 0), "delete_slots on a slot with no producer"
         self.keys[buckets] = TOMBSTONE
         self.count -= len(buckets)
         self.tombstones += len(buckets)
@@ -113,13 +118,14 @@ class PidSlotMap:
         self.bucket_of[new_slots] = buckets
 
     def clear(self) -> None:
-        self.keys.fill(EMPTY)
+        if self.count or self.tombstones:  # an empty map's pages stay untouched
+            self.keys.fill(EMPTY)
         self.count = 0
         self.tombstones = 0
 
     def _rebuild(self) -> None:
-        live = self.keys >= 0
-        self.load(self.keys[live].copy(), self.values[live].copy())
+        live = self.keys < 0
+        self.load(~self.keys[live], self.values[live].copy())
 
     def load(self, producer_ids: np.ndarray, slots: np.ndarray) -> None:
         """Replace the contents with these pairs, vectorised (snapshot load).
@@ -150,11 +156,11 @@ class PidSlotMap:
             won_among_free = claim[wanted] == free
             won = free[won_among_free]
             buckets = candidates[won]
-            self.keys[buckets] = pids[won]
+            self.keys[buckets] = ~pids[won]
             self.values[buckets] = slots[won]
             self.bucket_of[slots[won]] = buckets
             lost = free[~won_among_free]
-            if lost.size and np.any(self.keys[candidates[lost]] == pids[lost]):
+            if lost.size and np.any(self.keys[candidates[lost]] == ~pids[lost]):
                 self.clear()
                 raise DuplicateProducerError("a producer id appears twice")
             remaining = np.ones(pids.size, dtype=bool)

@@ -200,6 +200,15 @@ class FaultStore:
         self._fs._io("put", self._path)
         self._fs._model.stores[self._path].update({key: bytes(value) for key, value in values.items()})
 
+    def delete(self, keys: Sequence[str]) -> None:
+        self._fs._io("put", self._path)
+        store = self._fs._model.stores[self._path]
+        for key in keys:
+            store.pop(key, None)
+
+    def keys(self, prefix: str) -> list[str]:
+        return sorted(key for key in self._fs._model.stores[self._path] if key.startswith(prefix))
+
     def close(self) -> None:
         pass
 
@@ -448,6 +457,23 @@ class FaultFileSystem:
         if name not in self._dir(head).volatile:
             raise FileNotFoundError(errnos.ENOENT, "no such file", path)
         self._dir(head).record(((name, None),))
+
+    def remove_dir(self, path: str) -> None:
+        key = _norm(path)
+        if self._dir(key).volatile or any(_split(d)[0] == key for d in self._model.dirs if d != key):
+            raise OSError(errnos.ENOTEMPTY, "directory not empty", path)
+        self._io("rmdir", path)
+        # Directories are durable as soon as made (module docstring), and so is their removal.
+        del self._model.dirs[key]
+        self._model.stores.pop(key, None)
+
+    def sync_filesystem(self, path: str) -> None:
+        self._io("syncfs", path)
+        # Every file and every directory entry of the (one) modelled filesystem.
+        for directory in self._model.dirs.values():
+            for inode in directory.volatile.values():
+                self._fsync(inode)
+            directory.sync()
 
     def fsync_dir(self, path: str) -> None:
         self._io("fsync_dir", path)

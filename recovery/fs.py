@@ -12,6 +12,7 @@ exact bytes it may tear.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -19,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import lmdb
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -101,6 +104,14 @@ class MetadataStore(Protocol):
 
     def put(self, values: Mapping[str, bytes]) -> None: ...
 
+    def delete(self, keys: Sequence[str]) -> None:
+        """Remove `keys` (absent ones are ignored) in one atomic, durable commit."""
+        ...
+
+    def keys(self, prefix: str) -> list[str]:
+        """Every key starting with `prefix`, sorted."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -132,6 +143,18 @@ class FileSystem(Protocol):
         ...
 
     def unlink(self, path: str) -> None: ...
+
+    def remove_dir(self, path: str) -> None:
+        """Remove the empty directory `path`; durable only after fsync_dir of its parent."""
+        ...
+
+    def sync_filesystem(self, path: str) -> None:
+        """Make every change on the filesystem holding `path` durable (syncfs(2)).
+
+        One journal commit for many directories, where an fsync of each would commit
+        the journal once per directory.
+        """
+        ...
 
     def fsync_dir(self, path: str) -> None:
         """Make the directory's entries (creates, renames, unlinks) durable."""
@@ -256,6 +279,23 @@ class LmdbStore:
             for key, value in values.items():
                 txn.put(key.encode(), value)
 
+    def delete(self, keys: Sequence[str]) -> None:
+        with self._env.begin(write=True) as txn:
+            for key in keys:
+                txn.delete(key.encode())
+
+    def keys(self, prefix: str) -> list[str]:
+        encoded = prefix.encode()
+        found: list[str] = []
+        with self._env.begin() as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(encoded):
+                for key in cursor.iternext(keys=True, values=False):
+                    if not bytes(key).startswith(encoded):
+                        break
+                    found.append(bytes(key).decode())
+        return found
+
     def close(self) -> None:
         self._env.close()
 
@@ -308,6 +348,23 @@ class OsFileSystem:
 
     def unlink(self, path: str) -> None:
         os.unlink(path)
+
+    def remove_dir(self, path: str) -> None:
+        os.rmdir(path)
+
+    def sync_filesystem(self, path: str) -> None:
+        syncfs = getattr(_LIBC, "syncfs", None)
+        if syncfs is None:  # not Linux: sync(2) flushes every filesystem, a superset
+            os.sync()
+            return
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            # Since Linux 5.8 syncfs reports writeback errors of the filesystem.
+            if syncfs(fd) != 0:
+                code = ctypes.get_errno()
+                raise OSError(code, os.strerror(code), path)
+        finally:
+            os.close(fd)
 
     def fsync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -397,6 +454,12 @@ class DelegatingFileSystem:
 
     def unlink(self, path: str) -> None:
         self.inner.unlink(path)
+
+    def remove_dir(self, path: str) -> None:
+        self.inner.remove_dir(path)
+
+    def sync_filesystem(self, path: str) -> None:
+        self.inner.sync_filesystem(path)
 
     def fsync_dir(self, path: str) -> None:
         self.inner.fsync_dir(path)

@@ -37,10 +37,10 @@ def probe_invariant_holds(table: PidSlotMap) -> bool:
     """Linear probing's invariant: no free bucket lies between a key's home and the key."""
     keys = table.keys
     for bucket in range(table.buckets):
-        key = int(keys[bucket])
-        if key < 0:  # free, or a marker left by a delete
+        stored = int(keys[bucket])
+        if stored >= 0:  # free, or a marker left by a delete (live keys are stored as ~pid)
             continue
-        i = table._home(key)
+        i = table._home(~stored)
         while i != bucket:
             if keys[i] == EMPTY:
                 return False
@@ -55,7 +55,7 @@ def check_against(table: PidSlotMap, model: dict[int, int], absent: list[int]) -
     for pid in absent:
         if pid not in model:
             assert table.get(pid) is None, pid
-    assert int(np.count_nonzero(table.keys >= 0)) == len(model)  # deleted keys may leave markers < 0
+    assert int(np.count_nonzero(table.keys < 0)) == len(model)  # live keys are stored as ~pid < 0
     assert probe_invariant_holds(table)
 
 
@@ -118,8 +118,8 @@ class TestBackwardShiftWraparound:
         for slot, pid in enumerate(pids):
             table.put(pid, slot)
         # Five keys homed at the last bucket: one there, four wrapped to 0..3.
-        assert int(table.keys[table.buckets - 1]) == pids[0]
-        assert [int(k) for k in table.keys[:4]] == pids[1:]
+        assert ~int(table.keys[table.buckets - 1]) == pids[0]
+        assert [~int(k) for k in table.keys[:4]] == pids[1:]
 
     @pytest.mark.parametrize("victim", range(5))
     def test_delete_any_key_of_a_wrapped_run_keeps_the_others_reachable(self, victim: int) -> None:
@@ -158,8 +158,8 @@ class TestBackwardShiftWraparound:
         table.put(at_end[0], 0)  # the last bucket
         table.put(at_end[1], 1)  # wraps to bucket 0
         table.put(at_zero, 2)  # its home 0 is taken: bucket 1
-        assert int(table.keys[0]) == at_end[1]
-        assert int(table.keys[1]) == at_zero
+        assert ~int(table.keys[0]) == at_end[1]
+        assert ~int(table.keys[1]) == at_zero
         table.delete(at_end[0])
         assert (table.get(at_end[0]), table.get(at_end[1]), table.get(at_zero), len(table)) == (None, 1, 2, 2)
         table.delete(at_end[1])

@@ -353,6 +353,37 @@ def test_namespace_matches_the_os_seam() -> None:
         read_only.pwritev([b"x"], 0)
 
 
+def test_sync_filesystem_makes_every_unsynced_file_and_name_durable_at_once() -> None:
+    for seed in SEEDS:
+        fs = FaultFileSystem(seed)
+        new_file(fs, b"unsynced name", sync_dir=False)
+        fs.mkdir("/other")
+        handle = fs.open("/other/g", create=True)
+        handle.pwritev([b"unsynced data"], 0)
+        handle.close()
+        fs.sync_filesystem(D)
+        for mode in ("drop", "torn", "dirent"):
+            crashed = fs.crash(mode)
+            assert content(crashed, F) == b"unsynced name", crashed.describe()
+            assert content(crashed, "/other/g") == b"unsynced data", crashed.describe()
+
+
+def test_store_delete_and_keys_and_remove_dir_match_the_os_seam(tmp_path: Path) -> None:
+    for fs, root in ((FaultFileSystem(0), D), (OsFileSystem(), str(tmp_path))):
+        store = fs.open_store(root + "/meta.lmdb")
+        store.put({"a/1": b"x", "a/2": b"y", "b/1": b"z"})
+        assert store.keys("a/") == ["a/1", "a/2"] and store.keys("c") == []
+        store.delete(["a/1", "missing"])
+        assert store.keys("") == ["a/2", "b/1"] and store.get("a/1") is None
+        store.close()
+        fs.mkdir(root + "/empty/inner")
+        with pytest.raises(OSError):
+            fs.remove_dir(root + "/empty")  # not empty
+        fs.remove_dir(root + "/empty/inner")
+        fs.remove_dir(root + "/empty")
+        assert not fs.exists(root + "/empty")
+
+
 # -- the real engine on the twin ------------------------------------------------------------------
 @dataclass
 class Workload:
