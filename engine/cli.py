@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from oncelog import bench_cli, dump_state, torture_cli
+from oncelog import bench_cli, cli_recover, cli_stat, cli_verify, dump_state, torture_cli
 from oncelog.errors import CorruptRecordError
 from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, FileSystem
 from oncelog.recovery.snapshot import SNAPSHOT_SUFFIX
@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_run_demo)
     torture_cli.add_parser(commands, formatter)
     bench_cli.add_parser(commands, formatter)
+    cli_verify.add_parser(commands, formatter)
+    cli_stat.add_parser(commands, formatter)
+    cli_recover.add_parser(commands, formatter)
     return parser
 
 

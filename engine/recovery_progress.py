@@ -61,8 +61,8 @@ class RecoverySummary:
 
     @property
     def damaged(self) -> dict[TopicPartition, RecoveryReport]:
-        """Partitions whose recovery cut bytes (a torn or corrupt tail)."""
-        return {tp: report for tp, report in self.reports.items() if report.truncated_bytes}
+        """Partitions whose recovery cut their log (a torn or corrupt tail, or missing bytes)."""
+        return {tp: r for tp, r in self.reports.items() if r.truncated_bytes or r.tail_error is not None}
 
     def __str__(self) -> str:
         lines = [

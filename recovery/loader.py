@@ -404,6 +404,8 @@ class LogLoader:
             )
         log.error("cutting %s at %d below the recovery point: %s", segment.path, position, error)
         self._cut_tail(self.segments.index(segment), str(error))
+        # Reported even when nothing was left to cut (the fsynced bytes were already gone).
+        self._tail_error = f"corruption below the recovery point {recovery_point.offset}: {error}"
 
     def _cut_tail(self, n: int, why: str) -> None:
         """Cut segment n at its last good batch and delete every segment after it."""
