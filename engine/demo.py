@@ -1,4 +1,5 @@
-"""`oncelog demo`: idempotent producers, a SIGKILL, recovery, retries after it, and transactions.
+"""`oncelog demo`: a LogManager with a few topics, idempotent producers, a SIGKILL,
+parallel recovery, retries after it, and transactions.
 
 Self-checking: it exits non-zero if any acknowledged batch is missing or moved,
 if a retry after recovery is not recognised as a duplicate, if the transaction
@@ -16,11 +17,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from oncelog.config import LogConfig
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from oncelog.log import Log
+from oncelog.log_manager import LogManager
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.results import Isolation
 from oncelog.segments import Record, encode_batch
@@ -28,6 +30,9 @@ from oncelog.segments import Record, encode_batch
 DEMO_CONFIG = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=1024)
 PRODUCERS = 3
 ACKS_BEFORE_KILL = 1500
+ORDERS, ORDER_PARTITIONS = "orders", 3  # the idempotent producers spread over these
+PAYMENTS = "payments"  # the transactional producers write here
+RULES = "rules"  # section 1
 
 
 def _batch(producer_id: int, epoch: int, sequence: int, *, transactional: bool = False) -> bytes:
@@ -71,33 +76,34 @@ def _keys(records: Iterable[Record]) -> list[str]:
     return [(record.key or b"").decode(errors="replace") for record in records]
 
 
-def _child(directory: str, data_dir: str, seed: int) -> None:
-    """Lease PIDs and open a transaction (print 'txn pid offset'), then append forever;
-    print 'offset pid seq duplicate' for each ack."""
+def _child(data_dir: str, seed: int) -> None:
+    """Lease PIDs and open a transaction (print 'txn pid offset'), then append forever to
+    random partitions; print 'partition offset pid seq duplicate' for each ack."""
     rng = random.Random(seed)
-    with ProducerIdManager.open(data_dir) as pids:
-        producer_ids = [pids.lease().producer_id for _ in range(PRODUCERS)]
-        txn_pid = pids.lease().producer_id
-    log = Log.open(directory, DEMO_CONFIG)
+    manager = LogManager.open(data_dir, DEMO_CONFIG, progress=False)
+    producer_ids = [manager.producer_ids.lease().producer_id for _ in range(PRODUCERS)]
+    txn_pid = manager.producer_ids.lease().producer_id
     # A transactional producer opens a transaction that the kill leaves unfinished.
-    opened = log.append(_batch(txn_pid, 0, 0, transactional=True))
+    opened = manager.log(PAYMENTS, 0).append(_batch(txn_pid, 0, 0, transactional=True))
     print("txn", txn_pid, opened.first_offset, flush=True)
-    sequence = dict.fromkeys(producer_ids, 0)
+    orders = [manager.log(ORDERS, partition) for partition in range(ORDER_PARTITIONS)]
+    # Sequences are per producer and partition, as in Kafka.
+    sequence = {(pid, p): 0 for pid in producer_ids for p in range(ORDER_PARTITIONS)}
     while True:
-        pid = rng.choice(producer_ids)
-        batch = _batch(pid, 0, sequence[pid])
-        result = log.append(batch)
+        pid, partition = rng.choice(producer_ids), rng.randrange(ORDER_PARTITIONS)
+        seq = sequence[pid, partition]
+        batch = _batch(pid, 0, seq)
+        result = orders[partition].append(batch)
         # append() returned: the batch is in the page cache and survives kill -9.
-        print(result.first_offset, pid, sequence[pid], 0, flush=True)
+        print(partition, result.first_offset, pid, seq, 0, flush=True)
         if rng.random() < 0.1:
             # A producer that timed out waiting for its ack sends the batch again.
-            retry = log.append(batch)
-            print(retry.first_offset, pid, sequence[pid], int(retry.duplicate), flush=True)
-        sequence[pid] += 1
+            retry = orders[partition].append(batch)
+            print(partition, retry.first_offset, pid, seq, int(retry.duplicate), flush=True)
+        sequence[pid, partition] += 1
 
 
 def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
-    directory = os.path.join(data_dir, "demo-0")
     if os.path.exists(data_dir):
         shutil.rmtree(data_dir)
     failures: list[str] = []
@@ -105,40 +111,16 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
     def say(text: str = "") -> None:
         print(text, file=out)
 
-    say(f"1. The append rules, on {directory}")
-    with ProducerIdManager.open(data_dir) as pid_manager, Log.open(directory, DEMO_CONFIG) as log:
-        pid, epoch = pid_manager.init_producer_id("demo-app")
-        say(f"   init_producer_id('demo-app') -> producer {pid}, epoch {epoch}")
-        first = log.append(_batch(pid, epoch, 0))
-        retry = log.append(_batch(pid, 0, 0))
-        say(
-            f"   producer {pid} seq 0 -> offset {first.first_offset}; the same batch again -> "
-            f"duplicate={retry.duplicate}, offset {retry.first_offset}"
-        )
-        if not retry.duplicate or retry.first_offset != first.first_offset:
-            failures.append("a retry was not recognised as a duplicate")
-        try:
-            log.append(_batch(pid, epoch, 5))
-            failures.append("a sequence gap was accepted")
-        except OutOfOrderSequenceError as exc:
-            say(f"   seq 5 after seq 0 -> OutOfOrderSequenceError: {exc}")
-        same_pid, new_epoch = pid_manager.init_producer_id("demo-app")
-        bumped = log.append(_batch(same_pid, new_epoch, 0))
-        say(
-            f"   init_producer_id('demo-app') again -> producer {same_pid}, epoch {new_epoch}; "
-            f"its seq 0 -> offset {bumped.first_offset}"
-        )
-        try:
-            log.append(_batch(pid, epoch, 1))
-            failures.append("a zombie producer was not fenced")
-        except InvalidProducerEpochError as exc:
-            say(f"   the old incarnation (epoch {epoch}) again -> InvalidProducerEpochError: {exc}")
+    say(f"1. The append rules, on {RULES}-0 of a LogManager at {data_dir}")
+    with LogManager.open(data_dir, DEMO_CONFIG, progress=False) as manager:
+        _append_rules(manager.log(RULES, 0), manager.producer_ids, say, failures)
 
-    say(f"2. A child process leases {PRODUCERS} producer ids and appends, retrying 10% of its batches;")
-    say("   before that, a 4th producer id opens a transaction that it never ends;")
-    say(f"   it is killed with SIGKILL after {ACKS_BEFORE_KILL} acknowledgements, without close()")
+    say(f"2. A child process opens the LogManager and leases {PRODUCERS} producer ids; they append to")
+    say(f"   {ORDERS}-0..{ORDER_PARTITIONS - 1} at random, retrying 10% of their batches; first a 4th")
+    say(f"   producer opens a transaction in {PAYMENTS}-0 that it never ends; the child is killed")
+    say(f"   with SIGKILL after {ACKS_BEFORE_KILL} acknowledgements, without close()")
     child = subprocess.Popen(
-        [sys.executable, "-c", f"from oncelog.demo import _child; _child({directory!r}, {data_dir!r}, 7)"],
+        [sys.executable, "-c", f"from oncelog.demo import _child; _child({data_dir!r}, 7)"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -158,80 +140,143 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
     # Acks still in the pipe count too; a line cut short by the kill was never an ack.
     rest, _ = child.communicate()
     lines.extend(line + "\n" for line in rest.split("\n")[:-1])
-    acks = [tuple(int(field) for field in line.split()) for line in lines]
-    retried = sum(1 for *_, duplicate in acks if duplicate)
+    acks = [Ack(*(int(field) for field in line.split())) for line in lines]
+    retried = sum(1 for ack in acks if ack.duplicate)
     say(f"   child killed: {len(acks)} acks, {retried} of them retries answered as duplicates;")
     say(
         f"   producer {open_pid}'s transaction, opened at offset {open_first}, was never committed or aborted"
     )
 
-    say("3. Reopening after the crash")
-    with Log.open(directory, DEMO_CONFIG) as log:
-        report = log.recovery_report
+    say("3. Reopening the LogManager after the crash: every partition recovers in parallel")
+    with LogManager.open(data_dir, DEMO_CONFIG) as manager:
+        for line in str(manager.recovery_summary).splitlines():
+            say(f"   {line}")
+        for tp, log in manager.logs().items():
+            report = log.recovery_report
+            say(
+                f"   {tp}: clean={report.clean} segments={len(log.segments)} "
+                f"scanned={report.segments_scanned} bytes_scanned={report.bytes_scanned} "
+                f"replayed={report.batches_replayed} "
+                f"snapshot_offset={report.snapshot_offset} truncated={report.truncated_bytes} "
+                f"log end {log.log_end_offset}"
+            )
+        payments = manager.log(PAYMENTS, 0, create=False)
+        lso = payments.last_stable_offset
+        committed_end = payments.read(0, max_bytes=1 << 20, isolation="read_committed").next_offset
         say(
-            f"   clean={report.clean} segments={len(log.segments)} scanned={report.segments_scanned} "
-            f"bytes_scanned={report.bytes_scanned} replayed={report.batches_replayed} "
-            f"snapshot_offset={report.snapshot_offset} truncated={report.truncated_bytes} "
-            f"in {report.duration_s * 1000:.1f} ms"
+            f"   {PAYMENTS}-0: last stable offset {lso}: the child's transaction is still open;"
+            " read_committed stops there"
         )
-        lso = log.last_stable_offset
-        committed_end = log.read(0, max_bytes=1 << 20, isolation="read_committed").next_offset
-        say(f"   log end offset {log.log_end_offset}")
-        say(f"   last stable offset {lso}: the child's transaction is still open; read_committed stops there")
         if lso != open_first or committed_end > open_first:
             failures.append(f"after recovery the last stable offset is {lso}, not {open_first}")
-        for entry in log.producers():
+        for entry in payments.producers():
             txn = entry.current_txn_first_offset
             say(
-                f"   producer {entry.producer_id}: epoch {entry.producer_epoch}, "
-                f"last seq {entry.last_sequence} at offset {entry.last_offset}, "
-                f"{len(entry.batches)} batches in its dedupe window"
+                f"   {PAYMENTS}-0 producer {entry.producer_id}: epoch {entry.producer_epoch}, "
+                f"last seq {entry.last_sequence} at offset {entry.last_offset}"
                 + (f", transaction open since offset {txn}" if txn >= 0 else "")
             )
-        for offset, pid, seq, _ in acks:
-            batch = log.read(offset, max_bytes=1).batches[0]
-            if (batch.base_offset, batch.producer_id, batch.base_sequence) != (offset, pid, seq):
-                failures.append(f"acknowledged batch pid={pid} seq={seq} is not at offset {offset}")
+        orders = [manager.log(ORDERS, p, create=False) for p in range(ORDER_PARTITIONS)]
+        for ack in acks:
+            batch = orders[ack.partition].read(ack.offset, max_bytes=1).batches[0]
+            if (batch.base_offset, batch.producer_id, batch.base_sequence) != (ack.offset, ack.pid, ack.seq):
+                failures.append(f"acknowledged batch {ack} is not at its offset")
         say(f"   every acknowledged batch is at its offset: {not failures}")
 
-        say("4. Each producer retries the 5 batches its recovered dedupe window holds")
+        say("4. Each producer retries the 5 batches its recovered dedupe window holds, in each partition")
         say("   (a batch written just before the kill may never have been acked: a real client retries it)")
-        acked_offset = {(p, s): o for o, p, s, d in acks if not d}
-        for pid in sorted({p for _, p, _, _ in acks}):
-            state = log.producer_state(pid)
-            window = state.batches if state else ()
-            answers = [log.append(_batch(pid, 0, meta.first_sequence)) for meta in window]
-            ok = all(
-                a.duplicate
-                and a.first_offset == meta.first_offset
-                and acked_offset.get((pid, meta.first_sequence), meta.first_offset) == meta.first_offset
-                for a, meta in zip(answers, window, strict=True)
-            )
-            if not ok or not window:
-                failures.append(f"producer {pid}: a retry after recovery was not answered as a duplicate")
-            shown = [
-                f"{m.first_sequence}{'' if (pid, m.first_sequence) in acked_offset else '*'}" for m in window
-            ]
-            say(
-                f"   producer {pid}: seqs {shown} -> duplicates at original offsets "
-                f"{[a.first_offset for a in answers]}: {ok}"
+        for partition, log in enumerate(orders):
+            _retry_windows(
+                log, f"{ORDERS}-{partition}", [a for a in acks if a.partition == partition], say, failures
             )
         say("   (* written but not acknowledged before the kill)")
 
         say(
-            "5. Transactions: read_committed reads stop at the last stable offset (LSO) and skip aborted data"
+            f"5. Transactions in {PAYMENTS}-0: read_committed reads stop at the last stable offset (LSO)"
+            " and skip aborted data"
         )
-        _transactions(log, data_dir, open_pid, open_first, say, failures)
+        _transactions(payments, manager.producer_ids, open_pid, open_first, say, failures)
+    payments_dir = os.path.join(data_dir, f"{PAYMENTS}-0")
     say()
-    say(f"Inspect it: oncelog dump {directory} | head")
-    say(f"            oncelog dump --records {directory} | tail -n 16   # the markers and the .txnindex")
+    say(f"Inspect it: oncelog stat {data_dir}")
+    say(f"            oncelog verify {data_dir}")
+    say(f"            oncelog dump --records {payments_dir} | tail -n 16   # the markers and the .txnindex")
     for failure in failures:
         say(f"FAILED: {failure}")
     return 1 if failures else 0
 
 
+class Ack(NamedTuple):
+    partition: int
+    offset: int
+    pid: int
+    seq: int
+    duplicate: int
+
+
+def _append_rules(
+    log: Log, pid_manager: ProducerIdManager, say: Callable[[str], None], failures: list[str]
+) -> None:
+    pid, epoch = pid_manager.init_producer_id("demo-app")
+    say(f"   init_producer_id('demo-app') -> producer {pid}, epoch {epoch}")
+    first = log.append(_batch(pid, epoch, 0))
+    retry = log.append(_batch(pid, 0, 0))
+    say(
+        f"   producer {pid} seq 0 -> offset {first.first_offset}; the same batch again -> "
+        f"duplicate={retry.duplicate}, offset {retry.first_offset}"
+    )
+    if not retry.duplicate or retry.first_offset != first.first_offset:
+        failures.append("a retry was not recognised as a duplicate")
+    try:
+        log.append(_batch(pid, epoch, 5))
+        failures.append("a sequence gap was accepted")
+    except OutOfOrderSequenceError as exc:
+        say(f"   seq 5 after seq 0 -> OutOfOrderSequenceError: {exc}")
+    same_pid, new_epoch = pid_manager.init_producer_id("demo-app")
+    bumped = log.append(_batch(same_pid, new_epoch, 0))
+    say(
+        f"   init_producer_id('demo-app') again -> producer {same_pid}, epoch {new_epoch}; "
+        f"its seq 0 -> offset {bumped.first_offset}"
+    )
+    try:
+        log.append(_batch(pid, epoch, 1))
+        failures.append("a zombie producer was not fenced")
+    except InvalidProducerEpochError as exc:
+        say(f"   the old incarnation (epoch {epoch}) again -> InvalidProducerEpochError: {exc}")
+
+
+def _retry_windows(
+    log: Log, name: str, acks: list[Ack], say: Callable[[str], None], failures: list[str]
+) -> None:
+    acked_offset = {(a.pid, a.seq): a.offset for a in acks if not a.duplicate}
+    for pid in sorted({a.pid for a in acks}):
+        state = log.producer_state(pid)
+        window = state.batches if state else ()
+        answers = [log.append(_batch(pid, 0, meta.first_sequence)) for meta in window]
+        ok = all(
+            a.duplicate
+            and a.first_offset == meta.first_offset
+            and acked_offset.get((pid, meta.first_sequence), meta.first_offset) == meta.first_offset
+            for a, meta in zip(answers, window, strict=True)
+        )
+        if not ok or not window:
+            failures.append(f"{name} producer {pid}: a retry after recovery was not answered as a duplicate")
+        shown = [
+            f"{m.first_sequence}{'' if (pid, m.first_sequence) in acked_offset else '*'}" for m in window
+        ]
+        say(
+            f"   {name} producer {pid}: seqs {shown} -> duplicates at original offsets "
+            f"{[a.first_offset for a in answers]}: {ok}"
+        )
+
+
 def _transactions(
-    log: Log, data_dir: str, open_pid: int, open_first: int, say: Callable[[str], None], failures: list[str]
+    log: Log,
+    pid_manager: ProducerIdManager,
+    open_pid: int,
+    open_first: int,
+    say: Callable[[str], None],
+    failures: list[str],
 ) -> None:
     """Abort the child's transaction, then one transaction aborted and one committed."""
     marker = log.write_txn_marker(open_pid, 0, commit=False, coordinator_epoch=0)
@@ -242,8 +287,7 @@ def _transactions(
     if log.last_stable_offset != log.log_end_offset:
         failures.append("the last stable offset did not move to the log end after the abort")
 
-    with ProducerIdManager.open(data_dir) as pid_manager:
-        pid, epoch = pid_manager.init_producer_id("demo-txn")
+    pid, epoch = pid_manager.init_producer_id("demo-txn")
     aborted_keys = [f"aborted-{i}" for i in range(3)]
     committed_keys = [f"committed-{i}" for i in range(2)]
     first = log.append(_txn_batch(pid, epoch, 0, aborted_keys))
