@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # symlinks laid out as the installed package would be.
 TYPECHECK_TREE := build/typecheck
 
-.PHONY: demo test lint typecheck pytest bench torture clean
+.PHONY: demo test lint typecheck java-check pytest bench torture clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,18 @@ typecheck: $(STAMP)
 	ln -s "$(CURDIR)/recovery" $(TYPECHECK_TREE)/oncelog/recovery
 	cd $(TYPECHECK_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p oncelog
 
-pytest: $(STAMP)
+# The Spark tests (tests/spark) start a JVM: PySpark 4 needs Java 17+ ($JAVA_HOME/bin/java, else PATH).
+java-check:
+	@java="$${JAVA_HOME:+$$JAVA_HOME/bin/}java"; \
+	v=$$("$$java" -version 2>&1 | sed -n 's/.*version "\([0-9]*\)\.\{0,1\}\([0-9]*\).*/\1 \2/p' | head -n 1); \
+	set -- $$v; major=$${1:-0}; [ "$$major" = 1 ] && major=$${2:-0}; \
+	if [ "$$major" -lt 17 ]; then \
+		found=$${v:+Java $$major}; \
+		echo "make: the Spark tests need Java 17+, found $${found:-no java} ($$java); install openjdk-17-jre-headless or set JAVA_HOME" >&2; \
+		exit 1; \
+	fi
+
+pytest: $(STAMP) java-check
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest

@@ -103,6 +103,8 @@ class BenchSettings:
     tail_scan_bytes: int  # size of the active segment the tail scan recovers
     producers: int
     durable_window_s: float  # each durable measurement runs this long
+    partitions: int  # partitions a LogManager opens (bench_manager)
+    partition_rounds: int
 
     def scaled(self, scale: float) -> BenchSettings:
         if scale == 1:
@@ -118,11 +120,17 @@ class BenchSettings:
             tail_scan_bytes=max(MIB, int(self.tail_scan_bytes * scale)),
             producers=max(1000, int(self.producers * scale)),
             durable_window_s=max(0.02, self.durable_window_s * scale),
+            partitions=max(10, int(self.partitions * scale)),
+            partition_rounds=max(1, min(self.partition_rounds, round(self.partition_rounds * scale))),
         )
 
 
-FULL = BenchSettings("full", 7, (20_000, 20_000, 4096, 64), 500, 2 * MIB, 7, 64 * MIB, 1_000_000, 1.0)
-QUICK = BenchSettings("quick", 3, (20_000, 10_000, 2048, 32), 150, 2 * MIB, 3, 32 * MIB, 1_000_000, 0.3)
+FULL = BenchSettings(
+    "full", 7, (20_000, 20_000, 4096, 64), 500, 2 * MIB, 7, 64 * MIB, 1_000_000, 1.0, 1000, 3
+)
+QUICK = BenchSettings(
+    "quick", 3, (20_000, 10_000, 2048, 32), 150, 2 * MIB, 3, 32 * MIB, 1_000_000, 0.3, 200, 1
+)
 
 
 def settings_for(quick: bool, scale: float = 1.0) -> BenchSettings:
@@ -161,7 +169,7 @@ Step = Callable[[BenchSettings, str, BenchResults, Progress], None]
 def run_benchmarks(settings: BenchSettings, directory: str, progress: Progress) -> BenchResults:
     """Measure every §11 figure in scratch directories under `directory` (removed after)."""
     # Imported here: the figure module imports this one for its types and helpers.
-    from oncelog import bench_recovery
+    from oncelog import bench_manager, bench_recovery
 
     steps: list[tuple[str, Step]] = [
         ("append, no fsync", append_figures),
@@ -170,6 +178,7 @@ def run_benchmarks(settings: BenchSettings, directory: str, progress: Progress) 
         ("tail scan on recovery", bench_recovery.tail_scan_figure),
         (f"producer table at {count_label(settings.producers)} producers", bench_recovery.producer_figures),
         ("durable appends", durable_figures),
+        (f"opening {settings.partitions:,} partitions", bench_manager.partition_open_figures),
     ]
     results = BenchResults(settings)
     started = time.perf_counter()

@@ -27,7 +27,7 @@ from typing import TextIO
 
 from oncelog import bench_cli, cli_recover, cli_stat, cli_verify, dump_state, torture_cli
 from oncelog.errors import CorruptRecordError
-from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, FileSystem
+from oncelog.recovery.fs import DEFAULT_FS, FileSystem, ReadOnlyFileSystem
 from oncelog.recovery.snapshot import SNAPSHOT_SUFFIX
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, UnwrittenSpaceError
@@ -38,6 +38,7 @@ from oncelog.segments.segment import (
     TIME_INDEX_SUFFIX,
     parse_segment_file_name,
     scan_file,
+    zeros_to_end,
 )
 from oncelog.segments.txn_index import ENTRY, ENTRY_SIZE, TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex
 from oncelog.segments.txn_index import VERSION as TXN_INDEX_VERSION
@@ -377,7 +378,7 @@ def dump_file(
                     summary.records += _dump_records(batch, out)
         except CorruptRecordError as exc:
             start = exc.position or 0
-            if isinstance(exc, UnwrittenSpaceError) and _zeros_to_end(handle, start, size):
+            if isinstance(exc, UnwrittenSpaceError) and zeros_to_end(handle, start, size):
                 # A live log's pre-allocated space, or what a crash left of it: the data ends here.
                 print(_summary_line(summary, records), file=out)
                 print(f"{size - start} bytes of unwritten space follow the last batch", file=out)
@@ -397,24 +398,6 @@ def dump_file(
     return True
 
 
-def _zeros_to_end(handle: FileHandle, start: int, end: int, chunk_bytes: int = 1 << 20) -> bool:
-    """True if bytes [start, end) of the file are all zero (read a chunk at a time)."""
-    zeros = bytes(chunk_bytes)
-    while start < end:
-        chunk = handle.pread(min(chunk_bytes, end - start), start)
-        if not chunk or chunk != zeros[: len(chunk)]:
-            return False
-        start += len(chunk)
-    return True
-
-
-class _ReadOnlyFileSystem(DelegatingFileSystem):
-    """Hands TransactionIndex read-only handles: it can never create or change a file."""
-
-    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
-        return self.inner.open(path, writable=False)
-
-
 def dump_txn_index(path: str, out: TextIO, err: TextIO, *, fs: FileSystem = DEFAULT_FS) -> bool:
     """Dump one transaction index (`.txnindex`) to `out`, one line per aborted transaction.
 
@@ -429,7 +412,7 @@ def dump_txn_index(path: str, out: TextIO, err: TextIO, *, fs: FileSystem = DEFA
     print(f"Dumping {path}", file=out)
     base = parse_segment_file_name(os.path.basename(path), TXN_INDEX_SUFFIX)
     # An unconventional name has no base offset to check entries against: use 0.
-    index = TransactionIndex(_ReadOnlyFileSystem(fs), path, 0 if base is None else base)
+    index = TransactionIndex(ReadOnlyFileSystem(fs), path, 0 if base is None else base)
     try:
         size = handle.size()
         try:

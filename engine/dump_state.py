@@ -30,12 +30,13 @@ from oncelog.recovery.snapshot import (
     list_snapshot_offsets,
     read_snapshot,
 )
+from oncelog.segments.index import OffsetIndex, TimeIndex
 from oncelog.segments.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_file_name
 
 PROG = "oncelog"
 _VERSION = struct.Struct(">h")
-_OFFSET_ENTRY = struct.Struct(">ii")  # relative offset, position
-_TIME_ENTRY = struct.Struct(">qi")  # timestamp, relative offset
+_OFFSET_ENTRY = OffsetIndex.ENTRY  # relative offset, position
+_TIME_ENTRY = TimeIndex.ENTRY  # timestamp, relative offset
 
 
 def _complain(err: TextIO, out: TextIO, message: str) -> bool:

@@ -8,7 +8,7 @@ and expiry. Single lookups index the arrays through memoryviews, which return
 plain ints.
 
 Keys are stored as ~producer_id (negative), so an empty bucket is 0: the arrays
-come from np.zeros, whose untouched pages cost no memory, and a log (one of
+come from lazy_zeros, whose untouched pages cost no memory, and a log (one of
 thousands under a LogManager) with few producers never touches most of them.
 
 Deletes leave tombstones (so a batch of deletes is one vectorised store); when
@@ -19,6 +19,8 @@ live keys in one vectorised pass, amortised below a microsecond per delete.
 from __future__ import annotations
 
 import numpy as np
+
+from oncelog.lazy_memory import lazy_zeros
 
 EMPTY = 0  # stored keys are ~producer_id < 0, so non-negative values are free markers
 TOMBSTONE = 1  # a deleted key: lookups probe past it, inserts may reuse it
@@ -37,11 +39,11 @@ class PidSlotMap:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.buckets = max(8, int(capacity / _MAX_LIVE_LOAD) + 1)
-        self.keys = np.zeros(self.buckets, dtype=np.int64)  # all EMPTY
-        self.values = np.zeros(self.buckets, dtype=np.int32)
+        self.keys = lazy_zeros(self.buckets, np.int64)  # all EMPTY
+        self.values = lazy_zeros(self.buckets, np.int32)
         # The reverse index, slot -> bucket: expiry removes or moves a run of slots
         # with one vectorised store instead of probing for each producer.
-        self.bucket_of = np.zeros(capacity, dtype=np.int32)  # read only for slots put
+        self.bucket_of = lazy_zeros(capacity, np.int32)  # read only for slots put
         self._keys = self.keys.data
         self._values = self.values.data
         self._bucket_of = self.bucket_of.data

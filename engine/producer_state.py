@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from oncelog.errors import ProducerStateFullError
+from oncelog.lazy_memory import lazy_zeros
 from oncelog.pid_map import PidSlotMap
 from oncelog.segments import format as fmt
 from oncelog.segments.control import TxnMarker
@@ -163,13 +164,13 @@ class ProducerStateManager:
             raise ValueError(f"producer capacity must be positive, got {capacity}")
         self.capacity = capacity
         self.expiration_ms = expiration_ms
-        # np.zeros maps untouched pages lazily, so a large capacity costs memory
+        # Untouched pages cost nothing (lazy_memory), so a large capacity costs memory
         # only as slots are used (they are used in ring order, from the head).
-        self.table = np.zeros(capacity, PRODUCER_DTYPE)
+        self.table = lazy_zeros(capacity, PRODUCER_DTYPE)
         self._bytes = self.table.data.cast("B")
         # Due times in whole seconds, rounded down: never later than the real due
         # time, which is all expiry needs, at half the memory of milliseconds.
-        self.due_s = np.zeros(capacity, dtype=np.uint32)
+        self.due_s = lazy_zeros(capacity, np.uint32)
         self._due = self.due_s.data
         self._slots = PidSlotMap(capacity)
         self._hot: dict[int, WorkingState] = {}

@@ -8,10 +8,11 @@ n-th I/O call (`kill_at`), and make writes or fsyncs fail (`fail_next`, error ra
 Everything random comes from the seed, and every message carries it.
 
 I/O calls (counted in `io_calls`, where a kill or an injected error can land): every
-creating open (lock and open_store included), a mkdir that creates, pwritev, truncate,
-fsync, fdatasync, region.flush, fsync_dir, rename, unlink and store.put. Reads, close,
-exists and listdir change nothing persistent and are not counted. Paths are compared
-as strings after os.path.normpath (no cwd): "a/b" and "/cwd/a/b" are different files.
+creating open (lock and a read-write open_store included), a mkdir that creates,
+pwritev, truncate, fsync, fdatasync, region.flush, fsync_dir, rename, unlink and
+store.put. Reads, close, exists, listdir and a read-only open_store change nothing
+persistent and are not counted. Paths are compared as strings after os.path.normpath
+(no cwd): "a/b" and "/cwd/a/b" are different files.
 
 Modelling decisions not covered in `crash_states`:
 - mkdir is durable at once (what the engine needs of directories is made by hand
@@ -50,7 +51,15 @@ from oncelog.recovery.crash_states import (
     Op,
     crash_model,
 )
-from oncelog.recovery.fs import Buffer, DirLock, FileHandle, LmdbStore, MappedRegion, MetadataStore
+from oncelog.recovery.fs import (
+    Buffer,
+    DirLock,
+    FileHandle,
+    LmdbStore,
+    MappedRegion,
+    MetadataStore,
+    read_only_error,
+)
 
 PAGE = 4096
 # Operations `fail_next` can target; "fsync" covers fsync, fdatasync and region.flush.
@@ -189,18 +198,25 @@ class FaultFile:
 
 
 class FaultStore:
-    def __init__(self, fs: FaultFileSystem, path: str):
+    """A metadata store of the model; a `readonly` one refuses put and delete."""
+
+    def __init__(self, fs: FaultFileSystem, path: str, *, readonly: bool = False):
         self._fs = fs
         self._path = path
+        self._readonly = readonly
 
     def get(self, key: str) -> bytes | None:
         return self._fs._model.stores[self._path].get(key)
 
     def put(self, values: Mapping[str, bytes]) -> None:
+        if self._readonly:
+            raise read_only_error("put into the metadata store", self._path)
         self._fs._io("put", self._path)
         self._fs._model.stores[self._path].update({key: bytes(value) for key, value in values.items()})
 
     def delete(self, keys: Sequence[str]) -> None:
+        if self._readonly:
+            raise read_only_error("delete from the metadata store", self._path)
         self._fs._io("put", self._path)
         store = self._fs._model.stores[self._path]
         for key in keys:
@@ -396,7 +412,11 @@ class FaultFileSystem:
             directory.record(((name, inode),))
         return FaultFile(self, path, inode, writable)
 
-    def open_store(self, path: str) -> MetadataStore:
+    def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
+        if readonly:  # creates nothing: no I/O call, and only an existing store opens
+            if _norm(path) not in self._model.stores:
+                raise FileNotFoundError(errnos.ENOENT, "no metadata store", path)
+            return FaultStore(self, _norm(path), readonly=True)
         self._io("open", path)
         self._makedirs(path)
         self._model.stores.setdefault(_norm(path), {})

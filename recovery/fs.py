@@ -5,6 +5,10 @@ same two protocols and keeps unsynced state in memory, so it can materialise any
 crash state a Linux filesystem may legally leave. For that to be possible the
 engine must never touch `os`, `open()` or `mmap` for persistent data directly.
 
+`DelegatingFileSystem` forwards every call (subclass it to observe or fail some);
+`ReadOnlyFileSystem` is one that refuses every call that would create or change
+anything, for the tools that inspect a log (`oncelog dump`, `verify`, `stat`).
+
 The interface is deliberately positional (pread/pwrite at explicit offsets, no
 file cursor): the twin then needs no cursor state, and every write names the
 exact bytes it may tear.
@@ -12,11 +16,13 @@ exact bytes it may tear.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import fcntl
 import mmap
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
 import lmdb
@@ -122,8 +128,15 @@ class DirLock(Protocol):
 class FileSystem(Protocol):
     def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle: ...
 
-    def open_store(self, path: str) -> MetadataStore:
-        """Open (creating) the metadata store kept in directory `path`."""
+    def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
+        """Open the metadata store kept in directory `path`, creating it if missing.
+
+        `readonly` opens an existing store for reading and creates nothing (no
+        directory, no lock file): FileNotFoundError if there is none, OSError if it
+        cannot be read, and `put`/`delete` raise PermissionError. Each read sees the
+        last commit a writer completed (one in progress is invisible): a snapshot
+        view, for tools that look at a live or damaged log without changing it.
+        """
         ...
 
     def lock(self, path: str) -> DirLock:
@@ -265,9 +278,13 @@ class LmdbStore:
     MAP_BYTES = 16 * 1024 * 1024
 
     def __init__(self, path: str):
+        self.path = path
+        self._env = self._open_env(path)
+
+    def _open_env(self, path: str) -> lmdb.Environment:
         # sync and metasync: a commit returns only once it is durable, which is
         # what lets the recovery point promise "everything below me was fsynced".
-        self._env = lmdb.open(path, map_size=self.MAP_BYTES, subdir=True, sync=True, metasync=True, max_dbs=0)
+        return lmdb.open(path, map_size=self.MAP_BYTES, subdir=True, sync=True, metasync=True, max_dbs=0)
 
     def get(self, key: str) -> bytes | None:
         with self._env.begin() as txn:
@@ -300,6 +317,53 @@ class LmdbStore:
         self._env.close()
 
 
+class ReadOnlyLmdbStore(LmdbStore):
+    """An existing LMDB store opened for reading only: it creates and changes nothing.
+
+    LMDB is opened with `readonly=True, lock=False`, so not even `lock.mdb` is created
+    or touched: the store may belong to a live log in another process, or sit on a
+    read-only mount. The price of lock=False: this reader takes no slot in LMDB's
+    reader table, so writers do not know of it. Each get or keys is one short read
+    transaction that sees the last completed commit (a commit in progress is
+    invisible); a writer that commits twice during one such read may reuse the pages
+    it is reading. Fine for a snapshot view of a handful of keys; not for a reader
+    that must stay exact under a busy writer. LMDB's errors surface as OSError.
+    """
+
+    def _open_env(self, path: str) -> lmdb.Environment:
+        if not os.path.exists(os.path.join(path, "data.mdb")):
+            raise FileNotFoundError(errno.ENOENT, "no metadata store", path)
+        with _lmdb_errors_as_os_errors():
+            return lmdb.open(path, readonly=True, lock=False, create=False, subdir=True, max_dbs=0)
+
+    def get(self, key: str) -> bytes | None:
+        with _lmdb_errors_as_os_errors():
+            return super().get(key)
+
+    def keys(self, prefix: str) -> list[str]:
+        with _lmdb_errors_as_os_errors():
+            return super().keys(prefix)
+
+    def put(self, values: Mapping[str, bytes]) -> None:
+        raise read_only_error("put into the metadata store", self.path)
+
+    def delete(self, keys: Sequence[str]) -> None:
+        raise read_only_error("delete from the metadata store", self.path)
+
+
+@contextlib.contextmanager
+def _lmdb_errors_as_os_errors() -> Iterator[None]:
+    try:
+        yield
+    except lmdb.Error as exc:
+        raise OSError(str(exc)) from exc
+
+
+def read_only_error(what: str, path: str, other: str | None = None) -> PermissionError:
+    """The error a read-only seam raises for a call that would create or change `path`."""
+    return PermissionError(errno.EROFS, f"read-only: {what} refused", path, None, other)
+
+
 class OsDirLock:
     def __init__(self, fd: int):
         self._fd = fd
@@ -313,8 +377,8 @@ class OsDirLock:
 class OsFileSystem:
     """The real operating system."""
 
-    def open_store(self, path: str) -> MetadataStore:
-        return LmdbStore(path)
+    def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
+        return ReadOnlyLmdbStore(path) if readonly else LmdbStore(path)
 
     def lock(self, path: str) -> DirLock:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -434,8 +498,8 @@ class DelegatingFileSystem:
     def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
         return self.wrap(self.inner.open(path, create=create, writable=writable))
 
-    def open_store(self, path: str) -> MetadataStore:
-        return self.inner.open_store(path)
+    def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
+        return self.inner.open_store(path, readonly=readonly)
 
     def lock(self, path: str) -> DirLock:
         return self.inner.lock(path)
@@ -463,3 +527,43 @@ class DelegatingFileSystem:
 
     def fsync_dir(self, path: str) -> None:
         self.inner.fsync_dir(path)
+
+
+class ReadOnlyFileSystem(DelegatingFileSystem):
+    """The seam for tools that must change nothing: reads pass through, nothing else does.
+
+    Every file is opened read-only and never created, whatever the caller asks (a
+    handle's writes then fail), and metadata stores only with `readonly=True`. Every
+    call that would create, change or sync anything raises PermissionError naming
+    the path. Code that opens files read-write by habit (TransactionIndex) can be
+    handed it to prove it writes nothing.
+    """
+
+    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
+        return self.wrap(self.inner.open(path, writable=False))
+
+    def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
+        if not readonly:
+            raise read_only_error("open_store read-write", path)
+        return self.inner.open_store(path, readonly=True)
+
+    def lock(self, path: str) -> DirLock:
+        raise read_only_error("lock", path)
+
+    def mkdir(self, path: str) -> None:
+        raise read_only_error("mkdir", path)
+
+    def rename(self, src: str, dst: str) -> None:
+        raise read_only_error("rename", src, dst)
+
+    def unlink(self, path: str) -> None:
+        raise read_only_error("unlink", path)
+
+    def remove_dir(self, path: str) -> None:
+        raise read_only_error("remove_dir", path)
+
+    def sync_filesystem(self, path: str) -> None:
+        raise read_only_error("sync_filesystem", path)
+
+    def fsync_dir(self, path: str) -> None:
+        raise read_only_error("fsync_dir", path)

@@ -124,6 +124,20 @@ def scan_file(
         pos += used
 
 
+def zeros_to_end(handle: FileHandle, start: int, end: int) -> bool:
+    """True if bytes [start, end) of the file are all zeros, read a chunk at a time.
+
+    Where `scan_file` meets zeros (UnwrittenSpaceError), zeros up to the end are
+    pre-allocated space never written, not damage; anything else after them is.
+    """
+    while start < end:
+        chunk = handle.pread(min(_ZERO_SCAN_BYTES, end - start), start)
+        if not chunk or chunk != _ZERO_CHUNK[: len(chunk)]:
+            return False
+        start += len(chunk)
+    return True
+
+
 def check_client_appended(batch: RecordBatch, previous_last_offset: int | None) -> None:
     """Raise unless `batch` looks as a client append left it (fields outside the CRC)."""
     h = batch.header

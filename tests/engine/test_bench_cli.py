@@ -59,6 +59,8 @@ FIGURES = [
     "expire 1% of ",
     "durable appends, 16 threads (group commit)",
     "durable appends, 1 thread, vs raw os.write+fsync loop",
+    "open ",  # N partitions, clean (LogManager vs one Log.open at a time)
+    "open ",  # N partitions, unclean
 ]
 OPTIONS = ["--quick", "--json", "--plot", "--dir"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -115,7 +117,10 @@ class TestSmokeRun:
     def test_every_figure_of_the_brief_is_a_row(self, smoke: SmokeRun) -> None:
         figures = [str(row["figure"]) for row in smoke.rows]
         for expected in FIGURES:
-            assert sum(figure.startswith(expected) for figure in figures) == 1, (expected, figures)
+            assert sum(figure.startswith(expected) for figure in figures) == FIGURES.count(expected), (
+                expected,
+                figures,
+            )
         assert len(figures) == len(FIGURES)
 
     def test_ratio_is_value_over_reference(self, smoke: SmokeRun) -> None:
@@ -150,8 +155,9 @@ class TestSmokeRun:
             assert line.endswith(verdict), line
 
     def test_progress_goes_to_stderr(self, smoke: SmokeRun) -> None:
-        assert "[1/6] append, no fsync" in smoke.err
-        assert "[6/6] durable appends" in smoke.err
+        assert "[1/7] append, no fsync" in smoke.err
+        assert "[6/7] durable appends" in smoke.err
+        assert "[7/7] opening " in smoke.err
         assert "bench:" not in smoke.out
 
     def test_the_plot_is_a_non_empty_png(self, smoke: SmokeRun) -> None:

@@ -21,7 +21,7 @@ from conftest import kafka_fixtures_root
 from oncelog import cli, cli_stat
 from oncelog.config import LogConfig
 from oncelog.log import Log
-from oncelog.recovery.fs import DEFAULT_FS, FileHandle
+from oncelog.recovery.fs import DEFAULT_FS, FileHandle, MetadataStore
 from oncelog.segments import encode_batch
 
 FIXTURES = kafka_fixtures_root()
@@ -289,6 +289,10 @@ class RecordingFs:
 
     def exists(self, path: str) -> bool:
         return DEFAULT_FS.exists(path)
+
+    def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
+        self.opened.append((path, False, not readonly))  # a store opened read-write fails the fixture
+        return DEFAULT_FS.open_store(path, readonly=readonly)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from conftest import kafka_fixtures_root
 from oncelog import cli, cli_verify
 from oncelog.config import LogConfig
 from oncelog.log import Log
-from oncelog.recovery.fs import DEFAULT_FS, FileHandle
+from oncelog.recovery.fs import DEFAULT_FS, FileHandle, MetadataStore
 from oncelog.segments import encode_batch
 from oncelog.segments.segment import SCAN_CHUNK_BYTES
 
@@ -353,6 +353,33 @@ def test_verify_zeros_then_entries_in_an_index_are_corruption(
     )
 
 
+def test_verify_a_first_time_index_entry_of_timestamp_0_at_the_base_offset_is_an_entry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(0, 0) is all zeros, yet a real entry: Kafka and oncelog index any timestamp above -1."""
+    directory = tmp_path / "epoch-0"
+    config = LogConfig(index_interval_bytes=300, producer_expiration_ms=NEVER_EXPIRES_MS)
+    log = Log.open(directory, config, clock=lambda: T0)
+    for timestamp in (0, 0, 0, 0, 5, 6, 7):
+        log.append(encode_batch([(b"k", b"v" * 100)], timestamp_ms=timestamp))
+    log.close()
+    time_path = directory / "00000000000000000000.timeindex"
+    entries = list(struct.iter_unpack(">qi", time_path.read_bytes()))
+    assert entries[0] == (0, 0) and len(entries) > 1  # what the engine wrote
+
+    status, lines, _ = run(capsys, str(directory))
+    assert (status, lines[:-1]) == (0, [])
+
+    # More zeros after it make it part of a zero-filled run followed by an entry: damage.
+    data = bytearray(time_path.read_bytes())
+    struct.pack_into(">qi", data, 12, 0, 0)
+    time_path.write_bytes(bytes(data))
+    status, lines, _ = run(capsys, str(directory))
+    assert status == 1
+    expected = "position 0: zero-filled entries are followed by an entry at position 24"
+    assert f"CORRUPT {time_path} {expected}" in lines
+
+
 def test_verify_corrupt_snapshot_and_txn_index_are_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -569,6 +596,10 @@ class RecordingFs:
 
     def exists(self, path: str) -> bool:
         return DEFAULT_FS.exists(path)
+
+    def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
+        self.opened.append((path, False, not readonly))  # a store opened read-write fails the fixture
+        return DEFAULT_FS.open_store(path, readonly=readonly)
 
 
 @pytest.fixture

@@ -652,3 +652,25 @@ def test_failure_messages_and_descriptions_carry_the_seed() -> None:
     crashed = fs.crash("drop")
     assert fs.describe().startswith("seed=424242") and "kill_at=30 (dead)" in fs.describe()
     assert crashed.describe().startswith("seed=424242 crash#1(drop)")
+
+
+def test_a_read_only_store_creates_nothing_is_no_io_call_and_refuses_writes() -> None:
+    fs = FaultFileSystem(0)
+    fs.mkdir(D)
+    with pytest.raises(FileNotFoundError):
+        fs.open_store(D + "/meta.lmdb", readonly=True)
+    assert fs.listdir(D) == [] and not fs.exists(D + "/meta.lmdb")  # nothing created
+    fs.open_store(D + "/meta.lmdb").put({"a/1": b"x", "a/2": b"y"})
+    calls = fs.io_calls
+    fs.kill_at(calls + 1)  # the next I/O call would kill the twin
+
+    store = fs.open_store(D + "/meta.lmdb", readonly=True)
+    assert store.get("a/1") == b"x" and store.keys("a/") == ["a/1", "a/2"]
+    with pytest.raises(PermissionError, match=r"meta\.lmdb"):
+        store.put({"a/3": b"z"})
+    with pytest.raises(PermissionError, match=r"meta\.lmdb"):
+        store.delete(["a/1"])
+    store.close()
+
+    assert (fs.io_calls, fs.dead) == (calls, False)
+    assert fs.open_store(D + "/meta.lmdb", readonly=True).keys("") == ["a/1", "a/2"]

@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from oncelog.recovery.fs import OsFileSystem
+from oncelog.recovery.fs import DelegatingFileSystem, OsFileSystem, ReadOnlyFileSystem
 
 
 def test_pwritev_writes_every_buffer_back_to_back_at_the_offset(tmp_path: Path) -> None:
@@ -79,3 +80,75 @@ def test_directory_operations(tmp_path: Path) -> None:
     assert fs.exists(os.path.join(nested, "x"))
     fs.unlink(os.path.join(nested, "x"))
     assert fs.listdir(nested) == []
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def test_a_read_only_store_creates_nothing_and_refuses_writes(tmp_path: Path) -> None:
+    fs = OsFileSystem()
+    store_path = str(tmp_path / "meta.lmdb")
+    with pytest.raises(FileNotFoundError):
+        fs.open_store(store_path, readonly=True)  # missing: not created
+    assert not os.path.exists(store_path)
+    writer = fs.open_store(store_path)
+    writer.put({"a/1": b"x", "a/2": b"y"})
+    writer.close()
+    os.unlink(os.path.join(store_path, "lock.mdb"))
+    before = _tree(tmp_path)
+
+    store = fs.open_store(store_path, readonly=True)
+    assert store.get("a/1") == b"x" and store.get("b") is None and store.keys("a/") == ["a/1", "a/2"]
+    with pytest.raises(PermissionError, match=r"meta\.lmdb"):
+        store.put({"a/3": b"z"})
+    with pytest.raises(PermissionError, match=r"meta\.lmdb"):
+        store.delete(["a/1"])
+    store.close()
+
+    assert _tree(tmp_path) == before  # not even LMDB's lock.mdb
+    reopened = fs.open_store(store_path, readonly=True)
+    assert reopened.keys("") == ["a/1", "a/2"]
+    reopened.close()
+
+
+def test_a_read_only_store_reports_a_damaged_store_as_os_error(tmp_path: Path) -> None:
+    (tmp_path / "meta.lmdb").mkdir()
+    (tmp_path / "meta.lmdb" / "data.mdb").write_bytes(b"not lmdb" * 1000)
+    with pytest.raises(OSError, match="MDB_INVALID"):
+        OsFileSystem().open_store(str(tmp_path / "meta.lmdb"), readonly=True)
+
+
+def test_a_read_only_seam_reads_and_refuses_everything_that_would_change_the_disk(tmp_path: Path) -> None:
+    OsFileSystem().open_store(str(tmp_path / "meta.lmdb")).close()
+    (tmp_path / "f").write_bytes(b"data")
+    fs = ReadOnlyFileSystem(DelegatingFileSystem())
+    before = _tree(tmp_path)
+
+    handle = fs.open(str(tmp_path / "f"), create=True)  # create and writable are ignored
+    assert handle.pread(4, 0) == b"data"
+    with pytest.raises(OSError):
+        handle.pwritev([b"x"], 0)
+    handle.close()
+    with pytest.raises(FileNotFoundError):
+        fs.open(str(tmp_path / "new"), create=True)
+    fs.open_store(str(tmp_path / "meta.lmdb"), readonly=True).close()
+    path, other = str(tmp_path / "f"), str(tmp_path / "g")
+    refused = {
+        "open_store": lambda: fs.open_store(path),
+        "lock": lambda: fs.lock(path),
+        "mkdir": lambda: fs.mkdir(other),
+        "rename": lambda: fs.rename(path, other),
+        "unlink": lambda: fs.unlink(path),
+        "remove_dir": lambda: fs.remove_dir(str(tmp_path)),
+        "sync_filesystem": lambda: fs.sync_filesystem(str(tmp_path)),
+        "fsync_dir": lambda: fs.fsync_dir(str(tmp_path)),
+    }
+    for name, call in refused.items():
+        with pytest.raises(PermissionError) as caught:
+            call()
+        assert caught.value.filename in (path, other, str(tmp_path)), name
+        assert f"{name} " in str(caught.value), caught.value
+
+    assert fs.exists(path) and fs.listdir(str(tmp_path)) == ["f", "meta.lmdb"]
+    assert _tree(tmp_path) == before

@@ -863,9 +863,9 @@ class _CrashingFileSystem(DelegatingFileSystem):
             self._maybe_crash("open")
         return self.inner.open(path, create=create, writable=writable)
 
-    def open_store(self, path: str) -> MetadataStore:
+    def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
         self._maybe_crash("open_store")
-        return self.inner.open_store(path)
+        return self.inner.open_store(path, readonly=readonly)
 
     def listdir(self, path: str) -> list[str]:
         self._maybe_crash("listdir")

@@ -1,0 +1,27 @@
+"""Large zeroed arrays whose memory is committed only as it is written.
+
+np.zeros gets lazily-zeroed pages only when malloc serves it with a fresh mmap. glibc
+raises its mmap threshold to the size of any mapped block it frees (up to 32 MiB), so
+after the first log closes, the next log's 16 MiB producer table comes from the heap
+and calloc zero-fills all of it: a thousand small partitions would commit gigabytes
+(measured: 10-19 MiB per log instead of ~2). An anonymous mapping is always zeroed
+lazily by the kernel and returned to it when the array is dropped.
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import Any
+
+import numpy as np
+
+
+def lazy_zeros(count: int, dtype: Any) -> np.ndarray:
+    """A writable, zeroed 1-d array of `count` items in its own anonymous mapping."""
+    dtype = np.dtype(dtype)
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    # mmap refuses length 0; one spare byte keeps empty arrays on the same path.
+    region = mmap.mmap(-1, max(1, count * dtype.itemsize))
+    # The array holds the mapping through its buffer; dropping the array unmaps it.
+    return np.frombuffer(region, dtype=dtype, count=count)

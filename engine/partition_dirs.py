@@ -1,0 +1,151 @@
+"""Find the partition directories under a root and read what their metadata says, read-only.
+
+Shared by `oncelog verify` and `oncelog stat`. ROOT is a partition directory (it
+holds `%020d.log` segments) or a root of `<topic>-<partition>` directories: an
+oncelog LogManager root or a Kafka log.dir. Root-wide entries (`.lock`, `meta.lmdb`,
+`producer_ids.lmdb`, Kafka's checkpoint files) never parse as partitions, and
+partitions being deleted (`<tp>.<hex>-delete`, or a LogManager delete intent) are
+skipped: they may be half gone.
+
+Metadata stores are opened through the seam with `readonly=True`, which creates
+nothing (not even LMDB's lock file) and sees the last completed commit.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import NamedTuple
+
+from oncelog.layout import TopicPartition, is_pending_delete, parse_partition_dir_name
+from oncelog.log import CLEAN_SHUTDOWN_FILE, METADATA_DIR
+from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR
+from oncelog.recovery.fs import FileSystem
+from oncelog.recovery.loader import (
+    CLIENT_ONLY_KEY,
+    LOG_START_KEY,
+    RECOVERY_POINT_KEY,
+    RecoveryPoint,
+    read_offset,
+    read_recovery_point,
+)
+from oncelog.segments.segment import LOG_SUFFIX, parse_segment_file_name
+
+KAFKA_CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"  # in each Kafka log.dir after a clean stop
+KAFKA_LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
+
+
+class BadInputError(Exception):
+    """ROOT is missing, or holds neither segments nor partition directories."""
+
+
+class Partition(NamedTuple):
+    path: str
+    tp: TopicPartition | None  # None when the directory's name is not `<topic>-<partition>`
+    root: str  # the directory holding it, where Kafka keeps its checkpoints
+
+    @property
+    def label(self) -> str:
+        return str(self.tp) if self.tp is not None else os.path.basename(self.path)
+
+
+class PartitionMeta(NamedTuple):
+    """What an oncelog directory's metadata store says; a Kafka directory has none."""
+
+    oncelog: bool
+    clean_shutdown: bool
+    recovery_point: RecoveryPoint | None
+    client_only: bool
+    log_start_offset: int | None
+    error: str | None = None
+
+
+def find_partitions(root: str, fs: FileSystem) -> list[Partition]:
+    """ROOT itself if it holds segments, else its `<topic>-<partition>` subdirectories."""
+    if not os.path.exists(root):
+        raise BadInputError(f"no such file or directory: {root}")
+    if not os.path.isdir(root):
+        raise BadInputError(f"not a directory: {root} (give a partition directory or a root of them)")
+    path = os.path.normpath(root)
+    try:
+        names = fs.listdir(path)
+    except OSError as exc:
+        raise BadInputError(f"cannot list {root}: {exc.strerror or exc}") from exc
+    if any(name.endswith(LOG_SUFFIX) for name in names):
+        absolute = os.path.abspath(path)
+        tp = parse_partition_dir_name(os.path.basename(absolute))
+        return [Partition(path, tp, os.path.dirname(absolute))]
+    found = []
+    deleting = _delete_intents(fs, path) if ROOT_METADATA_DIR in names else set()
+    for name in names:
+        # Root-wide entries (.lock, meta.lmdb, producer_ids.lmdb, checkpoints) never parse;
+        # a `<tp>.<hex>-delete` directory or a delete intent's is no longer part of the root.
+        tp = None if is_pending_delete(name) or name in deleting else parse_partition_dir_name(name)
+        if tp is not None and os.path.isdir(os.path.join(path, name)):
+            found.append(Partition(os.path.join(path, name), tp, path))
+    if not found:
+        raise BadInputError(f"no {LOG_SUFFIX} segments and no <topic>-<partition> directories in {root}")
+    return sorted(found, key=lambda p: (p.tp.topic, p.tp.partition) if p.tp else ("", 0))
+
+
+def segment_bases(names: list[str]) -> tuple[list[int], list[str]]:
+    """(sorted base offsets of the segments, `.log` names that are not `%020d.log`)."""
+    bases: list[int] = []
+    bad: list[str] = []
+    for name in names:
+        base = parse_segment_file_name(name, LOG_SUFFIX)
+        if base is not None:
+            bases.append(base)
+        elif name.endswith(LOG_SUFFIX):
+            bad.append(name)
+    return sorted(bases), bad
+
+
+def read_partition_meta(fs: FileSystem, directory: str) -> PartitionMeta:
+    """The directory's metadata store read as the loader reads it; `error` if it cannot be."""
+    store_path = os.path.join(directory, METADATA_DIR)
+    if not fs.exists(store_path):
+        return PartitionMeta(False, False, None, False, None)
+    clean = fs.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
+    try:
+        store = fs.open_store(store_path, readonly=True)
+        try:
+            has_point = store.get(RECOVERY_POINT_KEY) is not None
+            point = read_recovery_point(store) if has_point else None
+            client_only = read_offset(store, CLIENT_ONLY_KEY) == 1
+            log_start = read_offset(store, LOG_START_KEY)
+        finally:
+            store.close()
+    except (OSError, struct.error) as exc:  # struct.error: a value that is no 8-byte offset
+        return PartitionMeta(True, clean, None, False, None, error=f"cannot read {METADATA_DIR}: {exc}")
+    return PartitionMeta(True, clean, point, client_only, log_start)
+
+
+def _delete_intents(fs: FileSystem, root: str) -> set[str]:
+    """The partition directories the LogManager of `root` is deleting."""
+    try:
+        store = fs.open_store(os.path.join(root, ROOT_METADATA_DIR), readonly=True)
+    except OSError:
+        return set()  # not a LogManager's store: nothing to skip
+    try:
+        return {key[len(DELETE_INTENT_PREFIX) :] for key in store.keys(DELETE_INTENT_PREFIX)}
+    finally:
+        store.close()
+
+
+def read_kafka_log_starts(fs: FileSystem, root: str) -> dict[TopicPartition, int]:
+    """Kafka's `log-start-offset-checkpoint`: version 0, a count, then `topic partition offset` lines."""
+    path = os.path.join(root, KAFKA_LOG_START_CHECKPOINT)
+    if not fs.exists(path):
+        return {}
+    handle = fs.open(path, writable=False)
+    try:
+        lines = handle.pread(handle.size(), 0).decode("utf-8", errors="replace").splitlines()
+    finally:
+        handle.close()
+    starts = {}
+    for line in lines[2:] if lines[:1] == ["0"] else ():
+        fields = line.split()
+        if len(fields) == 3 and fields[1].isdigit() and fields[2].lstrip("-").isdigit():
+            starts[TopicPartition(fields[0], int(fields[1]))] = int(fields[2])
+    return starts
