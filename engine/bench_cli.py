@@ -118,6 +118,12 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         "disk to measure, not tmpfs, or the durable figures mean nothing "
         f"(default: {tempfile.gettempdir()})",
     )
+    parser.add_argument(
+        "--spark",
+        action="store_true",
+        help="also read 1M records (200k with --quick) through the Spark data source on local[2] against "
+        "spark.read.parquet of the same rows (needs the spark extra and Java 17+; adds about a minute)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -131,6 +137,9 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 2
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         print("oncelog bench: --plot needs matplotlib (pip install -e '.[dev]')", file=err)
+        return 2
+    if args.spark and importlib.util.find_spec("pyspark") is None:
+        print("oncelog bench: --spark needs pyspark and pyarrow (pip install -e '.[spark]')", file=err)
         return 2
     if args.dir is not None and not os.path.isdir(args.dir):
         print(f"oncelog bench: --dir {args.dir} is not a directory", file=err)
@@ -146,7 +155,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             for line in header:
                 print(f"bench: {line}", file=err)
             try:
-                results = run_benchmarks(settings, scratch, _progress(err))
+                results = run_benchmarks(settings, scratch, _progress(err), spark=args.spark)
             except Exception:
                 print("oncelog bench: a measurement failed:", file=err)
                 traceback.print_exc(file=err)

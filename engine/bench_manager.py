@@ -37,7 +37,7 @@ def partition_open_figures(
 ) -> None:
     count = settings.partitions
     image = os.path.join(directory, "image")
-    _unclean_image(image)
+    unclean_image(image)
     root = os.path.join(directory, "root")
     progress(f"  {count} partitions, {settings.partition_rounds} rounds of each open")
     for state in ("clean", "unclean"):
@@ -46,10 +46,10 @@ def partition_open_figures(
         threads = 0
         for _ in range(settings.partition_rounds):
             # Interleaved, so drift in the machine hits both alike.
-            _fill_root(root, image, count, clean=state == "clean")
+            fill_root(root, image, count, clean=state == "clean")
             elapsed_s, threads = _time_manager_open(root)
             managed.append(elapsed_s)
-            _fill_root(root, image, count, clean=state == "clean")
+            fill_root(root, image, count, clean=state == "clean")
             sequential.append(_time_sequential_open(root))
         results.rows.append(
             make_row(
@@ -63,7 +63,7 @@ def partition_open_figures(
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _unclean_image(image: str) -> None:
+def unclean_image(image: str) -> None:
     """A partition directory copied while its log is open with an unflushed tail."""
     live = image + "-live"
     with Log.open(live, CONFIG) as log:
@@ -87,7 +87,7 @@ def _unclean_image(image: str) -> None:
     shutil.rmtree(live)
 
 
-def _fill_root(root: str, image: str, count: int, *, clean: bool) -> None:
+def fill_root(root: str, image: str, count: int, *, clean: bool) -> None:
     """`count` copies of the image under `root`; `clean` opens and closes them first."""
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)

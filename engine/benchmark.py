@@ -105,6 +105,7 @@ class BenchSettings:
     durable_window_s: float  # each durable measurement runs this long
     partitions: int  # partitions a LogManager opens (bench_manager)
     partition_rounds: int
+    spark_records: int = 1_000_000  # records the Spark figure reads (oncelog bench --spark)
 
     def scaled(self, scale: float) -> BenchSettings:
         if scale == 1:
@@ -122,6 +123,7 @@ class BenchSettings:
             durable_window_s=max(0.02, self.durable_window_s * scale),
             partitions=max(10, int(self.partitions * scale)),
             partition_rounds=max(1, min(self.partition_rounds, round(self.partition_rounds * scale))),
+            spark_records=max(10_000, int(self.spark_records * scale)),
         )
 
 
@@ -129,7 +131,7 @@ FULL = BenchSettings(
     "full", 7, (20_000, 20_000, 4096, 64), 500, 2 * MIB, 7, 64 * MIB, 1_000_000, 1.0, 1000, 3
 )
 QUICK = BenchSettings(
-    "quick", 3, (20_000, 10_000, 2048, 32), 150, 2 * MIB, 3, 32 * MIB, 1_000_000, 0.3, 200, 1
+    "quick", 3, (20_000, 10_000, 2048, 32), 150, 2 * MIB, 3, 32 * MIB, 1_000_000, 0.3, 200, 1, 200_000
 )
 
 
@@ -166,8 +168,11 @@ Progress = Callable[[str], None]
 Step = Callable[[BenchSettings, str, BenchResults, Progress], None]
 
 
-def run_benchmarks(settings: BenchSettings, directory: str, progress: Progress) -> BenchResults:
-    """Measure every §11 figure in scratch directories under `directory` (removed after)."""
+def run_benchmarks(
+    settings: BenchSettings, directory: str, progress: Progress, *, spark: bool = False
+) -> BenchResults:
+    """Measure every §11 figure in scratch directories under `directory` (removed after);
+    `spark` adds the Spark read figure (needs the spark extra and Java 17+)."""
     # Imported here: the figure module imports this one for its types and helpers.
     from oncelog import bench_manager, bench_recovery
 
@@ -180,6 +185,10 @@ def run_benchmarks(settings: BenchSettings, directory: str, progress: Progress) 
         ("durable appends", durable_figures),
         (f"opening {settings.partitions:,} partitions", bench_manager.partition_open_figures),
     ]
+    if spark:
+        from oncelog.spark import bench as spark_bench
+
+        steps.append(("Spark read vs parquet", spark_bench.spark_read_figures))
     results = BenchResults(settings)
     started = time.perf_counter()
     for n, (label, step) in enumerate(steps, 1):

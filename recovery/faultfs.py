@@ -225,6 +225,18 @@ class FaultStore:
     def keys(self, prefix: str) -> list[str]:
         return sorted(key for key in self._fs._model.stores[self._path] if key.startswith(prefix))
 
+    def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
+        if self._readonly:
+            raise read_only_error("update the metadata store", self._path)
+        self._fs._io("put", self._path)
+        store = self._fs._model.stores[self._path]
+        new = change(store.get(key))
+        if new is None:
+            store.pop(key, None)
+        else:
+            store[key] = bytes(new)
+        return new
+
     def close(self) -> None:
         pass
 

@@ -22,7 +22,7 @@ import errno
 import fcntl
 import mmap
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import lmdb
@@ -116,6 +116,14 @@ class MetadataStore(Protocol):
 
     def keys(self, prefix: str) -> list[str]:
         """Every key starting with `prefix`, sorted."""
+        ...
+
+    def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
+        """Read `key`, store `change(old)` (None deletes it), in one atomic, durable commit.
+
+        Read and write are one transaction: processes sharing the store (LMDB allows it)
+        never interleave between them. Returns the new value.
+        """
         ...
 
     def close(self) -> None: ...
@@ -301,6 +309,19 @@ class LmdbStore:
             for key in keys:
                 txn.delete(key.encode())
 
+    def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
+        encoded = key.encode()
+        # A write transaction: LMDB serialises writers across processes, so nobody
+        # commits between this read and this write.
+        with self._env.begin(write=True) as txn:
+            old = txn.get(encoded)
+            new = change(None if old is None else bytes(old))
+            if new is None:
+                txn.delete(encoded)
+            else:
+                txn.put(encoded, new)
+        return new
+
     def keys(self, prefix: str) -> list[str]:
         encoded = prefix.encode()
         found: list[str] = []
@@ -349,6 +370,9 @@ class ReadOnlyLmdbStore(LmdbStore):
 
     def delete(self, keys: Sequence[str]) -> None:
         raise read_only_error("delete from the metadata store", self.path)
+
+    def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
+        raise read_only_error("update the metadata store", self.path)
 
 
 @contextlib.contextmanager

@@ -346,7 +346,11 @@ class LogSegment:
             if end > self._mapped_bytes:
                 self._grow(end)
             view = self._write_view
-            view[position:end] = buffer
+            # The body first, the prefix (length and magic) last: a reader of the live
+            # file (another process, through the page cache) never sees a batch header
+            # before the bytes it announces are there.
+            prefix_end = position + fmt.SIZE_AND_MAGIC_BYTES
+            view[prefix_end:end] = memoryview(buffer)[fmt.SIZE_AND_MAGIC_BYTES :]
             _PREFIX_PACK_INTO(view, position, base_offset, size - fmt.LOG_OVERHEAD, _NO_LEADER_EPOCH, _MAGIC)
         if self.first_batch_timestamp_ms is None:
             self.first_batch_timestamp_ms = max_timestamp_ms

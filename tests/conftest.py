@@ -7,17 +7,8 @@ prove nothing, so a missing fixture tree fails the run instead of skipping.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-
-
-def kafka_fixtures_root() -> Path:
-    configured = os.environ.get("ONCELOG_FIXTURES")
-    if configured:
-        return Path(configured)
-    return Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kafka"
+from kafka_fixtures import kafka_fixtures_root
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import kafka_fixtures_root
+from kafka_fixtures import kafka_fixtures_root
 
 from oncelog import cli, cli_stat
 from oncelog.config import LogConfig

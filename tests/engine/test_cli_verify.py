@@ -19,7 +19,7 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from conftest import kafka_fixtures_root
+from kafka_fixtures import kafka_fixtures_root
 
 from oncelog import cli, cli_verify
 from oncelog.config import LogConfig

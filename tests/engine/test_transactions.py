@@ -39,8 +39,8 @@ from pathlib import Path
 
 import crc32c
 import pytest
-from conftest import kafka_fixtures_root
 from kafka.record.default_records import DefaultRecordBatch
+from kafka_fixtures import kafka_fixtures_root
 
 from oncelog.config import LogConfig
 from oncelog.errors import (

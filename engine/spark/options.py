@@ -1,0 +1,179 @@
+"""The data source's options, Kafka-style, parsed and checked before any task runs.
+
+Spark hands options over as a case-insensitive map with lower-cased keys; every
+option is read here so that a typo or a bad value fails the query at planning time
+with the option's name, not deep inside a task. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from oncelog.layout import validate_topic_partition
+from oncelog.spark.write_registry import check_write_id
+
+Isolation = Literal["read_committed", "read_uncommitted"]
+EARLIEST, LATEST = -2, -1  # Kafka's sentinels in JSON offsets
+# An offset spec: "earliest", "latest", or per partition (absent partitions: the default).
+OffsetSpec = int | dict[int, int]
+
+
+class OptionError(ValueError):
+    """A missing or malformed option; the message names it."""
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    value = options.get(name.lower())
+    return None if value is None else str(value)
+
+
+def _int(options: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OptionError(f"option {name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise OptionError(f"option {name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    if raw.lower() not in ("true", "false"):
+        raise OptionError(f"option {name} must be true or false, got {raw!r}")
+    return raw.lower() == "true"
+
+
+def root_path(options: Mapping[str, str]) -> str:
+    path = _get(options, "path")
+    if not path:
+        raise OptionError("no path: load(root) / save(root) takes the oncelog root directory")
+    return path
+
+
+def topic(options: Mapping[str, str]) -> str:
+    name = _get(options, "topic")
+    if name is None:
+        raise OptionError('option topic is required: .option("topic", "orders")')
+    try:
+        validate_topic_partition(name, 0)
+    except ValueError as exc:
+        raise OptionError(f"option topic: {exc}") from None
+    return name
+
+
+def parse_offsets(raw: str | None, name: str, topic_name: str, default: int) -> OffsetSpec:
+    """'earliest' / 'latest' / Kafka's JSON {"topic": {"0": 23, "1": -2}} (-2 earliest, -1 latest)."""
+    if raw is None:
+        return default
+    text = raw.strip()
+    if text.lower() == "earliest":
+        return EARLIEST
+    if text.lower() == "latest":
+        return LATEST
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        raise OptionError(f'option {name} must be "earliest", "latest" or JSON, got {raw!r}') from None
+    if (
+        not isinstance(parsed, dict)
+        or set(parsed) != {topic_name}
+        or not isinstance(parsed[topic_name], dict)
+    ):
+        raise OptionError(
+            f'option {name} must be JSON of the form {{"{topic_name}": {{"0": 42}}}}, got {raw!r}'
+        )
+    offsets: dict[int, int] = {}
+    for partition, offset in parsed[topic_name].items():
+        try:
+            number = int(partition)
+        except ValueError:
+            raise OptionError(f"option {name}: partition {partition!r} is not a number") from None
+        if not isinstance(offset, int) or offset < EARLIEST:
+            raise OptionError(f"option {name}: offset {offset!r} of partition {number} is not >= -2")
+        offsets[number] = offset
+    return offsets
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    root: str
+    topic: str
+    starting: OffsetSpec
+    ending: OffsetSpec
+    fail_on_data_loss: bool
+    isolation: Isolation
+    min_partitions: int  # split partitions into ranges until there are at least this many
+    max_records_per_partition: int  # and no range holds more offsets than this
+    max_offsets_per_trigger: int | None  # streaming: rows per micro-batch
+    max_rows_per_arrow_batch: int
+
+
+def read_options(options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
+    name = topic(options)
+    isolation = (_get(options, "isolation") or "read_committed").lower()
+    if isolation not in ("read_committed", "read_uncommitted"):
+        raise OptionError(f"option isolation must be read_committed or read_uncommitted, got {isolation!r}")
+    # Kafka's defaults: a batch read spans the whole log, a stream starts at the end.
+    starting = parse_offsets(
+        _get(options, "startingOffsets"), "startingOffsets", name, LATEST if streaming else EARLIEST
+    )
+    ending = parse_offsets(_get(options, "endingOffsets"), "endingOffsets", name, LATEST)
+    if streaming and _get(options, "endingOffsets") is not None:
+        raise OptionError("option endingOffsets is for batch reads; a stream reads on")
+    if starting == LATEST and not streaming:
+        raise OptionError('option startingOffsets "latest" would read nothing in a batch query')
+    if ending == EARLIEST:
+        raise OptionError('option endingOffsets cannot be "earliest"')
+    trigger = _get(options, "maxOffsetsPerTrigger")
+    return ReadOptions(
+        root=root_path(options),
+        topic=name,
+        starting=starting,
+        ending=ending,
+        fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+        isolation=isolation,  # type: ignore[arg-type]
+        min_partitions=_int(options, "minPartitions", 1, 1),
+        max_records_per_partition=_int(options, "maxRecordsPerPartition", 1_000_000, 1),
+        max_offsets_per_trigger=None if trigger is None else _int(options, "maxOffsetsPerTrigger", 0, 1),
+        max_rows_per_arrow_batch=_int(options, "maxRowsPerBatch", 65_536, 1),
+    )
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    root: str
+    topic: str
+    write_id: str
+    user_write_id: bool  # given by the user (re-runs are idempotent) or made up for this job
+    new_topic_partitions: int  # partitions of a topic that does not exist yet
+    batch_records: int  # records per transactional batch
+    max_pending_bytes: int  # encoded batches a task holds before appending them
+    lock_timeout_s: float
+
+
+def write_options(options: Mapping[str, str]) -> WriteOptions:
+    given = _get(options, "writeId")
+    try:
+        write_id = check_write_id(given) if given is not None else f"job-{uuid.uuid4()}"
+    except ValueError as exc:
+        raise OptionError(f"option writeId: {exc}") from None
+    return WriteOptions(
+        root=root_path(options),
+        topic=topic(options),
+        write_id=write_id,
+        user_write_id=given is not None,
+        new_topic_partitions=_int(options, "numPartitions", 1, 1),
+        batch_records=_int(options, "batchRecords", 1000, 1),
+        max_pending_bytes=_int(options, "maxPendingBytes", 64 << 20, 1),
+        lock_timeout_s=_int(options, "lockTimeoutMs", 60_000, 1) / 1000,
+    )

@@ -1,0 +1,299 @@
+"""Exactly-once writes from many processes: one transaction per task attempt, one decision.
+
+How tasks share a partition (issue 9). A partition has one writer at a time: the
+`Log`'s directory lock. A task attempt therefore never holds a partition while it
+reads its input. It encodes its rows into transactional batches per partition in
+memory (bounded by `max_pending_bytes`) and, when that fills or its input ends, takes
+one partition at a time in a fixed order: wait for the lock (bounded by
+`lock_timeout_s`), open the log, append, close (which flushes). Holding at most one
+lock at a time cannot deadlock, and the lock is held only while appending.
+
+Why the result is exactly once:
+- every attempt writes with its own producer id, inside a transaction, so nothing it
+  writes is visible to read_committed readers until a COMMIT marker;
+- before its first append to a partition an attempt records that partition in the
+  WriteRegistry (refused once the write is decided);
+- the driver stores the winning attempts (the decision) before writing any marker,
+  then writes COMMIT for the winners and ABORT for every other registered attempt,
+  with the epoch bumped so a zombie attempt still running is fenced
+  (InvalidProducerEpochError) instead of opening a transaction nobody would close;
+- a re-run of a decided write id writes nothing, and finishes the markers if the
+  driver died half way.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import msgpack
+
+from oncelog.config import LogConfig
+from oncelog.errors import LogDirLockedError
+from oncelog.layout import TopicPartition, parse_partition_dir_name
+from oncelog.log import Log
+from oncelog.log_manager import ROOT_METADATA_DIR, TOPIC_CONFIG_PREFIX
+from oncelog.producer_ids import ProducerIdManager
+from oncelog.recovery.fs import DEFAULT_FS, FileSystem
+from oncelog.segments.batch import encode_batch
+from oncelog.spark.partitioner import partition_for_key
+from oncelog.spark.write_registry import WriteRegistry
+
+Header = tuple[str, bytes | None]
+# Coordinator epoch of every marker: this protocol is the only coordinator of its
+# producers, and it never restarts a producer id.
+COORDINATOR_EPOCH = 0
+
+
+class LockTimeoutError(TimeoutError):
+    """A partition (or the root's producer ids) stayed locked by another process too long."""
+
+
+def _wait_for(what: str, attempt: Callable[[], object], timeout_s: float) -> object:
+    deadline = time.monotonic() + timeout_s
+    pause_s = 0.005
+    while True:
+        try:
+            return attempt()
+        except LogDirLockedError:
+            if time.monotonic() >= deadline:
+                raise LockTimeoutError(f"{what} stayed locked for {timeout_s:g} s") from None
+            time.sleep(pause_s)
+            pause_s = min(pause_s * 2, 0.2)  # back off: the holder is appending or committing
+
+
+def topic_config(root: str, topic: str, fs: FileSystem = DEFAULT_FS) -> LogConfig:
+    """The topic's LogManager overrides (read-only, if the root has any) over the defaults."""
+    path = os.path.join(root, ROOT_METADATA_DIR)
+    if not fs.exists(path):
+        return LogConfig()
+    store = fs.open_store(path, readonly=True)
+    try:
+        raw = store.get(TOPIC_CONFIG_PREFIX + topic)
+    finally:
+        store.close()
+    return LogConfig() if raw is None else LogConfig(**msgpack.unpackb(raw))
+
+
+@contextmanager
+def open_partition(
+    root: str, tp: TopicPartition, config: LogConfig, timeout_s: float, fs: FileSystem = DEFAULT_FS
+) -> Iterator[Log]:
+    """The partition's log, waiting for its lock; closed (flushed) on exit."""
+    path = os.path.join(root, str(tp))
+    log = _wait_for(f"partition {tp} under {root}", lambda: Log.open(path, config, fs=fs), timeout_s)
+    assert isinstance(log, Log)
+    try:
+        yield log
+    finally:
+        log.close()
+    # fsync(root): a partition created here must survive power loss with its data.
+    fs.fsync_dir(root)
+
+
+def lease_producer_id(root: str, timeout_s: float, fs: FileSystem = DEFAULT_FS) -> int:
+    def lease() -> int:
+        with ProducerIdManager.open(root, fs=fs) as manager:
+            return manager.lease().producer_id
+
+    pid = _wait_for(f"the producer ids of {root}", lease, timeout_s)
+    assert isinstance(pid, int)
+    return pid
+
+
+def topic_partitions(root: str, topic: str, fs: FileSystem = DEFAULT_FS) -> list[int]:
+    found = []
+    if fs.exists(root):
+        for name in fs.listdir(root):
+            tp = parse_partition_dir_name(name)
+            if tp is not None and tp.topic == topic:
+                found.append(tp.partition)
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    write_id: str
+    attempt: str
+    producer_id: int
+    producer_epoch: int
+    partitions: tuple[TopicPartition, ...]
+    rows: int
+    skipped: bool  # the write id was already committed: nothing written
+
+
+class TaskWriter:
+    """One task attempt's rows, appended transactionally (see the module docstring)."""
+
+    def __init__(
+        self,
+        root: str,
+        topic: str,
+        write_id: str,
+        attempt: str,
+        *,
+        new_topic_partitions: int = 1,
+        batch_records: int = 1000,
+        max_pending_bytes: int = 64 << 20,
+        lock_timeout_s: float = 60.0,
+        fs: FileSystem = DEFAULT_FS,
+    ):
+        self.root, self.topic, self.write_id, self.attempt = root, topic, write_id, attempt
+        self.batch_records = batch_records
+        self.max_pending_bytes = max_pending_bytes
+        self.lock_timeout_s = lock_timeout_s
+        self._fs = fs
+        # The registry is opened per use: LMDB allows one open per process, and the
+        # driver's commit or another task may run in this process too.
+        with WriteRegistry.open(root, fs) as registry:
+            self.skipped = registry.state(write_id).decided
+        existing = topic_partitions(root, topic, fs)
+        # A topic that does not exist yet gets `new_topic_partitions`, created on first write.
+        self.partition_count = len(existing) or new_topic_partitions
+        self._config = topic_config(root, topic, fs)
+        self.producer_id = -1 if self.skipped else lease_producer_id(root, lock_timeout_s, fs)
+        self.producer_epoch = 0
+        self._records: dict[int, list[tuple[bytes | None, bytes | None, list[Header]]]] = {}
+        self._encoded: dict[int, list[bytes]] = {}
+        self._sequence: dict[int, int] = {}
+        self._pending_bytes = 0
+        self._touched: list[TopicPartition] = []
+        self._round_robin = 0
+        self.rows = 0
+
+    def add(
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None = None,
+        headers: Sequence[Header] = (),
+    ) -> None:
+        if self.skipped:
+            return
+        if partition is None:
+            if key is not None:
+                partition = partition_for_key(key, self.partition_count)
+            else:
+                partition = self._round_robin % self.partition_count
+                self._round_robin += 1
+        elif not 0 <= partition < self.partition_count:
+            raise ValueError(
+                f"partition {partition} is not in topic {self.topic}'s 0..{self.partition_count - 1}"
+            )
+        pending = self._records.setdefault(partition, [])
+        pending.append((key, value, list(headers)))
+        self.rows += 1
+        if len(pending) >= self.batch_records:
+            self._encode(partition)
+            if self._pending_bytes > self.max_pending_bytes:
+                self._drain()
+
+    def _encode(self, partition: int) -> None:
+        records = self._records.pop(partition, [])
+        if not records:
+            return
+        sequence = self._sequence.get(partition, 0)
+        batch = encode_batch(
+            records,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            base_sequence=sequence,
+            is_transactional=True,
+            timestamp_ms=int(time.time() * 1000),
+        )
+        self._sequence[partition] = sequence + len(records)
+        self._encoded.setdefault(partition, []).append(batch)
+        self._pending_bytes += len(batch)
+
+    def _drain(self) -> None:
+        """Append every encoded batch, one partition (one lock) at a time, in partition order."""
+        for partition in sorted(self._encoded):
+            batches = self._encoded.pop(partition)
+            tp = TopicPartition(self.topic, partition)
+            if tp not in self._touched:
+                # Durable before the first append: an abort must be able to find it.
+                with WriteRegistry.open(self.root, self._fs) as registry:
+                    registry.add_partition(
+                        self.write_id, self.attempt, self.producer_id, self.producer_epoch, tp
+                    )
+                self._touched.append(tp)
+            with open_partition(self.root, tp, self._config, self.lock_timeout_s, self._fs) as log:
+                for batch in batches:
+                    log.append(batch)
+        self._pending_bytes = 0
+
+    def finish(self) -> AttemptResult:
+        """Write what is left; after this returns everything is durable, none of it visible."""
+        if not self.skipped:
+            for partition in list(self._records):
+                self._encode(partition)
+            self._drain()
+        return AttemptResult(
+            self.write_id,
+            self.attempt,
+            self.producer_id,
+            self.producer_epoch,
+            tuple(self._touched),
+            0 if self.skipped else self.rows,
+            self.skipped,
+        )
+
+    def close(self) -> None:
+        """Drop what was not appended (a failed attempt); what was appended stays, uncommitted."""
+        self._records.clear()
+        self._encoded.clear()
+
+
+def finish_write(
+    root: str,
+    write_id: str,
+    winners: list[str] | None,
+    *,
+    lock_timeout_s: float = 60.0,
+    fs: FileSystem = DEFAULT_FS,
+) -> int:
+    """Commit `winners` (None: abort the write) and abort every other attempt; returns markers written.
+
+    Commit: the decision is stored first (or an earlier one stands), then markers are
+    written partition by partition, then the write is marked done. Abort: every
+    registered attempt gets an ABORT marker (epoch bumped, fencing zombies) and is
+    forgotten, so a re-run of the write id starts clean.
+    """
+    with WriteRegistry.open(root, fs) as registry:
+        if winners is None:
+            state = registry.state(write_id)
+            if state.decided:  # committed already: an abort cannot undo it, finish it instead
+                winners = list(state.winners or ())
+        if winners is not None:
+            state = registry.decide(write_id, winners)
+            if state.done:
+                return 0
+        decided = set(state.winners or ()) if state.decided else set()
+        markers: dict[TopicPartition, list[tuple[int, int, bool]]] = {}
+        for key, attempt in state.attempts.items():
+            commit = key in decided
+            # An aborted attempt's epoch is bumped: a zombie still writing is fenced.
+            epoch = attempt.producer_epoch if commit else attempt.producer_epoch + 1
+            for tp in attempt.partitions:
+                markers.setdefault(tp, []).append((attempt.producer_id, epoch, commit))
+        written = 0
+        for tp in sorted(markers):
+            with open_partition(root, tp, topic_config(root, tp.topic, fs), lock_timeout_s, fs) as log:
+                for producer_id, epoch, commit in markers[tp]:
+                    entry = log.producer_state(producer_id)
+                    if commit and (entry is None or entry.current_txn_first_offset < 0):
+                        continue  # committed before a crash of an earlier finish: nothing open
+                    if not commit and entry is not None and entry.producer_epoch >= epoch:
+                        continue  # aborted and fenced already
+                    log.write_txn_marker(
+                        producer_id, epoch, commit=commit, coordinator_epoch=COORDINATOR_EPOCH
+                    )
+                    written += 1
+        if state.decided:
+            registry.mark_done(write_id)
+        else:
+            registry.forget(write_id, list(state.attempts))
+        return written

@@ -1,0 +1,184 @@
+"""The exactly-once write protocol without Spark: attempts, decisions, fencing, re-runs.
+
+Each test plays what Spark does (tasks' attempts, some failing; the driver's commit or
+abort) against a real root, then reads back with the engine in read_committed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+from kafka.partitioner.default import murmur2 as kafka_murmur2
+
+from oncelog import InvalidProducerEpochError, Log, LogConfig
+from oncelog.layout import TopicPartition
+from oncelog.results import Isolation
+from oncelog.spark.partitioner import murmur2, partition_for_key
+from oncelog.spark.transactional_writes import TaskWriter, finish_write
+from oncelog.spark.write_registry import WriteDecidedError, WriteRegistry, check_write_id
+
+TOPIC = "orders"
+
+
+def values(log: Log, isolation: Isolation) -> list[bytes]:
+    out: list[bytes] = []
+    offset = log.log_start_offset
+    while True:
+        fetched = log.read(offset, max_bytes=1 << 20, isolation=isolation)
+        if not fetched.batches:
+            return out
+        out += [r.value or b"" for r in fetched.records()]
+        offset = fetched.next_offset
+
+
+def read_topic(
+    root: Path, partitions: int, isolation: Isolation = "read_committed", *, all_closed: bool = True
+) -> list[bytes]:
+    out: list[bytes] = []
+    for p in range(partitions):
+        path = root / f"{TOPIC}-{p}"
+        if path.exists():
+            with Log.open(path, LogConfig()) as log:
+                out += values(log, isolation)
+                if all_closed:
+                    assert log.last_stable_offset == log.log_end_offset, "a transaction was left open"
+    return out
+
+
+def run_attempt(
+    root: Path,
+    write_id: str,
+    attempt: str,
+    rows: list[bytes],
+    *,
+    partitions: int = 3,
+    fail_after: int | None = None,
+) -> str:
+    """One task attempt; `fail_after` rows it stops as a crashed attempt would (no finish)."""
+    writer = TaskWriter(
+        str(root),
+        TOPIC,
+        write_id,
+        attempt,
+        new_topic_partitions=partitions,
+        batch_records=7,
+        max_pending_bytes=500,
+    )
+    for n, value in enumerate(rows):
+        if fail_after is not None and n == fail_after:
+            writer.close()
+            return attempt
+        writer.add(value, value)
+    writer.finish()
+    return attempt
+
+
+def rows_of(task: int, count: int = 40) -> list[bytes]:
+    return [b"t%d-r%d" % (task, n) for n in range(count)]
+
+
+class TestCommit:
+    def test_only_the_winning_attempts_rows_become_visible_exactly_once(self, tmp_path: Path) -> None:
+        # Task 0 fails after 25 rows (some already appended), its retry wins; task 1 wins at once.
+        run_attempt(tmp_path, "w1", "0.0.0", rows_of(0), fail_after=25)
+        winners = [
+            run_attempt(tmp_path, "w1", "0.0.1", rows_of(0)),
+            run_attempt(tmp_path, "w1", "0.1.0", rows_of(1)),
+        ]
+        # The failed attempt's rows are there, but nothing is visible before the commit.
+        assert len(read_topic(tmp_path, 3, "read_uncommitted", all_closed=False)) > 80
+        assert read_topic(tmp_path, 3, all_closed=False) == []
+        markers = finish_write(str(tmp_path), "w1", winners)
+        assert markers > 0
+        assert sorted(read_topic(tmp_path, 3)) == sorted(rows_of(0) + rows_of(1))
+
+    def test_re_running_a_committed_write_id_writes_nothing(self, tmp_path: Path) -> None:
+        winners = [run_attempt(tmp_path, "w2", "0.0.0", rows_of(0))]
+        finish_write(str(tmp_path), "w2", winners)
+        before = read_topic(tmp_path, 3, "read_uncommitted")
+        writer = TaskWriter(str(tmp_path), TOPIC, "w2", "1.0.0", new_topic_partitions=3)
+        assert writer.skipped
+        writer.add(b"k", b"new")
+        result = writer.finish()
+        assert result.skipped and result.rows == 0
+        assert finish_write(str(tmp_path), "w2", []) == 0
+        assert read_topic(tmp_path, 3, "read_uncommitted") == before
+
+    def test_an_earlier_decision_stands_when_the_driver_died_mid_commit(self, tmp_path: Path) -> None:
+        first = run_attempt(tmp_path, "w3", "0.0.0", rows_of(0))
+        second = run_attempt(tmp_path, "w3", "0.0.1", rows_of(0))
+        with WriteRegistry.open(str(tmp_path)) as registry:
+            registry.decide("w3", [first])  # the commit point, then the driver died
+        # The re-run's driver sees no winners of its own (its tasks skipped): the stored decision wins.
+        finish_write(str(tmp_path), "w3", [])
+        assert sorted(read_topic(tmp_path, 3)) == sorted(rows_of(0))
+        with WriteRegistry.open(str(tmp_path)) as registry:
+            state = registry.state("w3")
+        assert state.done and state.winners == (first,) and second in state.attempts
+
+    def test_keyed_rows_land_where_kafkas_default_partitioner_puts_them(self, tmp_path: Path) -> None:
+        winners = [run_attempt(tmp_path, "w4", "0.0.0", rows_of(0), partitions=5)]
+        finish_write(str(tmp_path), "w4", winners)
+        for p in range(5):
+            with Log.open(tmp_path / f"{TOPIC}-{p}", LogConfig()) as log:
+                for value in values(log, "read_committed"):
+                    assert partition_for_key(value, 5) == p
+
+
+class TestAbort:
+    def test_abort_closes_every_attempts_transaction_and_a_re_run_starts_clean(self, tmp_path: Path) -> None:
+        run_attempt(tmp_path, "w5", "0.0.0", rows_of(0))
+        run_attempt(tmp_path, "w5", "0.1.0", rows_of(1), fail_after=30)
+        finish_write(str(tmp_path), "w5", None)
+        assert read_topic(tmp_path, 3) == []  # also checks no transaction is left open
+        with WriteRegistry.open(str(tmp_path)) as registry:
+            assert registry.state("w5").attempts == {}
+        winners = [run_attempt(tmp_path, "w5", "1.0.0", rows_of(2))]
+        finish_write(str(tmp_path), "w5", winners)
+        assert sorted(read_topic(tmp_path, 3)) == sorted(rows_of(2))
+
+    def test_a_zombie_attempt_is_fenced_after_the_commit(self, tmp_path: Path) -> None:
+        zombie = TaskWriter(str(tmp_path), TOPIC, "w6", "0.0.0", new_topic_partitions=1, batch_records=5)
+        for value in rows_of(0, 10):
+            zombie.add(None, value)
+        zombie._drain()  # it appended (and registered its partition), then stalled
+        winners = [run_attempt(tmp_path, "w6", "0.0.1", rows_of(0, 10), partitions=1)]
+        finish_write(str(tmp_path), "w6", winners)
+        for value in rows_of(9, 10):
+            zombie.add(None, value)
+        with pytest.raises(InvalidProducerEpochError):
+            zombie.finish()
+        assert sorted(read_topic(tmp_path, 1)) == sorted(rows_of(0, 10))
+
+    def test_an_attempt_cannot_register_a_partition_once_the_write_is_decided(self, tmp_path: Path) -> None:
+        with WriteRegistry.open(str(tmp_path)) as registry:
+            registry.decide("w7", [])
+            with pytest.raises(WriteDecidedError):
+                registry.add_partition("w7", "0.0.0", 5, 0, TopicPartition(TOPIC, 0))
+
+
+def _concurrent_attempt(root: str, task: int) -> str:
+    return run_attempt(Path(root), "w8", f"0.{task}.0", rows_of(task, 300), partitions=2)
+
+
+class TestConcurrency:
+    def test_processes_writing_the_same_partitions_at_once_wait_for_each_other(self, tmp_path: Path) -> None:
+        context = multiprocessing.get_context("spawn")
+        with context.Pool(3) as pool:
+            winners = pool.starmap(_concurrent_attempt, [(str(tmp_path), task) for task in range(3)])
+        finish_write(str(tmp_path), "w8", winners)
+        assert sorted(read_topic(tmp_path, 2)) == sorted(rows_of(0, 300) + rows_of(1, 300) + rows_of(2, 300))
+
+
+def test_murmur2_matches_kafka_pythons() -> None:
+    for n in range(64):
+        key = bytes(range(n)) + b"key-%d" % n
+        assert murmur2(key) == kafka_murmur2(key) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "x" * 401, "é"])
+def test_write_ids_are_plain_and_bounded(bad: str) -> None:
+    with pytest.raises(ValueError, match="writeId"):
+        check_write_id(bad)
