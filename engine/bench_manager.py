@@ -44,12 +44,16 @@ def partition_open_figures(
         managed: list[float] = []
         sequential: list[float] = []
         threads = 0
+        if state == "clean":
+            fill_root(root, image, count, clean=True)  # each clean open and close leaves it clean again
         for _ in range(settings.partition_rounds):
             # Interleaved, so drift in the machine hits both alike.
-            fill_root(root, image, count, clean=state == "clean")
+            if state == "unclean":
+                fill_root(root, image, count, clean=False)
             elapsed_s, threads = _time_manager_open(root)
             managed.append(elapsed_s)
-            fill_root(root, image, count, clean=state == "clean")
+            if state == "unclean":
+                fill_root(root, image, count, clean=False)
             sequential.append(_time_sequential_open(root))
         results.rows.append(
             make_row(

@@ -16,7 +16,7 @@ import json
 import os
 from typing import Any, TextIO
 
-from oncelog.config import LogConfig
+from oncelog.config import LogConfig, OnCorruption
 from oncelog.errors import CorruptLogError, LogDirLockedError, OncelogError
 from oncelog.layout import TopicPartition, parse_partition_dir_name
 from oncelog.log import Log
@@ -92,9 +92,9 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.threads is not None and not 1 <= args.threads <= MAX_RECOVERY_THREADS:
         print(f"oncelog recover: --threads must be 1..{MAX_RECOVERY_THREADS}", file=err)
         return EXIT_BAD_INPUT
-    config = LogConfig(on_corruption="truncate" if args.truncate_corrupt else "raise")
+    on_corruption: OnCorruption = "truncate" if args.truncate_corrupt else "raise"
     try:
-        summary = _recover(root, config, args.threads, progress=False if args.no_progress else None)
+        summary = _recover(root, on_corruption, args.threads, progress=False if args.no_progress else None)
     except LogDirLockedError as exc:
         print(f"oncelog recover: {exc}; stop the process using it first", file=err)
         return EXIT_BAD_INPUT
@@ -117,15 +117,21 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-def _recover(root: str, config: LogConfig, threads: int | None, *, progress: bool | None) -> RecoverySummary:
+def _recover(
+    root: str, on_corruption: OnCorruption, threads: int | None, *, progress: bool | None
+) -> RecoverySummary:
     if _is_partition_dir(root):
-        log = Log.open(root, config)
+        log = Log.open(root, LogConfig(on_corruption=on_corruption))
         log.close()
         name = os.path.basename(os.path.normpath(root))
         # A directory not named <topic>-<partition> (a standalone Log) is listed by its name.
         tp = parse_partition_dir_name(name) or TopicPartition(name, 0)
         return RecoverySummary.of({tp: log.recovery_report}, log.recovery_report.duration_s, 1)
-    manager = LogManager.open(root, config, recovery_threads=threads, progress=progress)
+    # The root's persisted config: recovering with another could expire producers or
+    # overflow the producer table that config sized (and would replace it).
+    manager = LogManager.open(
+        root, None, recovery_threads=threads, progress=progress, on_corruption=on_corruption
+    )
     summary = manager.recovery_summary
     manager.close()
     return summary

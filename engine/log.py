@@ -72,7 +72,10 @@ def take_clean_marker(fs: FileSystem, directory: str) -> bool:
     marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
     if not fs.exists(marker):
         return False
-    fs.unlink(marker)
+    try:
+        fs.unlink(marker)
+    except FileNotFoundError:
+        return False  # gone between the two calls (another opener took it): not ours to trust
     return True
 
 
@@ -130,22 +133,28 @@ class Log:
         fs: FileSystem | None = None,
         clock: Clock | None = None,
         clean_shutdown: bool | None = None,
+        dir_lock: DirLock | None = None,
     ) -> Log:
         """Open the partition directory at `path`, creating it if missing.
 
+        `dir_lock` is the directory's lock (`fs.lock(<path>/.lock)`) for a caller that
+        took it itself: the Log takes it over (releases it at close, or here if opening
+        fails). None: take it here (LogDirLockedError if another Log holds it).
+
         `clean_shutdown` is for a caller that took the clean-shutdown marker itself
-        (`take_clean_marker`) and made its removal durable (LogManager removes every
-        partition's marker, then syncs the filesystem once): whether it was there.
-        None: take and remove it here.
+        (`take_clean_marker`, holding the lock) and made its removal durable (LogManager
+        locks every partition, removes every marker, then syncs the filesystem once):
+        whether it was there. None: take and remove it here.
         """
         directory = os.fspath(path)
         config = config or LogConfig()
         fs = fs or DEFAULT_FS
-        fs.mkdir(directory)
-        try:
-            dir_lock = fs.lock(os.path.join(directory, LOCK_FILE))
-        except BlockingIOError:
-            raise LogDirLockedError(f"{directory} is already open in another Log") from None
+        if dir_lock is None:
+            fs.mkdir(directory)
+            try:
+                dir_lock = fs.lock(os.path.join(directory, LOCK_FILE))
+            except BlockingIOError:
+                raise LogDirLockedError(f"{directory} is already open in another Log") from None
         store: MetadataStore | None = None
         try:
             clean = clean_shutdown

@@ -2,35 +2,44 @@
 
 A root holds `<topic>-<partition>/` partition directories (engine/layout.py), one
 root lock (`.lock`: a second manager on the root fails with LogDirLockedError), a
-metadata store (`meta.lmdb`: per-topic config overrides and pending deletes) and the
-root's ProducerIdManager (`producer_ids.lmdb`).
+metadata store (`meta.lmdb`: the root's config, per-topic config overrides and pending
+deletes) and the root's ProducerIdManager (`producer_ids.lmdb`).
+
+Other processes (Spark tasks) open the root's partitions directly with `Log.open`
+while no manager holds them, with the config `read_topic_config` reads, and lease PIDs
+with `ProducerIdManager.open` for a few milliseconds at a time. So the manager holds
+every partition's lock from before it reads the partition's clean-shutdown marker
+until the partition's files are closed (or deleted), and waits a bounded time for the
+PID manager's lock.
 
 Opening recovers every partition in a bounded thread pool (each partition's own
 loader: tail-only recovery, brief §5); the pool overlaps the fsyncs and file opens
 that dominate a restart. `recovery_summary` says what it read and did.
 
 Deleting a partition is made crash-safe with a durable intent, not a directory
-rename: `delete/<topic>-<partition>` is committed before the first file goes and
-cleared after the directory is gone, so a crash mid-delete is finished at the next
-open instead of loading a half-deleted log.
+rename: `delete/<topic>-<partition>` is committed before the log is closed and
+cleared after the directory is gone, so a crash or a failed removal mid-delete is
+finished (at the next open, or the next `log()` of the partition) instead of loading
+a half-deleted log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgpack
 
-from oncelog.config import LogConfig
+from oncelog.config import LogConfig, OnCorruption
 from oncelog.errors import LogDirLockedError, OncelogError
 from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_topic_partition
-from oncelog.log import Log, take_clean_marker
+from oncelog.log import LOCK_FILE, Log, take_clean_marker
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.fs import DEFAULT_FS, DirLock, FileSystem, MetadataStore
 from oncelog.recovery.loader import RecoveryReport
@@ -38,12 +47,19 @@ from oncelog.recovery_progress import RecoveryProgress, RecoverySummary
 
 ROOT_LOCK_FILE = ".lock"
 ROOT_METADATA_DIR = "meta.lmdb"
+ROOT_CONFIG_KEY = "root-config"
 TOPIC_CONFIG_PREFIX = "topic-config/"
 DELETE_INTENT_PREFIX = "delete/"
+# A Spark task holds the root's producer_ids.lock for the few milliseconds of one lease.
+PRODUCER_IDS_LOCK_TIMEOUT_S = 10.0
 # Recovery is mostly waiting on fsync and file opens (both release the GIL), so a few
 # threads per core overlap them; more only adds contention. Bounded either way.
 MAX_RECOVERY_THREADS = 64
 CONFIG_FIELDS = frozenset(field.name for field in dataclasses.fields(LogConfig))
+# What to do about corruption is the opener's choice for that one open (`oncelog recover
+# --truncate-corrupt`, LogManager.open's on_corruption), never a standing default for
+# the root: not persisted.
+PERSISTED_ROOT_FIELDS = CONFIG_FIELDS - {"on_corruption"}
 
 Clock = Callable[[], int]
 
@@ -69,6 +85,121 @@ def default_recovery_threads() -> int:
     return min(MAX_RECOVERY_THREADS, 4 * (os.cpu_count() or 1))
 
 
+def read_root_config(root: str | os.PathLike[str], fs: FileSystem = DEFAULT_FS) -> LogConfig:
+    """The default config the last LogManager of `root` persisted (LogConfig() if none).
+    Read-only, like read_topic_config."""
+    return _unpack_root_config(_read_root_metadata(root, fs, [ROOT_CONFIG_KEY])[ROOT_CONFIG_KEY])
+
+
+def read_topic_config(root: str | os.PathLike[str], topic: str, fs: FileSystem = DEFAULT_FS) -> LogConfig:
+    """The config a LogManager of `root` gives `topic`'s partitions: the root's persisted
+    config with the topic's overrides. Read-only (it creates, locks and changes nothing),
+    for processes that open the root's partitions without a manager; LogConfig() where
+    no manager ever opened the root."""
+    validate_topic_partition(topic, 0)
+    found = _read_root_metadata(root, fs, [ROOT_CONFIG_KEY, TOPIC_CONFIG_PREFIX + topic])
+    overrides = _unpack_overrides(found[TOPIC_CONFIG_PREFIX + topic])
+    return dataclasses.replace(_unpack_root_config(found[ROOT_CONFIG_KEY]), **overrides)
+
+
+def _read_root_metadata(
+    root: str | os.PathLike[str], fs: FileSystem, keys: Sequence[str]
+) -> dict[str, bytes | None]:
+    """`keys` of the root's metadata store, read-only; all None where it has none."""
+    path = os.path.join(os.fspath(root), ROOT_METADATA_DIR)
+    if not fs.exists(path):
+        return dict.fromkeys(keys)
+    try:
+        store = fs.open_store(path, readonly=True)
+    except FileNotFoundError:  # the directory without a committed store yet
+        return dict.fromkeys(keys)
+    try:
+        return {key: store.get(key) for key in keys}
+    finally:
+        store.close()
+
+
+def _pack_root_config(config: LogConfig) -> bytes:
+    packed: bytes = msgpack.packb({name: getattr(config, name) for name in sorted(PERSISTED_ROOT_FIELDS)})
+    return packed
+
+
+def _unpack_root_config(raw: bytes | None) -> LogConfig:
+    if raw is None:
+        return LogConfig()
+    # A field this version does not know (a newer one wrote it) is left out.
+    stored = msgpack.unpackb(raw)
+    return LogConfig(**{name: value for name, value in stored.items() if name in PERSISTED_ROOT_FIELDS})
+
+
+def _unpack_overrides(raw: bytes | None) -> dict[str, Any]:
+    return {} if raw is None else dict(msgpack.unpackb(raw))
+
+
+def _settle_root_config(store: MetadataStore, config: LogConfig | None) -> LogConfig:
+    """The config an open uses: the one given (persisted if it differs) or the persisted one."""
+    stored = store.get(ROOT_CONFIG_KEY)
+    if config is None:
+        return _unpack_root_config(stored)
+    packed = _pack_root_config(config)
+    if packed != stored:
+        # A durable commit before any partition opens with it: other processes open the
+        # root's partitions with what read_topic_config finds here.
+        store.put({ROOT_CONFIG_KEY: packed})
+    return config
+
+
+def _open_producer_ids(root: str, fs: FileSystem, clock: Clock | None, timeout_s: float) -> ProducerIdManager:
+    """The root's ProducerIdManager, waiting up to `timeout_s` for a lease in another process."""
+    deadline = time.monotonic() + timeout_s
+    pause_s = 0.005
+    while True:
+        try:
+            return ProducerIdManager.open(root, fs=fs, clock=clock)
+        except LogDirLockedError as exc:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                raise LogDirLockedError(f"{exc} (still locked after {timeout_s:g} s)") from None
+            time.sleep(min(pause_s, left_s))
+            pause_s = min(pause_s * 2, 0.2)  # back off: the holder is leasing one PID
+
+
+def _release_after_failure(failure: BaseException, releases: Sequence[Callable[[], object]]) -> None:
+    """Run every release; one that fails is noted on `failure` and the rest still run."""
+    for release in releases:
+        try:
+            release()
+        except Exception as exc:
+            failure.add_note(f"releasing after the failure also failed: {type(exc).__name__}: {exc}")
+
+
+class _PartitionLock:
+    """A partition's directory lock, handed to its Log (which releases it at close), that
+    the manager can keep back so the directory stays locked past the close (delete_log)."""
+
+    def __init__(self, inner: DirLock):
+        self._inner = inner
+        self._mutex = threading.Lock()
+        self._kept = False
+        self._released = False
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._kept or self._released:
+                return
+            self._released = True
+        self._inner.release()
+
+    def keep(self) -> DirLock | None:
+        """The lock, now the caller's to release (the Log's release leaves it held);
+        None if the Log already released it."""
+        with self._mutex:
+            if self._released:
+                return None
+            self._kept = True
+            return self._inner
+
+
 class LogManager:
     def __init__(
         self,
@@ -90,6 +221,7 @@ class LogManager:
         self._dir_lock = dir_lock
         self._store = store
         self._logs: dict[TopicPartition, Log] = {}
+        self._partition_locks: dict[TopicPartition, _PartitionLock] = {}
         # Guards the partition map and the store; never held while a Log recovers.
         self._lock = threading.RLock()
         self._closed = False
@@ -105,11 +237,19 @@ class LogManager:
         clock: Clock | None = None,
         recovery_threads: int | None = None,
         progress: bool | None = None,
+        on_corruption: OnCorruption | None = None,
     ) -> LogManager:
         """Open (creating) the root and recover every partition under it.
 
         `config` is the default for every topic; `set_topic_config` overrides it per
-        topic. `progress` shows a progress bar on stderr (default: when it is a terminal).
+        topic. It is persisted in the root (all but `on_corruption`) for the processes
+        that open partitions without a manager (`read_topic_config`); None uses the
+        persisted one (LogConfig() if none). `on_corruption` overrides it for this open
+        only (`oncelog recover --truncate-corrupt`). `progress` shows a progress bar on
+        stderr (default: when it is a terminal).
+
+        The root lock fails at once (LogDirLockedError: another manager has the root);
+        the root's PID manager lock is waited for up to PRODUCER_IDS_LOCK_TIMEOUT_S.
         """
         directory = os.fspath(root)
         fs = fs or DEFAULT_FS
@@ -125,16 +265,21 @@ class LogManager:
         producer_ids: ProducerIdManager | None = None
         try:
             store = fs.open_store(os.path.join(directory, ROOT_METADATA_DIR))
-            producer_ids = ProducerIdManager.open(directory, fs=fs, clock=clock)
-            manager = cls(directory, config or LogConfig(), fs, clock, dir_lock, store, producer_ids, threads)
+            root_config = _settle_root_config(store, config)
+            if on_corruption is not None:
+                root_config = dataclasses.replace(root_config, on_corruption=on_corruption)
+            producer_ids = _open_producer_ids(directory, fs, clock, PRODUCER_IDS_LOCK_TIMEOUT_S)
+            manager = cls(directory, root_config, fs, clock, dir_lock, store, producer_ids, threads)
             manager._finish_pending_deletes()
             manager._recover_all(progress)
-        except BaseException:
+        except BaseException as exc:
+            releases: list[Callable[[], object]] = []
             if producer_ids is not None:
-                producer_ids.close()
+                releases.append(producer_ids.close)
             if store is not None:
-                store.close()
-            dir_lock.release()
+                releases.append(store.close)
+            releases.append(dir_lock.release)
+            _release_after_failure(exc, releases)
             raise
         return manager
 
@@ -149,7 +294,13 @@ class LogManager:
                 return log
             if not create:
                 raise UnknownTopicOrPartitionError(f"no partition {tp} under {self.root}")
-            log = self._open_partition(tp)
+            if self._store.get(DELETE_INTENT_PREFIX + str(tp)) is not None:
+                # A delete that failed half way: finish it first, or the new log would be
+                # loaded from what is left of the old one, and its acknowledged appends
+                # deleted with it at the next open.
+                self._remove_partition_dir(tp)
+            lock = self._lock_partition(tp, create=True)
+            log = self._open_partition(tp, lock)
             try:
                 # fsync(root): a power loss must not lose the new partition's directory
                 # once appends to it may have been acknowledged.
@@ -158,6 +309,7 @@ class LogManager:
                 log.close()
                 raise
             self._logs[tp] = log
+            self._partition_locks[tp] = lock
             return log
 
     def logs(self) -> dict[TopicPartition, Log]:
@@ -170,26 +322,43 @@ class LogManager:
         return iter(self.logs())
 
     def delete_log(self, topic: str, partition: int) -> None:
-        """Close the partition's log and delete its directory (crash-safe, see module doc)."""
+        """Close the partition's log and delete its directory (crash-safe, see module doc).
+
+        If removing the files fails, the error propagates with the partition already
+        gone from `logs()`; the next `log()` of it, `delete_log` of it or open of the
+        root finishes the delete.
+        """
         tp = validate_topic_partition(topic, partition)
+        intent = DELETE_INTENT_PREFIX + str(tp)
         with self._lock:
             self._check_open()
-            log = self._logs.pop(tp, None)
+            log = self._logs.get(tp)
             if log is None:
-                raise UnknownTopicOrPartitionError(f"no partition {tp} under {self.root}")
+                if self._store.get(intent) is None:
+                    raise UnknownTopicOrPartitionError(f"no partition {tp} under {self.root}")
+                self._remove_partition_dir(tp)  # a delete that failed half way
+                return
+            # A durable commit before the log lets go of anything: from here on a crash or a
+            # failed removal finishes the delete, never loads a log with segments missing.
+            self._store.put({intent: b""})
+            del self._logs[tp]
+            # The directory stays locked through the close until it is gone: a process
+            # waiting for the lock must not open (and append to) a log being deleted.
+            held = self._partition_locks.pop(tp).keep()
             try:
-                log.close()
+                # Its bytes are being deleted: a failure to flush them loses nothing, and
+                # the Log releases everything else (but the lock kept above) regardless.
+                with contextlib.suppress(Exception):
+                    log.close()
+                self._remove_partition_dir(tp, held)
             finally:
-                # Durable before the first file goes: a crash mid-delete must finish the
-                # delete at the next open, never load a log with segments missing.
-                self._store.put({DELETE_INTENT_PREFIX + str(tp): b""})
-                self._remove_partition_dir(tp)
+                if held is not None:
+                    held.release()
 
     # -- per-topic config ------------------------------------------------------------------
     def topic_overrides(self, topic: str) -> dict[str, Any]:
         validate_topic_partition(topic, 0)
-        raw = self._store.get(TOPIC_CONFIG_PREFIX + topic)
-        return {} if raw is None else dict(msgpack.unpackb(raw))
+        return _unpack_overrides(self._store.get(TOPIC_CONFIG_PREFIX + topic))
 
     def topic_config(self, topic: str) -> LogConfig:
         """The root's config with `topic`'s overrides applied."""
@@ -255,16 +424,12 @@ class LogManager:
             if self._closed:
                 return
             self._closed = True
-            logs = list(self._logs.values())
+            logs = dict(self._logs)
             self._logs.clear()
-        errors: list[BaseException] = []
+            self._partition_locks.clear()
+        errors: dict[TopicPartition, BaseException] = {}
         try:
-            # Each close fsyncs; the pool overlaps them as at open.
-            with ThreadPoolExecutor(self.recovery_threads, thread_name_prefix="oncelog-close") as pool:
-                for future in [pool.submit(log.close) for log in logs]:
-                    exc = future.exception()
-                    if exc is not None:
-                        errors.append(exc)
+            errors = self._close_logs(logs)
         finally:
             try:
                 self.producer_ids.close()
@@ -272,7 +437,7 @@ class LogManager:
                 self._store.close()
                 self._dir_lock.release()
         if errors:
-            raise errors[0]
+            raise next(iter(errors.values()))
 
     def __enter__(self) -> LogManager:
         return self
@@ -288,10 +453,37 @@ class LogManager:
     def _partition_path(self, tp: TopicPartition) -> str:
         return os.path.join(self.root, str(tp))
 
-    def _open_partition(self, tp: TopicPartition, clean_shutdown: bool | None = None) -> Log:
+    def _lock_partition(self, tp: TopicPartition, *, create: bool = False) -> _PartitionLock:
+        """The partition directory's lock, as Log.open takes it (LogDirLockedError if held)."""
+        path = self._partition_path(tp)
+        if create:
+            self._fs.mkdir(path)
+        try:
+            return _PartitionLock(self._fs.lock(os.path.join(path, LOCK_FILE)))
+        except BlockingIOError:
+            raise LogDirLockedError(f"{path} is already open in another Log") from None
+
+    def _open_partition(
+        self, tp: TopicPartition, lock: _PartitionLock, clean_shutdown: bool | None = None
+    ) -> Log:
+        """The partition's Log, which takes `lock` over (and releases it if opening fails)."""
         config = self.topic_config(tp.topic)
         path = self._partition_path(tp)
-        return Log.open(path, config, fs=self._fs, clock=self._clock, clean_shutdown=clean_shutdown)
+        return Log.open(
+            path, config, fs=self._fs, clock=self._clock, clean_shutdown=clean_shutdown, dir_lock=lock
+        )
+
+    def _close_logs(self, logs: Mapping[TopicPartition, Log]) -> dict[TopicPartition, BaseException]:
+        """Close every log, whatever some of the closes raise; their errors."""
+        errors: dict[TopicPartition, BaseException] = {}
+        # Each close fsyncs; the pool overlaps them as at open.
+        with ThreadPoolExecutor(self.recovery_threads, thread_name_prefix="oncelog-close") as pool:
+            futures = {tp: pool.submit(log.close) for tp, log in logs.items()}
+            for tp, future in futures.items():
+                exc = future.exception()
+                if exc is not None:
+                    errors[tp] = exc
+        return errors
 
     def _partitions_on_disk(self) -> list[TopicPartition]:
         found = []
@@ -304,37 +496,57 @@ class LogManager:
     def _recover_all(self, progress: bool | None) -> None:
         partitions = self._partitions_on_disk()
         started = time.perf_counter()
+        locks: dict[TopicPartition, _PartitionLock] = {}
+        handed_over: set[TopicPartition] = set()  # locks a Log.open owns (and releases)
         opened: dict[TopicPartition, Log] = {}
         failures: dict[TopicPartition, BaseException] = {}
-        tracker = RecoveryProgress(len(partitions), show=progress)
+        try:
+            # Every partition's lock before its marker is read: a process that opened the
+            # partition in between could append and die, leaving a log trusted as clean.
+            for tp in partitions:
+                try:
+                    locks[tp] = self._lock_partition(tp)
+                except (LogDirLockedError, OSError) as lock_error:
+                    failures[tp] = lock_error
+            if failures:  # before any marker is taken: nothing on disk has changed
+                raise PartitionRecoveryError(self.root, failures)
+            clean = {tp: take_clean_marker(self._fs, self._partition_path(tp)) for tp in partitions}
+            if any(clean.values()):
+                # syncfs: a crash while loading must find no marker (it would trust a log
+                # recovery had half changed); one filesystem commit instead of one per partition.
+                self._fs.sync_filesystem(self.root)
+            tracker = RecoveryProgress(len(partitions), show=progress)
 
-        clean = {tp: take_clean_marker(self._fs, self._partition_path(tp)) for tp in partitions}
-        if any(clean.values()):
-            # syncfs: a crash while loading must find no marker (it would trust a log
-            # recovery had half changed); one filesystem commit instead of one per partition.
-            self._fs.sync_filesystem(self.root)
+            def open_one(tp: TopicPartition) -> None:
+                handed_over.add(tp)
+                log = self._open_partition(tp, locks[tp], clean[tp])
+                opened[tp] = log  # first: whatever fails after this, the log is closed below
+                tracker.advance(log.recovery_report)
 
-        def open_one(tp: TopicPartition) -> Log:
-            log = self._open_partition(tp, clean[tp])
-            tracker.advance(log.recovery_report)
-            return log
-
-        with (
-            tracker,
-            ThreadPoolExecutor(self.recovery_threads, thread_name_prefix="oncelog-recovery") as pool,
-        ):
-            futures = {tp: pool.submit(open_one, tp) for tp in partitions}
-            for tp, future in futures.items():
-                exc = future.exception()
-                if exc is None:
-                    opened[tp] = future.result()
-                else:
-                    failures[tp] = exc
-        if failures:
-            for log in opened.values():
-                log.close()
-            raise PartitionRecoveryError(self.root, failures)
+            pool = ThreadPoolExecutor(self.recovery_threads, thread_name_prefix="oncelog-recovery")
+            try:
+                with tracker:
+                    futures = {tp: pool.submit(open_one, tp) for tp in partitions}
+                    for tp, future in futures.items():
+                        open_error = future.exception()
+                        if open_error is not None:
+                            failures[tp] = open_error
+            finally:
+                # Interrupted (Ctrl-C): no more opens start, and the running ones finish so
+                # that their logs are among those closed below.
+                pool.shutdown(wait=True, cancel_futures=True)
+            if failures:
+                raise PartitionRecoveryError(self.root, failures)
+        except BaseException as exc:
+            for tp, error in sorted(self._close_logs(opened).items()):
+                exc.add_note(
+                    f"closing {tp} after the failed open also failed: {type(error).__name__}: {error}"
+                )
+            unopened = [lock.release for tp, lock in locks.items() if tp not in handed_over]
+            _release_after_failure(exc, unopened)
+            raise
         self._logs = opened
+        self._partition_locks = locks
         reports: dict[TopicPartition, RecoveryReport] = {
             tp: log.recovery_report for tp, log in opened.items()
         }
@@ -343,16 +555,36 @@ class LogManager:
         )
 
     def _finish_pending_deletes(self) -> None:
+        failures: dict[TopicPartition, BaseException] = {}
         for key in self._store.keys(DELETE_INTENT_PREFIX):
             tp = parse_partition_dir_name(key[len(DELETE_INTENT_PREFIX) :])
             if tp is not None:
-                self._remove_partition_dir(tp)
+                try:
+                    self._remove_partition_dir(tp)
+                except (LogDirLockedError, OSError) as exc:
+                    failures[tp] = exc
+        if failures:
+            raise PartitionRecoveryError(self.root, failures)
 
-    def _remove_partition_dir(self, tp: TopicPartition) -> None:
-        """Remove the partition directory (whatever of it is left), then its delete intent."""
+    def _remove_partition_dir(self, tp: TopicPartition, held: DirLock | None = None) -> None:
+        """Remove the partition directory (whatever of it is left), then its delete intent.
+
+        The directory is locked throughout: `held` if the caller holds its lock already,
+        else it is taken here (LogDirLockedError if another process has the partition open).
+        """
         path = self._partition_path(tp)
         if self._fs.exists(path):
-            _remove_tree(self._fs, path)
+            lock = held
+            if lock is None:
+                try:
+                    lock = self._fs.lock(os.path.join(path, LOCK_FILE))
+                except BlockingIOError:
+                    raise LogDirLockedError(f"cannot delete {tp}: {path} is open in another Log") from None
+            try:
+                _remove_tree(self._fs, path)
+            finally:
+                if held is None:
+                    lock.release()
             # fsync(root): the directory must be durably gone before the intent is cleared,
             # or a power loss could bring back a partial log with no intent to finish it.
             self._fs.fsync_dir(self.root)
@@ -362,7 +594,9 @@ class LogManager:
 def _remove_tree(fs: FileSystem, path: str) -> None:
     """Remove `path` and everything in it through the seam (a partition holds one level
     of files plus its metadata store's directory)."""
-    for name in fs.listdir(path):
+    # The lock file goes last, just before the directory: until then an opener finds it
+    # locked; once it is gone an opener would lock a new one in the doomed directory.
+    for name in sorted(fs.listdir(path), key=lambda name: name == LOCK_FILE):
         child = os.path.join(path, name)
         try:
             fs.unlink(child)

@@ -89,6 +89,7 @@ def read_batches(
     *,
     isolation: Isolation = "read_uncommitted",
     log_start: int | None = None,
+    extra_aborted: Iterable[AbortedRange] = (),
 ) -> Iterator[RecordBatch]:
     """The batches covering offsets [start, end), in order, each CRC-checked.
 
@@ -119,7 +120,11 @@ def read_batches(
     batches = _stored_batches(ro, directory, bases, start, end)
     if isolation == "read_uncommitted":
         return batches
-    return committed_batches(batches, aborted_transactions(ro, directory, start, end, bases=bases))
+    # `extra_aborted`: aborts the caller saw as markers, whose index entries may not be
+    # written yet (the marker goes first); a transaction in both lists is one transaction.
+    indexed = aborted_transactions(ro, directory, start, end, bases=bases)
+    aborted = list({(t.producer_id, t.first_offset): t for t in (*indexed, *extra_aborted)}.values())
+    return committed_batches(batches, aborted)
 
 
 def aborted_transactions(

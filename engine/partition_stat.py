@@ -46,6 +46,10 @@ class PartitionStat:
     format: str  # "oncelog" or "kafka"
     path: str
     notes: tuple[str, ...] = ()  # what could not be read (a torn tail, a corrupt snapshot)
+    # (producer id, first offset, marker offset) of the aborted transactions whose ABORT
+    # marker the replay saw. The writer appends the marker before its .txnindex entry, so
+    # a reader of a live (or crashed) log may find the entry missing: these cover that.
+    recent_aborted: tuple[tuple[int, int, int], ...] = ()
 
 
 def stat_partition(
@@ -86,6 +90,7 @@ def stat_partition(
         format="oncelog" if meta.oncelog else "kafka",
         path=directory,
         notes=tuple(notes),
+        recent_aborted=tuple(replay.aborted),
     )
 
 
@@ -95,6 +100,7 @@ class _Replay:
     def __init__(self, snapshot_offset: int | None, rows: Any) -> None:
         self.start = snapshot_offset
         self.states: dict[int, WorkingState] = {}
+        self.aborted: list[tuple[int, int, int]] = []
         for row in rows if rows is not None else ():
             pid = int(row["producer_id"])
             self.states[pid] = WorkingState(
@@ -117,7 +123,9 @@ class _Replay:
             marker = decode_txn_marker(batch)
             if marker is None:
                 return  # an empty control batch, or not a marker: the loader skips it too
-            apply_marker(w, h.producer_epoch, h.base_offset, h.max_timestamp, marker)
+            completed = apply_marker(w, h.producer_epoch, h.base_offset, h.max_timestamp, marker)
+            if completed is not None and completed.aborted:
+                self.aborted.append((completed.producer_id, completed.first_offset, completed.last_offset))
         else:
             meta = BatchMetadata(
                 h.base_sequence, batch.last_sequence, h.base_offset, batch.last_offset, h.max_timestamp

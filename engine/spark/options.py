@@ -159,6 +159,9 @@ class WriteOptions:
     batch_records: int  # records per transactional batch
     max_pending_bytes: int  # encoded batches a task holds before appending them
     lock_timeout_s: float
+    # An undecided write older than this (its driver died) is aborted by the next write:
+    # its open transactions would hold every reader's last stable offset back forever.
+    transaction_timeout_s: float
 
 
 def write_options(options: Mapping[str, str]) -> WriteOptions:
@@ -176,4 +179,5 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
         batch_records=_int(options, "batchRecords", 1000, 1),
         max_pending_bytes=_int(options, "maxPendingBytes", 64 << 20, 1),
         lock_timeout_s=_int(options, "lockTimeoutMs", 60_000, 1) / 1000,
+        transaction_timeout_s=_int(options, "transactionTimeoutMs", 15 * 60_000, 1) / 1000,
     )

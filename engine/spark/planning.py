@@ -31,6 +31,9 @@ class PartitionBounds:
     partition: int
     earliest: int  # log start offset
     latest: int  # where this isolation may read up to (LSO or log end)
+    log_end: int = 0
+    # Aborted transactions seen as markers at planning (see PartitionStat.recent_aborted).
+    aborted: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,9 @@ def partition_bounds(
         tp = TopicPartition(topic, number)
         stat = stat_partition(read_only, Partition(os.path.join(root, str(tp)), tp, root), kafka_starts)
         latest = stat.last_stable_offset if isolation == "read_committed" else stat.log_end_offset
-        bounds.append(PartitionBounds(number, stat.log_start_offset, latest))
+        bounds.append(
+            PartitionBounds(number, stat.log_start_offset, latest, stat.log_end_offset, stat.recent_aborted)
+        )
     return bounds
 
 

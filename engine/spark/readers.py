@@ -28,10 +28,10 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from oncelog.layout import TopicPartition
-from oncelog.partition_reader import read_batches
+from oncelog.partition_reader import AbortedRange, OffsetBelowLogStartError, read_batches
 from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.spark.arrow_batches import arrow_batches
-from oncelog.spark.options import EARLIEST, ReadOptions
+from oncelog.spark.options import ReadOptions
 from oncelog.spark.planning import (
     DataLossError,
     OffsetRange,
@@ -48,18 +48,45 @@ class RangePartition(InputPartition):
     partition: int
     start: int
     end: int
+    # Aborted transactions planning saw as markers, overlapping the range (their
+    # .txnindex entries may not be written yet).
+    aborted: tuple[tuple[int, int, int], ...] = ()
+
+
+def range_partitions(ranges: list[OffsetRange], bounds: dict[int, PartitionBounds]) -> list[RangePartition]:
+    out = []
+    for r in ranges:
+        seen = bounds[r.partition].aborted if r.partition in bounds else ()
+        overlapping = tuple(t for t in seen if t[1] < r.end and t[2] >= r.start)
+        out.append(RangePartition(r.partition, r.start, r.end, overlapping))
+    return out
 
 
 def read_range(options: ReadOptions, part: RangePartition) -> Iterator[pa.RecordBatch]:
     tp = TopicPartition(options.topic, part.partition)
     directory = os.path.join(options.root, str(tp))
     fs = ReadOnlyFileSystem(DEFAULT_FS)
-    batches = read_batches(fs, directory, part.start, part.end, isolation=options.isolation)
-    max_rows = options.max_rows_per_arrow_batch
+    aborted = [AbortedRange(*t) for t in part.aborted]
+    start = part.start
+    try:
+        batches = read_batches(
+            fs, directory, start, part.end, isolation=options.isolation, extra_aborted=aborted
+        )
+    except OffsetBelowLogStartError as exc:
+        # Retention or delete_records moved the log start after planning.
+        if options.fail_on_data_loss:
+            raise DataLossError(f"{tp}: {exc}; set failOnDataLoss=false to skip lost offsets") from exc
+        start = exc.log_start_offset
+        if start >= part.end:
+            return
+        batches = read_batches(
+            fs, directory, start, part.end, isolation=options.isolation, extra_aborted=aborted
+        )
     # Stored batches are whole: the first and last may hold offsets outside the range (a
     # range split inside a batch); arrow_batches drops those rows, they belong next door.
+    max_rows = options.max_rows_per_arrow_batch
     yield from arrow_batches(
-        batches, options.topic, part.partition, max_rows=max_rows, start=part.start, end=part.end
+        batches, options.topic, part.partition, max_rows=max_rows, start=start, end=part.end
     )
 
 
@@ -69,7 +96,8 @@ class OncelogBatchReader(DataSourceReader):
 
     def partitions(self) -> list[RangePartition]:
         bounds = partition_bounds(self.options.root, self.options.topic, self.options.isolation)
-        return [RangePartition(r.partition, r.start, r.end) for r in batch_ranges(self.options, bounds)]
+        by_partition = {bound.partition: bound for bound in bounds}
+        return range_partitions(batch_ranges(self.options, bounds), by_partition)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition), partition
@@ -122,6 +150,14 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         checked = {}
         for p, bound in bounds.items():
             offset = starts.get(p, bound.earliest)
+            if offset > bound.log_end:
+                # The log was truncated or deleted and recreated under the query.
+                if self.options.fail_on_data_loss:
+                    raise DataLossError(
+                        f"{self.options.topic}-{p}: the query is at offset {offset} but the log ends at "
+                        f"{bound.log_end}; set failOnDataLoss=false to restart it from {bound.earliest}"
+                    )
+                offset = bound.earliest
             if offset < bound.earliest:
                 if self.options.fail_on_data_loss:
                     raise DataLossError(
@@ -136,13 +172,14 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: Offsets, end: Offsets) -> list[RangePartition]:
         bounds = self._bounds()
         starts = self._checked_starts(self._unwrap(start), bounds)
+        # A partition gone since `end` was planned (deleted) is skipped.
         ranges = [
-            OffsetRange(p, starts.get(p, EARLIEST), stop)
+            OffsetRange(p, starts[p], stop)
             for p, stop in self._unwrap(end).items()
-            if stop > starts.get(p, stop)
+            if p in starts and stop > starts[p]
         ]
         split = split_ranges(ranges, 1, self.options.max_records_per_partition)
-        return [RangePartition(r.partition, r.start, r.end) for r in split]
+        return range_partitions(split, bounds)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition), partition

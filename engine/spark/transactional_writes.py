@@ -29,18 +29,17 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import msgpack
-
 from oncelog.config import LogConfig
 from oncelog.errors import LogDirLockedError
 from oncelog.layout import TopicPartition, parse_partition_dir_name
 from oncelog.log import Log
-from oncelog.log_manager import ROOT_METADATA_DIR, TOPIC_CONFIG_PREFIX
+from oncelog.log_manager import ROOT_METADATA_DIR, read_topic_config
+from oncelog.partition_dirs import _delete_intents
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.fs import DEFAULT_FS, FileSystem
 from oncelog.segments.batch import encode_batch
 from oncelog.spark.partitioner import partition_for_key
-from oncelog.spark.write_registry import WriteRegistry
+from oncelog.spark.write_registry import REGISTRY_DIR, WriteRegistry
 
 Header = tuple[str, bytes | None]
 # Coordinator epoch of every marker: this protocol is the only coordinator of its
@@ -66,16 +65,9 @@ def _wait_for(what: str, attempt: Callable[[], object], timeout_s: float) -> obj
 
 
 def topic_config(root: str, topic: str, fs: FileSystem = DEFAULT_FS) -> LogConfig:
-    """The topic's LogManager overrides (read-only, if the root has any) over the defaults."""
-    path = os.path.join(root, ROOT_METADATA_DIR)
-    if not fs.exists(path):
-        return LogConfig()
-    store = fs.open_store(path, readonly=True)
-    try:
-        raw = store.get(TOPIC_CONFIG_PREFIX + topic)
-    finally:
-        store.close()
-    return LogConfig() if raw is None else LogConfig(**msgpack.unpackb(raw))
+    """The config a LogManager of `root` gives `topic` (its persisted root config and the
+    topic's overrides, read-only), so every writer opens a partition with the same one."""
+    return read_topic_config(root, topic, fs)
 
 
 @contextmanager
@@ -105,13 +97,41 @@ def lease_producer_id(root: str, timeout_s: float, fs: FileSystem = DEFAULT_FS) 
 
 
 def topic_partitions(root: str, topic: str, fs: FileSystem = DEFAULT_FS) -> list[int]:
+    """The partitions of `topic` under `root`, less any a LogManager is deleting."""
+    if not fs.exists(root):
+        return []
+    names = fs.listdir(root)
+    deleting = _delete_intents(fs, root) if ROOT_METADATA_DIR in names else set()
     found = []
-    if fs.exists(root):
-        for name in fs.listdir(root):
-            tp = parse_partition_dir_name(name)
-            if tp is not None and tp.topic == topic:
-                found.append(tp.partition)
+    for name in names:
+        tp = parse_partition_dir_name(name)
+        if tp is not None and tp.topic == topic and name not in deleting:
+            found.append(tp.partition)
     return sorted(found)
+
+
+def ensure_topic(
+    root: str, topic: str, partitions: int, timeout_s: float, fs: FileSystem = DEFAULT_FS
+) -> None:
+    """Create a topic that does not exist yet with all its partitions (empty logs), so every
+    task of every job sees the same partition count."""
+    if topic_partitions(root, topic, fs):
+        return
+    config = topic_config(root, topic, fs)
+    for partition in range(partitions):
+        with open_partition(root, TopicPartition(topic, partition), config, timeout_s, fs):
+            pass
+
+
+def abort_stale_writes(root: str, timeout_s: float, fs: FileSystem = DEFAULT_FS) -> list[str]:
+    """Abort undecided writes older than the transaction timeout (their driver is gone)."""
+    if not fs.exists(os.path.join(root, REGISTRY_DIR)):
+        return []
+    with WriteRegistry.open(root, fs) as registry:
+        stale = registry.stale(int(time.time() * 1000) - int(timeout_s * 1000))
+    for write_id in stale:
+        finish_write(root, write_id, None, lock_timeout_s=timeout_s, fs=fs)
+    return stale
 
 
 @dataclass(frozen=True)
@@ -133,6 +153,7 @@ class TaskWriter:
         root: str,
         topic: str,
         write_id: str,
+        job: str,
         attempt: str,
         *,
         new_topic_partitions: int = 1,
@@ -141,7 +162,7 @@ class TaskWriter:
         lock_timeout_s: float = 60.0,
         fs: FileSystem = DEFAULT_FS,
     ):
-        self.root, self.topic, self.write_id, self.attempt = root, topic, write_id, attempt
+        self.root, self.topic, self.write_id, self.job, self.attempt = root, topic, write_id, job, attempt
         self.batch_records = batch_records
         self.max_pending_bytes = max_pending_bytes
         self.lock_timeout_s = lock_timeout_s
@@ -151,12 +172,16 @@ class TaskWriter:
         with WriteRegistry.open(root, fs) as registry:
             self.skipped = registry.state(write_id).decided
         existing = topic_partitions(root, topic, fs)
-        # A topic that does not exist yet gets `new_topic_partitions`, created on first write.
-        self.partition_count = len(existing) or new_topic_partitions
+        # A topic that does not exist yet gets `new_topic_partitions` (the data source
+        # creates them all before the job, see ensure_topic); a missing one is created on write.
+        self.partition_count = existing[-1] + 1 if existing else new_topic_partitions
         self._config = topic_config(root, topic, fs)
+        # Cut batches by size too, well under the topic's limit (a batch's overhead is small).
+        self.batch_bytes = max(1024, self._config.max_batch_bytes // 2)
         self.producer_id = -1 if self.skipped else lease_producer_id(root, lock_timeout_s, fs)
         self.producer_epoch = 0
         self._records: dict[int, list[tuple[bytes | None, bytes | None, list[Header]]]] = {}
+        self._record_bytes: dict[int, int] = {}
         self._encoded: dict[int, list[bytes]] = {}
         self._sequence: dict[int, int] = {}
         self._pending_bytes = 0
@@ -185,14 +210,17 @@ class TaskWriter:
             )
         pending = self._records.setdefault(partition, [])
         pending.append((key, value, list(headers)))
+        size = 24 + len(key or b"") + len(value or b"") + sum(len(k) + len(v or b"") + 8 for k, v in headers)
+        self._record_bytes[partition] = self._record_bytes.get(partition, 0) + size
         self.rows += 1
-        if len(pending) >= self.batch_records:
+        if len(pending) >= self.batch_records or self._record_bytes[partition] >= self.batch_bytes:
             self._encode(partition)
             if self._pending_bytes > self.max_pending_bytes:
                 self._drain()
 
     def _encode(self, partition: int) -> None:
         records = self._records.pop(partition, [])
+        self._record_bytes.pop(partition, None)
         if not records:
             return
         sequence = self._sequence.get(partition, 0)
@@ -216,8 +244,15 @@ class TaskWriter:
             if tp not in self._touched:
                 # Durable before the first append: an abort must be able to find it.
                 with WriteRegistry.open(self.root, self._fs) as registry:
+                    now_ms = int(time.time() * 1000)
                     registry.add_partition(
-                        self.write_id, self.attempt, self.producer_id, self.producer_epoch, tp
+                        self.write_id,
+                        self.job,
+                        self.attempt,
+                        self.producer_id,
+                        self.producer_epoch,
+                        tp,
+                        now_ms,
                     )
                 self._touched.append(tp)
             with open_partition(self.root, tp, self._config, self.lock_timeout_s, self._fs) as log:
@@ -244,6 +279,7 @@ class TaskWriter:
     def close(self) -> None:
         """Drop what was not appended (a failed attempt); what was appended stays, uncommitted."""
         self._records.clear()
+        self._record_bytes.clear()
         self._encoded.clear()
 
 
@@ -252,21 +288,26 @@ def finish_write(
     write_id: str,
     winners: list[str] | None,
     *,
+    job: str | None = None,
     lock_timeout_s: float = 60.0,
     fs: FileSystem = DEFAULT_FS,
 ) -> int:
     """Commit `winners` (None: abort the write) and abort every other attempt; returns markers written.
 
     Commit: the decision is stored first (or an earlier one stands), then markers are
-    written partition by partition, then the write is marked done. Abort: every
-    registered attempt gets an ABORT marker (epoch bumped, fencing zombies) and is
-    forgotten, so a re-run of the write id starts clean.
+    written partition by partition, then the write is marked done. Abort: the jobs of
+    every registered attempt (and `job`, whose attempts may not have registered yet)
+    are closed first, so none of their attempts can register more; then every
+    attempt gets an ABORT marker (epoch bumped, fencing zombies). A re-run of the
+    write id is a new job, and writes.
     """
     with WriteRegistry.open(root, fs) as registry:
         if winners is None:
             state = registry.state(write_id)
             if state.decided:  # committed already: an abort cannot undo it, finish it instead
                 winners = list(state.winners or ())
+            else:
+                state = registry.close_jobs(write_id, [] if job is None else [job])
         if winners is not None:
             state = registry.decide(write_id, winners)
             if state.done:
@@ -294,6 +335,5 @@ def finish_write(
                     written += 1
         if state.decided:
             registry.mark_done(write_id)
-        else:
-            registry.forget(write_id, list(state.attempts))
+        # An abort keeps its (closed) attempts: a late commit of their job must be refused.
         return written

@@ -5,23 +5,31 @@ speculative attempt's rows stay written. So every attempt writes inside its own
 transaction (its own producer id), and this registry, one LMDB key per write id in
 `<root>/spark_writes.lmdb`, remembers:
 
-- each attempt, with its producer id and epoch, and every partition it is about to
-  write to (recorded *before* its first append there, so a later abort finds it);
+- each attempt, with its job (a unique id per Spark job, so attempt numbers reused
+  by a new application never collide), producer id and epoch, and every partition it
+  is about to write to (recorded *before* its first append there, so a later abort
+  finds it);
 - the decision: the attempts that won, stored once, before any COMMIT marker is
   written (the commit point: a driver that dies after it is rolled forward by the
   next commit or re-run of the same write id);
-- done, once every marker is durable.
+- the jobs aborted (closed): their attempts may not register anything more, so a
+  zombie attempt of an aborted job cannot open a transaction nobody would close;
+- when the write started, so an undecided write older than the transaction timeout
+  can be aborted by anyone (a driver that died with a made-up write id never comes
+  back to finish it; Kafka's coordinator times transactions out the same way);
+- done, once every marker is durable; the attempts are then dropped.
 
 Each change is one atomic read-modify-write (`MetadataStore.update`): LMDB serialises
 writers across the task and driver processes, so an attempt can never register a
-partition after the decision was taken (it would be neither committed nor aborted).
+partition after the decision or the abort (it would be neither committed nor aborted).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgpack
@@ -36,11 +44,16 @@ _WRITE_ID = re.compile(r"[A-Za-z0-9._:/@=+-]{1,400}")
 
 
 class WriteDecidedError(Exception):
-    """The write id was already committed: an attempt may not start or grow now."""
+    """The write id was already committed or its job aborted: an attempt may not start or grow."""
+
+
+class WriteAbortedError(Exception):
+    """A commit came after the write was aborted (its transaction timed out)."""
 
 
 @dataclass(frozen=True)
 class Attempt:
+    job: str
     producer_id: int
     producer_epoch: int
     partitions: tuple[TopicPartition, ...]
@@ -51,6 +64,8 @@ class WriteState:
     attempts: dict[str, Attempt] = field(default_factory=dict)
     winners: tuple[str, ...] | None = None  # the decision; None until committed
     done: bool = False
+    closed_jobs: tuple[str, ...] = ()
+    started_ms: int = 0  # the first registration; 0 when nothing registered yet
 
     @property
     def decided(self) -> bool:
@@ -58,11 +73,18 @@ class WriteState:
 
     def to_bytes(self) -> bytes:
         attempts = {
-            key: [a.producer_id, a.producer_epoch, [[tp.topic, tp.partition] for tp in a.partitions]]
+            key: [a.job, a.producer_id, a.producer_epoch, [[tp.topic, tp.partition] for tp in a.partitions]]
             for key, a in self.attempts.items()
         }
-        winners = None if self.winners is None else list(self.winners)
-        packed: bytes = msgpack.packb({"attempts": attempts, "winners": winners, "done": self.done})
+        packed: bytes = msgpack.packb(
+            {
+                "attempts": attempts,
+                "winners": None if self.winners is None else list(self.winners),
+                "done": self.done,
+                "closed": list(self.closed_jobs),
+                "started": self.started_ms,
+            }
+        )
         return packed
 
     @classmethod
@@ -71,11 +93,11 @@ class WriteState:
             return cls()
         data: dict[str, Any] = msgpack.unpackb(raw)
         attempts = {
-            key: Attempt(pid, epoch, tuple(TopicPartition(t, p) for t, p in parts))
-            for key, (pid, epoch, parts) in data["attempts"].items()
+            key: Attempt(job, pid, epoch, tuple(TopicPartition(t, p) for t, p in parts))
+            for key, (job, pid, epoch, parts) in data["attempts"].items()
         }
         winners = None if data["winners"] is None else tuple(data["winners"])
-        return cls(attempts, winners, bool(data["done"]))
+        return cls(attempts, winners, bool(data["done"]), tuple(data["closed"]), int(data["started"]))
 
 
 def check_write_id(write_id: str) -> str:
@@ -106,28 +128,39 @@ class WriteRegistry:
     def state(self, write_id: str) -> WriteState:
         return WriteState.from_bytes(self._store.get(KEY_PREFIX + check_write_id(write_id)))
 
-    def _change(self, write_id: str, change: Any) -> WriteState:
-        result: list[WriteState] = []
+    def write_ids(self) -> list[str]:
+        return [key[len(KEY_PREFIX) :] for key in self._store.keys(KEY_PREFIX)]
+
+    def _change(self, write_id: str, change: Callable[[WriteState], WriteState | None]) -> WriteState | None:
+        result: list[WriteState | None] = []
 
         def apply(raw: bytes | None) -> bytes | None:
-            new: WriteState = change(WriteState.from_bytes(raw))
+            new = change(WriteState.from_bytes(raw))
             result.append(new)
-            return new.to_bytes()
+            return None if new is None else new.to_bytes()
 
         self._store.update(KEY_PREFIX + check_write_id(write_id), apply)
         return result[-1]
 
-    def add_partition(self, write_id: str, attempt: str, pid: int, epoch: int, tp: TopicPartition) -> None:
-        """Record that `attempt` is about to write to `tp`; WriteDecidedError if committed."""
+    def add_partition(
+        self, write_id: str, job: str, attempt: str, pid: int, epoch: int, tp: TopicPartition, now_ms: int
+    ) -> None:
+        """Record that `attempt` is about to write to `tp`; WriteDecidedError if it may not."""
 
         def change(state: WriteState) -> WriteState:
             if state.decided:
                 raise WriteDecidedError(f"write {write_id} was already committed; attempt {attempt} stops")
-            known = state.attempts.get(attempt, Attempt(pid, epoch, ()))
+            if job in state.closed_jobs:
+                raise WriteDecidedError(f"write {write_id}'s job {job} was aborted; attempt {attempt} stops")
+            known = state.attempts.get(attempt, Attempt(job, pid, epoch, ()))
+            if (known.job, known.producer_id) != (job, pid):
+                raise WriteDecidedError(
+                    f"attempt {attempt} of write {write_id} is registered with another producer"
+                )
             if tp in known.partitions:
                 return state
-            attempts = {**state.attempts, attempt: Attempt(pid, epoch, (*known.partitions, tp))}
-            return WriteState(attempts, state.winners, state.done)
+            attempts = {**state.attempts, attempt: replace(known, partitions=(*known.partitions, tp))}
+            return replace(state, attempts=attempts, started_ms=state.started_ms or now_ms)
 
         self._change(write_id, change)
 
@@ -137,18 +170,46 @@ class WriteRegistry:
         def change(state: WriteState) -> WriteState:
             if state.decided:
                 return state
-            return WriteState(state.attempts, tuple(winners), state.done)
+            closed = [
+                key
+                for key in winners
+                if key in state.attempts and state.attempts[key].job in state.closed_jobs
+            ]
+            if closed:
+                raise WriteAbortedError(
+                    f"write {write_id} was aborted (its transaction timed out) before this commit: {closed}"
+                )
+            return replace(state, winners=tuple(winners))
 
-        return self._change(write_id, change)
+        new = self._change(write_id, change)
+        assert new is not None
+        return new
 
-    def mark_done(self, write_id: str) -> None:
-        self._change(write_id, lambda state: WriteState(state.attempts, state.winners, True))
-
-    def forget(self, write_id: str, attempts: list[str]) -> None:
-        """Drop aborted attempts (their markers are durable), so a re-run starts clean."""
+    def close_jobs(self, write_id: str, jobs: list[str]) -> WriteState:
+        """Abort: the jobs of every registered attempt (and `jobs`) may register nothing more."""
 
         def change(state: WriteState) -> WriteState:
-            kept = {key: a for key, a in state.attempts.items() if key not in attempts}
-            return WriteState(kept, state.winners, state.done)
+            closed = {*state.closed_jobs, *jobs, *(a.job for a in state.attempts.values())}
+            return replace(state, closed_jobs=tuple(sorted(closed)))
 
-        self._change(write_id, change)
+        new = self._change(write_id, change)
+        assert new is not None
+        return new
+
+    def mark_done(self, write_id: str) -> None:
+        """Every marker is durable: drop the attempts (the decision alone keeps re-runs idempotent)."""
+        self._change(write_id, lambda state: replace(state, attempts={}, done=True))
+
+    def discard(self, write_id: str) -> None:
+        """Remove a finished write's record (a streaming batch that can no longer be re-run)."""
+        self._change(write_id, lambda state: None if state.done else state)
+
+    def stale(self, older_than_ms: int) -> list[str]:
+        """Undecided writes whose first registration is older than `older_than_ms`."""
+        found = []
+        for write_id in self.write_ids():
+            state = self.state(write_id)
+            open_jobs = {a.job for a in state.attempts.values()} - set(state.closed_jobs)
+            if not state.decided and open_jobs and 0 < state.started_ms < older_than_ms:
+                found.append(write_id)
+        return found

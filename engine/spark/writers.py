@@ -14,6 +14,7 @@ commits exactly those, aborting every other attempt registered under the write i
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, Wri
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
 
 from oncelog.spark.options import OptionError, WriteOptions
-from oncelog.spark.transactional_writes import TaskWriter, finish_write
+from oncelog.spark.transactional_writes import TaskWriter, abort_stale_writes, ensure_topic, finish_write
 
 _BINARY_OR_STRING = (BinaryType, StringType)
 
@@ -66,12 +67,15 @@ def _bytes(value: Any) -> bytes | None:
     return bytes(value)  # bytearray from Spark's binary
 
 
-def _write_rows(options: WriteOptions, write_id: str, attempt: str, rows: Iterator[Any]) -> AttemptMessage:
+def _write_rows(
+    options: WriteOptions, write_id: str, job: str, attempt: str, rows: Iterator[Any]
+) -> AttemptMessage:
     writer = TaskWriter(
         options.root,
         options.topic,
         write_id,
-        attempt,
+        job,
+        f"{job}/{attempt}",
         new_topic_partitions=options.new_topic_partitions,
         batch_records=options.batch_records,
         max_pending_bytes=options.max_pending_bytes,
@@ -90,7 +94,9 @@ def _write_rows(options: WriteOptions, write_id: str, attempt: str, rows: Iterat
         writer.close()
         raise
     partitions = [(tp.topic, tp.partition) for tp in result.partitions]
-    return AttemptMessage(write_id, attempt, result.producer_id, partitions, result.rows, result.skipped)
+    return AttemptMessage(
+        write_id, result.attempt, result.producer_id, partitions, result.rows, result.skipped
+    )
 
 
 def _attempts(messages: list[WriterCommitMessage | None]) -> list[AttemptMessage]:
@@ -106,12 +112,22 @@ def _attempt_key() -> str:
     return f"{context.stageId()}.{context.partitionId()}.{context.attemptNumber()}.{context.taskAttemptId()}"
 
 
+def prepare_write(options: WriteOptions) -> None:
+    """Once per job, before any task: time out abandoned writes, create a new topic whole."""
+    abort_stale_writes(options.root, options.transaction_timeout_s)
+    ensure_topic(options.root, options.topic, options.new_topic_partitions, options.lock_timeout_s)
+
+
 class OncelogBatchWriter(DataSourceWriter):
     def __init__(self, options: WriteOptions):
         self.options = options
+        # Built once per job and pickled to every task: attempt keys never collide with
+        # those of another job (a new application numbers its stages and tasks from 0 again).
+        self.job = uuid.uuid4().hex
+        prepare_write(options)
 
     def write(self, iterator: Iterator[Any]) -> AttemptMessage:
-        return _write_rows(self.options, self.options.write_id, _attempt_key(), iterator)
+        return _write_rows(self.options, self.options.write_id, self.job, _attempt_key(), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         winners = [m.attempt for m in _attempts(messages) if not m.skipped]
@@ -131,6 +147,9 @@ class OncelogStreamWriter(DataSourceStreamWriter):
     def __init__(self, options: WriteOptions):
         self.options = options
         self.prefix = options.write_id if options.user_write_id else "stream"
+        # One instance serves one micro-batch's tasks (Spark builds it per batch).
+        self.job = uuid.uuid4().hex
+        prepare_write(options)
 
     def _write_id(self, query_id: str, batch_id: int | str) -> str:
         return f"{self.prefix}/{query_id}/{batch_id}"
@@ -142,7 +161,9 @@ class OncelogStreamWriter(DataSourceStreamWriter):
         batch_id = context.getLocalProperty("streaming.sql.batchId")
         if not query_id or batch_id is None:
             raise RuntimeError("the streaming writer found no query id or batch id in its task")
-        return _write_rows(self.options, self._write_id(query_id, batch_id), _attempt_key(), iterator)
+        return _write_rows(
+            self.options, self._write_id(query_id, batch_id), self.job, _attempt_key(), iterator
+        )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         present = _attempts(messages)

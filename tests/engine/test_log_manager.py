@@ -1,17 +1,24 @@
 """LogManager: many topic-partitions under one root (issue 8).
 
-Partition directories are `<topic>-<partition>/`; one lock per root; per-topic config
-overrides are durable; one ProducerIdManager per root; recovery runs in a bounded
-thread pool and is summarised; deletes and opens are crash-safe.
+Partition directories are `<topic>-<partition>/`; one lock per root; the root's config
+and per-topic config overrides are durable; one ProducerIdManager per root; recovery
+runs in a bounded thread pool and is summarised; deletes and opens are crash-safe, and
+safe against other processes (Spark tasks) that open partitions and lease PIDs directly.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import io
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -21,13 +28,20 @@ from oncelog import (
     Log,
     LogConfig,
     LogDirLockedError,
+    LogFailedError,
     LogManager,
     PartitionRecoveryError,
     TopicPartition,
     UnknownTopicOrPartitionError,
 )
-from oncelog.log import CLEAN_SHUTDOWN_FILE
+from oncelog import log_manager as log_manager_module
+from oncelog.cli import main as cli_main
+from oncelog.log import CLEAN_SHUTDOWN_FILE, LOCK_FILE, take_clean_marker
+from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR, read_root_config, read_topic_config
+from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, MetadataStore
+from oncelog.recovery_progress import RecoveryProgress
 from oncelog.segments.batch import encode_batch
 
 T0 = 1_700_000_000_000
@@ -45,6 +59,15 @@ def batch(pid: int, seq: int, records: int = 2) -> bytes:
 
 def open_manager(root: Path | str, **kwargs: object) -> LogManager:
     return LogManager.open(root, CONFIG, clock=clock, progress=False, **kwargs)  # type: ignore[arg-type]
+
+
+def locked(path: Path | str) -> bool:
+    """Whether another opener (another process's Log.open) would find `path` locked."""
+    try:
+        DEFAULT_FS.lock(str(path)).release()
+    except BlockingIOError:
+        return True
+    return False
 
 
 def contents(log: Log) -> list[bytes]:
@@ -386,8 +409,6 @@ class TestKillAndRestart:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
         assert child.returncode == -signal.SIGKILL
-        import json
-
         expected = json.loads(line)
         assert len(expected) == 50
         config = LogConfig(segment_bytes=4096, producer_expiration_ms=10**13)
@@ -402,3 +423,410 @@ class TestKillAndRestart:
                 retry = log.append(bytes.fromhex(raw))
                 assert retry.duplicate and (retry.first_offset, retry.last_offset) == (first, last), p
                 assert log.log_end_offset == last + 1, p
+
+
+def write_root(root: Path | str, partitions: int = 3, **kwargs: object) -> None:
+    with open_manager(root, **kwargs) as manager:
+        for p in range(partitions):
+            manager.log("t", p).append(batch(p + 1, 0))
+
+
+class FailingFileSystem(DelegatingFileSystem):
+    """The OS, but with the calls `fail(op, path)` picks raising EIO."""
+
+    def __init__(self, fail: object) -> None:
+        super().__init__()
+        self.fail = fail
+
+    def check(self, op: str, path: str) -> None:
+        if self.fail(op, path):  # type: ignore[operator]
+            raise OSError(errno.EIO, f"injected EIO ({op})", path)
+
+    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
+        self.check("open", path)
+        return super().open(path, create=create, writable=writable)
+
+    def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
+        self.check("open_store", path)
+        return super().open_store(path, readonly=readonly)
+
+    def unlink(self, path: str) -> None:
+        self.check("unlink", path)
+        super().unlink(path)
+
+
+class TestOtherOpeners:
+    """Spark tasks open partitions with Log.open (waiting on their locks) and lease PIDs
+    with ProducerIdManager.open, beside or between LogManagers."""
+
+    def test_no_other_opener_gets_a_partition_between_its_marker_being_taken_and_its_log_opening(
+        self, tmp_path: Path
+    ) -> None:
+        write_root(tmp_path)
+        attempts: list[str] = []
+
+        class Intruder(DelegatingFileSystem):
+            # Where another process could get in: after a marker went, before the opens.
+            def unlink(self, path: str) -> None:
+                super().unlink(path)
+                if path.endswith(CLEAN_SHUTDOWN_FILE):
+                    self.intrude(os.path.dirname(path))
+
+            def sync_filesystem(self, path: str) -> None:
+                super().sync_filesystem(path)
+                for p in range(3):
+                    self.intrude(os.path.join(path, f"t-{p}"))
+
+            def intrude(self, directory: str) -> None:
+                try:
+                    log = Log.open(directory, CONFIG)
+                except LogDirLockedError:
+                    attempts.append("locked out")
+                    return
+                # Got in: appends and is killed (no close) -- the log is no longer clean.
+                log.append(batch(99, 0))
+                log._store.close()
+                log._dir_lock.release()
+                attempts.append("got in")
+
+        with open_manager(tmp_path, fs=Intruder()) as manager:
+            assert manager.recovery_summary.clean == 3
+        assert attempts == ["locked out"] * 6
+
+    def test_a_partition_another_process_holds_fails_the_open_before_any_marker_is_taken(
+        self, tmp_path: Path
+    ) -> None:
+        write_root(tmp_path)
+        squatter = Log.open(tmp_path / "t-1", CONFIG)
+        unlinked: list[str] = []
+
+        class Recording(DelegatingFileSystem):
+            def unlink(self, path: str) -> None:
+                unlinked.append(path)
+                super().unlink(path)
+
+        with pytest.raises(PartitionRecoveryError, match="t-1") as caught:
+            open_manager(tmp_path, fs=Recording())
+        assert list(caught.value.failures) == [TopicPartition("t", 1)]
+        assert isinstance(caught.value.failures[TopicPartition("t", 1)], LogDirLockedError)
+        # The partitions it could lock were left as they were: clean, and unlocked.
+        assert unlinked == []
+        for p in (0, 2):
+            assert (tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE).exists()
+            assert not locked(tmp_path / f"t-{p}" / LOCK_FILE)
+        squatter.close()
+        with open_manager(tmp_path) as manager:
+            assert manager.recovery_summary.clean == 3
+
+    def test_log_open_takes_over_a_lock_its_caller_holds_and_releases_it_if_opening_fails(
+        self, tmp_path: Path
+    ) -> None:
+        directory = tmp_path / "t-0"
+        directory.mkdir()
+        lock_path = str(directory / LOCK_FILE)
+        broken = FailingFileSystem(lambda op, path: op == "open_store")
+        with pytest.raises(LogFailedError, match="injected EIO"):
+            Log.open(directory, CONFIG, fs=broken, dir_lock=DEFAULT_FS.lock(lock_path))
+        assert not locked(lock_path)
+        log = Log.open(directory, CONFIG, dir_lock=DEFAULT_FS.lock(lock_path))
+        assert locked(lock_path)
+        log.close()
+        assert not locked(lock_path)
+
+    def test_a_clean_marker_that_vanishes_between_exists_and_unlink_is_not_taken(
+        self, tmp_path: Path
+    ) -> None:
+        (tmp_path / CLEAN_SHUTDOWN_FILE).touch()
+
+        class Racing(DelegatingFileSystem):
+            def unlink(self, path: str) -> None:
+                os.unlink(path)  # another opener took it first
+                super().unlink(path)
+
+        assert take_clean_marker(Racing(), str(tmp_path)) is False
+
+    def test_open_waits_for_a_pid_lease_another_process_holds_briefly(self, tmp_path: Path) -> None:
+        open_manager(tmp_path).close()
+        leasing = ProducerIdManager.open(tmp_path)
+        threading.Timer(0.3, leasing.close).start()
+        started = time.monotonic()
+        with open_manager(tmp_path) as manager:
+            assert time.monotonic() - started >= 0.25
+            assert manager.producer_ids.lease().producer_id >= 0
+
+    def test_open_fails_if_the_pid_lock_stays_held_and_releases_the_root(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(log_manager_module, "PRODUCER_IDS_LOCK_TIMEOUT_S", 0.2)
+        leasing = ProducerIdManager.open(tmp_path)
+        with pytest.raises(LogDirLockedError, match=r"still locked after 0\.2 s"):
+            open_manager(tmp_path)
+        leasing.close()
+        open_manager(tmp_path).close()
+
+    def test_a_second_manager_on_the_root_still_fails_at_once(self, tmp_path: Path) -> None:
+        with open_manager(tmp_path):
+            started = time.monotonic()
+            with pytest.raises(LogDirLockedError, match="LogManager"):
+                open_manager(tmp_path)
+            assert time.monotonic() - started < 1
+
+
+class TestFailedOpen:
+    def test_a_failed_open_closes_every_log_that_opened_even_when_a_close_fails_and_releases_the_root(
+        self, tmp_path: Path
+    ) -> None:
+        write_root(tmp_path)
+        t0, t1 = str(tmp_path / "t-0"), str(tmp_path / "t-1")
+        # t-1 cannot be opened; t-0's close cannot write its clean-shutdown marker.
+        broken = FailingFileSystem(
+            lambda op, path: (
+                (op == "open_store" and path.startswith(t1 + os.sep))
+                or (op == "open" and path == os.path.join(t0, CLEAN_SHUTDOWN_FILE))
+            )
+        )
+        with pytest.raises(PartitionRecoveryError, match="t-1") as caught:
+            open_manager(tmp_path, fs=broken, recovery_threads=1)
+        assert list(caught.value.failures) == [TopicPartition("t", 1)]
+        assert any("closing t-0" in note for note in caught.value.__notes__)
+        assert (tmp_path / "t-2" / CLEAN_SHUTDOWN_FILE).exists()  # t-2 was closed after t-0 failed to
+        for name in ("t-0/.lock", "t-1/.lock", "t-2/.lock", ".lock", "producer_ids.lock"):
+            assert not locked(tmp_path / name), name
+        with open_manager(tmp_path) as manager:
+            assert len(manager.logs()) == 3
+
+    def test_an_error_from_the_progress_bar_closes_the_log_it_reported(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        write_root(tmp_path)
+        advanced: list[object] = []
+
+        def advance(self: RecoveryProgress, report: object) -> None:
+            advanced.append(report)
+            if len(advanced) == 2:
+                raise RuntimeError("the terminal went away")
+
+        monkeypatch.setattr(RecoveryProgress, "advance", advance)
+        with pytest.raises(PartitionRecoveryError, match="terminal went away"):
+            open_manager(tmp_path, recovery_threads=1)
+        # Every log that opened was closed again: its clean-shutdown marker is back.
+        assert all((tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE).exists() for p in range(3))
+        assert not any(locked(tmp_path / f"t-{p}" / LOCK_FILE) for p in range(3))
+        monkeypatch.undo()
+        with open_manager(tmp_path) as manager:
+            assert manager.recovery_summary.clean == 3
+
+    def test_ctrl_c_during_recovery_closes_the_logs_that_opened_and_releases_every_lock(
+        self, tmp_path: Path
+    ) -> None:
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            pytest.skip("SIGINT does not raise KeyboardInterrupt here")
+        write_root(tmp_path)
+        main_thread = threading.main_thread().ident
+        assert main_thread is not None
+        t1 = str(tmp_path / "t-1")
+
+        class Interrupting(DelegatingFileSystem):
+            def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
+                if path.startswith(t1 + os.sep):
+                    signal.pthread_kill(main_thread, signal.SIGINT)  # Ctrl-C while t-1 loads
+                    time.sleep(0.2)
+                return super().open_store(path, readonly=readonly)
+
+        with pytest.raises(KeyboardInterrupt):
+            open_manager(tmp_path, fs=Interrupting(), recovery_threads=1)
+        # t-0 and t-1 opened (t-1 finished loading after the interrupt) and were closed.
+        assert (tmp_path / "t-0" / CLEAN_SHUTDOWN_FILE).exists()
+        assert (tmp_path / "t-1" / CLEAN_SHUTDOWN_FILE).exists()
+        for name in ("t-0/.lock", "t-1/.lock", "t-2/.lock", ".lock", "producer_ids.lock"):
+            assert not locked(tmp_path / name), name
+        with open_manager(tmp_path) as manager:
+            assert len(manager.logs()) == 3
+
+
+class TestDeleteAfterFailure:
+    def test_the_partition_stays_locked_and_its_intent_durable_through_every_step_of_its_delete(
+        self,
+    ) -> None:
+        root = "/root"
+        inner = FaultFileSystem(3)
+        partition = f"{root}/t-0"
+        checked: list[str] = []
+
+        class Watching(DelegatingFileSystem):
+            def watch(self, op: str, path: str) -> None:
+                if not path.startswith(partition + "/") or not inner.exists(f"{partition}/{LOCK_FILE}"):
+                    return
+                try:
+                    inner.lock(f"{partition}/{LOCK_FILE}").release()
+                    checked.append(f"{op} {path}: another opener got in")
+                except BlockingIOError:
+                    store = inner.open_store(f"{root}/{ROOT_METADATA_DIR}", readonly=True)
+                    intent = store.get(DELETE_INTENT_PREFIX + "t-0")
+                    checked.append(f"{op} {path}: " + ("ok" if intent is not None else "no intent yet"))
+
+            def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
+                self.watch("open", path)
+                return super().open(path, create=create, writable=writable)
+
+            def rename(self, src: str, dst: str) -> None:
+                self.watch("rename", src)
+                super().rename(src, dst)
+
+            def unlink(self, path: str) -> None:
+                self.watch("unlink", path)
+                super().unlink(path)
+
+        fs = Watching(inner)
+        manager = LogManager.open(root, CONFIG, fs=fs, clock=clock, progress=False)
+        for seq in range(0, 40, 2):
+            manager.log("t", 0).append(batch(1, seq))
+        checked.clear()
+        manager.delete_log("t", 0)
+        assert not inner.exists(partition)
+        manager.close()
+        assert len(checked) > 10 and all(line.endswith(": ok") for line in checked), checked
+
+    def fail_a_delete(self, root: Path) -> tuple[LogManager, FailingFileSystem]:
+        """A manager whose delete of t-0 failed half way (EIO on its third unlink)."""
+        unlinks: list[str] = []
+
+        def fail(op: str, path: str) -> bool:
+            if op == "unlink" and os.sep + "t-0" + os.sep in path:
+                unlinks.append(path)
+                return len(unlinks) == 3
+            return False
+
+        fs = FailingFileSystem(lambda op, path: False)
+        manager = open_manager(root, fs=fs)
+        for seq in range(0, 100, 2):
+            manager.log("t", 0).append(batch(1, seq))
+        manager.log("t", 1).append(batch(2, 0))
+        fs.fail = fail
+        with pytest.raises(OSError, match="injected EIO"):
+            manager.delete_log("t", 0)
+        fs.fail = lambda op, path: False
+        assert list(manager.logs()) == [TopicPartition("t", 1)]
+        assert len(os.listdir(root / "t-0")) > 2  # half deleted
+        return manager, fs
+
+    def test_after_a_failed_delete_the_next_log_of_the_partition_starts_it_empty_and_keeps_it(
+        self, tmp_path: Path
+    ) -> None:
+        manager, _ = self.fail_a_delete(tmp_path)
+        with manager:
+            with pytest.raises(UnknownTopicOrPartitionError):
+                manager.log("t", 0, create=False)
+            log = manager.log("t", 0)
+            assert (log.log_start_offset, log.log_end_offset) == (0, 0)
+            assert len(log.segments) == 1
+            acknowledged = log.append(batch(7, 0), durable=True)
+            assert acknowledged.first_offset == 0
+        with open_manager(tmp_path) as reopened:
+            assert list(reopened.logs()) == [TopicPartition("t", 0), TopicPartition("t", 1)]
+            assert contents(reopened.log("t", 0)) == [batch(7, 0)]
+
+    def test_a_failed_delete_is_finished_by_deleting_again(self, tmp_path: Path) -> None:
+        manager, _ = self.fail_a_delete(tmp_path)
+        with manager:
+            manager.delete_log("t", 0)
+            assert not (tmp_path / "t-0").exists()
+            with pytest.raises(UnknownTopicOrPartitionError):
+                manager.delete_log("t", 0)
+
+    def test_a_failed_delete_is_finished_by_the_next_open(self, tmp_path: Path) -> None:
+        manager, _ = self.fail_a_delete(tmp_path)
+        manager.close()
+        with open_manager(tmp_path) as reopened:
+            assert list(reopened.logs()) == [TopicPartition("t", 1)]
+            assert not (tmp_path / "t-0").exists()
+
+    def test_a_pending_delete_of_a_partition_another_process_holds_fails_the_open_naming_it(
+        self, tmp_path: Path
+    ) -> None:
+        manager, _ = self.fail_a_delete(tmp_path)
+        manager.close()
+        holder = DEFAULT_FS.lock(str(tmp_path / "t-0" / LOCK_FILE))
+        with pytest.raises(PartitionRecoveryError, match="t-0") as caught:
+            open_manager(tmp_path)
+        assert isinstance(caught.value.failures[TopicPartition("t", 0)], LogDirLockedError)
+        assert (tmp_path / "t-0").exists()  # nothing removed under the holder
+        holder.release()
+        with open_manager(tmp_path) as reopened:
+            assert list(reopened.logs()) == [TopicPartition("t", 1)]
+
+
+READ_TOPIC_CONFIGS = textwrap.dedent(
+    """
+    import dataclasses, json, sys
+    from oncelog.log_manager import read_topic_config
+    configs = {t: dataclasses.asdict(read_topic_config(sys.argv[1], t)) for t in sys.argv[2:]}
+    print(json.dumps(configs))
+    """
+)
+
+
+class TestRootConfig:
+    ROOT_CONFIG = dataclasses.replace(CONFIG, producer_capacity=200_000, retention_ms=None)
+
+    def test_read_topic_config_gives_a_partition_the_config_its_manager_gives_it(
+        self, tmp_path: Path
+    ) -> None:
+        with LogManager.open(tmp_path, self.ROOT_CONFIG, clock=clock, progress=False) as manager:
+            manager.set_topic_config("big", segment_bytes=1 << 20)
+            expected = {topic: manager.log(topic, 0).config for topic in ("big", "plain")}
+            assert expected["plain"] == self.ROOT_CONFIG
+            # Read by another process while the manager runs (LMDB allows one handle per
+            # process), and after it closed.
+            read = subprocess.run(
+                [sys.executable, "-c", READ_TOPIC_CONFIGS, str(tmp_path), *expected],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            assert json.loads(read.stdout) == {t: dataclasses.asdict(c) for t, c in expected.items()}
+        assert {topic: read_topic_config(str(tmp_path), topic) for topic in expected} == expected
+
+    def test_open_without_a_config_uses_the_persisted_one_and_a_given_config_replaces_it(
+        self, tmp_path: Path
+    ) -> None:
+        LogManager.open(tmp_path, self.ROOT_CONFIG, progress=False).close()
+        with LogManager.open(tmp_path, progress=False) as manager:
+            assert manager.config == self.ROOT_CONFIG
+            assert manager.log("t", 0).config.producer_capacity == 200_000
+        LogManager.open(tmp_path, CONFIG, progress=False).close()
+        assert read_root_config(str(tmp_path)) == CONFIG
+        with LogManager.open(tmp_path, progress=False) as manager:
+            assert manager.config == CONFIG
+
+    def test_on_corruption_is_the_openers_choice_and_not_persisted(self, tmp_path: Path) -> None:
+        truncating = dataclasses.replace(self.ROOT_CONFIG, on_corruption="truncate")
+        LogManager.open(tmp_path, truncating, progress=False).close()
+        assert read_root_config(str(tmp_path)) == self.ROOT_CONFIG
+        with LogManager.open(tmp_path, progress=False) as manager:
+            assert manager.config.on_corruption == "raise"
+        with LogManager.open(tmp_path, progress=False, on_corruption="truncate") as manager:
+            assert manager.config == truncating
+        assert read_root_config(str(tmp_path)) == self.ROOT_CONFIG
+
+    def test_a_root_no_manager_opened_reads_as_the_defaults_and_nothing_is_created(
+        self, tmp_path: Path
+    ) -> None:
+        assert read_topic_config(str(tmp_path / "missing"), "t") == LogConfig()
+        (tmp_path / ROOT_METADATA_DIR).mkdir()  # a store directory with nothing committed
+        assert read_topic_config(str(tmp_path), "t") == LogConfig()
+        assert read_root_config(str(tmp_path)) == LogConfig()
+        assert sorted(p.name for p in tmp_path.rglob("*")) == [ROOT_METADATA_DIR]
+        with pytest.raises(InvalidTopicError):
+            read_topic_config(str(tmp_path), "a/b")
+
+    def test_oncelog_recover_recovers_with_the_persisted_config_and_keeps_it(self, tmp_path: Path) -> None:
+        write_root(tmp_path, 2)
+        LogManager.open(tmp_path, self.ROOT_CONFIG, progress=False).close()
+        out, err = io.StringIO(), io.StringIO()
+        assert (
+            cli_main(["recover", "--no-progress", "--truncate-corrupt", str(tmp_path)], out=out, err=err) == 0
+        )
+        assert read_root_config(str(tmp_path)) == self.ROOT_CONFIG
+        with LogManager.open(tmp_path, progress=False) as manager:
+            assert manager.log("t", 1).producer_state(2) is not None  # not expired by a default config

@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import itertools
+import shutil
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from oncelog.spark.options import EARLIEST, LATEST, OptionError, parse_offsets, read_options, write_options
-from oncelog.spark.planning import OffsetRange, PartitionBounds, resolve, split_ranges
-from oncelog.spark.readers import cap_rows
+from oncelog import LogConfig, LogManager
+from oncelog.segments.batch import encode_batch
+from oncelog.spark.options import (
+    EARLIEST,
+    LATEST,
+    OptionError,
+    ReadOptions,
+    parse_offsets,
+    read_options,
+    write_options,
+)
+from oncelog.spark.planning import (
+    DataLossError,
+    OffsetRange,
+    PartitionBounds,
+    batch_ranges,
+    partition_bounds,
+    resolve,
+    split_ranges,
+)
+from oncelog.spark.readers import OncelogStreamReader, RangePartition, cap_rows, range_partitions, read_range
 
 
 def test_offsets_are_earliest_latest_or_kafkas_json() -> None:
@@ -89,3 +110,66 @@ def test_cap_rows_shares_the_cap_by_backlog() -> None:
     assert cap_rows({0: 0, 1: 0}, {0: 10, 1: 10}, 100) == {0: 10, 1: 10}
     assert cap_rows({0: 0, 1: 0}, {0: 300, 1: 100}, 100) == {0: 75, 1: 25}
     assert cap_rows({0: 5, 1: 7}, {0: 5, 1: 1007}, 10) == {0: 5, 1: 17}
+
+
+# -- against a real root (no Spark session: the readers' methods are called directly) -------------
+def _root_with_an_abort(tmp_path: Path, *, crashed: bool = False) -> Path:
+    """A root whose t-0 holds before, an aborted transaction, after; `crashed`: a copy
+    taken while the log was open, as a kill -9 leaves it (no snapshot at the end)."""
+    root = tmp_path / "root"
+    with LogManager.open(root, LogConfig(), progress=False) as manager:
+        log = manager.log("t", 0)
+        log.append(encode_batch([(None, b"before")]))
+        txn = encode_batch(
+            [(None, b"aborted")], producer_id=5, producer_epoch=0, base_sequence=0, is_transactional=True
+        )
+        log.append(txn)
+        log.write_txn_marker(5, 0, commit=False, coordinator_epoch=0)
+        log.append(encode_batch([(None, b"after")]))
+        if crashed:
+            shutil.copytree(root, tmp_path / "crashed")
+    return tmp_path / "crashed" if crashed else root
+
+
+def _values(options: ReadOptions, parts: list[RangePartition]) -> list[bytes]:
+    return [v for part in parts for batch in read_range(options, part) for v in batch.column(1).to_pylist()]
+
+
+def test_an_abort_whose_index_entry_is_missing_is_still_filtered(tmp_path: Path) -> None:
+    # The writer appends the ABORT marker, then its .txnindex entry: a reader can find the
+    # marker without the entry (a crash or a read in between). Planning saw the marker.
+    root = _root_with_an_abort(tmp_path, crashed=True)
+    for index in (root / "t-0").glob("*.txnindex"):
+        index.write_bytes(b"")  # killed after the marker, before its index entry
+    options = read_options({"path": str(root), "topic": "t"})
+    bounds = partition_bounds(str(root), "t", "read_committed")
+    parts = range_partitions(batch_ranges(options, bounds), {b.partition: b for b in bounds})
+    assert _values(options, parts) == [b"before", b"after"]
+    unplanned = [RangePartition(p.partition, p.start, p.end) for p in parts]
+    assert b"aborted" in _values(options, unplanned)  # what the planner's list prevents
+
+
+def test_a_stream_ahead_of_a_truncated_log_is_data_loss(tmp_path: Path) -> None:
+    root = _root_with_an_abort(tmp_path)
+    strict = OncelogStreamReader(read_options({"path": str(root), "topic": "t"}, streaming=True))
+    with pytest.raises(DataLossError, match="log ends at 4"):
+        strict.latestOffset({"t": {"0": 100}}, ReadAllAvailable())
+    lenient = OncelogStreamReader(
+        read_options({"path": str(root), "topic": "t", "failondataloss": "false"}, streaming=True)
+    )
+    assert lenient.latestOffset({"t": {"0": 100}}, ReadAllAvailable()) == {"t": {"0": 4}}
+    assert [p.start for p in lenient.partitions({"t": {"0": 100}}, {"t": {"0": 4}})] == [0]
+
+
+def test_offsets_lost_after_planning_are_skipped_only_when_allowed(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    with LogManager.open(root, LogConfig(segment_bytes=1024), progress=False) as manager:
+        log = manager.log("t", 0)
+        for n in range(60):
+            log.append(encode_batch([(None, b"v%d" % n)]))
+        planned = RangePartition(0, 0, 60)
+        log.delete_records(30)  # after planning, before the task reads
+    with pytest.raises(DataLossError, match="failOnDataLoss"):
+        _values(read_options({"path": str(root), "topic": "t"}), [planned])
+    lenient = read_options({"path": str(root), "topic": "t", "failondataloss": "false"})
+    assert _values(lenient, [planned]) == [b"v%d" % n for n in range(30, 60)]

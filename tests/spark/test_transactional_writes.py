@@ -7,6 +7,7 @@ abort) against a real root, then reads back with the engine in read_committed.
 from __future__ import annotations
 
 import multiprocessing
+import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,14 @@ from oncelog import InvalidProducerEpochError, Log, LogConfig
 from oncelog.layout import TopicPartition
 from oncelog.results import Isolation
 from oncelog.spark.partitioner import murmur2, partition_for_key
-from oncelog.spark.transactional_writes import TaskWriter, finish_write
-from oncelog.spark.write_registry import WriteDecidedError, WriteRegistry, check_write_id
+from oncelog.spark.transactional_writes import (
+    TaskWriter,
+    abort_stale_writes,
+    ensure_topic,
+    finish_write,
+    topic_partitions,
+)
+from oncelog.spark.write_registry import WriteAbortedError, WriteDecidedError, WriteRegistry, check_write_id
 
 TOPIC = "orders"
 
@@ -55,12 +62,14 @@ def run_attempt(
     *,
     partitions: int = 3,
     fail_after: int | None = None,
+    job: str = "job-a",
 ) -> str:
     """One task attempt; `fail_after` rows it stops as a crashed attempt would (no finish)."""
     writer = TaskWriter(
         str(root),
         TOPIC,
         write_id,
+        job,
         attempt,
         new_topic_partitions=partitions,
         batch_records=7,
@@ -98,7 +107,7 @@ class TestCommit:
         winners = [run_attempt(tmp_path, "w2", "0.0.0", rows_of(0))]
         finish_write(str(tmp_path), "w2", winners)
         before = read_topic(tmp_path, 3, "read_uncommitted")
-        writer = TaskWriter(str(tmp_path), TOPIC, "w2", "1.0.0", new_topic_partitions=3)
+        writer = TaskWriter(str(tmp_path), TOPIC, "w2", "job-b", "1.0.0", new_topic_partitions=3)
         assert writer.skipped
         writer.add(b"k", b"new")
         result = writer.finish()
@@ -108,7 +117,7 @@ class TestCommit:
 
     def test_an_earlier_decision_stands_when_the_driver_died_mid_commit(self, tmp_path: Path) -> None:
         first = run_attempt(tmp_path, "w3", "0.0.0", rows_of(0))
-        second = run_attempt(tmp_path, "w3", "0.0.1", rows_of(0))
+        run_attempt(tmp_path, "w3", "0.0.1", rows_of(0))  # a loser: aborted by the roll-forward
         with WriteRegistry.open(str(tmp_path)) as registry:
             registry.decide("w3", [first])  # the commit point, then the driver died
         # The re-run's driver sees no winners of its own (its tasks skipped): the stored decision wins.
@@ -116,7 +125,7 @@ class TestCommit:
         assert sorted(read_topic(tmp_path, 3)) == sorted(rows_of(0))
         with WriteRegistry.open(str(tmp_path)) as registry:
             state = registry.state("w3")
-        assert state.done and state.winners == (first,) and second in state.attempts
+        assert state.done and state.winners == (first,) and state.attempts == {}  # compacted once done
 
     def test_keyed_rows_land_where_kafkas_default_partitioner_puts_them(self, tmp_path: Path) -> None:
         winners = [run_attempt(tmp_path, "w4", "0.0.0", rows_of(0), partitions=5)]
@@ -134,13 +143,16 @@ class TestAbort:
         finish_write(str(tmp_path), "w5", None)
         assert read_topic(tmp_path, 3) == []  # also checks no transaction is left open
         with WriteRegistry.open(str(tmp_path)) as registry:
-            assert registry.state("w5").attempts == {}
-        winners = [run_attempt(tmp_path, "w5", "1.0.0", rows_of(2))]
+            assert registry.state("w5").closed_jobs == ("job-a",)
+            assert registry.stale(2**62) == []  # aborted already: not timed out again
+        winners = [run_attempt(tmp_path, "w5", "1.0.0", rows_of(2), job="job-b")]  # the re-run
         finish_write(str(tmp_path), "w5", winners)
         assert sorted(read_topic(tmp_path, 3)) == sorted(rows_of(2))
 
     def test_a_zombie_attempt_is_fenced_after_the_commit(self, tmp_path: Path) -> None:
-        zombie = TaskWriter(str(tmp_path), TOPIC, "w6", "0.0.0", new_topic_partitions=1, batch_records=5)
+        zombie = TaskWriter(
+            str(tmp_path), TOPIC, "w6", "job-a", "0.0.0", new_topic_partitions=1, batch_records=5
+        )
         for value in rows_of(0, 10):
             zombie.add(None, value)
         zombie._drain()  # it appended (and registered its partition), then stalled
@@ -156,7 +168,59 @@ class TestAbort:
         with WriteRegistry.open(str(tmp_path)) as registry:
             registry.decide("w7", [])
             with pytest.raises(WriteDecidedError):
-                registry.add_partition("w7", "0.0.0", 5, 0, TopicPartition(TOPIC, 0))
+                registry.add_partition("w7", "job-a", "0.0.0", 5, 0, TopicPartition(TOPIC, 0), 1)
+
+
+class TestFencingAndTimeouts:
+    def test_a_zombie_of_an_aborted_job_cannot_register_a_new_partition(self, tmp_path: Path) -> None:
+        run_attempt(tmp_path, "w9", "0.0.0", rows_of(0), partitions=1)
+        finish_write(str(tmp_path), "w9", None, job="job-a")
+        with WriteRegistry.open(str(tmp_path)) as registry:
+            with pytest.raises(WriteDecidedError, match="aborted"):
+                registry.add_partition("w9", "job-a", "0.1.0", 77, 0, TopicPartition(TOPIC, 1), 1)
+            registry.add_partition("w9", "job-b", "0.1.0", 78, 0, TopicPartition(TOPIC, 1), 1)  # a re-run may
+
+    def test_an_attempt_key_reused_with_another_producer_is_refused(self, tmp_path: Path) -> None:
+        with WriteRegistry.open(str(tmp_path)) as registry:
+            registry.add_partition("w10", "job-a", "0.0.0", 5, 0, TopicPartition(TOPIC, 0), 1)
+            with pytest.raises(WriteDecidedError, match="another producer"):
+                registry.add_partition("w10", "job-a", "0.0.0", 6, 0, TopicPartition(TOPIC, 1), 1)
+
+    def test_an_abandoned_write_is_aborted_after_the_timeout_and_a_late_commit_fails(
+        self, tmp_path: Path
+    ) -> None:
+        attempt = run_attempt(tmp_path, "w11", "0.0.0", rows_of(0))
+        assert abort_stale_writes(str(tmp_path), 3600) == []  # young: left alone
+        assert read_topic(tmp_path, 3, all_closed=False) == []
+        time.sleep(0.01)
+        assert abort_stale_writes(str(tmp_path), 0.001) == ["w11"]
+        assert read_topic(tmp_path, 3) == []  # aborted: nothing left open, nothing visible
+        with pytest.raises(WriteAbortedError):
+            finish_write(str(tmp_path), "w11", [attempt])
+
+    def test_a_finished_write_keeps_only_its_decision(self, tmp_path: Path) -> None:
+        winners = [run_attempt(tmp_path, "w12", "0.0.0", rows_of(0))]
+        finish_write(str(tmp_path), "w12", winners)
+        with WriteRegistry.open(str(tmp_path)) as registry:
+            state = registry.state("w12")
+            assert state.done and state.decided and state.attempts == {}
+            registry.discard("w12")
+            assert registry.write_ids() == []
+
+
+class TestTopics:
+    def test_a_new_topic_is_created_whole_so_every_job_routes_keys_alike(self, tmp_path: Path) -> None:
+        ensure_topic(str(tmp_path), TOPIC, 4, 10.0)
+        assert topic_partitions(str(tmp_path), TOPIC) == [0, 1, 2, 3]
+        writer = TaskWriter(str(tmp_path), TOPIC, "w13", "job-a", "0.0.0", new_topic_partitions=1)
+        assert writer.partition_count == 4
+
+    def test_large_records_are_cut_into_batches_under_the_size_limit(self, tmp_path: Path) -> None:
+        writer = TaskWriter(str(tmp_path), TOPIC, "w14", "job-a", "0.0.0", new_topic_partitions=1)
+        for n in range(1000):
+            writer.add(None, b"%04d" % n + b"x" * 2048)
+        finish_write(str(tmp_path), "w14", [writer.finish().attempt])
+        assert len(read_topic(tmp_path, 1)) == 1000
 
 
 def _concurrent_attempt(root: str, task: int) -> str:
