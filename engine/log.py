@@ -231,6 +231,16 @@ class Log:
             self._check_open()
             return self._producers.expire(self._clock() if now_ms is None else now_ms, exhaustive=exhaustive)
 
+    def retire_producers(self, producer_ids: list[int]) -> int:
+        """Forget finished producers now instead of after `producer_expiration_ms`.
+
+        Only producers with no open transaction go; their next batch (there should be
+        none) would be accepted at any sequence, as after expiry. Returns how many left.
+        """
+        with self._lock:
+            self._check_open()
+            return self._producers.retire(producer_ids)
+
     def producers(self) -> Iterator[ProducerStateEntry]:
         """Every producer's state, oldest first (a snapshot taken under the lock)."""
         with self._lock:

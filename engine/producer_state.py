@@ -405,6 +405,32 @@ class ProducerStateManager:
             self._hot.clear()  # some of them may have left the table
         return expired
 
+    def retire(self, producer_ids: list[int]) -> int:
+        """Forget producers that will never write again (no open transaction), as expiry
+        would later; returns how many left. Their slots become holes the head pops.
+
+        For a writer that knows a producer is finished (a Spark task attempt whose
+        transaction committed): without it each such producer holds a slot for
+        `expiration_ms`, and a stream of short-lived producers fills the table.
+        """
+        slots = []
+        for producer_id in producer_ids:
+            slot = self._slots.get(producer_id)
+            if (
+                slot is not None
+                and self.table[slot]["live"] == 1
+                and self.table[slot]["txn_first_offset"] < 0
+            ):
+                slots.append(slot)
+                self._hot.pop(producer_id, None)
+        if slots:
+            at = np.asarray(slots, dtype=np.int64)
+            self._slots.delete_slots(at)
+            self.table["live"][at] = 0
+            self.due_s[at] = 0  # due now: the head pops the holes when it reaches them
+            self.holes += len(slots)
+        return len(slots)
+
     def _full_pass(self, now_ms: int) -> int:
         """Expire idle producers anywhere in the ring, leaving holes for the head to pop."""
         expired = 0

@@ -333,6 +333,10 @@ def finish_write(
                         producer_id, epoch, commit=commit, coordinator_epoch=COORDINATOR_EPOCH
                     )
                     written += 1
+                # A committed attempt never writes again: free its slot in the producer table
+                # now (a stream makes producers per micro-batch; expiry would take a day). An
+                # aborted one stays: its bumped epoch is what fences a zombie.
+                log.retire_producers([pid for pid, _, commit in markers[tp] if commit])
         if state.decided:
             registry.mark_done(write_id)
         # An abort keeps its (closed) attempts: a late commit of their job must be refused.

@@ -619,3 +619,27 @@ def test_without_an_injected_clock_old_producers_expire_against_the_wall_clock(t
     with Log.open(tmp_path / "wall", config()) as log:
         log.append(batch(A, 0, ts=T0))
         assert log.expire_producers() == 1
+
+
+class TestRetire:
+    """Log.retire_producers: a writer that knows producers are finished frees their slots."""
+
+    def test_retired_producers_leave_now_and_their_slots_serve_new_ones(self, tmp_path: Path) -> None:
+        config = LogConfig(producer_capacity=4, producer_expiration_ms=10**13)
+        with Log.open(tmp_path / "t-0", config, clock=lambda: 1_700_000_000_000) as log:
+            for round_ in range(10):  # 30 producers through a table of 4
+                pids = [100 + 3 * round_ + i for i in range(3)]
+                for pid in pids:
+                    log.append(
+                        encode_batch([(b"k", b"v")], producer_id=pid, producer_epoch=0, base_sequence=0)
+                    )
+                assert log.retire_producers(pids) == 3
+                assert all(log.producer_state(pid) is None for pid in pids)
+            txn = encode_batch(
+                [(b"k", b"v")], producer_id=7, producer_epoch=0, base_sequence=0, is_transactional=True
+            )
+            log.append(txn)
+            assert log.retire_producers([7, 999]) == 0  # an open transaction stays; unknown is ignored
+            assert log.producer_state(7) is not None
+        with Log.open(tmp_path / "t-0", config) as log:
+            assert [entry.producer_id for entry in log.producers()] == [7]  # the snapshot agrees

@@ -246,3 +246,18 @@ def test_murmur2_matches_kafka_pythons() -> None:
 def test_write_ids_are_plain_and_bounded(bad: str) -> None:
     with pytest.raises(ValueError, match="writeId"):
         check_write_id(bad)
+
+
+def test_committed_attempts_free_their_producer_slots_and_aborted_ones_stay_fenced(tmp_path: Path) -> None:
+    loser = TaskWriter(str(tmp_path), TOPIC, "w15", "job-a", "0.0.0", new_topic_partitions=1)
+    loser.add(None, b"lost")
+    loser_result = loser.finish()
+    winner = TaskWriter(str(tmp_path), TOPIC, "w15", "job-a", "0.0.1", new_topic_partitions=1)
+    winner.add(None, b"kept")
+    winner_result = winner.finish()
+    finish_write(str(tmp_path), "w15", [winner_result.attempt])
+    with Log.open(tmp_path / f"{TOPIC}-0", LogConfig()) as log:
+        assert log.producer_state(winner_result.producer_id) is None  # retired at its commit
+        fenced = log.producer_state(loser_result.producer_id)
+        assert fenced is not None and fenced.producer_epoch == 1  # kept, with the bumped epoch
+        assert values(log, "read_committed") == [b"kept"]
