@@ -20,7 +20,12 @@ from oncelog.config import LogConfig, OnCorruption
 from oncelog.errors import CorruptLogError, LogDirLockedError, OncelogError
 from oncelog.layout import TopicPartition, parse_partition_dir_name
 from oncelog.log import Log
-from oncelog.log_manager import MAX_RECOVERY_THREADS, LogManager, PartitionRecoveryError
+from oncelog.log_manager import (
+    MAX_RECOVERY_THREADS,
+    PARTITION_LOCK_TIMEOUT_S,
+    LogManager,
+    PartitionRecoveryError,
+)
 from oncelog.recovery.loader import RecoveryReport
 from oncelog.recovery_progress import RecoverySummary
 from oncelog.segments.segment import LOG_SUFFIX
@@ -79,6 +84,13 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         action="store_true",
         help="cut a log at corruption below its recovery point instead of failing (loses the data after it)",
     )
+    parser.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=PARTITION_LOCK_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long to wait for a partition another process is writing (default: %(default)g)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(handler=run)
@@ -94,7 +106,10 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_BAD_INPUT
     on_corruption: OnCorruption = "truncate" if args.truncate_corrupt else "raise"
     try:
-        summary = _recover(root, on_corruption, args.threads, progress=False if args.no_progress else None)
+        progress = False if args.no_progress else None
+        summary = _recover(
+            root, on_corruption, args.threads, progress=progress, lock_timeout_s=args.lock_timeout
+        )
     except LogDirLockedError as exc:
         print(f"oncelog recover: {exc}; stop the process using it first", file=err)
         return EXIT_BAD_INPUT
@@ -118,7 +133,12 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _recover(
-    root: str, on_corruption: OnCorruption, threads: int | None, *, progress: bool | None
+    root: str,
+    on_corruption: OnCorruption,
+    threads: int | None,
+    *,
+    progress: bool | None,
+    lock_timeout_s: float,
 ) -> RecoverySummary:
     if _is_partition_dir(root):
         log = Log.open(root, LogConfig(on_corruption=on_corruption))
@@ -130,7 +150,12 @@ def _recover(
     # The root's persisted config: recovering with another could expire producers or
     # overflow the producer table that config sized (and would replace it).
     manager = LogManager.open(
-        root, None, recovery_threads=threads, progress=progress, on_corruption=on_corruption
+        root,
+        None,
+        recovery_threads=threads,
+        progress=progress,
+        on_corruption=on_corruption,
+        lock_timeout_s=lock_timeout_s,
     )
     summary = manager.recovery_summary
     manager.close()

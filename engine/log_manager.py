@@ -52,6 +52,8 @@ TOPIC_CONFIG_PREFIX = "topic-config/"
 DELETE_INTENT_PREFIX = "delete/"
 # A Spark task holds the root's producer_ids.lock for the few milliseconds of one lease.
 PRODUCER_IDS_LOCK_TIMEOUT_S = 10.0
+# How long an open waits for partitions other processes hold (writers append for ms-s).
+PARTITION_LOCK_TIMEOUT_S = 10.0
 # Recovery is mostly waiting on fsync and file opens (both release the GIL), so a few
 # threads per core overlap them; more only adds contention. Bounded either way.
 MAX_RECOVERY_THREADS = 64
@@ -216,6 +218,7 @@ class LogManager:
         self.config = config
         self.producer_ids = producer_ids
         self.recovery_threads = recovery_threads
+        self.lock_timeout_s = PARTITION_LOCK_TIMEOUT_S
         self._fs = fs
         self._clock = clock
         self._dir_lock = dir_lock
@@ -238,6 +241,7 @@ class LogManager:
         recovery_threads: int | None = None,
         progress: bool | None = None,
         on_corruption: OnCorruption | None = None,
+        lock_timeout_s: float = PARTITION_LOCK_TIMEOUT_S,
     ) -> LogManager:
         """Open (creating) the root and recover every partition under it.
 
@@ -249,7 +253,8 @@ class LogManager:
         stderr (default: when it is a terminal).
 
         The root lock fails at once (LogDirLockedError: another manager has the root);
-        the root's PID manager lock is waited for up to PRODUCER_IDS_LOCK_TIMEOUT_S.
+        the root's PID manager lock is waited for up to PRODUCER_IDS_LOCK_TIMEOUT_S, and a
+        partition another process holds (a Spark task appending) up to `lock_timeout_s`.
         """
         directory = os.fspath(root)
         fs = fs or DEFAULT_FS
@@ -270,6 +275,7 @@ class LogManager:
                 root_config = dataclasses.replace(root_config, on_corruption=on_corruption)
             producer_ids = _open_producer_ids(directory, fs, clock, PRODUCER_IDS_LOCK_TIMEOUT_S)
             manager = cls(directory, root_config, fs, clock, dir_lock, store, producer_ids, threads)
+            manager.lock_timeout_s = lock_timeout_s
             manager._finish_pending_deletes()
             manager._recover_all(progress)
         except BaseException as exc:
@@ -503,11 +509,28 @@ class LogManager:
         try:
             # Every partition's lock before its marker is read: a process that opened the
             # partition in between could append and die, leaving a log trusted as clean.
-            for tp in partitions:
-                try:
-                    locks[tp] = self._lock_partition(tp)
-                except (LogDirLockedError, OSError) as lock_error:
-                    failures[tp] = lock_error
+            # A partition another process holds (a Spark task appending) is waited for, a
+            # bounded time in all, then it fails the open.
+            deadline = time.monotonic() + self.lock_timeout_s
+            pause_s = 0.005
+            waiting = list(partitions)
+            while waiting:
+                still: list[TopicPartition] = []
+                for tp in waiting:
+                    try:
+                        locks[tp] = self._lock_partition(tp)
+                    except LogDirLockedError as lock_error:
+                        still.append(tp)
+                        failures[tp] = lock_error
+                    except OSError as lock_error:
+                        failures[tp] = lock_error
+                    else:
+                        failures.pop(tp, None)
+                if not still or time.monotonic() >= deadline:
+                    break
+                time.sleep(pause_s)
+                pause_s = min(pause_s * 2, 0.2)
+                waiting = still
             if failures:  # before any marker is taken: nothing on disk has changed
                 raise PartitionRecoveryError(self.root, failures)
             clean = {tp: take_clean_marker(self._fs, self._partition_path(tp)) for tp in partitions}

@@ -88,7 +88,9 @@ def open_partition(
 
 def lease_producer_id(root: str, timeout_s: float, fs: FileSystem = DEFAULT_FS) -> int:
     def lease() -> int:
-        with ProducerIdManager.open(root, fs=fs) as manager:
+        # A block of one: this opener leases a single PID and closes, and the rest of a
+        # larger block would be skipped by the next opener (reserved durably, never issued).
+        with ProducerIdManager.open(root, fs=fs, block_size=1) as manager:
             return manager.lease().producer_id
 
     pid = _wait_for(f"the producer ids of {root}", lease, timeout_s)

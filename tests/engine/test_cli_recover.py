@@ -100,7 +100,7 @@ def test_a_root_in_use_is_refused_with_exit_2(tmp_path: Path) -> None:
 def test_a_partition_held_by_another_log_fails_that_partition(tmp_path: Path) -> None:
     make_root(tmp_path, 2)
     with Log.open(tmp_path / "orders-0", CONFIG):
-        status, _, err = run("recover", "--no-progress", str(tmp_path))
+        status, _, err = run("recover", "--no-progress", "--lock-timeout", "0.1", str(tmp_path))
     assert status == 1 and f"FAILED {TopicPartition('orders', 0)}: LogDirLockedError" in err
 
 

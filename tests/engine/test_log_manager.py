@@ -294,6 +294,16 @@ class TestRecovery:
             # Every marker was consumed at open: a crash now must count as unclean.
             assert not any((tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE).exists() for p in range(4))
 
+    def test_a_partition_another_process_holds_briefly_is_waited_for(self, tmp_path: Path) -> None:
+        with open_manager(tmp_path) as manager:
+            manager.log("t", 0).append(batch(1, 0))
+        writer = Log.open(tmp_path / "t-0", CONFIG)  # a Spark task appending, say
+        releaser = threading.Timer(0.3, writer.close)
+        releaser.start()
+        with open_manager(tmp_path, lock_timeout_s=10.0) as manager:
+            assert list(manager.logs()) == [TopicPartition("t", 0)]
+        releaser.join()
+
     def test_a_partition_that_fails_to_open_fails_the_open_naming_it_and_releases_everything(
         self, tmp_path: Path
     ) -> None:
@@ -302,7 +312,7 @@ class TestRecovery:
                 manager.log("t", p).append(batch(1, 0))
         squatter = Log.open(tmp_path / "t-1", CONFIG)  # another process's Log holds t-1
         with pytest.raises(PartitionRecoveryError, match="t-1") as caught:
-            open_manager(tmp_path)
+            open_manager(tmp_path, lock_timeout_s=0.1)
         assert list(caught.value.failures) == [TopicPartition("t", 1)]
         assert isinstance(caught.value.failures[TopicPartition("t", 1)], LogDirLockedError)
         squatter.close()
@@ -506,7 +516,7 @@ class TestOtherOpeners:
                 super().unlink(path)
 
         with pytest.raises(PartitionRecoveryError, match="t-1") as caught:
-            open_manager(tmp_path, fs=Recording())
+            open_manager(tmp_path, fs=Recording(), lock_timeout_s=0.1)
         assert list(caught.value.failures) == [TopicPartition("t", 1)]
         assert isinstance(caught.value.failures[TopicPartition("t", 1)], LogDirLockedError)
         # The partitions it could lock were left as they were: clean, and unlocked.

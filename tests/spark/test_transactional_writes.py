@@ -261,3 +261,8 @@ def test_committed_attempts_free_their_producer_slots_and_aborted_ones_stay_fenc
         fenced = log.producer_state(loser_result.producer_id)
         assert fenced is not None and fenced.producer_epoch == 1  # kept, with the bumped epoch
         assert values(log, "read_committed") == [b"kept"]
+
+
+def test_task_attempts_lease_consecutive_producer_ids(tmp_path: Path) -> None:
+    pids = [TaskWriter(str(tmp_path), TOPIC, "w16", "job-a", f"0.{n}.0").producer_id for n in range(3)]
+    assert pids == list(range(pids[0], pids[0] + 3))  # no block of 100 wasted per attempt
