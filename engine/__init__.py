@@ -9,6 +9,7 @@ from oncelog.errors import (
     InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTxnStateError,
+    LockTimeoutError,
     LogClosedError,
     LogDirLockedError,
     LogFailedError,
@@ -33,6 +34,7 @@ from oncelog.segments import Record, RecordBatch, encode_batch, iter_batches
 from oncelog.segments.index import TimestampOffset
 
 __all__ = [
+    "LockTimeoutError",
     "UnknownTopicOrPartitionError",
     "TopicPartition",
     "RecoverySummary",

@@ -70,6 +70,10 @@ class LogDirLockedError(OncelogError):
     """Another Log (in this process or another) has the directory open."""
 
 
+class LockTimeoutError(LogDirLockedError, TimeoutError):
+    """A lock another process holds was waited for, and stayed held too long."""
+
+
 class CorruptLogError(OncelogError):
     """Bad bytes below the recovery point: not a torn tail, real corruption.
 

@@ -39,6 +39,7 @@ import msgpack
 from oncelog.config import LogConfig, OnCorruption
 from oncelog.errors import LogDirLockedError, OncelogError
 from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_topic_partition
+from oncelog.lock_wait import FIRST_PAUSE_S, MAX_PAUSE_S, wait_while_locked
 from oncelog.log import LOCK_FILE, Log, take_clean_marker
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.fs import DEFAULT_FS, DirLock, FileSystem, MetadataStore
@@ -153,17 +154,9 @@ def _settle_root_config(store: MetadataStore, config: LogConfig | None) -> LogCo
 
 def _open_producer_ids(root: str, fs: FileSystem, clock: Clock | None, timeout_s: float) -> ProducerIdManager:
     """The root's ProducerIdManager, waiting up to `timeout_s` for a lease in another process."""
-    deadline = time.monotonic() + timeout_s
-    pause_s = 0.005
-    while True:
-        try:
-            return ProducerIdManager.open(root, fs=fs, clock=clock)
-        except LogDirLockedError as exc:
-            left_s = deadline - time.monotonic()
-            if left_s <= 0:
-                raise LogDirLockedError(f"{exc} (still locked after {timeout_s:g} s)") from None
-            time.sleep(min(pause_s, left_s))
-            pause_s = min(pause_s * 2, 0.2)  # back off: the holder is leasing one PID
+    return wait_while_locked(
+        f"the producer ids of {root}", lambda: ProducerIdManager.open(root, fs=fs, clock=clock), timeout_s
+    )
 
 
 def _release_after_failure(failure: BaseException, releases: Sequence[Callable[[], object]]) -> None:
@@ -512,7 +505,7 @@ class LogManager:
             # A partition another process holds (a Spark task appending) is waited for, a
             # bounded time in all, then it fails the open.
             deadline = time.monotonic() + self.lock_timeout_s
-            pause_s = 0.005
+            pause_s = FIRST_PAUSE_S
             waiting = list(partitions)
             while waiting:
                 still: list[TopicPartition] = []
@@ -529,7 +522,7 @@ class LogManager:
                 if not still or time.monotonic() >= deadline:
                     break
                 time.sleep(pause_s)
-                pause_s = min(pause_s * 2, 0.2)
+                pause_s = min(pause_s * 2, MAX_PAUSE_S)
                 waiting = still
             if failures:  # before any marker is taken: nothing on disk has changed
                 raise PartitionRecoveryError(self.root, failures)

@@ -76,7 +76,7 @@ def find_partitions(root: str, fs: FileSystem) -> list[Partition]:
         tp = parse_partition_dir_name(os.path.basename(absolute))
         return [Partition(path, tp, os.path.dirname(absolute))]
     found = []
-    deleting = _delete_intents(fs, path) if ROOT_METADATA_DIR in names else set()
+    deleting = delete_intents(fs, path) if ROOT_METADATA_DIR in names else set()
     for name in names:
         # Root-wide entries (.lock, meta.lmdb, producer_ids.lmdb, checkpoints) never parse;
         # a `<tp>.<hex>-delete` directory or a delete intent's is no longer part of the root.
@@ -121,7 +121,7 @@ def read_partition_meta(fs: FileSystem, directory: str) -> PartitionMeta:
     return PartitionMeta(True, clean, point, client_only, log_start)
 
 
-def _delete_intents(fs: FileSystem, root: str) -> set[str]:
+def delete_intents(fs: FileSystem, root: str) -> set[str]:
     """The partition directories the LogManager of `root` is deleting."""
     try:
         store = fs.open_store(os.path.join(root, ROOT_METADATA_DIR), readonly=True)

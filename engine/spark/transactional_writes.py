@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from oncelog.config import LogConfig
-from oncelog.errors import LogDirLockedError
 from oncelog.layout import TopicPartition, parse_partition_dir_name
+from oncelog.lock_wait import wait_while_locked
 from oncelog.log import Log
 from oncelog.log_manager import ROOT_METADATA_DIR, read_topic_config
-from oncelog.partition_dirs import _delete_intents
+from oncelog.partition_dirs import delete_intents
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.fs import DEFAULT_FS, FileSystem
 from oncelog.segments.batch import encode_batch
@@ -47,37 +47,13 @@ Header = tuple[str, bytes | None]
 COORDINATOR_EPOCH = 0
 
 
-class LockTimeoutError(TimeoutError):
-    """A partition (or the root's producer ids) stayed locked by another process too long."""
-
-
-def _wait_for(what: str, attempt: Callable[[], object], timeout_s: float) -> object:
-    deadline = time.monotonic() + timeout_s
-    pause_s = 0.005
-    while True:
-        try:
-            return attempt()
-        except LogDirLockedError:
-            if time.monotonic() >= deadline:
-                raise LockTimeoutError(f"{what} stayed locked for {timeout_s:g} s") from None
-            time.sleep(pause_s)
-            pause_s = min(pause_s * 2, 0.2)  # back off: the holder is appending or committing
-
-
-def topic_config(root: str, topic: str, fs: FileSystem = DEFAULT_FS) -> LogConfig:
-    """The config a LogManager of `root` gives `topic` (its persisted root config and the
-    topic's overrides, read-only), so every writer opens a partition with the same one."""
-    return read_topic_config(root, topic, fs)
-
-
 @contextmanager
 def open_partition(
     root: str, tp: TopicPartition, config: LogConfig, timeout_s: float, fs: FileSystem = DEFAULT_FS
 ) -> Iterator[Log]:
     """The partition's log, waiting for its lock; closed (flushed) on exit."""
     path = os.path.join(root, str(tp))
-    log = _wait_for(f"partition {tp} under {root}", lambda: Log.open(path, config, fs=fs), timeout_s)
-    assert isinstance(log, Log)
+    log = wait_while_locked(f"partition {tp} under {root}", lambda: Log.open(path, config, fs=fs), timeout_s)
     try:
         yield log
     finally:
@@ -93,9 +69,7 @@ def lease_producer_id(root: str, timeout_s: float, fs: FileSystem = DEFAULT_FS) 
         with ProducerIdManager.open(root, fs=fs, block_size=1) as manager:
             return manager.lease().producer_id
 
-    pid = _wait_for(f"the producer ids of {root}", lease, timeout_s)
-    assert isinstance(pid, int)
-    return pid
+    return wait_while_locked(f"the producer ids of {root}", lease, timeout_s)
 
 
 def topic_partitions(root: str, topic: str, fs: FileSystem = DEFAULT_FS) -> list[int]:
@@ -103,7 +77,7 @@ def topic_partitions(root: str, topic: str, fs: FileSystem = DEFAULT_FS) -> list
     if not fs.exists(root):
         return []
     names = fs.listdir(root)
-    deleting = _delete_intents(fs, root) if ROOT_METADATA_DIR in names else set()
+    deleting = delete_intents(fs, root) if ROOT_METADATA_DIR in names else set()
     found = []
     for name in names:
         tp = parse_partition_dir_name(name)
@@ -119,7 +93,7 @@ def ensure_topic(
     task of every job sees the same partition count."""
     if topic_partitions(root, topic, fs):
         return
-    config = topic_config(root, topic, fs)
+    config = read_topic_config(root, topic, fs)
     for partition in range(partitions):
         with open_partition(root, TopicPartition(topic, partition), config, timeout_s, fs):
             pass
@@ -177,7 +151,7 @@ class TaskWriter:
         # A topic that does not exist yet gets `new_topic_partitions` (the data source
         # creates them all before the job, see ensure_topic); a missing one is created on write.
         self.partition_count = existing[-1] + 1 if existing else new_topic_partitions
-        self._config = topic_config(root, topic, fs)
+        self._config = read_topic_config(root, topic, fs)
         # Cut batches by size too, well under the topic's limit (a batch's overhead is small).
         self.batch_bytes = max(1024, self._config.max_batch_bytes // 2)
         self.producer_id = -1 if self.skipped else lease_producer_id(root, lock_timeout_s, fs)
@@ -324,7 +298,7 @@ def finish_write(
                 markers.setdefault(tp, []).append((attempt.producer_id, epoch, commit))
         written = 0
         for tp in sorted(markers):
-            with open_partition(root, tp, topic_config(root, tp.topic, fs), lock_timeout_s, fs) as log:
+            with open_partition(root, tp, read_topic_config(root, tp.topic, fs), lock_timeout_s, fs) as log:
                 for producer_id, epoch, commit in markers[tp]:
                     entry = log.producer_state(producer_id)
                     if commit and (entry is None or entry.current_txn_first_offset < 0):
