@@ -43,11 +43,14 @@ class ProducerAppendInfo:
     """Kafka's append rules for the batches of one request, checked on copies.
 
     Each producer's row is read once per request; `apply` returns the state after
-    each batch, which the log stores once that batch's bytes are written.
+    each batch, which the log stores once that batch's bytes are written. `now_ms`
+    is the engine's clock for the request: every producer it touches was last
+    appended then, whatever its batches' timestamps say.
     """
 
-    def __init__(self, manager: ProducerStateManager):
+    def __init__(self, manager: ProducerStateManager, now_ms: int):
         self._manager = manager
+        self._now_ms = now_ms
         self._pending: dict[int, WorkingState | None] = {}
         self._new_producers = 0
 
@@ -123,7 +126,7 @@ class ProducerAppendInfo:
     ) -> WorkingState:
         """Record an accepted batch (later batches of the request see it); returns the new state."""
         current = self._current_or_new(producer_id, producer_epoch, batch.max_timestamp_ms)
-        apply_batch(current, producer_epoch, batch, is_control, is_transactional)
+        apply_batch(current, producer_epoch, batch, is_control, is_transactional, append_ms=self._now_ms)
         # A copy: a later batch of the same producer in this request changes `current`.
         return current.copy()
 
@@ -132,13 +135,17 @@ class ProducerAppendInfo:
     ) -> tuple[WorkingState, CompletedTxn | None]:
         """Record an accepted transaction marker; returns the new state and the transaction it closed."""
         current = self._current_or_new(producer_id, producer_epoch, timestamp_ms)
-        completed = apply_marker(current, producer_epoch, marker_offset, timestamp_ms, marker)
+        completed = apply_marker(
+            current, producer_epoch, marker_offset, timestamp_ms, marker, append_ms=self._now_ms
+        )
         return current.copy(), completed
 
     def _current_or_new(self, producer_id: int, producer_epoch: int, timestamp_ms: int) -> WorkingState:
         current = self._current(producer_id)
         if current is None:
-            current = WorkingState(producer_id, producer_epoch, [], timestamp_ms)
+            current = WorkingState(
+                producer_id, producer_epoch, [], self._now_ms, last_timestamp_ms=timestamp_ms
+            )
             self._new_producers += 1
             if not self._manager.has_room_for(self._new_producers):
                 raise ProducerStateFullError(

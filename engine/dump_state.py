@@ -3,8 +3,12 @@
 - A snapshot (`%020d.snapshot`, oncelog's format or Kafka's v1) is printed one line
   per producer, as Kafka's DumpLogSegments prints one:
   `producerId: P producerEpoch: E coordinatorEpoch: C currentTxnFirstOffset: T
-  lastTimestamp: L firstSequence: F lastSequence: S lastOffset: O offsetDelta: D`
-  (the fields of its newest batch). oncelog's own format keeps up to 5 batches per
+  lastTimestamp: L lastAppend: A firstSequence: F lastSequence: S lastOffset: O
+  offsetDelta: D` (the fields of its newest batch). lastTimestamp is the newest
+  batch's timestamp, from the client's clock; lastAppend is when the engine last
+  appended for the producer, on its own clock, which is what expiry reads
+  (`unknown` in Kafka's snapshots and oncelog's first version: the next open
+  counts it as the open's time). oncelog's own format keeps up to 5 batches per
   producer: those follow the producer line, indented, oldest first.
 - An offset index (`.index`, 8-byte entries) is printed `offset: N position: P` and
   a time index (`.timeindex`, 12-byte entries) `timestamp: T offset: N`, as Kafka
@@ -23,8 +27,10 @@ from typing import TextIO
 import numpy as np
 
 from oncelog.errors import CorruptSnapshotError
+from oncelog.producer_state import first_sequence_of
 from oncelog.recovery.fs import DEFAULT_FS, FileSystem
 from oncelog.recovery.snapshot import (
+    ONCELOG_V1_VERSION,
     ONCELOG_VERSION,
     SNAPSHOT_SUFFIX,
     list_snapshot_offsets,
@@ -65,7 +71,7 @@ def dump_snapshot(path: str, out: TextIO, err: TextIO, *, fs: FileSystem = DEFAU
         return _complain(err, out, f"corrupt snapshot {path}: {exc}")
     except OSError as exc:
         return _complain(err, out, f"cannot read {path}: {exc.strerror or exc}")
-    windows = len(head) == _VERSION.size and _VERSION.unpack(head)[0] == ONCELOG_VERSION
+    windows = len(head) == _VERSION.size and _VERSION.unpack(head)[0] in (ONCELOG_VERSION, ONCELOG_V1_VERSION)
     print(f"Dumping {path}", file=out)
     for line in snapshot_lines(rows, windows=windows):
         print(line, file=out)
@@ -81,23 +87,26 @@ def snapshot_lines(rows: np.ndarray, *, windows: bool) -> list[str]:
         newest = count - 1
         first_seq, last_seq, last_offset, delta = -1, -1, -1, -1
         if count:
-            first_seq = int(row["first_sequence"][newest])
             last_seq = int(row["last_sequence"][newest])
             last_offset = int(row["last_offset"][newest])
             delta = int(row["offset_delta"][newest])
+            first_seq = first_sequence_of(last_seq, delta)
+        appended = int(row["last_append_ms"])
         lines.append(
             f"producerId: {int(row['producer_id'])} producerEpoch: {int(row['producer_epoch'])}"
             f" coordinatorEpoch: {int(row['coordinator_epoch'])}"
             f" currentTxnFirstOffset: {int(row['txn_first_offset'])}"
-            f" lastTimestamp: {int(row['last_activity_ms'])}"
+            f" lastTimestamp: {int(row['last_timestamp_ms'])}"
+            f" lastAppend: {appended if appended >= 0 else 'unknown'}"
             f" firstSequence: {first_seq} lastSequence: {last_seq}"
             f" lastOffset: {last_offset} offsetDelta: {delta}"
         )
         if windows:
             for i in range(count):
+                last_i, delta_i = int(row["last_sequence"][i]), int(row["offset_delta"][i])
                 lines.append(
-                    f"    batch: {i} firstSequence: {int(row['first_sequence'][i])}"
-                    f" lastSequence: {int(row['last_sequence'][i])}"
+                    f"    batch: {i} firstSequence: {first_sequence_of(last_i, delta_i)}"
+                    f" lastSequence: {last_i}"
                     f" lastOffset: {int(row['last_offset'][i])}"
                     f" offsetDelta: {int(row['offset_delta'][i])}"
                     f" maxTimestamp: {int(row['max_timestamp_ms'][i])}"

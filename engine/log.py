@@ -18,11 +18,11 @@ import bisect
 import dataclasses
 import os
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from oncelog.append_plan import PlannedBatch, stamped_buffers
 from oncelog.append_rules import ProducerAppendInfo
+from oncelog.clock import Clock, MonotonicClock, engine_clock
 from oncelog.config import LogConfig
 from oncelog.errors import (
     InvalidRecordError,
@@ -56,8 +56,6 @@ from oncelog.segments.segment import BatchMeta, LogSegment
 from oncelog.transactions import OpenTransactions, aborted_between
 from oncelog.validation import Origin, client_batch_header, validate_batch
 
-Clock = Callable[[], int]
-
 # Builds a NamedTuple without its Python-level __new__: half the cost on the append path.
 _new_result = tuple.__new__
 
@@ -79,17 +77,13 @@ def take_clean_marker(fs: FileSystem, directory: str) -> bool:
     return True
 
 
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class Log:
     def __init__(
         self,
         directory: str,
         config: LogConfig,
         fs: FileSystem,
-        clock: Clock,
+        clock: MonotonicClock,
         loaded: LoadedLog,
         store: MetadataStore,
         dir_lock: DirLock,
@@ -137,6 +131,10 @@ class Log:
     ) -> Log:
         """Open the partition directory at `path`, creating it if missing.
 
+        `clock` (milliseconds; the wall clock by default) is the engine's time: when
+        producers were last appended and when they expire, LogAppendTime stamps,
+        flush_ms and retention. The Log never lets it go backwards (MonotonicClock).
+
         `dir_lock` is the directory's lock (`fs.lock(<path>/.lock)`) for a caller that
         took it itself: the Log takes it over (releases it at close, or here if opening
         fails). None: take it here (LogDirLockedError if another Log holds it).
@@ -164,8 +162,8 @@ class Log:
                     # fsync(dir): a crash during loading must find no marker and count as unclean.
                     fs.fsync_dir(directory)
             store = fs.open_store(os.path.join(directory, METADATA_DIR))
-            clock = clock or wall_clock_ms
-            loaded = LogLoader(fs, directory, config, store, clean=clean, now_ms=clock()).load()
+            log_clock = engine_clock(clock)
+            loaded = LogLoader(fs, directory, config, store, clean=clean, now_ms=log_clock()).load()
         except BaseException as exc:
             if store is not None:
                 store.close()
@@ -174,7 +172,7 @@ class Log:
                 # An I/O error while loading: nothing is served; reopening retries recovery.
                 raise LogFailedError(f"opening {directory} failed: {exc}") from exc
             raise
-        return cls(directory, config, fs, clock, loaded, store, dir_lock)
+        return cls(directory, config, fs, log_clock, loaded, store, dir_lock)
 
     # -- properties ------------------------------------------------------------------
     @property
@@ -222,14 +220,18 @@ class Log:
             return self._producers.get(producer_id)
 
     def expire_producers(self, now_ms: int | None = None, *, exhaustive: bool = False) -> int:
-        """Forget producers idle for `producer_expiration_ms`; returns how many.
+        """Forget producers the engine has not appended for in `producer_expiration_ms`;
+        returns how many.
 
+        `now_ms` defaults to the Log's clock; an earlier time than the clock has
+        already shown is raised to it (expiry never runs on a clock that went back).
         Pops from the head of the ring while it is due (see ProducerStateManager);
         `exhaustive` examines every producer once.
         """
         with self._lock:
             self._check_open()
-            return self._producers.expire(self._clock() if now_ms is None else now_ms, exhaustive=exhaustive)
+            now = self._clock()
+            return self._producers.expire(now if now_ms is None else max(now_ms, now), exhaustive=exhaustive)
 
     def retire_producers(self, producer_ids: list[int]) -> int:
         """Forget finished producers now instead of after `producer_expiration_ms`.
@@ -299,7 +301,7 @@ class Log:
                 epoch, first_sequence = header[10], header[11]
                 is_transactional = bool(header[5] & fmt.TRANSACTIONAL_MASK)
                 last_sequence = (first_sequence + last_delta) % (fmt.INT32_MAX + 1)
-                info = ProducerAppendInfo(self._producers)
+                info = ProducerAppendInfo(self._producers, now_ms)
                 duplicate = info.check(pid, epoch, first_sequence, last_sequence, is_transactional)
                 if duplicate is not None:
                     return _new_result(
@@ -316,7 +318,7 @@ class Log:
                 self._failure = exc
                 raise LogFailedError(f"write to {segment.path} failed: {exc}") from exc
             if after is not None:
-                self._producers.put(after, now_ms)
+                self._producers.put(after)
                 if after.txn_first_offset >= 0:
                     self._transactions.opened(pid, after.txn_first_offset)
             if self._has_flush_policy:
@@ -362,7 +364,7 @@ class Log:
         with self._lock:
             self._check_writable()
             now_ms = self._clock()
-            info = ProducerAppendInfo(self._producers)
+            info = ProducerAppendInfo(self._producers, now_ms)
             info.check_marker(producer_id, producer_epoch, coordinator_epoch)
             base = self.log_end_offset
             data = encode_txn_marker(
@@ -401,21 +403,21 @@ class Log:
             if head_due_ms is not None and head_due_ms <= now_ms:
                 self._producers.expire(now_ms)  # cheap: only when the oldest entry is due
             try:
-                plan = self._plan(views, origin)
+                plan = self._plan(views, origin, now_ms)
             except ProducerStateFullError:
                 # A full ring: make room from expired producers once, then refuse.
                 if not self._producers.make_room(now_ms):
                     raise
-                plan = self._plan(views, origin)
+                plan = self._plan(views, origin, now_ms)
             results = self._execute(plan)
             if self._has_flush_policy:
                 self._maybe_flush(sum(p.batch.records_count for p in plan if not p.duplicate))
             return results
 
-    def _plan(self, views: list[RecordBatch], origin: Origin) -> list[PlannedBatch]:
+    def _plan(self, views: list[RecordBatch], origin: Origin, now_ms: int) -> list[PlannedBatch]:
         """Offsets and producer checks for a request, with no I/O and no state change."""
-        append_time_ms = self._clock() if self.config.timestamp_type == "LogAppendTime" else None
-        info = ProducerAppendInfo(self._producers)
+        append_time_ms = now_ms if self.config.timestamp_type == "LogAppendTime" else None
+        info = ProducerAppendInfo(self._producers, now_ms)
         plan: list[PlannedBatch] = []
         next_offset = self.log_end_offset
         for batch in views:
@@ -502,10 +504,9 @@ class Log:
         except OSError as exc:
             self._failure = exc
             raise LogFailedError(f"write to {self.active_segment.path} failed: {exc}") from exc
-        now_ms = self._clock()
         for p in group:
             if p.producer_after is not None:
-                self._producers.put(p.producer_after, now_ms)
+                self._producers.put(p.producer_after)
                 try:
                     self._transactions.track(p.producer_after, p.completed, self.active_segment)
                 except OSError as exc:

@@ -23,7 +23,13 @@ from oncelog.partition_dirs import (
     read_partition_meta,
     segment_bases,
 )
-from oncelog.producer_state import BatchMetadata, WorkingState, apply_batch, apply_marker
+from oncelog.producer_state import (
+    UNKNOWN_APPEND_MS,
+    BatchMetadata,
+    WorkingState,
+    apply_batch,
+    apply_marker,
+)
 from oncelog.recovery.fs import FileSystem
 from oncelog.recovery.snapshot import list_snapshot_offsets, read_snapshot
 from oncelog.segments.batch import RecordBatch, UnwrittenSpaceError
@@ -107,30 +113,35 @@ class _Replay:
                 pid,
                 int(row["producer_epoch"]),
                 [],  # the dedupe window does not change the counts
-                int(row["last_activity_ms"]),
+                int(row["last_append_ms"]),
                 int(row["coordinator_epoch"]),
                 int(row["txn_first_offset"]),
+                int(row["last_timestamp_ms"]),
             )
 
     def apply(self, batch: RecordBatch) -> None:
         h = batch.header
         if h.producer_id < 0 or (self.start is not None and h.base_offset < self.start):
             return
+        # When the engine appended a replayed batch is not stored; stat does not expire.
+        appended = UNKNOWN_APPEND_MS
         w = self.states.get(h.producer_id) or WorkingState(
-            h.producer_id, h.producer_epoch, [], h.max_timestamp
+            h.producer_id, h.producer_epoch, [], appended, last_timestamp_ms=h.max_timestamp
         )
         if batch.is_control:
             marker = decode_txn_marker(batch)
             if marker is None:
                 return  # an empty control batch, or not a marker: the loader skips it too
-            completed = apply_marker(w, h.producer_epoch, h.base_offset, h.max_timestamp, marker)
+            completed = apply_marker(
+                w, h.producer_epoch, h.base_offset, h.max_timestamp, marker, append_ms=appended
+            )
             if completed is not None and completed.aborted:
                 self.aborted.append((completed.producer_id, completed.first_offset, completed.last_offset))
         else:
             meta = BatchMetadata(
                 h.base_sequence, batch.last_sequence, h.base_offset, batch.last_offset, h.max_timestamp
             )
-            apply_batch(w, h.producer_epoch, meta, False, batch.is_transactional)
+            apply_batch(w, h.producer_epoch, meta, False, batch.is_transactional, append_ms=appended)
         self.states[h.producer_id] = w
 
     def open_transactions(self) -> list[int]:

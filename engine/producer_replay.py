@@ -5,9 +5,29 @@ row in the table for every batch costs more than validating a 16 KiB batch, so
 the replay keeps each touched producer's working state in a dict and writes each
 row once, at `flush`. New producers are flushed in order of first appearance, so
 the ring's order is what a batch-by-batch replay would give.
+
+When the engine appended a replayed batch is not stored anywhere (batch timestamps
+are the client's clock). A replayed producer counts as appended at the load's time
+(`now_ms`), the latest it could have been: expiry after recovery then never drops
+a producer the running engine would have kept, and keeps one at most one
+expiration period longer than it would have.
+
+That can leave more producers than the table holds: a tail in which producers came
+and went by expiry replays them all. The engine's clock never goes back, so the
+order of appends in the log is the order of their times, and the producers the
+running engine still kept (idle less than the expiration, or in a transaction)
+were the most recent ones, at most the table's capacity. So when the replayed
+producers do not fit, the least recently appended ones with no open transaction
+are shed (by last append time, then by the offset of their newest batch), and
+`shed` counts them; ProducerStateFullError only if open transactions alone
+overflow the table.
 """
 
 from __future__ import annotations
+
+import logging
+
+import numpy as np
 
 from oncelog.errors import ProducerStateFullError
 from oncelog.producer_state import (
@@ -20,6 +40,8 @@ from oncelog.producer_state import (
 )
 from oncelog.segments.control import TxnMarker
 
+log = logging.getLogger(__name__)
+
 # Bounds the dict (and the memory it holds) on a tail naming very many producers.
 MAX_PENDING_PRODUCERS = 100_000
 
@@ -27,9 +49,12 @@ MAX_PENDING_PRODUCERS = 100_000
 class ReplayBuffer:
     def __init__(self, manager: ProducerStateManager, now_ms: int):
         self._manager = manager
-        self._now_ms = now_ms  # the load's clock, for expiry when the table is full
+        # The load's clock: the append time of every replayed producer, and expiry's
+        # time when the table is full.
+        self._now_ms = now_ms
         self._pending: dict[int, WorkingState] = {}
         self._open: dict[int, int] | None = None  # see open_transactions
+        self.shed = 0  # producers dropped because the replay did not fit the table
 
     def replay_batch(
         self,
@@ -46,7 +71,7 @@ class ReplayBuffer:
         """Apply a stored data batch without checks (recovery, and the torture checker's full replay)."""
         w = self._working(producer_id, producer_epoch, max_timestamp_ms)
         meta = BatchMetadata(first_sequence, last_sequence, first_offset, last_offset, max_timestamp_ms)
-        apply_batch(w, producer_epoch, meta, is_control, is_transactional)
+        apply_batch(w, producer_epoch, meta, is_control, is_transactional, append_ms=self._now_ms)
         if self._open is not None and w.txn_first_offset >= 0:
             self._open.setdefault(producer_id, w.txn_first_offset)
 
@@ -55,7 +80,9 @@ class ReplayBuffer:
     ) -> CompletedTxn | None:
         """Apply a stored transaction marker; returns the transaction it closed, if any."""
         w = self._working(producer_id, producer_epoch, timestamp_ms)
-        completed = apply_marker(w, producer_epoch, marker_offset, timestamp_ms, marker)
+        completed = apply_marker(
+            w, producer_epoch, marker_offset, timestamp_ms, marker, append_ms=self._now_ms
+        )
         if self._open is not None:
             self._open.pop(producer_id, None)
         return completed
@@ -81,30 +108,60 @@ class ReplayBuffer:
             if len(self._pending) >= MAX_PENDING_PRODUCERS:
                 self.flush()
             w = self._manager.working(producer_id) or WorkingState(
-                producer_id, producer_epoch, [], timestamp_ms
+                producer_id, producer_epoch, [], self._now_ms, last_timestamp_ms=timestamp_ms
             )
             self._pending[producer_id] = w
         return w
 
     def flush(self) -> None:
-        """Write every pending producer into the table.
+        """Write every pending producer into the table (updates first, then new ones in
+        order of first appearance).
 
-        When the table is full, producers expired at the load's clock make room
-        (the load expires them at its end anyway), as the batch-by-batch replay
-        did; ProducerStateFullError only if it is full of live producers.
+        When the new ones do not fit, producers expired at the load's clock make room
+        (the load expires them at its end anyway); if they still do not fit, the least
+        recent are shed (see the module docstring).
         """
-        pending, manager, now_ms = self._pending, self._manager, self._now_ms
-        while pending:
-            producer_id = next(iter(pending))
-            w = pending[producer_id]
-            try:
-                manager.put(w)
-            except ProducerStateFullError:
-                idle = w.txn_first_offset < 0 and now_ms - w.last_activity_ms >= manager.expiration_ms
-                if not idle:
-                    manager.make_room(now_ms)
-                    manager.put(w)  # raises again when every slot holds a live producer
-            del pending[producer_id]
+        manager = self._manager
+        new = []
+        for producer_id, w in self._pending.items():
+            if producer_id in manager:
+                manager.put(w)  # an update never needs a slot
+            else:
+                new.append(w)
+        self._pending.clear()
+        room = manager.capacity - len(manager)
+        if len(new) > room:
+            manager.make_room(self._now_ms)
+            room = manager.capacity - len(manager)
+        if len(new) > room:
+            new = self._shed_least_recent(new, len(new) - room)
+        for w in new:
+            manager.put(w)
+
+    def _shed_least_recent(self, new: list[WorkingState], excess: int) -> list[WorkingState]:
+        """Drop the `excess` least recent producers without an open transaction, from the
+        table and from `new`; returns what is left of `new`."""
+        ids, appended, newest = self._manager.recency()
+        idle = [w for w in new if w.txn_first_offset < 0]
+        ids = np.concatenate([ids, np.array([w.producer_id for w in idle], dtype=np.int64)])
+        appended = np.concatenate([appended, np.array([w.last_append_ms for w in idle], dtype=np.int64)])
+        newest_new = [w.batches[-1].last_offset if w.batches else -1 for w in idle]
+        newest = np.concatenate([newest, np.array(newest_new, dtype=np.int64)])
+        if len(ids) < excess:
+            raise ProducerStateFullError(
+                f"recovery replayed more producers with open transactions than producer_capacity="
+                f"{self._manager.capacity} holds"
+            )
+        victims = set(ids[np.lexsort((newest, appended))[:excess]].tolist())
+        self._manager.retire([pid for pid in victims if pid in self._manager])
+        self.shed += len(victims)
+        log.warning(
+            "recovery shed the %d least recently appended producers: the replayed log names more than "
+            "producer_capacity=%d",
+            len(victims),
+            self._manager.capacity,
+        )
+        return [w for w in new if w.producer_id not in victims]
 
     def __len__(self) -> int:
         return len(self._pending)

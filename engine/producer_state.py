@@ -1,6 +1,6 @@
 """Producer state: each idempotent producer's epoch and its last 5 batches (brief §4).
 
-The table is a fixed-capacity numpy structured array (one 172-byte row per
+The table is a fixed-capacity numpy structured array (one 160-byte row per
 producer) with a pid -> slot dict. Rows are handed out in ring order, so the
 oldest producer sits at the head: expiry (issue 4) pops from there. Snapshots
 write and load the array directly, so loading a million producers builds no
@@ -36,27 +36,42 @@ SEQUENCE_MODULUS = fmt.INT32_MAX + 1
 PRODUCER_DTYPE = np.dtype(
     [
         ("producer_id", "<i8"),
-        ("last_activity_ms", "<i8"),
+        # When the engine last appended a batch or marker for it, on the Log's clock:
+        # the only time expiry reads. Client timestamps never move it.
+        ("last_append_ms", "<i8"),
+        # The newest batch's max timestamp (the client's clock): Kafka's lastTimestamp,
+        # kept for dump, stat and Kafka-style output. Never read by expiry.
+        ("last_timestamp_ms", "<i8"),
         ("txn_first_offset", "<i8"),  # first offset of the open transaction, or -1
         ("coordinator_epoch", "<i4"),
         ("producer_epoch", "<i2"),
         ("window_count", "u1"),  # batches held, oldest first
         ("live", "u1"),  # 0 for a free slot or a tombstone left by expiry
-        ("first_sequence", "<i4", (WINDOW,)),
+        # A batch's first sequence is not stored: it is last_sequence - offset_delta
+        # (first_sequence_of), as in Kafka's snapshot.
         ("last_sequence", "<i4", (WINDOW,)),
         ("last_offset", "<i8", (WINDOW,)),
         ("offset_delta", "<i4", (WINDOW,)),  # last_offset - first_offset of the batch
         ("max_timestamp_ms", "<i8", (WINDOW,)),
     ]
 )
-_ROW = struct.Struct(f"<qqqihBB{WINDOW}i{WINDOW}i{WINDOW}q{WINDOW}i{WINDOW}q")
-_ROW_HEAD = struct.Struct("<qqq")  # producer_id, last_activity_ms, txn_first_offset
-assert _ROW.size == PRODUCER_DTYPE.itemsize == 172
+_ROW = struct.Struct(f"<qqqqihBB{WINDOW}i{WINDOW}q{WINDOW}i{WINDOW}q")
+assert _ROW.size == PRODUCER_DTYPE.itemsize == 160
+# A row whose last append time is not known (a Kafka snapshot, an older oncelog one):
+# the load decides it (ProducerStateManager.load_rows).
+UNKNOWN_APPEND_MS = -1
 DEFAULT_EXPIRATION_MS = 24 * 3600 * 1000  # Kafka's producer.id.expiration.ms
 _EXPIRY_CHUNK = 65536  # rows examined per numpy pass
 FULL_PASS_INTERVAL_MS = 10 * 60 * 1000  # Kafka's producer.id.expiration.check.interval.ms
 _EMPTY_ROW = np.zeros(1, PRODUCER_DTYPE)
 _MAX_DUE_S = 2**32 - 1
+
+
+def first_sequence_of(last_sequence: int, offset_delta: int) -> int:
+    """A batch's first sequence from its last one, wrapping as sequences do (MAX -> 0)."""
+    if last_sequence == fmt.NO_SEQUENCE:
+        return fmt.NO_SEQUENCE  # a leader's batch with no sequence: none at either end
+    return (last_sequence - offset_delta) % SEQUENCE_MODULUS
 
 
 def _due_seconds(due_ms: int) -> int:
@@ -82,10 +97,11 @@ class ProducerStateEntry(NamedTuple):
     producer_epoch: int
     last_sequence: int  # of the newest batch, or -1 when none is cached
     last_offset: int  # of the newest batch, or -1
-    last_activity_ms: int
+    last_append_ms: int  # the engine's clock: what expiry reads
     batches: tuple[BatchMetadata, ...]  # up to WINDOW, oldest first
     coordinator_epoch: int = -1
     current_txn_first_offset: int = -1
+    last_timestamp_ms: int = -1  # the newest batch's timestamp (the client's clock)
 
 
 @dataclasses.dataclass
@@ -95,18 +111,20 @@ class WorkingState:
     producer_id: int
     producer_epoch: int
     batches: list[BatchMetadata]
-    last_activity_ms: int
+    last_append_ms: int
     coordinator_epoch: int = -1
     txn_first_offset: int = -1
+    last_timestamp_ms: int = -1
 
     def copy(self) -> WorkingState:
         return WorkingState(
             self.producer_id,
             self.producer_epoch,
             list(self.batches),
-            self.last_activity_ms,
+            self.last_append_ms,
             self.coordinator_epoch,
             self.txn_first_offset,
+            self.last_timestamp_ms,
         )
 
     def entry(self) -> ProducerStateEntry:
@@ -116,10 +134,11 @@ class WorkingState:
             self.producer_epoch,
             last.last_sequence if last else fmt.NO_SEQUENCE,
             last.last_offset if last else -1,
-            self.last_activity_ms,
+            self.last_append_ms,
             tuple(self.batches),
             self.coordinator_epoch,
             self.txn_first_offset,
+            self.last_timestamp_ms,
         )
 
     def add_batch(self, epoch: int, batch: BatchMetadata) -> None:
@@ -131,14 +150,19 @@ class WorkingState:
         if len(self.batches) > WINDOW:
             del self.batches[0]
         # Kafka's lastTimestamp: the newest batch's, even if an older one had a later time.
-        self.last_activity_ms = batch.max_timestamp_ms
+        self.last_timestamp_ms = batch.max_timestamp_ms
 
 
 class ProducerStateManager:
     """The producer table, a ring in insertion order with second-chance expiry (brief §6).
 
-    Each slot also records the time it becomes *due*: its last activity (capped
-    at the clock, so a client clock running ahead cannot delay it) plus the
+    The expiry rule: a producer expires once `now - last_append_ms >=
+    expiration_ms` and it has no open transaction. Both times are the engine's
+    clock; batch timestamps come from clients (a mirror keeps its source's, clocks
+    skew) and never decide it. Kafka compares batch timestamps, so there a
+    producer stamping old times loses dedupe and fencing at the next check.
+
+    Each slot also records the time it becomes *due*: its last append plus the
     expiration, as of when it was placed at the tail. Expiry pops the head while
     the head is due: an entry really past its expiration (and with no open
     transaction) is removed; one that was active since, or holds a transaction,
@@ -146,9 +170,10 @@ class ProducerStateManager:
     call costs O(entries examined), amortised O(1) per producer, instead of
     Kafka's scan of every producer.
 
-    Expiry is never early: the real idle time is checked before removal. It can
-    be late for a producer whose client clock lags the others and so sits behind
-    a later-due head; a vectorised full pass, at most every
+    Expiry is never early: the real idle time is checked before removal. Appends
+    place producers in clock order, so due times rise along the ring; rows loaded
+    from a snapshot keep the old ring order, where a later-due head can hide an
+    idle producer behind it. A vectorised full pass, at most every
     `full_pass_interval_ms` (Kafka's 10-minute check interval), bounds that
     delay. The full pass marks expired producers anywhere as holes (`live` = 0),
     which the head pops later; a full ring runs one and compacts the holes away.
@@ -186,18 +211,23 @@ class ProducerStateManager:
 
     def _read(self, slot: int) -> WorkingState:
         row = _ROW.unpack_from(self._bytes, slot * _ROW.size)
-        pid, activity, txn_first, coordinator_epoch, epoch, count = row[:6]
-        w = 7
-        first_seq = row[w : w + WINDOW]
-        last_seq = row[w + WINDOW : w + 2 * WINDOW]
-        last_off = row[w + 2 * WINDOW : w + 3 * WINDOW]
-        delta = row[w + 3 * WINDOW : w + 4 * WINDOW]
-        max_ts = row[w + 4 * WINDOW : w + 5 * WINDOW]
+        pid, appended, timestamp, txn_first, coordinator_epoch, epoch, count = row[:7]
+        w = 8
+        last_seq = row[w : w + WINDOW]
+        last_off = row[w + WINDOW : w + 2 * WINDOW]
+        delta = row[w + 2 * WINDOW : w + 3 * WINDOW]
+        max_ts = row[w + 3 * WINDOW : w + 4 * WINDOW]
         batches = [
-            BatchMetadata(first_seq[i], last_seq[i], last_off[i] - delta[i], last_off[i], max_ts[i])
+            BatchMetadata(
+                first_sequence_of(last_seq[i], delta[i]),
+                last_seq[i],
+                last_off[i] - delta[i],
+                last_off[i],
+                max_ts[i],
+            )
             for i in range(count)
         ]
-        return WorkingState(pid, epoch, batches, activity, coordinator_epoch, txn_first)
+        return WorkingState(pid, epoch, batches, appended, coordinator_epoch, txn_first, timestamp)
 
     def working(self, producer_id: int) -> WorkingState | None:
         """A copy of the producer's state to check a request against (the caller may change it)."""
@@ -250,14 +280,13 @@ class ProducerStateManager:
             self._bytes,
             slot * _ROW.size,
             w.producer_id,
-            w.last_activity_ms,
+            w.last_append_ms,
+            w.last_timestamp_ms,
             w.txn_first_offset,
             w.coordinator_epoch,
             w.producer_epoch,
             count,
             1,
-            *[m.first_sequence for m in b],
-            *pad,
             *[m.last_sequence for m in b],
             *pad,
             *[m.last_offset for m in b],
@@ -268,8 +297,11 @@ class ProducerStateManager:
             *pad,
         )
 
-    def put(self, w: WorkingState, now_ms: int | None = None) -> None:
-        """Store a producer's new state, taking the ring's tail slot if it is new."""
+    def put(self, w: WorkingState) -> None:
+        """Store a producer's new state, taking the ring's tail slot if it is new.
+
+        `w.last_append_ms` is the engine's time of the append that produced it.
+        """
         slot = self._slots.get(w.producer_id)
         if slot is None:
             if self.used >= self.capacity and self.holes:
@@ -281,13 +313,30 @@ class ProducerStateManager:
             slot = (self.head + self.used) % self.capacity
             self.used += 1
             self._slots.put(w.producer_id, slot)
-            activity = w.last_activity_ms if now_ms is None else min(w.last_activity_ms, now_ms)
-            self._due[slot] = _due_seconds(activity + self.expiration_ms)
+            self._due[slot] = _due_seconds(w.last_append_ms + self.expiration_ms)
         self._write(slot, w)
         self._remember(w)  # the caller hands `w` over and does not change it again
 
     def has_room_for(self, new_producers: int) -> bool:
         return len(self._slots) + new_producers <= self.capacity
+
+    def __contains__(self, producer_id: int) -> bool:
+        return self._slots.get(producer_id) is not None
+
+    def recency(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(producer ids, last append times, offsets of their newest batch or -1) of every
+        producer with no open transaction: what recovery orders them by when it must shed
+        some (ReplayBuffer.flush)."""
+        ids, appended, newest = [], [], []
+        for start, stop in self._used_ranges():
+            region = self.table[start:stop]
+            rows = region[(region["live"] == 1) & (region["txn_first_offset"] < 0)]
+            ids.append(rows["producer_id"])
+            appended.append(rows["last_append_ms"])
+            count = rows["window_count"].astype(np.int64)
+            last = rows["last_offset"][np.arange(len(rows)), np.maximum(count - 1, 0)]
+            newest.append(np.where(count > 0, last, -1))
+        return np.concatenate(ids), np.concatenate(appended), np.concatenate(newest)
 
     def _compact(self) -> None:
         """Close the holes a full pass left, keeping ring order (O(n); only when full)."""
@@ -320,8 +369,15 @@ class ProducerStateManager:
             rows = rows[rows["live"] == 1]
         return rows
 
-    def load_rows(self, rows: np.ndarray) -> None:
-        """Replace the table with `rows` (oldest first), as read from a snapshot."""
+    def load_rows(self, rows: np.ndarray, now_ms: int | None = None) -> None:
+        """Replace the table with `rows` (oldest first), as read from a snapshot.
+
+        With `now_ms` (a load), a last append time that is unknown (UNKNOWN_APPEND_MS:
+        a Kafka snapshot, an older oncelog one) or later than `now_ms` (the clock went
+        back across a restart) becomes `now_ms`: the latest the append could have been.
+        Expiry then never drops a producer the running engine would have kept; at
+        worst it keeps one for up to one more expiration period.
+        """
         self._hot.clear()
         count = len(rows)
         if count > self.capacity:
@@ -340,7 +396,10 @@ class ProducerStateManager:
         if not in_place:
             self.table[:count] = rows  # else read_snapshot(into=table) already put them there
         self.table["live"][:count] = 1
-        self.due_s[:count] = _due_seconds_array(rows["last_activity_ms"] + self.expiration_ms)
+        appended = self.table["last_append_ms"][:count]
+        if now_ms is not None:
+            np.copyto(appended, now_ms, where=(appended < 0) | (appended > now_ms))
+        self.due_s[:count] = _due_seconds_array(appended + self.expiration_ms)
         try:
             self._slots.load(rows["producer_id"], np.arange(count, dtype=np.int32))
         except BaseException:
@@ -378,7 +437,7 @@ class ProducerStateManager:
             if n == 0:
                 break
             region = self.table[start : start + n]
-            activity = region["last_activity_ms"]
+            activity = region["last_append_ms"]
             live = region["live"] == 1
             gone = live & (region["txn_first_offset"] < 0) & (now_ms - activity >= self.expiration_ms)
             keep = np.flatnonzero(live & ~gone)
@@ -439,7 +498,7 @@ class ProducerStateManager:
             gone = np.flatnonzero(
                 (region["live"] == 1)
                 & (region["txn_first_offset"] < 0)
-                & (now_ms - region["last_activity_ms"] >= self.expiration_ms)
+                & (now_ms - region["last_append_ms"] >= self.expiration_ms)
             )
             if gone.size:
                 self._slots.delete_slots(start + gone)
@@ -474,19 +533,23 @@ def apply_batch(
     batch: BatchMetadata,
     is_control: bool,
     is_transactional: bool = False,
+    *,
+    append_ms: int,
 ) -> None:
     """How a written batch changes its producer's state: one rule for appends and replay.
 
-    A transactional data batch opens the producer's transaction if none is open:
-    its first offset is where the transaction starts. Transaction markers go to
-    apply_marker; a control batch that is no marker only moves the epoch.
+    `append_ms` is the engine's time of the append (for a replay, the load's
+    rule). A transactional data batch opens the producer's transaction if none is
+    open: its first offset is where the transaction starts. Transaction markers go
+    to apply_marker; a control batch that is no marker only moves the epoch.
     """
+    w.last_append_ms = append_ms
     if is_control:
-        # Not a retriable batch: only the epoch (and the activity) move.
+        # Not a retriable batch: only the epoch (and the times) move.
         if producer_epoch != w.producer_epoch:
             w.producer_epoch = producer_epoch
             w.batches = []
-        w.last_activity_ms = batch.max_timestamp_ms
+        w.last_timestamp_ms = batch.max_timestamp_ms
         return
     w.add_batch(producer_epoch, batch)
     if is_transactional and w.txn_first_offset < 0:
@@ -501,7 +564,13 @@ class CompletedTxn(NamedTuple):
 
 
 def apply_marker(
-    w: WorkingState, producer_epoch: int, marker_offset: int, timestamp_ms: int, marker: TxnMarker
+    w: WorkingState,
+    producer_epoch: int,
+    marker_offset: int,
+    timestamp_ms: int,
+    marker: TxnMarker,
+    *,
+    append_ms: int,
 ) -> CompletedTxn | None:
     """A COMMIT or ABORT marker: close the open transaction (if any) and record the coordinator epoch.
 
@@ -517,5 +586,6 @@ def apply_marker(
         completed = CompletedTxn(w.producer_id, w.txn_first_offset, marker_offset, not marker.commit)
     w.txn_first_offset = -1
     w.coordinator_epoch = marker.coordinator_epoch
-    w.last_activity_ms = timestamp_ms
+    w.last_timestamp_ms = timestamp_ms
+    w.last_append_ms = append_ms
     return completed

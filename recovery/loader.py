@@ -13,7 +13,11 @@ Unclean open (brief §5), in the order that keeps cost proportional to the tail:
      unless `on_corruption="truncate"`.
   3. Producer state: the newest valid snapshot at or below the new log end, then
      the batch headers after it (records are never decoded). A snapshot that is
-     short or corrupt is set aside and the next older one is tried.
+     short or corrupt is set aside and the next older one is tried. A producer
+     whose last append time is not known (replayed from a segment, or from a
+     snapshot that does not store it) counts as appended at the load's time, the
+     latest it could have been, so the load never expires a producer the running
+     engine would have kept.
   4. The caller-facing guarantee: what was validated is fsynced before it is
      served (KAFKA-10101), then the recovery point moves to the log end and a
      fresh snapshot is written there.
@@ -118,6 +122,9 @@ class RecoveryReport(NamedTuple):
     # Zeros cut after the last batch: the active segment's pre-allocated space (or
     # pages a power loss left unwritten). Not counted in truncated_bytes: no data.
     zero_tail_bytes: int = 0
+    # Producers the replay named beyond producer_capacity, least recent first: ones the
+    # running engine had already expired (see oncelog.producer_replay).
+    producers_shed: int = 0
 
 
 class LoadedLog(NamedTuple):
@@ -171,6 +178,7 @@ class LogLoader:
         self.now_ms = now_ms
         self.producers = ProducerStateManager(config.producer_capacity, config.producer_expiration_ms)
         self._replay = ReplayBuffer(self.producers, now_ms)
+        self._shed = 0  # by replays started over (the snapshot-past-the-end case)
         self.segments: list[LogSegment] = []
         self._bytes_scanned = 0
         self._segments_scanned = 0
@@ -215,6 +223,7 @@ class LogLoader:
             indexes_rebuilt=self._rebuilt,
             tail_error=self._tail_error,
             zero_tail_bytes=self._zero_tail,
+            producers_shed=self._shed + self._replay.shed,
         )
         # The stored start (delete_records, retention) can be inside the first segment;
         # never below it, and never past the end (recovery may have cut the log).
@@ -272,6 +281,7 @@ class LogLoader:
             log.warning("snapshot at %d is past the recovered log end %d; replaying", snapshot_offset, end)
             snapshots.delete_snapshot(self.fs, self.directory, snapshot_offset)
             self.producers.clear()
+            self._shed += self._replay.shed
             self._replay = ReplayBuffer(self.producers, self.now_ms)  # nothing of the first replay kept
             snapshot_offset, _ = self._load_newest_snapshot(limit=end)
             self._replay_trusted(snapshot_offset, until=None)
@@ -309,7 +319,9 @@ class LogLoader:
                 continue
             try:
                 rows = snapshots.read_snapshot(self.fs, self.directory, offset, into=self.producers.table)
-                self.producers.load_rows(rows)
+                # Append times the snapshot does not know (Kafka's, an older oncelog
+                # version) or that lie past the clock count as now (see load_rows).
+                self.producers.load_rows(rows, self.now_ms)
             except (CorruptSnapshotError, DuplicateProducerError) as exc:
                 log.warning("setting aside corrupt snapshot %d: %s", offset, exc)
                 self.producers.clear()

@@ -1,14 +1,19 @@
 """Producer-state snapshot files: `%020d.snapshot`, state as of that offset (exclusive).
 
 oncelog writes its own version, which keeps every producer's full 5-batch dedupe
-window, so dedupe is as strong after a restart as before it:
+window and the engine's time of its last append, so dedupe and expiry are as
+strong after a restart as before it:
 
-    i16 version (0x6F6C)  u32 crc32c over [6, EOF)  u32 header bytes
+    i16 version (0x6F6D)  u32 crc32c over [6, EOF)  u32 header bytes
     msgpack header {offset, producers, row_bytes, fields}
-    producers x 172-byte rows (the producer table's dtype, little-endian)
+    producers x 160-byte rows (the producer table's dtype, little-endian)
 
-It also reads Kafka's v1 layout (i16 version=1, u32 crc32c over [6, EOF), i32 count,
-46-byte big-endian entries), which keeps only each producer's last batch.
+It also reads two older layouts, whose rows do not say when the engine last
+appended (UNKNOWN_APPEND_MS; the load decides, see ProducerStateManager.load_rows):
+- oncelog's first version (0x6F6C): the same framing, 172-byte rows holding each
+  batch's first sequence and the newest batch timestamp but no append time;
+- Kafka's v1 (i16 version=1, u32 crc32c over [6, EOF), i32 count, 46-byte
+  big-endian entries), which keeps only each producer's last batch.
 
 Writes go tmp file -> fsync -> rename -> fsync(dir), so a crash leaves either the
 old set of snapshots or the new one, never a half-written file under the real name.
@@ -24,14 +29,15 @@ import msgpack
 import numpy as np
 
 from oncelog.errors import CorruptSnapshotError
-from oncelog.producer_state import PRODUCER_DTYPE, SEQUENCE_MODULUS, WINDOW
+from oncelog.producer_state import PRODUCER_DTYPE, UNKNOWN_APPEND_MS, WINDOW
 from oncelog.recovery.fs import Buffer, FileHandle, FileSystem
 
 SNAPSHOT_SUFFIX = ".snapshot"
 TMP_SUFFIX = ".tmp"
 CORRUPT_SUFFIX = ".corrupt"
 
-ONCELOG_VERSION = 0x6F6C
+ONCELOG_VERSION = 0x6F6D
+ONCELOG_V1_VERSION = 0x6F6C
 KAFKA_V1_VERSION = 1
 _PREFIX = struct.Struct(">hI")  # version, crc
 _HEADER_LEN = struct.Struct(">I")
@@ -49,7 +55,27 @@ KAFKA_V1_ENTRY = np.dtype(
     ]
 )
 assert KAFKA_V1_ENTRY.itemsize == 46
-# The row layout, as text: a snapshot written with another layout is refused, not misread.
+# oncelog's first row layout: read, never written.
+ONCELOG_V1_ROW = np.dtype(
+    [
+        ("producer_id", "<i8"),
+        ("last_activity_ms", "<i8"),  # the newest batch's timestamp (client clock)
+        ("txn_first_offset", "<i8"),
+        ("coordinator_epoch", "<i4"),
+        ("producer_epoch", "<i2"),
+        ("window_count", "u1"),
+        ("live", "u1"),
+        ("first_sequence", "<i4", (WINDOW,)),
+        ("last_sequence", "<i4", (WINDOW,)),
+        ("last_offset", "<i8", (WINDOW,)),
+        ("offset_delta", "<i4", (WINDOW,)),
+        ("max_timestamp_ms", "<i8", (WINDOW,)),
+    ]
+)
+assert ONCELOG_V1_ROW.itemsize == 172
+# The row layout of each oncelog version, as text: a snapshot whose header names
+# another layout is refused, not misread.
+_ROW_DTYPES = {ONCELOG_VERSION: PRODUCER_DTYPE, ONCELOG_V1_VERSION: ONCELOG_V1_ROW}
 _LAYOUT = str(PRODUCER_DTYPE.descr)
 # A snapshot header is a few dozen bytes; anything larger is corruption.
 _MAX_HEADER_BYTES = 64 * 1024
@@ -106,14 +132,17 @@ def decode_snapshot(data: Buffer, offset: int, path: str = "<buffer>") -> np.nda
         raise CorruptSnapshotError(
             f"{path}: CRC mismatch (stored {stored_crc:#010x}, computed {computed:#010x})"
         )
-    if version == ONCELOG_VERSION:
-        return _decode_oncelog(body, offset, path)
+    if version in _ROW_DTYPES:
+        rows = _decode_oncelog(body, offset, path, _ROW_DTYPES[version])
+        return rows if version == ONCELOG_VERSION else _from_oncelog_v1(rows)
     if version == KAFKA_V1_VERSION:
         return _decode_kafka_v1(body, path)
     raise CorruptSnapshotError(f"{path}: unknown snapshot version {version}")
 
 
-def _parse_oncelog_header(body: memoryview, offset: int, path: str) -> tuple[int, int]:
+def _parse_oncelog_header(
+    body: memoryview, offset: int, path: str, row_dtype: np.dtype = PRODUCER_DTYPE
+) -> tuple[int, int]:
     """(producer count, byte where the rows start within `body`), checked."""
     if len(body) < _HEADER_LEN.size:
         raise CorruptSnapshotError(f"{path}: header length is missing")
@@ -126,7 +155,7 @@ def _parse_oncelog_header(body: memoryview, offset: int, path: str) -> tuple[int
         raise CorruptSnapshotError(f"{path}: header does not parse: {exc}") from exc
     if not isinstance(header, dict) or header.get("offset") != offset:
         raise CorruptSnapshotError(f"{path}: header {header!r} does not describe offset {offset}")
-    if header.get("row_bytes") != PRODUCER_DTYPE.itemsize or header.get("fields") != _LAYOUT:
+    if header.get("row_bytes") != row_dtype.itemsize or header.get("fields") != str(row_dtype.descr):
         raise CorruptSnapshotError(f"{path}: rows have a layout this version does not know")
     count = header.get("producers")
     if not isinstance(count, int) or count < 0:
@@ -144,13 +173,24 @@ def _check_rows(rows: np.ndarray, path: str) -> None:
         raise CorruptSnapshotError(f"{path}: rows fail their invariants")
 
 
-def _decode_oncelog(body: memoryview, offset: int, path: str) -> np.ndarray:
-    count, rows_start = _parse_oncelog_header(body, offset, path)
+def _decode_oncelog(body: memoryview, offset: int, path: str, row_dtype: np.dtype) -> np.ndarray:
+    count, rows_start = _parse_oncelog_header(body, offset, path, row_dtype)
     rows_data = body[rows_start:]
-    if count * PRODUCER_DTYPE.itemsize != len(rows_data):
+    if count * row_dtype.itemsize != len(rows_data):
         raise CorruptSnapshotError(f"{path}: {len(rows_data)} bytes of rows for {count} producers")
-    rows = np.frombuffer(rows_data, dtype=PRODUCER_DTYPE)
+    rows = np.frombuffer(rows_data, dtype=row_dtype)
     _check_rows(rows, path)
+    return rows
+
+
+def _from_oncelog_v1(old: np.ndarray) -> np.ndarray:
+    """Rows of oncelog's first layout in today's: the append time is unknown."""
+    rows = np.zeros(len(old), PRODUCER_DTYPE)
+    for name in PRODUCER_DTYPE.names or ():
+        if name in (old.dtype.names or ()):
+            rows[name] = old[name]
+    rows["last_timestamp_ms"] = old["last_activity_ms"]
+    rows["last_append_ms"] = UNKNOWN_APPEND_MS
     return rows
 
 
@@ -165,7 +205,9 @@ def _decode_kafka_v1(body: memoryview, path: str) -> np.ndarray:
     rows = np.zeros(count, PRODUCER_DTYPE)
     rows["producer_id"] = entries["producer_id"]
     rows["producer_epoch"] = entries["producer_epoch"]
-    rows["last_activity_ms"] = entries["timestamp_ms"]
+    rows["last_timestamp_ms"] = entries["timestamp_ms"]
+    # Kafka stores no append time (it expires by timestamp): the load decides.
+    rows["last_append_ms"] = UNKNOWN_APPEND_MS
     rows["coordinator_epoch"] = entries["coordinator_epoch"]
     rows["txn_first_offset"] = entries["txn_first_offset"]
     rows["live"] = 1
@@ -176,7 +218,6 @@ def _decode_kafka_v1(body: memoryview, path: str) -> np.ndarray:
     last_seq = entries["last_sequence"].astype(np.int64)
     delta = entries["offset_delta"].astype(np.int64)
     rows["last_sequence"][:, 0] = np.where(has_batch, last_seq, 0)
-    rows["first_sequence"][:, 0] = np.where(has_batch, (last_seq - delta) % SEQUENCE_MODULUS, 0)
     rows["last_offset"][:, 0] = np.where(has_batch, entries["last_offset"], 0)
     rows["offset_delta"][:, 0] = np.where(has_batch, delta, 0)
     rows["max_timestamp_ms"][:, 0] = np.where(has_batch, entries["timestamp_ms"], 0)

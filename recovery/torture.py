@@ -11,7 +11,11 @@ is reopened on what the crash left; the checker enforces every invariant:
    a kill, every acknowledged batch: the page cache survives);
 2. nothing appears twice and there are no holes;
 3. the log is a prefix of what was written: no byte that was never written;
-4. producer state equals a full replay of the recovered log;
+4. producer state equals a full replay of the recovered log, but for producers the
+   engine may have expired (idle past the expiration on its clock, no open
+   transaction), which may be missing; each producer's last append time is no
+   earlier than its newest batch's append and no later than the recovery's clock;
+   producers appended within the expiration are all there;
 5. a retry of any batch in a producer's recovered window comes back as a
    duplicate with its original offsets;
 6. a second crash right after recovery loses nothing recovery exposed;
@@ -51,7 +55,7 @@ from typing import NamedTuple
 from oncelog.errors import CorruptLogError, CorruptRecordError, OncelogError
 from oncelog.log import METADATA_DIR, Log
 from oncelog.producer_replay import ReplayBuffer
-from oncelog.producer_state import ProducerStateManager
+from oncelog.producer_state import ProducerStateEntry, ProducerStateManager
 from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.recovery.loader import read_recovery_point
 from oncelog.recovery.torture_model import (
@@ -60,6 +64,7 @@ from oncelog.recovery.torture_model import (
     COMMITTED,
     CONFIG,
     DIRECTORY,
+    EXPIRATION_MS,
     FAULTS,
     MAX_KILL_POINT,
     OPEN,
@@ -91,6 +96,7 @@ __all__ = [
     "FAULTS",
     "DIRECTORY",
     "CLOCK_MS",
+    "EXPIRATION_MS",
     "CONFIG",
     "PRODUCERS",
     "TXN_PRODUCERS",
@@ -134,8 +140,12 @@ def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) ->
     if model.acked_after_fsync_failure:
         violation("no ack after a failed fsync", f"{model.acked_after_fsync_failure} acks followed it")
     tail_bytes = _bytes_from_recovery_point(fs)
+    # Recovery runs at the crash's time, or after an idle gap past the expiration: the
+    # load then expires what the snapshot knows to be idle, and must keep the rest.
+    gap = random.Random(f"{seed}/recovery-clock").choice((0, 0, 0, EXPIRATION_MS + 1, 3 * EXPIRATION_MS))
+    now_ms = model.now_ms + gap
     try:
-        log = Log.open(DIRECTORY, CONFIG, fs=fs, clock=lambda: CLOCK_MS)
+        log = Log.open(DIRECTORY, CONFIG, fs=fs, clock=lambda: now_ms)
     except CorruptLogError:
         # Bytes below the recovery point were changed: reporting it is the right answer.
         if fault not in ("bitflip", "misdirect"):
@@ -156,11 +166,11 @@ def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) ->
         if fault not in ("bitflip", "misdirect") and scanned > tail_bytes + TAIL_SLACK_BYTES:
             violation("recovery reads only the tail", f"scanned {scanned} bytes, the tail holds {tail_bytes}")
         _check_log_contents(batches, present, log.log_start_offset, end, model, fault, violation)
-        check_producer_state(log, present, violation, history)
+        check_producer_state(log, present, violation, history, now_ms=now_ms, model=model)
         view = check_read_committed(log, history, max_bytes, violation)
         check_txn_outcomes(view, model, fault, violation)
         _check_retries(log, present, model, violation)
-        _check_second_crash(log, fs, present, model, max_bytes, violation)
+        _check_second_crash(log, fs, present, model, max_bytes, violation, now_ms)
         complete_open_transactions(log, history, view, seed, violation)
     except (CorruptLogError, CorruptRecordError) as exc:
         if fault not in ("bitflip", "misdirect"):
@@ -249,18 +259,12 @@ def _check_log_contents(
             violation("acknowledged data survives", f"{why} {kind} at {offset} is missing or changed")
 
 
-def check_producer_state(
-    log: Log,
-    present: dict[int, bytes],
-    violation: Callable[[str, str], None],
-    batches: Sequence[RecordBatch] | None = None,
-) -> None:
-    """Producer state (windows, epochs, coordinator epochs, open transactions) equals a full replay."""
+def _full_replay(batches: Sequence[RecordBatch], forget_at: frozenset[int]) -> dict[int, ProducerStateEntry]:
+    """Every producer's state after the loader's own replay of `batches` from offset 0, with
+    nothing expired, except that a producer is forgotten just before each offset in
+    `forget_at` (where the run saw it expire and restart)."""
     replayed = ProducerStateManager(CONFIG.producer_capacity, CONFIG.producer_expiration_ms)
-    # The loader's own replay, from offset 0 with nothing expired: a full replay.
     replay = ReplayBuffer(replayed, now_ms=0)
-    if batches is None:
-        batches = [RecordBatch(present[offset]) for offset in sorted(present)]
     for batch in batches:
         if batch.producer_id < 0:
             continue
@@ -271,6 +275,9 @@ def check_producer_state(
                     batch.producer_id, batch.producer_epoch, batch.base_offset, batch.max_timestamp, marker
                 )
             continue
+        if batch.base_offset in forget_at:
+            replay.flush()
+            replayed.retire([batch.producer_id])
         replay.replay_batch(
             batch.producer_id,
             batch.producer_epoch,
@@ -283,10 +290,70 @@ def check_producer_state(
             batch.is_transactional,
         )
     replay.flush()
+    return {entry.producer_id: entry._replace(last_append_ms=0) for entry in replayed.entries()}
+
+
+def check_producer_state(
+    log: Log,
+    present: dict[int, bytes],
+    violation: Callable[[str, str], None],
+    batches: Sequence[RecordBatch] | None = None,
+    *,
+    now_ms: int | None = None,
+    model: Model | None = None,
+) -> None:
+    """Producer state (windows, epochs, coordinator epochs, open transactions) equals a full replay.
+
+    With the `model` (the engine's time each offset was written, where producers
+    restarted after expiring) and `now_ms` (the recovery's clock): producers idle past
+    the expiration may be missing; last append times lie between the newest batch's
+    append and now; and a producer that restarted after expiring may have its state
+    from either replay, with or without the expiry (recovery replays a tail over a
+    snapshot taken before or after it: they differ only in the coordinator epoch the
+    expiry forgot). Without it (process mode, on the wall clock with Kafka's default
+    expiration) every producer must be there, equal to the plain replay.
+    """
+    if batches is None:
+        batches = [RecordBatch(present[offset]) for offset in sorted(present)]
+    forget_at = frozenset(model.restarted_at) if model is not None else frozenset()
+    plain = _full_replay(batches, frozenset())
+    with_expiry = _full_replay(batches, forget_at) if forget_at else plain
     ours = {entry.producer_id: entry for entry in log.producers()}
-    theirs = {entry.producer_id: entry for entry in replayed.entries()}
-    if ours != theirs:
-        violation("producer state equals a full replay", f"recovered {ours} != replayed {theirs}")
+    # The engine's time of each producer's newest batch or marker in the history.
+    newest_ms: dict[int, int] = {}
+    if model is not None:
+        for batch in batches:
+            if batch.producer_id >= 0 and batch.base_offset in model.append_ms:
+                newest_ms[batch.producer_id] = model.append_ms[batch.base_offset]
+    for pid in sorted(set(plain) - set(ours)):
+        idle_since = newest_ms.get(pid)
+        may_expire = (
+            now_ms is not None
+            and idle_since is not None
+            and now_ms - idle_since >= EXPIRATION_MS
+            and plain[pid].current_txn_first_offset < 0
+        )
+        if not may_expire:
+            violation(
+                "producers appended within the expiration are kept",
+                f"producer {pid} (newest batch appended at {idle_since}, recovered at {now_ms}) is missing",
+            )
+    for pid, entry in ours.items():
+        untimed = entry._replace(last_append_ms=0)
+        if untimed not in (plain.get(pid), with_expiry.get(pid)):
+            violation(
+                "producer state equals a full replay",
+                f"recovered {entry} != replayed {plain.get(pid)} "
+                f"(with the run's expiries {with_expiry.get(pid)})",
+            )
+        earliest = newest_ms.get(pid)
+        if (earliest is not None and entry.last_append_ms < earliest) or (
+            now_ms is not None and entry.last_append_ms > now_ms
+        ):
+            violation(
+                "a producer's last append time is between its newest batch's and now",
+                f"producer {pid}: {entry.last_append_ms}, newest batch appended at {earliest}, now {now_ms}",
+            )
 
 
 def _check_retries(
@@ -309,11 +376,12 @@ def _check_second_crash(
     model: Model,
     max_bytes: int,
     violation: Callable[[str, str], None],
+    now_ms: int,
 ) -> None:
     # Recovery fsynced what it exposed, so even a power loss now must keep it.
     again = fs.crash("drop")
     try:
-        reopened = Log.open(DIRECTORY, CONFIG, fs=again, clock=lambda: CLOCK_MS)
+        reopened = Log.open(DIRECTORY, CONFIG, fs=again, clock=lambda: now_ms)
     except OncelogError as exc:
         violation("a second crash loses nothing", f"reopen failed: {exc}")
         return

@@ -16,13 +16,26 @@ from oncelog.config import LogConfig
 
 FAULTS = ("kill", "drop", "torn", "dirent", "bitflip", "enospc", "eio", "misdirect")
 DIRECTORY = "/torture/topic-0"
-CLOCK_MS = 1_800_000_000_000
+CLOCK_MS = 1_800_000_000_000  # where the simulated engine clock starts
+# A minute of engine time: the clock's idle gaps (EngineClock) make producers expire
+# in most runs, so expiry, and what survives it, is checked.
+EXPIRATION_MS = 60_000
+HOUR_MS = 3600 * 1000
+DAY_MS = 24 * HOUR_MS
+# Each producer's client clock, relative to the engine's: batch timestamps come from
+# clients (a mirror keeps its source's, clocks skew) and must never decide expiry.
+CLIENT_CLOCKS = {
+    "current": 0,
+    "two years behind": -2 * 365 * DAY_MS,
+    "three days ahead": 3 * DAY_MS,
+    "jittered by hours": 0,  # plus or minus up to 6 hours, batch to batch
+}
 # Small segments and indexes, so rolls, full indexes and several segments happen.
 CONFIG = LogConfig(
     segment_bytes=2048,
     index_interval_bytes=256,
     segment_index_bytes=1024,
-    producer_expiration_ms=10**13,
+    producer_expiration_ms=EXPIRATION_MS,
     # Five producers: a small table keeps each open (and the checker's replay) from
     # allocating the default 100,000 rows, most of a crash state's time otherwise.
     producer_capacity=64,
@@ -82,6 +95,16 @@ class Txn:
         return COMMITTED if self.commit else ABORTED
 
 
+class EngineClock:
+    """The simulated engine clock a crash state's Log reads (Log.open(clock=...))."""
+
+    def __init__(self, now_ms: int = CLOCK_MS):
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
 @dataclass
 class Model:
     """What the workload did, as the checker needs it."""
@@ -89,6 +112,14 @@ class Model:
     # Every batch handed to append(), by the offset it would take: a batch killed
     # mid-append may or may not be in the log, but no other bytes may be.
     written: dict[int, bytes] = field(default_factory=dict)
+    # The engine's clock when each of those was handed over: the earliest the log can
+    # say its producer was last appended.
+    append_ms: dict[int, int] = field(default_factory=dict)
+    now_ms: int = CLOCK_MS  # the engine's clock when the run ended
+    expiries: int = 0  # producers the run saw expire, for the tests' coverage figures
+    # Offsets of the batches with which expired producers started again (at a new epoch
+    # and an arbitrary sequence): the checker's replay forgets the producer there.
+    restarted_at: set[int] = field(default_factory=set)
     acked: dict[int, bytes] = field(default_factory=dict)
     durable_end: int = 0  # log end at the last flush that returned
     fsync_failed: bool = False

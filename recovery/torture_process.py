@@ -12,6 +12,11 @@ is at its offset, no holes, producer state equals a full replay, each producer's
 recovered window answers retries as duplicates, and read_committed returns only
 committed data below the last stable offset. Each round continues the same log, so
 the log grows across kills and every round recovers a real crash.
+
+The log runs on the wall clock with Kafka's default 24-hour expiration, and some
+producers stamp their batches two years behind it or three days ahead (a mirror
+copying old records, a skewed client): none of them may expire, so every producer
+must come back after each kill.
 """
 
 from __future__ import annotations
@@ -32,9 +37,11 @@ from oncelog.recovery.torture_txn import check_read_committed, read_all
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.control import decode_txn_marker
 
-CONFIG = LogConfig(
-    segment_bytes=16 * 1024, index_interval_bytes=512, producer_expiration_ms=10**13, producer_capacity=64
-)
+CONFIG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=512, producer_capacity=64)
+DAY_MS = 24 * 3600 * 1000
+# Each producer's client clock against the wall clock: current, two years behind
+# (a mirror keeping its source's timestamps), three days ahead.
+CLIENT_SKEW_MS = {11: 0, 12: -2 * 365 * DAY_MS, 13: 3 * DAY_MS, 21: -2 * 365 * DAY_MS, 22: 0}
 
 
 def _child(directory: str, seed: int) -> None:
@@ -83,6 +90,7 @@ def _child(directory: str, seed: int) -> None:
             producer_epoch=epochs[pid],
             base_sequence=sequences[pid],
             is_transactional=transactional,
+            timestamp_ms=int(time.time() * 1000) + CLIENT_SKEW_MS[pid],
         )
         result = log.append(batch)
         view = RecordBatch(batch)

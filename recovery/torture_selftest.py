@@ -15,9 +15,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from oncelog import append_rules, producer_replay, producer_state
 from oncelog import log as log_module
 from oncelog.log import Log
-from oncelog.producer_state import ProducerStateManager
+from oncelog.producer_state import BatchMetadata, ProducerStateManager, WorkingState
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import FileSystem
 from oncelog.recovery.loader import LOG_START_KEY, LogLoader, write_offsets
@@ -133,6 +134,32 @@ def transaction_index_not_rebuilt_by_recovery() -> contextlib.AbstractContextMan
     return _patched(LogLoader, "_apply", apply)
 
 
+@contextlib.contextmanager
+def expiry_by_batch_timestamp() -> Iterator[None]:
+    # Kafka's rule: a producer counts as active when its newest batch was stamped, which
+    # is the client's clock. Producers stamping old times are forgotten while they still
+    # append; ones stamping ahead are never forgotten.
+    original = producer_state.apply_batch
+
+    def apply_batch(
+        w: WorkingState,
+        producer_epoch: int,
+        batch: BatchMetadata,
+        is_control: bool,
+        is_transactional: bool = False,
+        *,
+        append_ms: int,
+    ) -> None:
+        original(w, producer_epoch, batch, is_control, is_transactional, append_ms=batch.max_timestamp_ms)
+
+    # Both callers (the append rules and the replay) bound the name at import.
+    with (
+        _patched(append_rules, "apply_batch", apply_batch),
+        _patched(producer_replay, "apply_batch", apply_batch),
+    ):
+        yield
+
+
 def log_start_not_persisted() -> contextlib.AbstractContextManager[None]:
     # delete_records and retention move the start in memory and delete the files below it,
     # but never write the start down: after a crash, records deleted mid-segment come back.
@@ -165,6 +192,7 @@ PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], 
         log_start_not_persisted,
         ("kill", "drop"),
     ),
+    "expiry by batch timestamp": (expiry_by_batch_timestamp, ("kill", "drop")),
 }
 
 

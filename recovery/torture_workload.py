@@ -7,6 +7,15 @@ flushes, rolls, reopens and the crash. Everything it hands to the log and every
 acknowledgement goes into the Model, which is all the checker knows of the run; the
 rules the live log must keep (retries, refusals, the stable offset) are checked
 online and raise OnlineCheckFailed.
+
+Time: the engine's clock advances irregularly, with idle gaps longer than the
+expiration now and then, while each producer stamps its batches from its own client
+clock (current, years behind, days ahead, or jittered by hours). Expiry must follow
+the engine's clock alone: every step checks that each producer appended within the
+expiration is still known, and before a producer idle past it acts again, an
+exhaustive expiry must have forgotten it (unless a reload counted it as appended
+later), and its next batch, at a new epoch and an arbitrary sequence, must be
+accepted as an unknown producer's.
 """
 
 from __future__ import annotations
@@ -21,27 +30,38 @@ from oncelog.errors import (
     InvalidTxnStateError,
     LogFailedError,
     OncelogError,
+    OutOfOrderSequenceError,
     TransactionCoordinatorFencedError,
 )
 from oncelog.log import Log
 from oncelog.recovery.faultfs import FaultFileSystem
 from oncelog.recovery.torture_cuts import cut_model, next_sequence, retention_plan, truncation_end
 from oncelog.recovery.torture_model import (
-    CLOCK_MS,
+    CLIENT_CLOCKS,
     CONFIG,
     DIRECTORY,
+    EXPIRATION_MS,
+    HOUR_MS,
     PRODUCERS,
     TXN_PRODUCERS,
+    EngineClock,
     Model,
     OnlineCheckFailed,
     Txn,
 )
+from oncelog.results import AppendResult
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.control import encode_txn_marker
 
 
 def _batch(
-    rng: random.Random, producer_id: int, epoch: int, sequence: int, *, transactional: bool = False
+    rng: random.Random,
+    producer_id: int,
+    epoch: int,
+    sequence: int,
+    timestamp_ms: int,
+    *,
+    transactional: bool = False,
 ) -> bytes:
     records = [
         (b"k%d" % rng.randrange(1000), rng.randbytes(rng.randrange(0, 120))) for _ in range(rng.randint(1, 3))
@@ -52,7 +72,7 @@ def _batch(
         producer_epoch=epoch,
         base_sequence=sequence,
         is_transactional=transactional,
-        timestamp_ms=CLOCK_MS,
+        timestamp_ms=timestamp_ms,
     )
 
 
@@ -76,27 +96,128 @@ class _TxnProducer:
 class _Workload:
     """The producers' state while run_workload drives a Log."""
 
-    def __init__(self, rng: random.Random, model: Model):
+    def __init__(self, rng: random.Random, model: Model, clock: EngineClock):
         self.rng = rng
         self.model = model
+        self.clock = clock
         self.epochs = dict.fromkeys(PRODUCERS, 0)
         self.sequences = dict.fromkeys(PRODUCERS, 0)
         self.txn = {pid: _TxnProducer(pid) for pid in TXN_PRODUCERS}
         self.recent: dict[int, list[tuple[bytes, int]]] = {pid: [] for pid in PRODUCERS + TXN_PRODUCERS}
+        # Each producer's client clock, as an offset from the engine's (jittered or not).
+        self.client_clock = {pid: rng.choice(sorted(CLIENT_CLOCKS)) for pid in PRODUCERS + TXN_PRODUCERS}
+        # The engine's time of each producer's last acknowledged append or marker: the
+        # earliest the log may say it last appended for it.
+        self.appended_ms: dict[int, int] = {}
+        self.expired: set[int] = set()  # forgotten by the log: the next batch restarts
 
-    def _ack(self, offset: int, data: bytes) -> None:
+    # -- time ---------------------------------------------------------------------------
+    def stamp(self, pid: int) -> int:
+        """A batch timestamp from `pid`'s client clock."""
+        kind = self.client_clock[pid]
+        jitter = self.rng.randint(-6 * HOUR_MS, 6 * HOUR_MS) if kind == "jittered by hours" else 0
+        return self.clock.now_ms + CLIENT_CLOCKS[kind] + jitter
+
+    def tick(self) -> None:
+        """The engine's clock moves on irregularly: often not at all, now and then past the expiration."""
+        r = self.rng.random()
+        if r < 0.5:
+            return
+        if r < 0.9:
+            self.clock.now_ms += self.rng.randint(1, 3000)
+        elif r < 0.98:
+            self.clock.now_ms += self.rng.randint(EXPIRATION_MS // 6, EXPIRATION_MS * 2 // 3)
+        else:
+            self.clock.now_ms += self.rng.randint(EXPIRATION_MS, 3 * EXPIRATION_MS)
+        self.model.now_ms = self.clock.now_ms
+
+    def _written(self, offset: int, data: bytes) -> None:
+        self.model.written[offset] = data
+        self.model.append_ms[offset] = self.clock.now_ms
+
+    def _holds_transaction(self, pid: int) -> bool:
+        p = self.txn.get(pid)
+        return p is not None and p.txn is not None
+
+    def expire_idle(self, log: Log) -> None:
+        """Before producers idle past the expiration act again: expire, and see them forgotten."""
+        now = self.clock.now_ms
+        idle = [
+            pid
+            for pid, appended in self.appended_ms.items()
+            if now - appended >= EXPIRATION_MS
+            and pid not in self.expired
+            and not self._holds_transaction(pid)
+        ]
+        if not idle:
+            return
+        log.expire_producers(exhaustive=True)
+        for pid in idle:
+            entry = log.producer_state(pid)
+            if entry is None:
+                self._forget(pid)
+                self.model.expiries += 1
+            elif now - entry.last_append_ms >= EXPIRATION_MS:
+                raise OnlineCheckFailed(
+                    "expiry forgets producers idle past the expiration",
+                    f"producer {pid} last appended at {entry.last_append_ms}, kept at {now}",
+                )
+            # Else a reload (truncate_to) counted it as appended later than we did: kept.
+
+    def _forget(self, pid: int) -> None:
+        self.expired.add(pid)
+        self.recent[pid] = []  # its batches are no longer retriable as duplicates
+        if pid in self.txn:
+            self.txn[pid].stored_coordinator_epoch = -1  # nothing left to fence with
+
+    def check_kept(self, log: Log) -> None:
+        """Every producer appended within the expiration (or in a transaction) is known."""
+        now = self.clock.now_ms
+        for pid, appended in self.appended_ms.items():
+            if pid in self.expired or (now - appended >= EXPIRATION_MS and not self._holds_transaction(pid)):
+                continue
+            entry = log.producer_state(pid)
+            if entry is None or entry.last_append_ms < appended:
+                raise OnlineCheckFailed(
+                    "producers appended within the expiration are kept",
+                    f"producer {pid} ({self.client_clock[pid]} client clock) appended at {appended}, "
+                    f"now {now}: the log has {entry}",
+                )
+
+    def restart_position(self, pid: int, epoch: int) -> tuple[int, int]:
+        """(epoch, sequence) of an expired producer's next batch: a new epoch and a sequence
+        only an unknown producer may start at (a known one must start a new epoch at 0)."""
+        return epoch + 1, self.rng.randint(1, 1 << 20)
+
+    def _ack(self, offset: int, data: bytes, pid: int) -> None:
         if self.model.fsync_failed:
             self.model.acked_after_fsync_failure += 1
         self.model.acked[offset] = data
+        self.appended_ms[pid] = self.clock.now_ms
 
     def append(self, log: Log, pid: int) -> None:
-        batch = _batch(self.rng, pid, self.epochs[pid], self.sequences[pid])
+        restart = pid in self.expired
+        if restart:
+            self.epochs[pid], self.sequences[pid] = self.restart_position(pid, self.epochs[pid])
+        batch = _batch(self.rng, pid, self.epochs[pid], self.sequences[pid], self.stamp(pid))
         offset = log.log_end_offset
-        self.model.written[offset] = _stamped(batch, offset)
-        result = log.append(batch)
-        self._ack(result.first_offset, _stamped(batch, result.first_offset))
+        self._written(offset, _stamped(batch, offset))
+        if restart:
+            self.model.restarted_at.add(offset)
+        result = self._accepted_restart(pid, lambda: log.append(batch)) if restart else log.append(batch)
+        self._ack(result.first_offset, _stamped(batch, result.first_offset), pid)
         self.recent[pid] = [*self.recent[pid][-4:], (batch, result.first_offset)]
         self.sequences[pid] += RecordBatch(batch).records_count
+
+    def _accepted_restart(self, pid: int, send: Callable[[], AppendResult]) -> AppendResult:
+        try:
+            result = send()
+        except (InvalidProducerEpochError, OutOfOrderSequenceError) as exc:
+            raise OnlineCheckFailed(
+                "an expired producer's next batch is accepted at any sequence", f"producer {pid}: {exc!r}"
+            ) from exc
+        self.expired.discard(pid)
+        return result
 
     def retry(self, log: Log, pid: int) -> None:
         batch, offset = self.rng.choice(self.recent[pid])
@@ -110,6 +231,10 @@ class _Workload:
         """Begin a transaction, send its next batch, or end it: one call of the coordinator."""
         rng = self.rng
         if p.txn is None:
+            if p.producer_id in self.expired:
+                p.planned = rng.randint(1, 3)
+                self.send(log, p)  # restarts it
+                return
             if rng.random() < 0.1:
                 self.marker(log, p, commit=rng.random() < 0.5, bump_epoch=False)  # an empty transaction
                 return
@@ -125,20 +250,25 @@ class _Workload:
 
     def send(self, log: Log, p: _TxnProducer) -> None:
         pid = p.producer_id
-        batch = _batch(self.rng, pid, p.epoch, p.sequence, transactional=True)
+        restart = pid in self.expired
+        if restart:
+            p.epoch, p.sequence = self.restart_position(pid, p.epoch)
+        batch = _batch(self.rng, pid, p.epoch, p.sequence, self.stamp(pid), transactional=True)
         offset = log.log_end_offset
         if p.txn is None:
             p.txn = Txn(pid, offset)
             self.model.txns.append(p.txn)
         p.txn.batches.append(offset)
         self.model.txn_of[offset] = p.txn
-        self.model.written[offset] = _stamped(batch, offset)
-        result = log.append(batch)
+        self._written(offset, _stamped(batch, offset))
+        if restart:
+            self.model.restarted_at.add(offset)
+        result = self._accepted_restart(pid, lambda: log.append(batch)) if restart else log.append(batch)
         if result.first_offset != offset or result.duplicate:
             raise OnlineCheckFailed(
                 "transactional data lands at the log end", f"offset {offset} gave {result}"
             )
-        self._ack(offset, _stamped(batch, offset))
+        self._ack(offset, _stamped(batch, offset), pid)
         self.recent[pid] = [*self.recent[pid][-4:], (batch, offset)]
         p.sequence += RecordBatch(batch).records_count
 
@@ -151,16 +281,16 @@ class _Workload:
             epoch,
             commit=commit,
             coordinator_epoch=p.coordinator_epoch,
-            timestamp_ms=CLOCK_MS,
+            timestamp_ms=self.clock.now_ms,  # the engine writes markers on its own clock
             base_offset=offset,
         )
-        self.model.written[offset] = data
+        self._written(offset, data)
         if p.txn is not None:
             p.txn.marker_offset, p.txn.commit = offset, commit
         result = log.write_txn_marker(pid, epoch, commit=commit, coordinator_epoch=p.coordinator_epoch)
         if result.first_offset != offset:
             raise OnlineCheckFailed("markers land at the log end", f"marker at {offset} gave {result}")
-        self._ack(offset, data)
+        self._ack(offset, data, pid)
         if p.txn is not None:
             p.txn.acked = True
             p.txn = None
@@ -195,7 +325,7 @@ class _Workload:
                 )
             )
         if p.txn is not None:
-            plain = _batch(rng, pid, p.epoch, p.sequence)
+            plain = _batch(rng, pid, p.epoch, p.sequence, self.stamp(pid))
             attempts.append(
                 (
                     "non-transactional data in an open transaction is refused",
@@ -242,7 +372,20 @@ class _Workload:
         self.resume_after_truncation(log, new_end)
 
     def resume_after_truncation(self, log: Log, new_end: int) -> None:
-        """Producers continue from the state the log reports; its open transactions are the Model's."""
+        """Producers continue from the state the log reports; its open transactions are the Model's.
+
+        The reload replays batches after the snapshot it starts from, counting them as
+        appended at its own time: a producer forgotten by expiry may be known again.
+        Each producer's last append is that of its newest batch left.
+        """
+        self.appended_ms = {}
+        for offset in sorted(self.model.written):
+            producer_id = RecordBatch(self.model.written[offset]).producer_id
+            if producer_id >= 0:
+                self.appended_ms[producer_id] = self.model.append_ms[offset]
+        for pid in PRODUCERS + TXN_PRODUCERS:
+            if log.producer_state(pid) is not None:
+                self.expired.discard(pid)
         for pid in PRODUCERS:
             self.recent[pid] = [(batch, offset) for batch, offset in self.recent[pid] if offset < new_end]
             self.sequences[pid] = next_sequence(self.model, pid, self.epochs[pid])
@@ -285,7 +428,7 @@ class _Workload:
     def retention(self, log: Log) -> None:
         rng, model = self.rng, self.model
         week = log.config.retention_ms or 0
-        now = CLOCK_MS if rng.random() < 0.85 else CLOCK_MS + week + 1  # now and then: all expired
+        now = self.clock.now_ms if rng.random() < 0.85 else self.clock.now_ms + week + 1  # now and then: all
         count, expected = retention_plan(log, now)
         model.pending_start = expected
         got = log.apply_retention(now)
@@ -311,14 +454,16 @@ class _Workload:
 
 def run_workload(fs: FaultFileSystem, rng: random.Random, model: Model, steps: int) -> None:
     """Drive a Log until `steps` are done, the twin dies, or the log fails closed."""
-    clock: Callable[[], int] = lambda: CLOCK_MS  # noqa: E731 - a fixed clock keeps runs reproducible
-    w = _Workload(rng, model)
+    clock = EngineClock(model.now_ms)  # simulated: runs stay reproducible
+    w = _Workload(rng, model, clock)
     try:
         log = Log.open(DIRECTORY, CONFIG, fs=fs, clock=clock)
     except LogFailedError:
         return  # an injected error while creating the log: nothing was acknowledged
     try:
         for _ in range(steps):
+            w.tick()
+            w.expire_idle(log)
             action = rng.random()
             pid = rng.choice(PRODUCERS)
             if action < 0.41:
@@ -351,12 +496,14 @@ def run_workload(fs: FaultFileSystem, rng: random.Random, model: Model, steps: i
                 model.durable_end = log.log_end_offset  # close flushes
                 log = Log.open(DIRECTORY, CONFIG, fs=fs, clock=clock)
             w.check_stable_offset(log)
+            w.check_kept(log)
     except LogFailedError as exc:
         if isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EIO and "fsync" in str(exc):
             model.fsync_failed = True
         # Failed closed: the log refuses everything until reopened; so does the workload.
         try:
-            log.append(_batch(rng, PRODUCERS[0], w.epochs[PRODUCERS[0]], w.sequences[PRODUCERS[0]]))
+            pid = PRODUCERS[0]
+            log.append(_batch(rng, pid, w.epochs[pid], w.sequences[pid], w.stamp(pid)))
             model.acked_after_fsync_failure += 1
         except (LogFailedError, OncelogError):
             pass

@@ -20,9 +20,7 @@ from oncelog.segments.batch import encode_batch
 
 T0 = 1_700_000_000_000
 # Small segments and index intervals, so rolls and index entries happen mid-stream.
-CONFIG = LogConfig(
-    segment_bytes=2048, index_interval_bytes=300, max_batch_bytes=900, producer_expiration_ms=10**13
-)
+CONFIG = LogConfig(segment_bytes=2048, index_interval_bytes=300, max_batch_bytes=900)
 
 
 def spoil(data: bytes, how: str) -> bytes:

@@ -3,9 +3,13 @@
 A hypothesis state machine drives 2-3 idempotent producers through in-order
 appends, retries of recent batches, gaps, epoch bumps, zombie epochs, new
 producers at arbitrary sequences (some near 2**31-1, for wraparound), requests of
-two batches, rolls and clean close+reopen. Every action's outcome (offsets,
-duplicate flag, or which exception) must equal the model's, and after every step
-each producer's epoch and 5-batch window must equal the model's.
+two batches, rolls, clean close+reopen, and idle time on the engine's clock.
+Each producer's client clock is its own: current, years behind, days or years
+ahead, jittered by hours from batch to batch. Expiry follows the engine's clock
+alone (brief §6), so the model forgets a producer exactly when the engine has not
+appended for it in EXP. Every action's outcome (offsets, duplicate flag, or which
+exception) must equal the model's, and after every step each producer's epoch,
+5-batch window, last append time and last batch timestamp must equal the model's.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ MODULUS = 2**31
 WINDOW = 5
 T0 = 1_700_000_000_000
 PIDS = (11, 22, 33)
+DAY_MS = 24 * 3600 * 1000
+YEAR_MS = 365 * DAY_MS
+EXP = DAY_MS  # producer_expiration_ms, Kafka's default
+# How far a producer's client clock is from the engine's.
+CLIENT_SKEWS_MS = (0, -2 * YEAR_MS, 3 * DAY_MS, -10 * YEAR_MS, 10 * YEAR_MS)
 START_SEQS = (0, 1, 12345, MAX_SEQ - 4, MAX_SEQ - 2, MAX_SEQ - 1, MAX_SEQ)
 
 # (first_seq, last_seq, first_offset, last_offset)
@@ -53,17 +62,21 @@ class Send:
 class ProducerModel:
     epoch: int
     window: list[Cached]
-    last_activity_ms: int
+    last_append_ms: int  # the engine's clock
+    last_timestamp_ms: int  # the newest batch's, the client's clock
 
 
 @dataclasses.dataclass
 class Model:
-    """Brief §4 for client appends, nothing more."""
+    """Brief §4 for client appends and §6's expiry on the engine's clock, nothing more."""
 
     log_end: int = 0
     producers: dict[int, ProducerModel] = dataclasses.field(default_factory=dict)
 
-    def apply(self, send: Send, ts: int) -> Outcome:
+    def expire(self, now: int) -> None:
+        self.producers = {p: s for p, s in self.producers.items() if now - s.last_append_ms < EXP}
+
+    def apply(self, send: Send, ts: int, now: int) -> Outcome:
         state = self.producers.get(send.pid)
         if state is not None:
             if send.epoch < state.epoch:
@@ -81,18 +94,18 @@ class Model:
         first, last_offset = self.log_end, self.log_end + send.count - 1
         self.log_end = last_offset + 1
         if state is None or send.epoch != state.epoch:
-            state = ProducerModel(send.epoch, [], ts)
+            state = ProducerModel(send.epoch, [], now, ts)
             self.producers[send.pid] = state
         state.window = [*state.window, (send.seq, send.last_seq, first, last_offset)][-WINDOW:]
-        state.last_activity_ms = ts
+        state.last_append_ms, state.last_timestamp_ms = now, ts
         return ("ok", first, last_offset)
 
-    def apply_request(self, sends: list[Send], ts: int) -> list[Outcome] | Outcome:
+    def apply_request(self, sends: list[Send], stamps: list[int], now: int) -> list[Outcome] | Outcome:
         """All or nothing: the first refused batch refuses the request."""
         trial = copy.deepcopy(self)
         outcomes = []
-        for send in sends:
-            outcome = trial.apply(send, ts)
+        for send, ts in zip(sends, stamps, strict=True):
+            outcome = trial.apply(send, ts, now)
             if outcome[0] in ("epoch", "order"):
                 return outcome
             outcomes.append(outcome)
@@ -111,9 +124,11 @@ def encode(send: Send, ts: int) -> bytes:
     )
 
 
-def outcome_of(log: Log, sends: list[Send], ts: int) -> list[Outcome] | Outcome:
+def outcome_of(log: Log, sends: list[Send], stamps: list[int]) -> list[Outcome] | Outcome:
     try:
-        results = log.append_batches([encode(s, ts) for s in sends])
+        batches = [encode(s, ts) for s, ts in zip(sends, stamps, strict=True)]
+        # One batch goes through the fast path (Log.append), two through append_batches.
+        results = [log.append(batches[0])] if len(batches) == 1 else log.append_batches(batches)
     except InvalidProducerEpochError:
         return ("epoch",)
     except OutOfOrderSequenceError:
@@ -121,20 +136,23 @@ def outcome_of(log: Log, sends: list[Send], ts: int) -> list[Outcome] | Outcome:
     return [("dup" if r.duplicate else "ok", r.first_offset, r.last_offset) for r in results]
 
 
-CONFIG = LogConfig(segment_index_bytes=4096, segment_bytes=4096)
+CONFIG = LogConfig(segment_index_bytes=4096, segment_bytes=4096, producer_expiration_ms=EXP)
 
 
 class AppendRulesMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.directory = tempfile.mkdtemp(prefix="oncelog-model-")
-        # The log's clock is the model's: batch timestamps are pinned to T0, and the
-        # wall clock would expire every producer (expiry has its own tests).
+        # The log's clock is the model's (the engine's); batch timestamps are each
+        # producer's client clock, which is not.
         self.clock = T0
         self.log = Log.open(self.directory, CONFIG, clock=lambda: self.clock)
         self.model = Model()
         self.history: dict[int, list[Send]] = {}  # every accepted batch per producer
         self.starts: dict[int, int] = dict.fromkeys(PIDS, 0)
+        self.skews: dict[int, int] = dict.fromkeys(PIDS, 0)
+        self.jitter = False
+        self.stamps = 0
 
     # -- helpers ----------------------------------------------------------------
     def _next(self, pid: int) -> Send:
@@ -145,10 +163,22 @@ class AppendRulesMachine(RuleBasedStateMachine):
         last = state.window[-1][1] if state.window else -1
         return Send(pid, state.epoch, (last + 1) % MODULUS, 1)
 
+    def _stamp(self, pid: int) -> int:
+        """The batch timestamp `pid`'s client clock gives now: skewed, and jittered by hours."""
+        self.stamps += 1
+        jitter = (self.stamps * 7919 % 13 - 6) * 3600 * 1000 if self.jitter else 0
+        return self.clock + self.skews[pid] + jitter
+
     def _do(self, *sends: Send) -> None:
         self.clock += 1
-        expected = self.model.apply_request(list(sends), self.clock)
-        got = outcome_of(self.log, list(sends), self.clock)
+        if any(self.clock - s.last_append_ms >= EXP for s in self.model.producers.values()):
+            # The append path expires lazily (the ring's head, never early); the model is
+            # exact, so every producer past its expiration goes first, by both.
+            self.log.expire_producers(exhaustive=True)
+            self.model.expire(self.clock)
+        stamps = [self._stamp(send.pid) for send in sends]
+        expected = self.model.apply_request(list(sends), stamps, self.clock)
+        got = outcome_of(self.log, list(sends), stamps)
         assert got == expected, (sends, got, expected)
         if isinstance(expected, list):
             for send, outcome in zip(sends, expected, strict=True):
@@ -156,10 +186,22 @@ class AppendRulesMachine(RuleBasedStateMachine):
                     self.history.setdefault(send.pid, []).append(send)
 
     # -- rules ------------------------------------------------------------------
-    @initialize(starts=st.lists(st.sampled_from(START_SEQS), min_size=len(PIDS), max_size=len(PIDS)))
-    def choose_start_sequences(self, starts: list[int]) -> None:
+    @initialize(
+        starts=st.lists(st.sampled_from(START_SEQS), min_size=len(PIDS), max_size=len(PIDS)),
+        skews=st.lists(st.sampled_from(CLIENT_SKEWS_MS), min_size=len(PIDS), max_size=len(PIDS)),
+        jitter=st.booleans(),
+    )
+    def choose_start_sequences_and_client_clocks(
+        self, starts: list[int], skews: list[int], jitter: bool
+    ) -> None:
         # Where each producer starts when an in-order rule meets it first; near MAX it soon wraps.
         self.starts = dict(zip(PIDS, starts, strict=True))
+        self.skews = dict(zip(PIDS, skews, strict=True))
+        self.jitter = jitter
+
+    @rule(idle=st.sampled_from((1, EXP // 3, EXP - 2, EXP, EXP + 1, 3 * EXP)))
+    def engine_clock_advances(self, idle: int) -> None:
+        self.clock += idle
 
     @rule(pid=st.sampled_from(PIDS), count=st.integers(1, 3))
     def append_in_order(self, pid: int, count: int) -> None:
@@ -221,6 +263,7 @@ class AppendRulesMachine(RuleBasedStateMachine):
         self.log.close()
         self.log = Log.open(self.directory, CONFIG, clock=lambda: self.clock)
         assert self.log.recovery_report.clean
+        self.model.expire(self.clock)  # a load expires every producer past its expiration
 
     # -- invariants -------------------------------------------------------------
     @invariant()
@@ -235,7 +278,10 @@ class AppendRulesMachine(RuleBasedStateMachine):
             assert (entry.producer_epoch, got) == (state.epoch, state.window), pid
             assert entry.last_sequence == state.window[-1][1]
             assert entry.last_offset == state.window[-1][3]
-            assert entry.last_activity_ms == state.last_activity_ms
+            assert (entry.last_append_ms, entry.last_timestamp_ms) == (
+                state.last_append_ms,
+                state.last_timestamp_ms,
+            )
 
     def teardown(self) -> None:
         try:

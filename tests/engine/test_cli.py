@@ -459,7 +459,7 @@ def test_zeros_followed_by_data_are_corruption(
 
 
 def test_a_live_logs_directory_dumps_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with Log.open(tmp_path / "live-0", LogConfig(producer_expiration_ms=10**13), clock=lambda: 1) as log:
+    with Log.open(tmp_path / "live-0", LogConfig(), clock=lambda: 1) as log:
         for n in range(3):
             log.append(encode_batch([(b"k", b"v%d" % n)], timestamp_ms=1))
         assert (tmp_path / "live-0" / "00000000000000000000.log").stat().st_size > log.active_segment.size

@@ -13,7 +13,7 @@ from oncelog.log import CLEAN_SHUTDOWN_FILE, Log
 from oncelog.segments.batch import encode_batch
 
 T0 = 1_700_000_000_000
-CONFIG = LogConfig(producer_expiration_ms=10**13)
+CONFIG = LogConfig()
 
 
 def clock() -> int:

@@ -29,7 +29,6 @@ FLINK = FIXTURES / "flink-on-prem"
 LDI = FIXTURES / "LDI-POC"
 PATIENTS = LDI / "TestTopicPatient-0"  # 3 batches from pids 1, 2, 3; no snapshot
 T0 = 1_700_000_000_000
-NEVER_EXPIRES_MS = 10**13
 COLUMNS = ["topic", "partition", "segments", "bytes", "start", "end", "producers", "open_txns", "clean"]
 CONTROL_BIT = 0x20
 
@@ -115,7 +114,7 @@ def data(pid: int, seq: int, *, transactional: bool = False, count: int = 1) -> 
 
 
 def config(**overrides: int) -> LogConfig:
-    return LogConfig(producer_expiration_ms=NEVER_EXPIRES_MS, segment_index_bytes=4096, **overrides)
+    return LogConfig(segment_index_bytes=4096, **overrides)
 
 
 @pytest.fixture

@@ -37,7 +37,6 @@ CHANGELOG = next(
 PATIENTS = FIXTURES / "LDI-POC" / "TestTopicPatient-0"  # 3 batches, pids 1, 2, 3
 SEGMENT = "00000000000000000000.log"
 T0 = 1_700_000_000_000
-NEVER_EXPIRES_MS = 10**13
 CRC_AT = 17  # the CRC covers bytes [21, end) of a batch
 
 
@@ -82,7 +81,6 @@ def oncelog_log(directory: Path, *, close: bool = True) -> Log:
         segment_bytes=2048,
         index_interval_bytes=300,
         segment_index_bytes=4096,  # small pre-allocated indexes: crash images copy quickly
-        producer_expiration_ms=NEVER_EXPIRES_MS,
     )
     log = Log.open(directory, config, clock=lambda: T0)
     for seq in range(30):
@@ -358,7 +356,7 @@ def test_verify_a_first_time_index_entry_of_timestamp_0_at_the_base_offset_is_an
 ) -> None:
     """(0, 0) is all zeros, yet a real entry: Kafka and oncelog index any timestamp above -1."""
     directory = tmp_path / "epoch-0"
-    config = LogConfig(index_interval_bytes=300, producer_expiration_ms=NEVER_EXPIRES_MS)
+    config = LogConfig(index_interval_bytes=300)
     log = Log.open(directory, config, clock=lambda: T0)
     for timestamp in (0, 0, 0, 0, 5, 6, 7):
         log.append(encode_batch([(b"k", b"v" * 100)], timestamp_ms=timestamp))

@@ -1,12 +1,13 @@
-"""Producer expiry on the fixed-capacity ring (brief §6, issue 4 acceptance).
+"""Producer expiry on the fixed-capacity ring (brief §6).
 
-A producer expires when `now - last_activity >= producer_expiration_ms` and it has
-no open transaction; expiry pops from the head of the ring and gives a live entry
-a second chance at the tail; a full ring of live producers refuses a new producer
-with the retriable ProducerStateFullError and evicts nobody.
+A producer expires when `now - last_append >= producer_expiration_ms` and it has
+no open transaction, both times on the engine's clock (batch timestamps never
+decide it); expiry pops from the head of the ring and gives a live entry a second
+chance at the tail; a full ring of live producers refuses a new producer with the
+retriable ProducerStateFullError and evicts nobody.
 
-Every Log here gets an injected clock: batch timestamps are pinned to T0 (2023),
-so against the wall clock every producer would already have expired.
+Every Log here gets an injected clock, which the tests move; batch timestamps are
+mostly the clock's, and where they are not, the test says why.
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ class TestExpiryCost:
         manager = ProducerStateManager(count, EXP)
         rows = np.zeros(count, manager.table.dtype)
         rows["producer_id"] = np.arange(count) + 1_000_000
-        rows["last_activity_ms"] = T0 + np.arange(count)
+        rows["last_append_ms"] = T0 + np.arange(count)
         rows["txn_first_offset"] = -1
         manager.load_rows(rows)
         head = manager.head
@@ -256,6 +257,7 @@ class TestLogExpiry:
 
     def test_the_append_path_expires_due_producers_by_itself(self, log: Log, clock: Clock) -> None:
         log.append(batch(A, 0, ts=T0))
+        clock.now = T0 + 10
         log.append(batch(B, 0, ts=T0 + 10))
         clock.now = T0 + EXP
         assert log.producer_state(A) is not None  # nothing expires in the background
@@ -273,59 +275,81 @@ class TestLogExpiry:
         log.append(batch(B, 0, ts=T0 + EXP - 1))
         assert set(states(log)) == {A, B}
 
-    def test_last_activity_is_the_newest_batch_timestamp_on_create_time(self, log: Log, clock: Clock) -> None:
+    def test_the_newest_batch_timestamp_is_kept_but_the_engine_clock_decides(
+        self, log: Log, clock: Clock
+    ) -> None:
         log.append(batch(A, 0, ts=T0 + 500))
         log.append(batch(A, 1, ts=T0 + 100))  # an older timestamp in a newer batch
         state = log.producer_state(A)
         assert state is not None
-        assert state.last_activity_ms == T0 + 100
-        assert log.expire_producers(T0 + 100 + EXP) == 1
+        assert (state.last_timestamp_ms, state.last_append_ms) == (T0 + 100, T0)
+        assert log.expire_producers(T0 + EXP - 1) == 0
+        assert log.expire_producers(T0 + EXP) == 1
 
-    def test_last_activity_on_a_log_append_time_log_is_the_append_time(
-        self, tmp_path: Path, clock: Clock
+    @pytest.mark.parametrize("timestamp_type", ["CreateTime", "LogAppendTime"])
+    @pytest.mark.parametrize("skew", [-10 * EXP, -2 * 365 * 24 * 3600 * 1000, 3 * EXP, 10**12])
+    def test_a_client_clock_far_behind_or_ahead_neither_shortens_nor_extends_the_expiration(
+        self, tmp_path: Path, clock: Clock, timestamp_type: str, skew: int
     ) -> None:
-        ancient = T0 - 10 * EXP
-        with Log.open(tmp_path / "lat", config(timestamp_type="LogAppendTime"), clock=clock) as log:
-            log.append(batch(A, 0, ts=ancient))  # the client's clock is far behind
-            state = log.producer_state(A)
-            assert state is not None
-            assert state.last_activity_ms == T0
+        with Log.open(tmp_path / "t-0", config(timestamp_type=timestamp_type), clock=clock) as log:
+            log.append(batch(A, 0, ts=T0 + skew))
             clock.now = T0 + EXP - 1
-            log.append(batch(B, 0, ts=ancient))
+            log.append(batch(B, 0, ts=T0 + EXP - 1 + skew))  # the append path checks the head
             assert log.expire_producers() == 0
-            assert log.producer_state(A) is not None
-            assert log.expire_producers(T0 + EXP) == 1
+            state = log.producer_state(A)
+            assert state is not None and state.last_append_ms == T0
+            with pytest.raises(OutOfOrderSequenceError):
+                log.append(batch(A, 5, ts=T0 + skew))  # still known: a gap is refused
+            clock.now = T0 + EXP
+            assert log.expire_producers() == 1
             assert log.producer_state(A) is None
             assert log.producer_state(B) is not None
-        # The same batch on a CreateTime log is idle since `ancient` and expires at once.
-        with Log.open(tmp_path / "ct", config(), clock=clock) as log:
-            clock.now = T0
-            log.append(batch(A, 0, ts=ancient))
-            assert log.expire_producers(T0) == 1
 
-    def test_log_append_time_activity_survives_a_crash(self, tmp_path: Path, clock: Clock) -> None:
-        lat = config(timestamp_type="LogAppendTime")
-        log = Log.open(tmp_path / "lat", lat, clock=clock)
+    def test_crash_recovery_counts_a_replayed_producer_as_appended_at_the_load(
+        self, tmp_path: Path, clock: Clock
+    ) -> None:
+        # When the engine appended a batch in the tail is not stored anywhere: the load's
+        # time is the latest it could have been, so recovery never expires it early.
+        log = Log.open(tmp_path / "live", config(), clock=clock)
         log.append(batch(A, 0, ts=T0 - 10 * EXP))
         log.flush()
-        shutil.copytree(tmp_path / "lat", tmp_path / "copy")
+        shutil.copytree(tmp_path / "live", tmp_path / "copy")
         log.close()
-        with Log.open(tmp_path / "copy", lat, clock=Clock(T0 + EXP - 1)) as recovered:
+        load = T0 + 5 * EXP
+        with Log.open(tmp_path / "copy", config(), clock=Clock(load)) as recovered:
             assert not recovered.recovery_report.clean
             state = recovered.producer_state(A)
             assert state is not None
-            assert state.last_activity_ms == T0
+            assert (state.last_append_ms, state.last_timestamp_ms) == (load, T0 - 10 * EXP)
+            assert recovered.expire_producers(load + EXP - 1) == 0
+            assert recovered.expire_producers(load + EXP) == 1
 
-    def test_a_producer_idle_past_the_expiration_is_forgotten_even_behind_a_later_stamped_head(
-        self, log: Log
+    def test_producers_appended_together_expire_together_whatever_their_stamps(
+        self, log: Log, clock: Clock
     ) -> None:
-        # Client clocks differ: A (placed first) stamps later than B. At now, B has been
-        # idle longer than the expiration and A has not.
+        # Client clocks differ: A stamps later than B, C stamps years ahead. The engine
+        # appended all three at T0, so all three are due at T0 + EXP.
         log.append(batch(A, 0, ts=T0 + 1_000))
         log.append(batch(B, 0, ts=T0))
-        now = T0 + EXP + 500
-        assert log.expire_producers(now) == 1
-        assert set(states(log)) == {A}
+        log.append(batch(C, 0, ts=T0 + 10**12))
+        assert log.expire_producers(T0 + EXP - 1) == 0
+        assert log.expire_producers(T0 + EXP) == 3
+        assert set(states(log)) == set()
+
+    def test_expiry_never_runs_on_a_clock_that_went_back(self, tmp_path: Path, clock: Clock) -> None:
+        with Log.open(tmp_path / "t-0", config(), clock=clock) as log:
+            clock.now = T0 + EXP // 2
+            log.append(batch(A, 0, ts=T0))
+            clock.now = T0 - 3 * EXP  # NTP steps the wall clock back
+            log.append(batch(B, 0, ts=T0 - 3 * EXP))
+            b = log.producer_state(B)
+            assert b is not None and b.last_append_ms == T0 + EXP // 2  # the largest time seen
+            # An explicit earlier time is raised to the largest seen as well.
+            assert log.expire_producers(T0 - 3 * EXP + EXP) == 0
+            clock.now = T0 + EXP // 2 + EXP - 1
+            assert log.expire_producers() == 0  # B was not appended "4 expirations ago"
+            clock.now = T0 + EXP // 2 + EXP
+            assert log.expire_producers() == 2
 
 
 # -- persistence: snapshot round trip and crash recovery ---------------------------------------
@@ -334,19 +358,25 @@ def build(directory: Path, clock: Clock, conf: LogConfig) -> Log:
     log = Log.open(directory, conf, clock=clock)
     clock.now = T0
     log.append(batch(A, 0, ts=T0))
+    clock.now = T0 + 1_000
     log.append(batch(B, 0, ts=T0 + 1_000, count=3))
+    clock.now = T0 + 2_000
     log.append(batch(C, 0, ts=T0 + 2_000))
     log.roll()  # a snapshot at the roll: recovery starts from it
     clock.now = T0 + EXP // 2
     log.append(batch(A, 1, ts=T0 + EXP // 2))  # A active again: due at the head, but live
     log.append(batch(D, 0, ts=T0 + EXP // 2 + 10))
-    log.append(batch(C, 1, ts=T0 + 2_000))  # C's newest batch keeps an old timestamp
+    log.append(batch(C, 1, ts=T0 + 2_000))  # C's client stamps an old time; the engine appends now
     clock.now = T0 + EXP // 2 + 20
     return log
 
 
-@pytest.mark.parametrize("now", [T0 + EXP + 1_500, T0 + EXP + 2_000, T0 + 2 * EXP, T0 + EXP // 2 + 20])
-def test_expiry_gives_the_same_result_open_after_a_snapshot_round_trip_and_after_a_crash(
+def without_append_times(entries: dict[int, ProducerStateEntry]) -> dict[int, ProducerStateEntry]:
+    return {pid: entry._replace(last_append_ms=0) for pid, entry in entries.items()}
+
+
+@pytest.mark.parametrize("now", [T0 + EXP + 999, T0 + EXP + 1_000, T0 + 2 * EXP, T0 + EXP // 2 + 20])
+def test_expiry_gives_the_same_result_open_and_after_a_snapshot_round_trip_and_never_less_after_a_crash(
     tmp_path: Path, now: int
 ) -> None:
     conf = config()
@@ -357,7 +387,8 @@ def test_expiry_gives_the_same_result_open_after_a_snapshot_round_trip_and_after
         log.expire_producers(now)
         expected = states(log)
 
-    # Clean close, then reopen at `now`: the snapshot is loaded, then expiry runs.
+    # Clean close, then reopen at `now`: the snapshot (append times included) is loaded,
+    # then expiry runs.
     clock = Clock()
     build(tmp_path / "clean", clock, conf).close()
     with Log.open(tmp_path / "clean", conf, clock=Clock(now)) as reopened:
@@ -366,6 +397,9 @@ def test_expiry_gives_the_same_result_open_after_a_snapshot_round_trip_and_after
         assert states(reopened) == expected
 
     # Crash: copy the directory while the log is open (after a flush), reopen the copy.
+    # The roll's snapshot holds A, B and C with their append times; the tail (A, D, C)
+    # is replayed, and counts as appended at the load: those three are kept even where
+    # the open log expired them, and expire one expiration after the load.
     clock = Clock()
     log = build(tmp_path / "live", clock, conf)
     log.flush()
@@ -374,11 +408,15 @@ def test_expiry_gives_the_same_result_open_after_a_snapshot_round_trip_and_after
     with Log.open(tmp_path / "crashed", conf, clock=Clock(now)) as recovered:
         assert not recovered.recovery_report.clean
         assert recovered.recovery_report.batches_replayed > 0
-        assert states(recovered) == expected
+        got = states(recovered)
+        assert set(got) == set(expected) | {A, C, D}
+        assert without_append_times({p: got[p] for p in expected}) == without_append_times(expected)
+        assert all(got[p].last_append_ms == now for p in (A, C, D))
+        assert recovered.expire_producers(now + EXP) == len(got)
 
     survivors = {
-        T0 + EXP + 1_500: {A, C, D},  # B idle EXP + 500, C idle EXP - 500
-        T0 + EXP + 2_000: {A, D},
+        T0 + EXP + 999: {A, B, C, D},  # B appended at 1000, A, C and D at EXP / 2
+        T0 + EXP + 1_000: {A, C, D},
         T0 + 2 * EXP: set(),
         T0 + EXP // 2 + 20: {A, B, C, D},
     }[now]
@@ -407,7 +445,9 @@ class TestFullRing:
         directory = tmp_path / "full"
         with Log.open(directory, config(producer_capacity=3), clock=clock) as log:
             log.append(batch(A, 0, ts=T0))
+            clock.now = T0 + 10
             log.append(batch(B, 0, ts=T0 + 10))
+            clock.now = T0 + 20
             log.append(batch(C, 0, ts=T0 + 20))
             log.flush()
             before_files = files_digest(directory)
@@ -481,7 +521,8 @@ class TestFullRing:
 def test_ring_wraparound_matches_a_model_of_last_activities(seed: int, capacity: int, skew: bool) -> None:
     """ProducerStateManager alone: producers come, stay active or go idle; the ring wraps.
 
-    With `skew`, activities are not in arrival order (client clocks differ), so a
+    With `skew`, append times are not in arrival order (rows loaded from a snapshot
+    keep the ring order of their placement, not of their last appends), so a
     recorded due time at the head can be later than one behind it.
     """
     rng = random.Random(seed)
@@ -533,7 +574,7 @@ def test_ring_wraparound_matches_a_model_of_last_activities(seed: int, capacity:
         for pid, last in model.items():
             entry = manager.get(pid)
             assert entry is not None
-            assert entry.last_activity_ms == last
+            assert entry.last_append_ms == last
     assert next_pid > 10 * capacity  # the ring wrapped many times
     # The snapshot path keeps the same producers in the same order.
     reloaded = ProducerStateManager(capacity, EXP)
@@ -574,7 +615,7 @@ def test_log_ring_wraparound_matches_a_model(tmp_path: Path) -> None:
             for pid, (activity, seq) in model.items():
                 state = log.producer_state(pid)
                 assert state is not None, pid
-                assert (state.last_activity_ms, state.last_sequence) == (activity, seq - 1)
+                assert (state.last_append_ms, state.last_sequence) == (activity, seq - 1)
             assert set(model) <= set(states(log))
             log.expire_producers(now, exhaustive=True)
             assert set(states(log)) == set(model)
@@ -610,15 +651,19 @@ def test_a_log_whose_producers_came_and_went_through_a_small_ring_recovers_from_
     log.close()
     with Log.open(crashed, conf, clock=Clock(clock.now)) as recovered:
         assert not recovered.recovery_report.clean
-        assert states(recovered) == expected
+        # All nine are replayed and count as appended at the load; the table holds three,
+        # so the six least recently appended are shed: those the open log had expired.
+        assert recovered.recovery_report.producers_shed == 6
+        assert without_append_times(states(recovered)) == without_append_times(expected)
 
 
 # -- the clock matters ----------------------------------------------------------------------------
-def test_without_an_injected_clock_old_producers_expire_against_the_wall_clock(tmp_path: Path) -> None:
-    # Why every other test injects a clock: T0 is long past on the wall clock.
+def test_on_the_wall_clock_a_producer_stamping_2023_is_kept_and_deduplicated(tmp_path: Path) -> None:
     with Log.open(tmp_path / "wall", config()) as log:
-        log.append(batch(A, 0, ts=T0))
-        assert log.expire_producers() == 1
+        first = log.append(batch(A, 0, ts=T0))
+        assert log.expire_producers(exhaustive=True) == 0
+        retry = log.append(batch(A, 0, ts=T0))
+        assert (retry.duplicate, retry.first_offset) == (True, first.first_offset)
 
 
 class TestRetire:

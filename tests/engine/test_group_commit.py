@@ -24,7 +24,7 @@ from oncelog.recovery.fs import DelegatingFileHandle, DelegatingFileSystem, File
 from oncelog.segments.batch import encode_batch
 
 T0 = 1_700_000_000_000
-CONFIG = LogConfig(producer_expiration_ms=10**13)
+CONFIG = LogConfig()
 
 
 def batch(tag: int) -> bytes:

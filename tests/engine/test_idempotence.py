@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -76,13 +77,10 @@ def window(entry: ProducerStateEntry | None) -> list[tuple[int, int, int, int]]:
     return [(b.first_sequence, b.last_sequence, b.first_offset, b.last_offset) for b in entry.batches]
 
 
-# These tests pin batch timestamps to 2023 and are not about expiry (see
-# test_expiry.py), so producers must not expire against the wall clock.
-NEVER_EXPIRES_MS = 100 * 365 * 24 * 3600 * 1000
-
-
+# Batch timestamps here are pinned to 2023 while the log runs on the wall clock with
+# Kafka's default 24-hour expiration: expiry reads the engine's clock, never the
+# batches' (test_expiry.py and test_client_clocks.py are about expiry).
 def config(**overrides: object) -> LogConfig:
-    overrides.setdefault("producer_expiration_ms", NEVER_EXPIRES_MS)
     return LogConfig(segment_index_bytes=4096, **overrides)  # type: ignore[arg-type]
 
 
@@ -445,17 +443,20 @@ class TestAppendBatches:
 
 # -- what the producer state shows ---------------------------------------------------------
 class TestProducerStateExposure:
-    def test_producer_state_reports_epoch_sequence_offset_activity_and_window(self, log: Log) -> None:
+    def test_producer_state_reports_epoch_sequence_offset_times_and_window(self, log: Log) -> None:
         log.append(batch(PID_B, 0))
+        before_ms = int(time.time() * 1000)
         for i in range(6):
             log.append(batch(PID_A, i * 3, 3, epoch=7, ts=T0 + i * 10))
+        after_ms = int(time.time() * 1000)
         entry = log.producer_state(PID_A)
         assert isinstance(entry, ProducerStateEntry)
         assert entry.producer_id == PID_A
         assert entry.producer_epoch == 7
         assert entry.last_sequence == 17
         assert entry.last_offset == 18
-        assert entry.last_activity_ms == T0 + 50
+        assert entry.last_timestamp_ms == T0 + 50  # the newest batch's, from the client's clock
+        assert before_ms <= entry.last_append_ms <= after_ms  # the engine's (wall) clock
         assert entry.batches == tuple(
             BatchMetadata(i * 3, i * 3 + 2, 1 + i * 3, 3 + i * 3, T0 + i * 10) for i in range(1, 6)
         )
@@ -472,17 +473,17 @@ class TestProducerStateExposure:
         entry = log.producer_state(PID_A)
         assert entry is not None
         assert entry.batches == (BatchMetadata(0, 2, 0, 2, T0 + 30),)
-        assert entry.last_activity_ms == T0 + 30
+        assert entry.last_timestamp_ms == T0 + 30
 
-    def test_last_activity_is_the_newest_batch_even_when_its_timestamp_is_older(self, log: Log) -> None:
+    def test_last_timestamp_is_the_newest_batchs_even_when_its_timestamp_is_older(self, log: Log) -> None:
         log.append(batch(PID_A, 0, ts=T0 + 1000))
         log.append(batch(PID_A, 1, ts=T0 + 10))
         entry = log.producer_state(PID_A)
         assert entry is not None
         assert entry.batches[-1].max_timestamp_ms == T0 + 10
-        assert entry.last_activity_ms == T0 + 10
+        assert entry.last_timestamp_ms == T0 + 10
 
-    def test_log_append_time_sets_last_activity_from_the_log_clock(self, log_dir: Path) -> None:
+    def test_log_append_time_sets_both_times_from_the_log_clock(self, log_dir: Path) -> None:
         now = [T0 + 5_000]
         with Log.open(log_dir, config(timestamp_type="LogAppendTime"), clock=lambda: now[0]) as timed:
             first = timed.append(batch(PID_A, 0, ts=T0))
@@ -492,7 +493,7 @@ class TestProducerStateExposure:
             assert second.log_append_time_ms == T0 + 9_000
             entry = timed.producer_state(PID_A)
             assert entry is not None
-            assert entry.last_activity_ms == T0 + 9_000
+            assert (entry.last_append_ms, entry.last_timestamp_ms) == (T0 + 9_000, T0 + 9_000)
             assert [b.max_timestamp_ms for b in entry.batches] == [T0 + 5_000, T0 + 9_000]
             # A duplicate answers with the original offsets and does not move the activity.
             now[0] = T0 + 20_000

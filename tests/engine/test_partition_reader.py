@@ -37,7 +37,7 @@ from oncelog.segments.records import Record
 
 T0 = 1_700_000_000_000
 # Small segments and a dense index: every read crosses segments and starts from an index entry.
-CONFIG = LogConfig(segment_bytes=4096, index_interval_bytes=300, producer_expiration_ms=10**13)
+CONFIG = LogConfig(segment_bytes=4096, index_interval_bytes=300)
 READ_ALL = 1 << 30
 
 
@@ -172,7 +172,7 @@ class TestConcurrentWriter:
 
     def test_the_active_segments_preallocated_zeros_are_never_parsed(self, tmp_path: Path) -> None:
         directory = tmp_path / "zeros-0"
-        with open_log(directory, LogConfig(producer_expiration_ms=10**13)) as log:  # one big active segment
+        with open_log(directory, LogConfig()) as log:  # one big active segment
             fill(log, 10)
             active = directory / f"{log.active_segment.base_offset:020d}.log"
             assert active.stat().st_size > log.active_segment.size  # space allocated ahead
@@ -449,7 +449,7 @@ class ReadRecorder(DelegatingFileSystem):
 @pytest.mark.parametrize("live", [True, False], ids=["open-preallocated-index", "closed-trimmed-index"])
 def test_a_read_deep_into_a_segment_starts_at_its_index_entry(tmp_path: Path, live: bool) -> None:
     directory = tmp_path / "deep-0"
-    log = open_log(directory, LogConfig(index_interval_bytes=300, producer_expiration_ms=10**13))
+    log = open_log(directory, LogConfig(index_interval_bytes=300))
     try:
         fill(log, 200)
         assert len(log.segments) == 1

@@ -29,7 +29,6 @@ from oncelog.segments.batch import encode_batch
 
 T0 = 1_700_000_000_000
 MAX_EPOCH = 2**15 - 1
-NEVER_EXPIRES_MS = 100 * 365 * 24 * 3600 * 1000
 
 
 # -- helpers --------------------------------------------------------------------
@@ -44,7 +43,7 @@ def batch(pid: int, seq: int, *, epoch: int, ts: int = T0) -> bytes:
 
 
 def open_log(root: Path) -> Log:
-    return Log.open(root, LogConfig(producer_expiration_ms=NEVER_EXPIRES_MS), clock=lambda: T0)
+    return Log.open(root, LogConfig(), clock=lambda: T0)
 
 
 def segment_digest(directory: Path) -> dict[str, str]:

@@ -68,20 +68,24 @@ class TestTableRow:
     @pytest.mark.parametrize("window", range(WINDOW + 1))
     def test_put_then_get_round_trips_every_field_for_a_window_of_n_batches(self, window: int) -> None:
         manager = ProducerStateManager(4)
+        # Extreme values: offsets past 2**32, big deltas, sequences running over
+        # INT32_MAX (the second batch straddles the wrap: its first sequence is derived
+        # from the stored last one and the offset delta).
+        first_sequences = [(MAX_SEQ - 100_000 + i * 70_000) % 2**31 for i in range(window)]
         batches = [
-            # Extreme values: offsets past 2**32, sequences at INT32_MAX, big deltas.
             BatchMetadata(
-                MAX_SEQ - 4 + i, MAX_SEQ - 4 + i, 2**40 + i * 70_000, 2**40 + i * 70_000 + 69_999, T0 + i
+                first, (first + 69_999) % 2**31, 2**40 + i * 70_000, 2**40 + i * 70_000 + 69_999, T0 + i
             )
-            for i in range(window)
+            for i, first in enumerate(first_sequences)
         ]
         working = WorkingState(
             producer_id=2**50 + 3,
             producer_epoch=32_000,
             batches=list(batches),
-            last_activity_ms=T0 + 99,
+            last_append_ms=T0 + 99,
             coordinator_epoch=17,
             txn_first_offset=2**41,
+            last_timestamp_ms=T0 - 2**40,
         )
         manager.put(working)
         got = manager.get(2**50 + 3)
@@ -90,12 +94,21 @@ class TestTableRow:
             producer_epoch=32_000,
             last_sequence=batches[-1].last_sequence if batches else -1,
             last_offset=batches[-1].last_offset if batches else -1,
-            last_activity_ms=T0 + 99,
+            last_append_ms=T0 + 99,
             batches=tuple(batches),
             coordinator_epoch=17,
             current_txn_first_offset=2**41,
+            last_timestamp_ms=T0 - 2**40,
         )
         assert len(manager) == 1
+
+    def test_a_leaders_batch_without_sequences_round_trips_with_none_at_either_end(self) -> None:
+        manager = ProducerStateManager(4)
+        no_sequence = BatchMetadata(-1, -1, 500, 504, T0)
+        manager.put(WorkingState(7, 0, [metadata(0), no_sequence], T0))
+        entry = manager.get(7)
+        assert entry is not None
+        assert entry.batches == (metadata(0), no_sequence)
 
     def test_put_of_an_existing_producer_overwrites_its_slot(self) -> None:
         manager = ProducerStateManager(4)
@@ -159,15 +172,16 @@ class TestWindow:
         assert entry is not None
         assert entry.producer_epoch == 1
         assert entry.batches == ()
-        assert entry.last_activity_ms == T0 + 9
+        assert entry.last_timestamp_ms == T0 + 9
 
-    def test_replay_tracks_last_activity_of_the_newest_batch(self) -> None:
+    def test_replay_keeps_the_newest_batch_timestamp_and_counts_the_load_time_as_the_append(self) -> None:
         manager = ProducerStateManager(4)
-        replay(manager, 1, 0, BatchMetadata(0, 0, 0, 0, T0))
-        replay(manager, 1, 0, BatchMetadata(1, 1, 1, 1, T0 + 40))
+        replay(manager, 1, 0, BatchMetadata(0, 0, 0, 0, T0 - 10**9))
+        replay(manager, 1, 0, BatchMetadata(1, 1, 1, 1, T0 - 10**9 + 40))
         entry = manager.get(1)
         assert entry is not None
-        assert entry.last_activity_ms == T0 + 40
+        assert entry.last_timestamp_ms == T0 - 10**9 + 40
+        assert entry.last_append_ms == T0  # the replay's clock, not the client's
 
 
 # -- snapshots' bulk path -----------------------------------------------------------
@@ -228,13 +242,36 @@ class TestCapacity:
         assert len(manager) == 3
         assert manager.get(4) is None
 
-    def test_replay_of_a_new_producer_into_a_full_table_raises_and_nothing_changes(self) -> None:
-        manager = filled({1: 1, 2: 1, 3: 1}, capacity=3)
-        before = table_bytes(manager)
+    def test_replay_of_a_new_producer_into_a_full_table_sheds_the_least_recently_appended(self) -> None:
+        # Recovery: every replayed producer counts as appended at the load, and the
+        # log's order is the order of appends, so the producer whose newest batch is
+        # oldest was the first the running engine expired.
+        manager = filled({1: 1, 2: 1, 3: 1}, capacity=3)  # newest batches at 1000, 2000, 3000
+        buffer = ReplayBuffer(manager, now_ms=T0)
+        buffer.replay_batch(4, 0, 0, 0, 5000, 5000, T0, False)
+        buffer.flush()
+        assert buffer.shed == 1
+        assert sorted(e.producer_id for e in manager.entries()) == [2, 3, 4]
+
+    def test_producers_known_to_be_expired_make_room_before_any_is_shed(self) -> None:
+        manager = ProducerStateManager(2, 1000)
+        manager.put(WorkingState(1, 0, [metadata(0, first_offset=10)], T0 - 5000))  # idle 5 s
+        manager.put(WorkingState(2, 0, [metadata(0, first_offset=20)], T0))
+        buffer = ReplayBuffer(manager, now_ms=T0)
+        buffer.replay_batch(3, 0, 0, 0, 5, 5, T0, False)  # an older offset than 2's newest
+        buffer.flush()
+        assert buffer.shed == 0
+        assert sorted(e.producer_id for e in manager.entries()) == [2, 3]
+
+    def test_a_replay_whose_open_transactions_overflow_the_table_raises(self) -> None:
+        manager = ProducerStateManager(2)
+        for pid in (1, 2):
+            manager.put(WorkingState(pid, 0, [metadata(0)], T0, txn_first_offset=pid))
+        buffer = ReplayBuffer(manager, now_ms=T0)
+        buffer.replay_batch(3, 0, 0, 0, 50, 50, T0, False, True)
         with pytest.raises(ProducerStateFullError):
-            replay(manager, 4, 0, metadata(0))
-        assert table_bytes(manager) == before
-        assert manager.get(4) is None
+            buffer.flush()
+        assert sorted(e.producer_id for e in manager.entries()) == [1, 2]
 
     def test_a_full_table_still_updates_known_producers(self) -> None:
         manager = filled({1: 1, 2: 1, 3: 1}, capacity=3)
@@ -246,7 +283,7 @@ class TestCapacity:
 
     def test_append_info_refuses_a_new_producer_beyond_capacity(self) -> None:
         manager = filled({1: 1, 2: 1}, capacity=3)
-        info = ProducerAppendInfo(manager)
+        info = ProducerAppendInfo(manager, T0)
         info.apply(3, 0, metadata(0), False)  # the third slot is still free
         with pytest.raises(ProducerStateFullError):
             info.apply(4, 0, metadata(0), False)
@@ -292,7 +329,7 @@ class TestAppendInfo:
     def test_duplicate_of_each_of_last_five_batches_returns_original_offsets(self) -> None:
         manager, sent = self.five_batches_then_check()
         for batch in sent[-WINDOW:]:
-            info = ProducerAppendInfo(manager)
+            info = ProducerAppendInfo(manager, T0)
             got = info.check(1, 0, batch.first_sequence, batch.last_sequence)
             assert got == DuplicateBatch(batch.first_offset, batch.last_offset)
 
@@ -300,47 +337,47 @@ class TestAppendInfo:
         manager, sent = self.five_batches_then_check()
         sixth = sent[-WINDOW - 1]
         with pytest.raises(OutOfOrderSequenceError):
-            ProducerAppendInfo(manager).check(1, 0, sixth.first_sequence, sixth.last_sequence)
+            ProducerAppendInfo(manager, T0).check(1, 0, sixth.first_sequence, sixth.last_sequence)
 
     @pytest.mark.parametrize(("first", "last"), [(12, 12), (13, 13), (12, 14), (11, 13), (15, 15), (0, 0)])
     def test_partial_overlap_or_gap_is_out_of_order(self, first: int, last: int) -> None:
         manager, _ = self.five_batches_then_check()  # last batch holds sequences 12-13
         with pytest.raises(OutOfOrderSequenceError):
-            ProducerAppendInfo(manager).check(1, 0, first, last)
+            ProducerAppendInfo(manager, T0).check(1, 0, first, last)
 
     def test_next_in_order_batch_is_accepted(self) -> None:
         manager, _ = self.five_batches_then_check()
-        assert ProducerAppendInfo(manager).check(1, 0, 14, 16) is None
+        assert ProducerAppendInfo(manager, T0).check(1, 0, 14, 16) is None
 
     def test_lower_epoch_is_fenced(self) -> None:
         manager = ProducerStateManager(4)
         replay(manager, 1, 5, metadata(0))
         with pytest.raises(InvalidProducerEpochError):
-            ProducerAppendInfo(manager).check(1, 4, 1, 1)
+            ProducerAppendInfo(manager, T0).check(1, 4, 1, 1)
         with pytest.raises(InvalidProducerEpochError):
-            ProducerAppendInfo(manager).check(1, 4, 0, 0)  # even a would-be duplicate
+            ProducerAppendInfo(manager, T0).check(1, 4, 0, 0)  # even a would-be duplicate
 
     def test_higher_epoch_must_start_at_sequence_zero(self) -> None:
         manager = ProducerStateManager(4)
         replay(manager, 1, 5, metadata(0))
         with pytest.raises(OutOfOrderSequenceError):
-            ProducerAppendInfo(manager).check(1, 6, 1, 1)
-        assert ProducerAppendInfo(manager).check(1, 6, 0, 3) is None
+            ProducerAppendInfo(manager, T0).check(1, 6, 1, 1)
+        assert ProducerAppendInfo(manager, T0).check(1, 6, 0, 3) is None
 
     def test_higher_epoch_over_an_unknown_stored_epoch_accepts_any_sequence(self) -> None:
         manager = ProducerStateManager(4)
         manager.put(WorkingState(1, -1, [], T0))
-        assert ProducerAppendInfo(manager).check(1, 0, 42, 42) is None
+        assert ProducerAppendInfo(manager, T0).check(1, 0, 42, 42) is None
 
     @pytest.mark.parametrize("sequence", [0, 1, 12345, MAX_SEQ])
     def test_unknown_producer_is_accepted_at_any_sequence(self, sequence: int) -> None:
         manager = filled({1: 3})
-        assert ProducerAppendInfo(manager).check(2, 0, sequence, sequence) is None
+        assert ProducerAppendInfo(manager, T0).check(2, 0, sequence, sequence) is None
 
     def test_check_and_add_never_touch_the_table(self) -> None:
         manager, _ = self.five_batches_then_check()
         before = table_bytes(manager)
-        info = ProducerAppendInfo(manager)
+        info = ProducerAppendInfo(manager, T0)
         info.apply(1, 0, BatchMetadata(14, 14, 70, 70, T0 + 70), False)
         info.apply(2, 0, BatchMetadata(0, 0, 71, 71, T0 + 71), False)
         assert table_bytes(manager) == before
@@ -348,18 +385,18 @@ class TestAppendInfo:
 
     def test_batches_added_to_a_request_are_seen_by_later_checks_in_it(self) -> None:
         manager, _ = self.five_batches_then_check()
-        info = ProducerAppendInfo(manager)
+        info = ProducerAppendInfo(manager, T0)
         info.apply(1, 0, BatchMetadata(14, 15, 70, 71, T0 + 70), False)
         assert info.check(1, 0, 14, 15) == DuplicateBatch(70, 71)
         assert info.check(1, 0, 16, 16) is None
         with pytest.raises(OutOfOrderSequenceError):
             info.check(1, 0, 14, 14)
         # The table still answers for the stored state alone.
-        assert ProducerAppendInfo(manager).check(1, 0, 14, 14) is None
+        assert ProducerAppendInfo(manager, T0).check(1, 0, 14, 14) is None
 
     def test_an_epoch_bump_added_to_a_request_fences_the_old_epoch_in_it(self) -> None:
         manager, _ = self.five_batches_then_check()
-        info = ProducerAppendInfo(manager)
+        info = ProducerAppendInfo(manager, T0)
         info.apply(1, 1, BatchMetadata(0, 0, 70, 70, T0 + 70), False)
         with pytest.raises(InvalidProducerEpochError):
             info.check(1, 0, 14, 14)

@@ -28,7 +28,6 @@ def config(**overrides: int | None) -> LogConfig:
     base: dict[str, int | None] = {
         "segment_bytes": 1024,
         "index_interval_bytes": 256,
-        "producer_expiration_ms": 10**13,
         "retention_ms": None,
     }
     base.update(overrides)

@@ -19,9 +19,9 @@ Differences from Kafka that change an expectation:
 - Kafka's snapshot keeps only a producer's last batch; oncelog's keeps the 5-batch
   window (brief §3), so recovered windows are asserted on their last batch only.
 
-Every log gets a pinned broker clock (T0, the batches' timestamp) and a huge
-expiration, so producers never expire against the wall clock; expiry has its own
-tests with their own clock.
+Logs run with Kafka's default expiration, on a pinned broker clock (T0, the
+batches' timestamp) or the wall clock: expiry reads the engine's clock, never the
+batches' timestamps; it has its own tests with their own clock.
 """
 
 from __future__ import annotations
@@ -59,8 +59,7 @@ from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.records import Record
 
 T0 = 1_700_000_000_000
-NEVER_EXPIRES_MS = 10**13
-CONFIG = LogConfig(producer_expiration_ms=NEVER_EXPIRES_MS, segment_index_bytes=4096)
+CONFIG = LogConfig(segment_index_bytes=4096)
 READ_ALL = 1 << 30
 COMMITTED = "read_committed"
 UNCOMMITTED = "read_uncommitted"
@@ -834,7 +833,12 @@ class TestLastStableOffset:
             assert log.last_stable_offset == 1
 
     def test_an_open_transaction_survives_expiry_at_reopen(self, tmp_path: Path, log_dir: Path) -> None:
-        """Loading expires idle producers (Kafka's removeExpiredProducers on load), never one with a txn."""
+        """Loading expires idle producers (Kafka's removeExpiredProducers on load), never one with a txn.
+
+        After a clean close the snapshot knows when each producer was last appended. After
+        a crash the tail's producers are replayed, and their append time is the load's (the
+        latest it could have been): they expire one expiration after the load.
+        """
         expiration = 1000
         config = LogConfig(producer_expiration_ms=expiration, segment_index_bytes=4096)
         live = open_log(log_dir, config)
@@ -844,8 +848,11 @@ class TestLastStableOffset:
             crashed = crash_image(log_dir, tmp_path / "crashed-0")
         finally:
             live.close()
-        for directory in (log_dir, crashed):
-            with Log.open(directory, config, clock=lambda: T0 + 10 * expiration) as reopened:
+        later = T0 + 10 * expiration
+        for directory, idle_kept in ((log_dir, False), (crashed, True)):
+            with Log.open(directory, config, clock=lambda: later) as reopened:
+                assert (reopened.producer_state(2) is not None) == idle_kept
+                assert reopened.expire_producers(later + expiration) == int(idle_kept)
                 assert reopened.producer_state(2) is None
                 assert txn_first_offset(reopened, PID) == 0
                 assert reopened.last_stable_offset == 0
@@ -940,9 +947,7 @@ class TestReadCommitted:
 
     def test_aborted_transaction_spanning_multiple_segments(self, log_dir: Path) -> None:
         """UnifiedLogTest.testAbortedTransactionSpanningMultipleSegments (pid 137, epoch 5)."""
-        config = LogConfig(
-            producer_expiration_ms=NEVER_EXPIRES_MS, segment_index_bytes=4096, segment_bytes=1024
-        )
+        config = LogConfig(segment_index_bytes=4096, segment_bytes=1024)
         with open_log(log_dir, config) as log:
             producer = Producer(log, 137, epoch=5)
             producer.send(3)
@@ -1193,7 +1198,7 @@ class TestTransactionRecovery:
         with open_log(crashed) as reopened:
             entry = reopened.producer_state(PID)
             assert entry is not None
-            assert entry.last_activity_ms == T0
+            assert (entry.last_timestamp_ms, entry.last_append_ms) == (T0, T0)
             assert entry.current_txn_first_offset == -1
             assert reopened.last_stable_offset == reopened.log_end_offset == 1
 
@@ -1337,7 +1342,7 @@ class TestTransactionRecovery:
         try:
             live.write_txn_marker(PID, 0, commit=False, coordinator_epoch=5)
             entry = live.producer_state(PID)
-            assert entry is not None and entry.last_activity_ms == T0
+            assert entry is not None and entry.last_append_ms == T0
             now[0] = T0 + expiration
             live.expire_producers()
             assert live.producer_state(PID) is None
@@ -1351,7 +1356,8 @@ class TestTransactionRecovery:
         with Log.open(crashed, config, clock=lambda: T0 + expiration) as reopened:
             entry = reopened.producer_state(PID)
             assert entry is not None
-            assert entry.last_activity_ms == T0 + expiration
+            assert entry.last_timestamp_ms == T0 + expiration  # the second marker's
+            assert entry.last_append_ms == T0 + expiration  # replayed: the load's time
             assert entry.coordinator_epoch == 4
             assert reopened.log_end_offset == 2
 

@@ -21,7 +21,7 @@ from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.segments.batch import encode_batch
 
 T0 = 1_700_000_000_000
-CONFIG = LogConfig(segment_bytes=1024, index_interval_bytes=256, producer_expiration_ms=10**13)
+CONFIG = LogConfig(segment_bytes=1024, index_interval_bytes=256)
 
 
 def clock() -> int:

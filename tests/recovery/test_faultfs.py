@@ -30,7 +30,7 @@ D = "/data/topic-0"
 F = D + "/f"
 T0 = 1_700_000_000_000
 SEEDS = range(30)
-CONFIG = LogConfig(segment_bytes=2048, segment_index_bytes=4096, producer_expiration_ms=10**13)
+CONFIG = LogConfig(segment_bytes=2048, segment_index_bytes=4096)
 
 
 def clock() -> int:

@@ -28,7 +28,6 @@ CONFIG = LogConfig(
     segment_bytes=2048,
     segment_index_bytes=1024,
     index_interval_bytes=256,
-    producer_expiration_ms=10**13,
 )
 MARKER = D + "/.clean_shutdown"
 METADATA = "meta.lmdb"

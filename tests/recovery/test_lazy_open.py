@@ -20,7 +20,7 @@ from oncelog.recovery.fs import DelegatingFileSystem, FileHandle
 from oncelog.segments.batch import encode_batch
 
 T0 = 1_700_000_000_000
-CONFIG = LogConfig(segment_bytes=4096, index_interval_bytes=256, producer_expiration_ms=10**13)
+CONFIG = LogConfig(segment_bytes=4096, index_interval_bytes=256)
 
 
 class OpenRecordingFileSystem(DelegatingFileSystem):

@@ -51,10 +51,10 @@ MARKER = ".clean_shutdown"
 
 # ~2 KiB segments of ~150-byte batches: a dozen batches per segment, no index
 # entries (the interval is 4 KiB), so the whole active segment is the tail.
-# Batch timestamps here are pinned to 2023 and the Kafka fixtures date from 2024;
-# these tests are not about expiry (test_expiry.py is), so producers never expire.
-NEVER_EXPIRES_MS = 100 * 365 * 24 * 3600 * 1000
-CONFIG = LogConfig(producer_expiration_ms=NEVER_EXPIRES_MS, segment_bytes=2048, segment_index_bytes=4096)
+# Batch timestamps here are pinned to 2023 and the Kafka fixtures date from 2024, while
+# the logs run on the wall clock with Kafka's default expiration: expiry reads the
+# engine's clock, so no producer here expires.
+CONFIG = LogConfig(segment_bytes=2048, segment_index_bytes=4096)
 
 
 # -- producers and batches ------------------------------------------------------------
@@ -120,13 +120,13 @@ State = dict[int, tuple[int, int, int, int, tuple[tuple[int, int, int, int, int]
 
 
 def engine_state(log: Log) -> State:
-    """pid -> (epoch, last sequence, last offset, last activity, window) as the Log reports it."""
+    """pid -> (epoch, last sequence, last offset, last batch timestamp, window) as the Log reports it."""
     return {
         e.producer_id: (
             e.producer_epoch,
             e.last_sequence,
             e.last_offset,
-            e.last_activity_ms,
+            e.last_timestamp_ms,
             tuple(tuple(b) for b in e.batches),
         )
         for e in log.producers()
@@ -409,7 +409,7 @@ import json, os, sys
 from oncelog.config import LogConfig
 from oncelog.log import Log
 from oncelog.segments import encode_batch
-config = LogConfig(producer_expiration_ms=10**13, segment_bytes=2048, segment_index_bytes=4096)
+config = LogConfig(segment_bytes=2048, segment_index_bytes=4096)
 log = Log.open(sys.argv[1], config)
 sequences = {}
 for i in range(int(sys.argv[2])):
@@ -786,7 +786,6 @@ class TestCorruptionBelowTheRecoveryPoint:
         active, position, base = self._flip_early_batch_of_active_segment(rolled)
         size = active.stat().st_size
         config = LogConfig(
-            producer_expiration_ms=NEVER_EXPIRES_MS,
             segment_bytes=2048,
             segment_index_bytes=4096,
             on_corruption="truncate",
@@ -1002,9 +1001,7 @@ class TestSingleWriter:
 # -- flush policy ------------------------------------------------------------------------------
 class TestFlushPolicy:
     def test_flush_messages_advances_the_recovery_point_every_three_messages(self, tmp_path: Path) -> None:
-        config = LogConfig(
-            producer_expiration_ms=NEVER_EXPIRES_MS, segment_index_bytes=4096, flush_messages=3
-        )
+        config = LogConfig(segment_index_bytes=4096, flush_messages=3)
         producers = Producers()
         with Log.open(tmp_path / "t-0", config) as log:
             points = []
@@ -1024,7 +1021,7 @@ class TestFlushPolicy:
 
     def test_flush_ms_flushes_once_the_injected_clock_has_moved_far_enough(self, tmp_path: Path) -> None:
         now = [T0]
-        config = LogConfig(producer_expiration_ms=NEVER_EXPIRES_MS, segment_index_bytes=4096, flush_ms=100)
+        config = LogConfig(segment_index_bytes=4096, flush_ms=100)
         producers = Producers()
         with Log.open(tmp_path / "t-0", config, clock=lambda: now[0]) as log:
             now[0] += 50
@@ -1045,9 +1042,7 @@ class TestFlushPolicy:
 
     def test_without_a_policy_only_flush_moves_the_recovery_point(self, tmp_path: Path) -> None:
         producers = Producers()
-        with Log.open(
-            tmp_path / "t-0", LogConfig(producer_expiration_ms=NEVER_EXPIRES_MS, segment_index_bytes=4096)
-        ) as log:
+        with Log.open(tmp_path / "t-0", LogConfig(segment_index_bytes=4096)) as log:
             for _ in range(20):
                 producers.append(log, 1)
             assert log.recovery_point == 0
@@ -1141,7 +1136,7 @@ class TestFsyncFailure:
 class TestKafkaFixtures:
     def test_promotions_fixture_recovers_producers_45_and_46(self, tmp_path: Path) -> None:
         partition = copy_fixture(FIXTURES / "flink-on-prem" / "promotions-0", tmp_path)
-        with Log.open(partition, LogConfig(producer_expiration_ms=NEVER_EXPIRES_MS)) as log:
+        with Log.open(partition, LogConfig()) as log:
             p45, p46 = log.producer_state(45), log.producer_state(46)
             assert p45 is not None and p46 is not None
             assert (p45.producer_epoch, p45.last_sequence, p45.last_offset) == (0, 2, 26)
@@ -1171,7 +1166,7 @@ class TestKafkaFixtures:
             for batch in iter_batches(log_file.read_bytes()):
                 if batch.producer_id >= 0 and not batch.is_control:
                     last[batch.producer_id] = (batch.producer_epoch, batch.last_sequence, batch.last_offset)
-        with Log.open(partition, LogConfig(producer_expiration_ms=NEVER_EXPIRES_MS)) as log:
+        with Log.open(partition, LogConfig()) as log:
             assert log.recovery_report.clean is False  # no oncelog marker in a Kafka directory
             got = {}
             for entry in log.producers():

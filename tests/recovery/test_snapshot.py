@@ -24,7 +24,14 @@ import pytest
 from oncelog.errors import CorruptSnapshotError
 from oncelog.pid_map import DuplicateProducerError
 from oncelog.producer_replay import ReplayBuffer
-from oncelog.producer_state import PRODUCER_DTYPE, WINDOW, BatchMetadata, ProducerStateManager
+from oncelog.producer_state import (
+    PRODUCER_DTYPE,
+    UNKNOWN_APPEND_MS,
+    WINDOW,
+    BatchMetadata,
+    ProducerStateManager,
+    first_sequence_of,
+)
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import Buffer, DelegatingFileHandle, DelegatingFileSystem, FileHandle, OsFileSystem
 from oncelog.segments import iter_batches
@@ -34,7 +41,18 @@ V1_PREFIX = struct.Struct(">hI")
 V1_COUNT = struct.Struct(">i")
 V1_ENTRY = struct.Struct(">qhiqiqiq")
 assert V1_ENTRY.size == 46
-ONCELOG_VERSION = 0x6F6C
+ONCELOG_VERSION = 0x6F6D
+# oncelog's first layout, written by hand here: 172-byte rows with each batch's first
+# sequence and the newest batch timestamp, and no append time.
+ONCELOG_V1_VERSION = 0x6F6C
+ONCELOG_V1_ROW = struct.Struct(f"<qqqihBB{WINDOW}i{WINDOW}i{WINDOW}q{WINDOW}i{WINDOW}q")
+assert ONCELOG_V1_ROW.size == 172
+ONCELOG_V1_FIELDS = (
+    "[('producer_id', '<i8'), ('last_activity_ms', '<i8'), ('txn_first_offset', '<i8'), "
+    "('coordinator_epoch', '<i4'), ('producer_epoch', '<i2'), ('window_count', '|u1'), "
+    "('live', '|u1'), ('first_sequence', '<i4', (5,)), ('last_sequence', '<i4', (5,)), "
+    "('last_offset', '<i8', (5,)), ('offset_delta', '<i4', (5,)), ('max_timestamp_ms', '<i8', (5,))]"
+)
 
 T0 = 1_700_000_000_000
 
@@ -154,7 +172,7 @@ class TestOncelogFormatRejectsDamage:
         with pytest.raises(CorruptSnapshotError):
             snapshots.decode_snapshot(b"", 64)
 
-    @pytest.mark.parametrize("keep", [1, 5, 6, 9, 40, -172, -1])
+    @pytest.mark.parametrize("keep", [1, 5, 6, 9, 40, -160, -1])
     def test_a_truncated_file_is_corrupt(self, good: bytes, keep: int) -> None:
         with pytest.raises(CorruptSnapshotError):
             snapshots.decode_snapshot(good[:keep], 64)
@@ -186,14 +204,24 @@ class TestOncelogFormatRejectsDamage:
 
     def test_a_row_count_that_disagrees_with_the_rows_is_corrupt(self) -> None:
         rows, _ = windowed_rows()
-        header = {"offset": 1, "producers": 5, "row_bytes": 172, "fields": str(PRODUCER_DTYPE.descr)}
+        header = {
+            "offset": 1,
+            "producers": 5,
+            "row_bytes": PRODUCER_DTYPE.itemsize,
+            "fields": str(PRODUCER_DTYPE.descr),
+        }
         data = with_valid_crc(ONCELOG_VERSION, oncelog_body(header, rows.tobytes()))
         with pytest.raises(CorruptSnapshotError):
             snapshots.decode_snapshot(data, 1)
 
     def test_a_different_row_layout_is_refused_not_misread(self) -> None:
         rows, _ = windowed_rows()
-        header = {"offset": 1, "producers": 4, "row_bytes": 172, "fields": "something else"}
+        header = {
+            "offset": 1,
+            "producers": 4,
+            "row_bytes": PRODUCER_DTYPE.itemsize,
+            "fields": "something else",
+        }
         data = with_valid_crc(ONCELOG_VERSION, oncelog_body(header, rows.tobytes()))
         with pytest.raises(CorruptSnapshotError, match="layout"):
             snapshots.decode_snapshot(data, 1)
@@ -229,6 +257,83 @@ class TestOncelogFormatRejectsDamage:
             snapshots.decode_snapshot(with_valid_crc(ONCELOG_VERSION, body), 0)
 
 
+# -- oncelog's first layout: read, never written ------------------------------------------
+def oncelog_v1_snapshot(offset: int, producers: Sequence[tuple[int, int, int, list[BatchMetadata]]]) -> bytes:
+    """A snapshot in oncelog's first layout; producers are (pid, epoch, last batch timestamp, window)."""
+    rows = b""
+    for pid, epoch, timestamp, window in producers:
+        pad = [0] * (WINDOW - len(window))
+        rows += ONCELOG_V1_ROW.pack(
+            pid,
+            timestamp,
+            -1,
+            -1,
+            epoch,
+            len(window),
+            1,
+            *[m.first_sequence for m in window],
+            *pad,
+            *[m.last_sequence for m in window],
+            *pad,
+            *[m.last_offset for m in window],
+            *pad,
+            *[m.last_offset - m.first_offset for m in window],
+            *pad,
+            *[m.max_timestamp_ms for m in window],
+            *pad,
+        )
+    header = {"offset": offset, "producers": len(producers), "row_bytes": 172, "fields": ONCELOG_V1_FIELDS}
+    return with_valid_crc(ONCELOG_V1_VERSION, oncelog_body(header, rows))
+
+
+class TestOncelogFirstLayout:
+    def test_a_first_version_snapshot_loads_with_full_windows_and_the_load_time_as_append_time(
+        self, tmp_path: Path
+    ) -> None:
+        # Two records per batch from 2**31 - 3 on: the second batch straddles the wrap.
+        firsts = [(2**31 - 3 + 2 * n) % 2**31 for n in range(5)]
+        window = [BatchMetadata(f, (f + 1) % 2**31, 10 * n, 10 * n + 1, T0 + n) for n, f in enumerate(firsts)]
+        data = oncelog_v1_snapshot(77, [(9, 4, T0 - 5, window), (2**40, 0, T0 - 7, [])])
+        (tmp_path / "00000000000000000077.snapshot").write_bytes(data)
+        rows = snapshots.read_snapshot(OsFileSystem(), str(tmp_path), 77)
+        assert rows.dtype == PRODUCER_DTYPE
+        assert list(rows["last_timestamp_ms"]) == [T0 - 5, T0 - 7]
+        assert list(rows["last_append_ms"]) == [UNKNOWN_APPEND_MS] * 2
+        manager = ProducerStateManager(4)
+        manager.load_rows(rows, T0 + 123)
+        entry = manager.get(9)
+        assert entry is not None
+        assert (entry.producer_epoch, entry.batches) == (4, tuple(window))
+        assert (entry.last_append_ms, entry.last_timestamp_ms) == (T0 + 123, T0 - 5)
+        empty = manager.get(2**40)
+        assert empty is not None and empty.batches == ()
+
+    def test_a_first_version_snapshot_read_into_the_table_is_converted_too(self, tmp_path: Path) -> None:
+        data = oncelog_v1_snapshot(3, [(9, 0, T0, [BatchMetadata(0, 0, 2, 2, T0)])])
+        (tmp_path / "00000000000000000003.snapshot").write_bytes(data)
+        manager = ProducerStateManager(4)
+        manager.load_rows(
+            snapshots.read_snapshot(OsFileSystem(), str(tmp_path), 3, into=manager.table), T0 + 1
+        )
+        entry = manager.get(9)
+        assert entry is not None
+        assert (entry.batches, entry.last_append_ms) == ((BatchMetadata(0, 0, 2, 2, T0),), T0 + 1)
+
+    def test_a_first_version_snapshot_with_the_new_layout_name_is_refused(self) -> None:
+        data = oncelog_v1_snapshot(3, [(9, 0, T0, [])])
+        relabelled = with_valid_crc(ONCELOG_VERSION, data[6:])
+        with pytest.raises(CorruptSnapshotError, match="layout"):
+            snapshots.decode_snapshot(relabelled, 3)
+
+    def test_new_snapshots_are_written_in_the_current_version(self) -> None:
+        rows, _ = windowed_rows()
+        assert (
+            V1_PREFIX.unpack_from(snapshots.encode_snapshot(1, rows))[0]
+            == ONCELOG_VERSION
+            != ONCELOG_V1_VERSION
+        )
+
+
 # -- Kafka's v1 format -----------------------------------------------------------------
 class TestKafkaV1Decode:
     def test_entries_become_one_batch_windows(self) -> None:
@@ -240,15 +345,19 @@ class TestKafkaV1Decode:
             ]
         )
         rows = snapshots.decode_snapshot(data, 29)
+        assert list(rows["last_append_ms"]) == [UNKNOWN_APPEND_MS] * 2  # Kafka does not store it
         manager = ProducerStateManager(4)
-        manager.load_rows(rows)
+        load_time = T0 + 10**9
+        manager.load_rows(rows, load_time)
         p45, p46 = manager.get(45), manager.get(46)
         assert p45 is not None and p46 is not None
         assert p45.producer_epoch == 0
         assert p45.batches == (BatchMetadata(2, 2, 26, 26, T0 + 1),)
         assert p46.producer_epoch == 3
         assert p46.batches == (BatchMetadata(24, 25, 27, 28, T0 + 2),)
-        assert (p46.last_activity_ms, p46.coordinator_epoch, p46.current_txn_first_offset) == (T0 + 2, 7, 20)
+        assert (p46.last_timestamp_ms, p46.coordinator_epoch, p46.current_txn_first_offset) == (T0 + 2, 7, 20)
+        # Unknown append times count as the load's: the latest they could have been.
+        assert (p45.last_append_ms, p46.last_append_ms) == (load_time, load_time)
 
     def test_an_entry_without_a_sequence_has_an_empty_window(self) -> None:
         rows = snapshots.decode_snapshot(kafka_v1([(5, 1, -1, -1, 0, T0, 2, 100)]), 0)
@@ -261,7 +370,11 @@ class TestKafkaV1Decode:
 
     def test_a_first_sequence_straddling_the_wrap_is_taken_modulo_2_to_the_31(self) -> None:
         rows = snapshots.decode_snapshot(kafka_v1([(5, 0, 1, 10, 3, T0, -1, -1)]), 0)
-        assert int(rows["first_sequence"][0][0]) == 2**31 - 2
+        manager = ProducerStateManager(1)
+        manager.load_rows(rows, T0)
+        entry = manager.get(5)
+        assert entry is not None
+        assert entry.batches == (BatchMetadata(2**31 - 2, 1, 7, 10, T0),)
 
     def test_an_empty_v1_snapshot_has_no_producers(self) -> None:
         assert len(snapshots.decode_snapshot(kafka_v1([]), 13)) == 0
@@ -334,8 +447,10 @@ class TestKafkaV1FixturesAgreeWithTheirLogs:
                 int(row["max_timestamp_ms"][0]),
             )
             assert got == want, pid
-            assert int(row["first_sequence"][0]) == (want.last_sequence - want.offset_delta) % 2**31
-            assert int(row["last_activity_ms"]) == want.max_timestamp
+            first = first_sequence_of(int(row["last_sequence"][0]), int(row["offset_delta"][0]))
+            assert first == (want.last_sequence - want.offset_delta) % 2**31
+            assert int(row["last_timestamp_ms"]) == want.max_timestamp
+            assert int(row["last_append_ms"]) == UNKNOWN_APPEND_MS
 
     def test_the_promotions_fixture_holds_producers_45_and_46(self) -> None:
         snapshot_file = ROOT / "flink-on-prem" / "promotions-0" / "00000000000000000029.snapshot"

@@ -187,9 +187,40 @@ def test_the_checker_is_wired_to_every_fault_class() -> None:
     assert set(torture.FAULTS) == {"kill", "drop", "torn", "dirent", "bitflip", "enospc", "eio", "misdirect"}
 
 
-def test_the_self_test_catches_all_nine_planted_bugs(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_self_test_catches_all_ten_planted_bugs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["torture", "--self-test", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"planted": 9, "caught": 9, "missed": []}
+    assert json.loads(capsys.readouterr().out) == {"planted": 10, "caught": 10, "missed": []}
+
+
+# -- time: mixed client clocks, an irregular engine clock, real expiry ---------------------------
+def test_the_workload_mixes_client_clocks_and_its_producers_really_expire_and_restart() -> None:
+    skews: Counter[str] = Counter()
+    expiries = restarts = idle_recoveries = 0
+    for seed in range(60):
+        rng, fs, model = random.Random(seed), FaultFileSystem(seed), Model()
+        fs.kill_at(rng.randint(1, torture.MAX_KILL_POINT))
+        with contextlib.suppress(SimulatedCrash):
+            run_workload(fs, rng, model, steps=rng.randint(10, 60))
+        expiries += model.expiries
+        restarts += len(model.restarted_at)
+        for offset, data in model.written.items():
+            batch = RecordBatch(data)
+            if batch.is_control:
+                continue
+            skew = batch.max_timestamp - model.append_ms[offset]
+            day = 24 * 3600 * 1000
+            if skew < -300 * day:
+                skews["two years behind"] += 1
+            elif skew > 2 * day:
+                skews["three days ahead"] += 1
+            elif skew != 0:
+                skews["jittered by hours"] += 1
+            else:
+                skews["current"] += 1
+        idle_recoveries += model.now_ms - torture.CLOCK_MS >= torture.EXPIRATION_MS
+    assert min(skews.values()) >= 50 and len(skews) == 4, skews
+    assert expiries >= 30 and restarts >= 20, (expiries, restarts)
+    assert idle_recoveries >= 20  # runs that went on for longer than the expiration
 
 
 def test_the_workload_truncates_deletes_records_and_applies_retention_and_crashes_inside_them() -> None:

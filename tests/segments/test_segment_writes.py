@@ -21,7 +21,7 @@ from oncelog.recovery.faultfs import FaultFileSystem
 from oncelog.segments import segment as segment_module
 
 T0 = 1_700_000_000_000
-CONFIG = LogConfig(segment_bytes=256 * 1024, segment_index_bytes=4096, producer_expiration_ms=10**13)
+CONFIG = LogConfig(segment_bytes=256 * 1024, segment_index_bytes=4096)
 D = "/data/topic-0"
 
 

@@ -24,7 +24,7 @@ from oncelog.spark.source import SCHEMA_STRING
 
 TOPIC = "events"
 T0 = 1_700_000_000_000
-CONFIG = LogConfig(segment_bytes=4096, producer_expiration_ms=10**13)
+CONFIG = LogConfig(segment_bytes=4096)
 
 Row = tuple[Any, ...]
 

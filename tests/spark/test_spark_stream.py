@@ -17,7 +17,7 @@ from oncelog import Log, LogConfig, LogManager
 from oncelog.segments.batch import encode_batch
 
 SOURCE, COPY = "src", "copy"
-CONFIG = LogConfig(segment_bytes=4096, producer_expiration_ms=10**13)
+CONFIG = LogConfig(segment_bytes=4096)
 
 
 def grow(root: Path, first: int, count: int, *, aborted: bool = False) -> list[bytes]:

@@ -1,0 +1,64 @@
+"""The engine's clock: what producer expiry and log-append times are measured on.
+
+A Log reads time from an injected clock (the wall clock by default, a pinned one in
+tests). Wall clocks step backwards (NTP, a VM resumed), and expiry must never run
+on a time earlier than one it already used, or a producer it kept could look idle
+again, or an expired one fresh. MonotonicClock returns the largest value seen.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+Clock = Callable[[], int]
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class MonotonicClock:
+    """`clock`, never going backwards: each call returns the largest value read so far."""
+
+    __slots__ = ("_clock", "_high_ms")
+
+    def __init__(self, clock: Clock):
+        self._clock = clock
+        self._high_ms = clock()
+
+    def __call__(self) -> int:
+        now = self._clock()
+        # A racing caller can lower _high_ms by the few ms two threads read apart; both
+        # callers hold the Log's lock on every path that uses the time for expiry.
+        if now > self._high_ms:
+            self._high_ms = now
+            return now
+        return self._high_ms
+
+    @property
+    def high_ms(self) -> int:
+        """The largest time read so far (without reading the clock again)."""
+        return self._high_ms
+
+
+class MonotonicWallClock(MonotonicClock):
+    """The wall clock, never going backwards; reads time.time itself (it is on every
+    idempotent append: one Python call fewer than wrapping wall_clock_ms)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(wall_clock_ms)
+
+    def __call__(self, _time: Callable[[], float] = time.time) -> int:
+        now = int(_time() * 1000)
+        if now > self._high_ms:
+            self._high_ms = now
+            return now
+        return self._high_ms
+
+
+def engine_clock(clock: Clock | None) -> MonotonicClock:
+    """The Log's clock: `clock`, or the wall clock, never going backwards."""
+    return MonotonicWallClock() if clock is None else MonotonicClock(clock)
