@@ -21,6 +21,7 @@ from oncelog.errors import (
     RecordTooLargeError,
     RetriableError,
     TransactionCoordinatorFencedError,
+    TruncatedBeforeDurableError,
 )
 from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.log import Log
@@ -69,6 +70,7 @@ __all__ = [
     "RecoveryReport",
     "RetriableError",
     "TransactionCoordinatorFencedError",
+    "TruncatedBeforeDurableError",
     "TimestampOffset",
     "encode_batch",
     "errors",

@@ -66,6 +66,13 @@ class LogFailedError(OncelogError):
     """
 
 
+class TruncatedBeforeDurableError(RetriableError):
+    """An append waiting to be fsynced (`durable=True`) whose batch `truncate_to` cut first.
+
+    The batch is not in the log; appending it again is the retry.
+    """
+
+
 class LogDirLockedError(OncelogError):
     """Another Log (in this process or another) has the directory open."""
 

@@ -8,31 +8,40 @@ N threads appending durably thus pay about one fsync per round, not one each.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
-from oncelog.errors import LogClosedError
+from oncelog import threads
+from oncelog.errors import LogClosedError, TruncatedBeforeDurableError
 
 
 class GroupCommit:
     def __init__(self, durable_end_offset: int):
         # Offsets below this are fsynced (and acknowledged as durable to waiters).
         self.durable_end_offset = durable_end_offset
-        self._cond = threading.Condition(threading.Lock())
+        self._cond = threads.condition()
         self._flush_running = False
         self._closing = False
+        # How many times the log was cut back (truncated): an append that waits to be
+        # durable notes it first, and a cut since then may have removed its batch.
+        self.cuts = 0
 
-    def wait(self, end_offset: int, flush: Callable[[], None], what: str) -> None:
+    def wait(self, end_offset: int, flush: Callable[[], None], what: str, *, cuts: int | None = None) -> None:
         """Return once every offset below `end_offset` is durable, running `flush` if no one is.
 
         `flush` must call `mark_durable` with what it made durable; its errors
         reach the waiter that ran it, and the next waiter runs it again (a failed
-        log refuses, so each waiter sees the failure).
+        log refuses, so each waiter sees the failure). With `cuts` (this object's
+        `cuts`, read before the waiter's batch was appended), a cut since raises
+        TruncatedBeforeDurableError: the offsets may now hold other batches.
         """
         with self._cond:
             while self.durable_end_offset < end_offset:
                 if self._closing:
                     raise LogClosedError(f"{what} closed before offset {end_offset - 1} was fsynced")
+                if cuts is not None and self.cuts != cuts:
+                    raise TruncatedBeforeDurableError(
+                        f"{what} was truncated before offset {end_offset - 1} was fsynced; append it again"
+                    )
                 if self._flush_running:
                     self._cond.wait()
                     continue
@@ -55,6 +64,8 @@ class GroupCommit:
         """The log was cut back to `end_offset`: offsets from there on are not durable any more."""
         with self._cond:
             self.durable_end_offset = min(self.durable_end_offset, end_offset)
+            self.cuts += 1
+            self._cond.notify_all()  # waiters whose batches went learn it now
 
     def begin_close(self) -> bool:
         """Wait out a running leader (it fsyncs files about to close); False if already closing."""

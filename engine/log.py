@@ -15,11 +15,12 @@ that the next open deletes before loading, so a crash while loading is unclean.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import os
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 
+from oncelog import threads
 from oncelog.append_plan import PlannedBatch, stamped_buffers
 from oncelog.append_rules import ProducerAppendInfo
 from oncelog.clock import Clock, MonotonicClock, engine_clock
@@ -30,6 +31,7 @@ from oncelog.errors import (
     LogDirLockedError,
     LogFailedError,
     OffsetOutOfRangeError,
+    OncelogError,
     ProducerStateFullError,
 )
 from oncelog.group_commit import GroupCommit
@@ -104,7 +106,7 @@ class Log:
         self._log_start_offset = loaded.log_start_offset
         # What opening read and did: clean or not, bytes scanned, tail cut.
         self.recovery_report: RecoveryReport = loaded.report
-        self._lock = threading.RLock()
+        self._lock = threads.rlock()
         self._closed = False
         # Set by the first failed write or fsync; appends are refused until reopen.
         self._failure: BaseException | None = None
@@ -116,7 +118,16 @@ class Log:
         self._max_batch_bytes = config.max_batch_bytes
         self._segment_ms = config.segment_ms
         self._group_commit = GroupCommit(loaded.recovery_point)
-        self._recovery_point_lock = threading.Lock()
+        self._recovery_point_lock = threads.lock()
+        # Held while a flush fsyncs and commits the recovery point (outside the append
+        # lock), and by everything that closes segment files or moves the point back
+        # (truncation, reloads, deleting segments): a flush never fsyncs a closed file
+        # and never commits a point past a cut. Lock order: append lock, this one, then
+        # the recovery point's.
+        self._fsync_lock = threads.lock()
+        # Bumped (under the fsync lock) whenever segments are cut, deleted or reloaded: a
+        # flush that captured the log before commits nothing (its waiters flush again).
+        self._generation = 0
 
     @classmethod
     def open(
@@ -182,11 +193,17 @@ class Log:
 
     @property
     def log_end_offset(self) -> int:
-        return self._segments[-1].next_offset
+        try:
+            return self._segments[-1].next_offset
+        except IndexError:
+            raise self._unusable() from None
 
     @property
     def active_segment(self) -> LogSegment:
-        return self._segments[-1]
+        try:
+            return self._segments[-1]
+        except IndexError:
+            raise self._unusable() from None
 
     @property
     def segments(self) -> tuple[LogSegment, ...]:
@@ -217,6 +234,7 @@ class Log:
 
     def producer_state(self, producer_id: int) -> ProducerStateEntry | None:
         with self._lock:
+            self._check_open()
             return self._producers.get(producer_id)
 
     def expire_producers(self, now_ms: int | None = None, *, exhaustive: bool = False) -> int:
@@ -246,6 +264,7 @@ class Log:
     def producers(self) -> Iterator[ProducerStateEntry]:
         """Every producer's state, oldest first (a snapshot taken under the lock)."""
         with self._lock:
+            self._check_open()
             entries = list(self._producers.entries())
         return iter(entries)
 
@@ -256,7 +275,8 @@ class Log:
         """Validate one encoded batch, check its producer, stamp its offsets and write it.
 
         With `durable`, return only once the batch is fsynced; appenders waiting at
-        the same time share one fsync (group commit).
+        the same time share one fsync (group commit). A `truncate_to` meanwhile raises
+        TruncatedBeforeDurableError (retriable): the batch may be gone.
 
         This is the fast path for one client batch: the same checks and the same
         order of effects as the request path (see _plan/_execute), without
@@ -264,12 +284,15 @@ class Log:
         the segment. append_batches takes the rare cases (replication, a roll,
         LogAppendTime, a full producer table).
         """
-        if origin != "client" or self._log_append_time:
-            result = self.append_batches([batch_bytes], origin=origin)[0]
-        else:
-            result = self._append_one(batch_bytes)
-        if durable:
-            self.wait_durable(result.last_offset + 1)
+        if not durable:
+            if origin != "client" or self._log_append_time:
+                return self.append_batches([batch_bytes], origin=origin)[0]
+            return self._append_one(batch_bytes)
+        # Noted before the append: a truncation from here on may have cut this batch, and
+        # its waiter must not take later batches at the same offsets for its own.
+        cuts = self._group_commit.cuts
+        result = self.append(batch_bytes, origin=origin)
+        self._group_commit.wait(result.last_offset + 1, self._flush, self.directory, cuts=cuts)
         return result
 
     def _append_one(self, buffer: Buffer) -> AppendResult:
@@ -367,6 +390,10 @@ class Log:
             info = ProducerAppendInfo(self._producers, now_ms)
             info.check_marker(producer_id, producer_epoch, coordinator_epoch)
             base = self.log_end_offset
+            if base > fmt.MAX_OFFSET:
+                raise InvalidRecordError(
+                    f"{self.directory} is full: its log end {base} is the largest offset"
+                )
             data = encode_txn_marker(
                 producer_id,
                 producer_epoch,
@@ -451,6 +478,11 @@ class Log:
             else:
                 base = next_offset
             last = base + batch.last_offset_delta
+            if last > fmt.MAX_OFFSET:
+                raise InvalidRecordError(
+                    f"batch at offset {base} would take offsets up to {last}, past the largest an "
+                    f"i64 log end allows ({fmt.MAX_OFFSET})"
+                )
             after, completed = None, None
             marker = decode_txn_marker(batch) if batch.is_control and pid >= 0 else None
             if marker is not None:
@@ -526,6 +558,11 @@ class Log:
         last_offset: int,
     ) -> bool:
         """Kafka's roll rules, for a segment of `segment_bytes` about to take one more batch."""
+        active = self.active_segment
+        # Index entries hold offsets relative to the base as i32: a batch past that range
+        # (a leader's, far ahead) needs a segment of its own, even after an empty one.
+        if last_offset - active.base_offset > fmt.INT32_MAX:
+            return True
         if segment_bytes == 0:
             return False  # an empty segment takes any batch, however large
         if segment_bytes + incoming_bytes > self.config.segment_bytes:
@@ -533,9 +570,7 @@ class Log:
         # segment_ms counts from the first batch's timestamp, so a restart does not reset it.
         if first_timestamp_ms is not None and max_timestamp_ms - first_timestamp_ms > self.config.segment_ms:
             return True
-        active = self.active_segment
-        # Index entries hold offsets relative to the base as i32.
-        return active.indexes_full or last_offset - active.base_offset > fmt.INT32_MAX
+        return active.indexes_full
 
     # -- rolling and durability --------------------------------------------------------
     def roll(self) -> LogSegment:
@@ -597,9 +632,11 @@ class Log:
                 return offset
             n = max(bisect.bisect_right(self._base_offsets, offset) - 1, 0)
             cut = self._segments[n]
-            try:
+            with self._fsync_lock, self._failing_closed(f"truncating {self.directory} to {offset}"):
                 position, new_end = cut.batch_start_at_or_after(offset)
                 with self._recovery_point_lock:
+                    # A flush that captured the log before this cut must not commit it.
+                    self._generation += 1
                     # Durable before anything is cut (see above); only ever back, never past
                     # data not yet fsynced: below the point, what it covers is untouched.
                     if new_end <= self.recovery_point:
@@ -621,9 +658,6 @@ class Log:
                 # fsync(dir): a snapshot past the cut must not come back and be loaded.
                 self._fs.fsync_dir(self.directory)
                 self._reload()
-            except OSError as exc:
-                self._failure = exc
-                raise LogFailedError(f"truncating {self.directory} to {offset} failed: {exc}") from exc
             return self.log_end_offset
 
     def delete_records(self, before_offset: int) -> int:
@@ -669,7 +703,9 @@ class Log:
 
     def _advance_log_start(self, start: int) -> None:
         """Persist the new start, then delete the sealed segments (and snapshots) wholly below it."""
-        try:
+        with self._fsync_lock, self._failing_closed(f"deleting segments of {self.directory} below {start}"):
+            if len(self._segments) > 1 and self._segments[1].base_offset <= start:
+                self._generation += 1  # segment files are about to close: no flush may fsync them
             # Durable first: a crash before the files go leaves segments below the start,
             # which reads refuse and the next retention deletes; never the reverse.
             write_offsets(self._store, {LOG_START_KEY: start})
@@ -682,14 +718,14 @@ class Log:
                     snapshots.delete_snapshot(self._fs, self.directory, gone.base_offset)
             # fsync(dir): a deleted segment's snapshot must not come back after a crash.
             self._fs.fsync_dir(self.directory)
-        except OSError as exc:
-            self._failure = exc
-            raise LogFailedError(
-                f"deleting segments of {self.directory} below {start} failed: {exc}"
-            ) from exc
 
     def _reload(self) -> None:
-        """Rebuild segments and producer state from the directory, as an unclean open does."""
+        """Rebuild segments and producer state from the directory, as an unclean open does.
+
+        The caller holds the fsync lock. If the load fails, the log has no segments and
+        every later call raises LogFailedError (the caller records the failure).
+        """
+        self._generation += 1
         for segment in self._segments:
             segment.close(durable=False)
         self._segments = []
@@ -731,14 +767,24 @@ class Log:
             self._flush()
 
     def wait_durable(self, end_offset: int) -> None:
-        """Return once every offset below `end_offset` is fsynced; concurrent callers share one flush."""
-        self._group_commit.wait(end_offset, self._flush, self.directory)
+        """Return once every offset below `end_offset` is fsynced; concurrent callers share one flush.
+
+        OffsetOutOfRangeError if the log does not reach `end_offset`;
+        TruncatedBeforeDurableError if `truncate_to` cuts below it meanwhile.
+        """
+        cuts = self._group_commit.cuts
+        end = self.log_end_offset
+        if end_offset > end:
+            raise OffsetOutOfRangeError(f"{self.directory} ends at {end}, before offset {end_offset - 1}")
+        self._group_commit.wait(end_offset, self._flush, self.directory, cuts=cuts)
 
     def _flush(self) -> None:
         """fsync every segment with unflushed bytes, then move the recovery point.
 
-        What to fsync is captured under the append lock; the fsyncs run outside it
-        (a caller holding the lock, like flush() or roll, keeps it throughout).
+        What to fsync is captured under the append lock; the fsyncs and the commit run
+        outside it, under the fsync lock (a caller holding the append lock, like
+        flush() or roll, keeps it throughout). If the log was cut or reloaded since the
+        capture, nothing is committed: group-commit waiters flush again.
         """
         with self._lock:
             if self._failure is not None:
@@ -748,22 +794,27 @@ class Log:
             active_size = active.size  # captured with `end`: both describe what is fsynced below
             dirty = [segment for segment in self._segments if segment.unflushed]
             flushed_messages = self._unflushed_messages
-        for segment in dirty:
-            try:
-                segment.flush()
-            except OSError as exc:
-                with self._lock:
-                    # Fail closed: a retried fsync may "succeed" after the kernel
-                    # dropped the dirty pages (fsyncgate).
+            generation = self._generation
+        with self._fsync_lock:
+            if self._failure is not None:
+                raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
+            if generation != self._generation:
+                return  # cut, trimmed or reloaded since the capture: `end` may be past the data
+            for segment in dirty:
+                try:
+                    segment.flush()
+                except OSError as exc:
+                    # Fail closed, before any other flush can run: a retried fsync may
+                    # "succeed" after the kernel dropped the dirty pages (fsyncgate).
                     self._failure = exc
-                raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
-        if end > self.recovery_point:
-            # Outside the append lock: appenders go on during the store's commit too.
-            self._set_recovery_point(end, active.base_offset, active_size)
+                    raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
+            if end > self.recovery_point:
+                # Outside the append lock: appenders go on during the store's commit too.
+                self._set_recovery_point(end, active.base_offset, active_size)
+            self._group_commit.mark_durable(end)
         with self._lock:
             self._unflushed_messages -= flushed_messages
             self._last_flush_ms = self._clock()
-        self._group_commit.mark_durable(end)
 
     def close(self) -> None:
         """Flush, snapshot at the log end and leave the clean-shutdown marker.
@@ -784,29 +835,33 @@ class Log:
         with self._lock:
             self._closed = True
             errors: list[BaseException] = []
-            clean = False
-            if self._failure is None:
-                try:
-                    self._flush()
-                    end = self.log_end_offset
-                    snapshots.write_snapshot(self._fs, self.directory, end, self._producers.live_rows())
-                    clean = True
-                except (OSError, LogFailedError) as exc:
-                    errors.append(exc)
-            for segment in self._segments:
-                try:
-                    segment.close(durable=clean)
-                except OSError as exc:
-                    errors.append(exc)
-                    clean = False
             try:
+                clean = False
+                if self._failure is None:
+                    try:
+                        self._flush()
+                        end = self.log_end_offset
+                        snapshots.write_snapshot(self._fs, self.directory, end, self._producers.live_rows())
+                        clean = True
+                    except (OSError, OncelogError) as exc:
+                        errors.append(exc)
+                for segment in self._segments:
+                    try:
+                        segment.close(durable=clean)
+                    except OSError as exc:
+                        errors.append(exc)
+                        clean = False
                 if clean:
-                    self._write_clean_marker()
-            except OSError as exc:
-                errors.append(exc)
+                    try:
+                        self._write_clean_marker()
+                    except OSError as exc:
+                        errors.append(exc)
             finally:
-                self._store.close()
-                self._dir_lock.release()
+                # Whatever failed above (a crash, a bug), the directory is let go of.
+                try:
+                    self._store.close()
+                finally:
+                    self._dir_lock.release()
             if errors:
                 raise LogFailedError(f"closing {self.directory} failed: {errors[0]}") from errors[0]
 
@@ -828,6 +883,30 @@ class Log:
     def _check_open(self) -> None:
         if self._closed:
             raise LogClosedError(f"{self.directory} is closed")
+        if not self._segments:
+            raise self._unusable()
+
+    def _unusable(self) -> OncelogError:
+        """What a call on a log with no segments (a reload failed) or a closed one raises."""
+        if self._closed:
+            return LogClosedError(f"{self.directory} is closed")
+        return LogFailedError(f"{self.directory} failed and must be reopened: {self._failure}")
+
+    @contextlib.contextmanager
+    def _failing_closed(self, what: str) -> Iterator[None]:
+        """Any failure inside marks the log failed: appends are refused until it is reopened.
+
+        A named one (an I/O error, corruption found by a reload) becomes LogFailedError;
+        anything else (a bug, a simulated crash) is recorded and re-raised as it is.
+        """
+        try:
+            yield
+        except (OSError, OncelogError) as exc:
+            self._failure = exc
+            raise LogFailedError(f"{what} failed: {exc}") from exc
+        except BaseException as exc:
+            self._failure = exc
+            raise
 
     def _check_writable(self) -> None:
         self._check_open()

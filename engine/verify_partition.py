@@ -171,7 +171,33 @@ class PartitionVerifier:
         for n, base in enumerate(bases):
             rebuilt = rebuilt_from is not None and base >= rebuilt_from
             prev = self._segment(directory, base, prev, meta, is_last=n == len(bases) - 1, rebuilt=rebuilt)
+        self._fsynced_data_present(directory, bases, prev, meta)
         self._snapshots(directory, names)
+
+    def _fsynced_data_present(
+        self, directory: str, bases: list[int], last: int | None, meta: PartitionMeta
+    ) -> None:
+        """The data ends no earlier than the recovery point: what was fsynced is still there.
+
+        A recovery point past the data means a segment file was deleted or emptied (or a
+        flush committed a point past a truncation); opening the log refuses it
+        (CorruptLogError) rather than come back shorter.
+        """
+        point = meta.recovery_point
+        if point is None:
+            return
+        end = (last + 1) if last is not None else (bases[-1] if bases else 0)
+        if point.offset > end:
+            where = segment_file_name(
+                point.segment_base if point.segment_base is not None else end, LOG_SUFFIX
+            )
+            self.problem(
+                CORRUPT,
+                os.path.join(directory, where),
+                None,
+                f"the recovery point says offsets up to {point.offset - 1} were fsynced, but the data "
+                f"ends at {end}: offsets {end} to {point.offset - 1} are missing (a lost or emptied segment)",
+            )
 
     def _segment(
         self,
@@ -188,6 +214,14 @@ class PartitionVerifier:
         path = os.path.join(directory, segment_file_name(base, LOG_SUFFIX))
         if prev is not None and base <= prev:
             self.problem(CORRUPT, path, 0, f"segment base offset {base} is not after the last offset {prev}")
+        elif prev is not None and meta.client_only and base > prev + 1:
+            # Client appends take every offset: a gap between segments is a lost segment.
+            self.problem(
+                CORRUPT,
+                path,
+                0,
+                f"offsets {prev + 1} to {base - 1} are missing before this segment (a lost segment)",
+            )
         index_path = path[: -len(LOG_SUFFIX)] + INDEX_SUFFIX
         flag = self._index_flag(index_path, rebuilt)
         handles: list[FileHandle] = []

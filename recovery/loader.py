@@ -47,7 +47,7 @@ from oncelog.recovery.fs import FileSystem, MetadataStore
 from oncelog.segments.batch import RecordBatch
 from oncelog.segments.control import decode_txn_marker
 from oncelog.segments.format import CONTROL_MASK, TRANSACTIONAL_MASK
-from oncelog.segments.segment import LOG_SUFFIX, LogSegment, parse_segment_file_name
+from oncelog.segments.segment import LOG_SUFFIX, LogSegment, parse_segment_file_name, segment_file_name
 from oncelog.segments.txn_index import AbortedTxn
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,9 @@ class LogLoader:
                 segment.close(durable=False)
             raise
         end = self.segments[-1].next_offset
+        point = read_recovery_point(self.store)
+        if point.offset > end:
+            self._fsynced_data_missing(point, end)  # raises, or (truncate) makes the loss durable
         # As Kafka does at load: producers idle past their expiration are forgotten,
         # so the state equals a replay followed by expiry at the same time.
         self.producers.expire(self.now_ms, exhaustive=True)
@@ -400,6 +403,33 @@ class LogLoader:
                 self._cut_tail(n, str(error))
             return False
         return True
+
+    def _fsynced_data_missing(self, point: RecoveryPoint, end: int) -> None:
+        """The store says offsets up to `point` were fsynced, yet the data found ends at `end`.
+
+        Not a torn tail: fsynced bytes cannot tear. A segment file was deleted or
+        emptied (an operator, a bad restore) and the log must not come back shorter and
+        take new appends at offsets it already acknowledged. CorruptLogError, unless
+        `on_corruption="truncate"`, which accepts the loss durably (the recovery point
+        comes down to the end) and reports it.
+        """
+        holder = point.segment_base if point.segment_base is not None else self.segments[-1].base_offset
+        last = self.segments[-1]
+        path = os.path.join(self.directory, segment_file_name(holder, LOG_SUFFIX))
+        position = last.size if last.base_offset == holder else 0
+        why = (
+            f"offsets {end} to {point.offset - 1} were fsynced (the recovery point is {point.offset}) "
+            f"but the log found ends at {end}: a segment file is missing or was emptied"
+        )
+        if self.config.on_corruption != "truncate":
+            raise CorruptLogError(
+                f"{why}. Open with LogConfig(on_corruption='truncate') to accept the loss",
+                path=path,
+                position=position,
+            )
+        log.error("%s: %s; accepting the loss (on_corruption='truncate')", self.directory, why)
+        self._tail_error = f"fsynced data missing: {why}"
+        self.clean = False  # the unclean path below makes the lowered recovery point durable
 
     def _corruption_below_recovery_point(
         self, segment: LogSegment, error: Exception, recovery_point: RecoveryPoint

@@ -51,6 +51,10 @@ NO_PARTITION_LEADER_EPOCH = -1
 NO_TIMESTAMP = -1
 
 INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+# The largest offset a batch may take: the log end after it (one past) must fit an i64
+# too, since it is stored (recovery point, snapshot offset, log start) as one.
+MAX_OFFSET = INT64_MAX - 1
 
 # The whole header in one unpack: baseOffset, batchLength, partitionLeaderEpoch,
 # magic, crc, attributes, lastOffsetDelta, baseTimestamp, maxTimestamp,

@@ -407,9 +407,11 @@ class LogSegment:
         self.next_offset = meta.last_offset + 1
 
     def _update_last_offset_limit(self) -> None:
-        # Index entries hold offsets relative to the base as i32, and a full index
-        # must roll: both caps in one number the append path compares against.
-        self.last_offset_limit = -1 if self.indexes_full else self.base_offset + fmt.INT32_MAX
+        # Index entries hold offsets relative to the base as i32, a full index must roll,
+        # and no offset may reach the i64 log end's limit: all three caps in one number
+        # the append path compares against (past it, the request path decides).
+        limit = min(self.base_offset + fmt.INT32_MAX, fmt.MAX_OFFSET)
+        self.last_offset_limit = -1 if self.indexes_full else limit
 
     @property
     def indexes_full(self) -> bool:

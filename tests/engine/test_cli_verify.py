@@ -693,3 +693,32 @@ def test_verify_help_explains_the_checks_and_exit_codes(capsys: pytest.CaptureFi
     ):
         assert words in text
     assert "--quiet" in text and "--no-progress" in text and "oncelog verify " in text
+
+
+# -- fsynced data that is gone ------------------------------------------------------------------
+def test_verify_reports_a_recovery_point_past_the_data_when_the_newest_segment_is_lost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "t-0"
+    oncelog_log(directory)
+    newest = sorted(directory.glob("*.log"))[-1]
+    newest.unlink()
+    code, lines, _ = run(capsys, "--no-progress", str(directory))
+    assert code == 1
+    problems = [line for line in lines if line.startswith("CORRUPT")]
+    assert len(problems) == 1 and str(newest) in problems[0], lines
+    assert "are missing" in problems[0]
+
+
+def test_verify_reports_a_lost_segment_between_two_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "t-0"
+    oncelog_log(directory)
+    segments = sorted(directory.glob("*.log"))
+    assert len(segments) >= 3
+    segments[1].unlink()
+    code, lines, _ = run(capsys, "--no-progress", str(directory))
+    assert code == 1
+    gap = [line for line in lines if "a lost segment" in line]
+    assert len(gap) == 1 and str(segments[2]) in gap[0], lines

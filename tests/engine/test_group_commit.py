@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from oncelog.config import LogConfig
-from oncelog.errors import LogFailedError
+from oncelog.errors import LogFailedError, OffsetOutOfRangeError, TruncatedBeforeDurableError
+from oncelog.group_commit import GroupCommit
 from oncelog.log import Log
 from oncelog.recovery.faultfs import FaultFileSystem
 from oncelog.recovery.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle
@@ -166,3 +167,27 @@ class TestGroupCommit:
         with Log.open(tmp_path / "t-0", CONFIG) as reopened:
             for result in acknowledged:
                 assert result.last_offset < reopened.log_end_offset  # type: ignore[attr-defined]
+
+
+def test_a_waiter_whose_batch_a_truncation_cut_is_told_not_acknowledged() -> None:
+    commit = GroupCommit(durable_end_offset=10)
+    cuts = commit.cuts  # noted before the waiter's batch (offsets 10..14) was appended
+    commit.truncated(12)  # a follower cut back to 12 before the flush
+    flushed: list[int] = []
+
+    def flush() -> None:
+        flushed.append(1)
+        commit.mark_durable(15)  # offsets 12..14 now hold other batches, fsynced
+
+    with pytest.raises(TruncatedBeforeDurableError):
+        commit.wait(15, flush, "t-0", cuts=cuts)
+    assert flushed == []
+    commit.wait(15, flush, "t-0", cuts=commit.cuts)  # a batch appended after the cut is fine
+
+
+def test_waiting_for_offsets_past_the_log_end_is_refused_at_once(tmp_path: Path) -> None:
+    with Log.open(tmp_path / "t-0", CONFIG) as log:
+        log.append(batch(1))
+        with pytest.raises(OffsetOutOfRangeError):
+            log.wait_durable(5)
+        log.wait_durable(1)

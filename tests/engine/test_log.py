@@ -1118,3 +1118,37 @@ class TestFsyncFailureFailsClosed:
             assert failing.log_end_offset == 1
         finally:
             failing.close()
+
+
+# -- the largest offsets --------------------------------------------------------------------
+class TestOffsetLimits:
+    """Offsets are i64, and so is the log end one past the last: 2^63-1 can never be taken."""
+
+    def test_a_replicated_batch_running_past_2_to_the_63_is_refused_and_changes_nothing(
+        self, log: Log, log_dir: Path
+    ) -> None:
+        before = dir_digest(log_dir)
+        two_records = encode_batch([(b"k", b"v"), (b"k", b"w")], base_offset=2**63 - 1)
+        with pytest.raises(InvalidRecordError, match="past the largest"):
+            log.append(two_records, origin="replication")
+        with pytest.raises(InvalidRecordError):
+            log.append(encode_batch([(b"k", b"v")], base_offset=2**63 - 1), origin="replication")
+        assert dir_digest(log_dir) == before
+        assert log.log_end_offset == 0
+
+    def test_a_log_that_reaches_the_largest_offset_refuses_more_and_still_closes_and_reopens(
+        self, log_dir: Path
+    ) -> None:
+        with Log.open(log_dir, small_index_config()) as log:
+            log.append(encode_batch([(b"k", b"v")]), origin="replication")
+            last = encode_batch([(b"k", b"v")], base_offset=2**63 - 2)
+            assert log.append(last, origin="replication").first_offset == 2**63 - 2
+            assert log.log_end_offset == 2**63 - 1
+            # A batch far past the segment's i32 relative offsets got a segment of its own.
+            assert [s.base_offset for s in log.segments] == [0, 2**63 - 2]
+            with pytest.raises(InvalidRecordError):
+                log.append(encode_batch([(b"k", b"next")]))
+        with Log.open(log_dir, small_index_config()) as reopened:
+            assert reopened.log_end_offset == 2**63 - 1
+            assert [b.base_offset for b in reopened.read(2**63 - 2).batches] == [2**63 - 2]
+            assert reopened.read(0).batches[0].base_offset == 0

@@ -8,17 +8,24 @@ prefix of it, never corruption.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from oncelog import threads
 from oncelog.config import LogConfig
-from oncelog.errors import OffsetOutOfRangeError
+from oncelog.errors import CorruptLogError, LogFailedError, OffsetOutOfRangeError, TruncatedBeforeDurableError
 from oncelog.log import METADATA_DIR, Log
 from oncelog.producer_state import ProducerStateEntry
+from oncelog.recovery import loader as loader_module
 from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.segments.batch import encode_batch
+from oncelog.segments.segment import LogSegment
 
 T0 = 1_700_000_000_000
 CONFIG = LogConfig(segment_bytes=1024, index_interval_bytes=256)
@@ -185,3 +192,167 @@ class TestTruncationCrashes:
                 assert got == before[: len(got)], why
                 assert len(got) >= len([b for b in before if int.from_bytes(b[:8], "big") < cut]), why
                 reopened.close()
+
+
+# -- a flush racing a truncation (group commit runs its fsync outside the append lock) -------
+def test_durable_appends_racing_truncations_every_half_millisecond_leave_an_openable_partition(
+    tmp_path: Path,
+) -> None:
+    """One thread appends durably in a loop, another cuts the last 3 offsets every 0.5 ms.
+
+    Before the fix the first truncation failed: a group-commit flush moved the recovery
+    point to the log end it had captured before the cut, the truncation's reload refused
+    the partition as corrupt, and the directory stayed locked and unopenable.
+    """
+    directory = tmp_path / "t-0"
+    log = Log.open(directory, CONFIG, clock=clock)
+    stop = threading.Event()
+    unexpected: list[BaseException] = []
+    cut_away = durable = truncations = copies = 0
+
+    def appender() -> None:
+        nonlocal cut_away, durable
+        n = 0
+        while not stop.is_set():
+            try:
+                log.append(encode_batch([(b"k", b"v%d" % n)], timestamp_ms=T0), durable=True)
+                durable += 1
+            except TruncatedBeforeDurableError:
+                cut_away += 1  # retriable: the batch went with a truncation before its fsync
+            except BaseException as exc:
+                unexpected.append(exc)
+                return
+            n += 1
+
+    def truncator() -> None:
+        nonlocal truncations, copies
+        while not stop.is_set():
+            try:
+                end = log.log_end_offset
+                if end > 3:
+                    log.truncate_to(end - 3)
+                    truncations += 1
+                assert log.recovery_point <= log.log_end_offset
+                if truncations % 50 == 25:
+                    shutil.copytree(directory, tmp_path / f"crash-{copies}")  # what a kill -9 leaves
+                    copies += 1
+            except BaseException as exc:
+                unexpected.append(exc)
+                return
+            time.sleep(0.0005)
+
+    threads = [threading.Thread(target=appender), threading.Thread(target=truncator)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert unexpected == []
+    assert truncations >= 20 and durable >= 20, (truncations, durable)
+    log.close()
+    with Log.open(directory, CONFIG, clock=clock) as reopened:
+        assert reopened.recovery_report.clean
+    for n in range(copies):
+        with Log.open(tmp_path / f"crash-{n}", CONFIG, clock=clock) as recovered:
+            assert recovered.recovery_point == recovered.log_end_offset
+
+
+class _RacingLock:
+    """The fsync lock, with a truncation run (on another thread) just before a flush takes it."""
+
+    def __init__(self, inner: threads.Lock, race: Callable[[], None]):
+        self._inner = inner
+        self._race: Callable[[], None] | None = race
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._inner.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._inner.release()
+
+    def __enter__(self) -> bool:
+        race, self._race = self._race, None
+        if race is not None:
+            runner = threading.Thread(target=race)
+            runner.start()
+            runner.join()
+        return self._inner.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._inner.__exit__(None, None, None)
+
+
+def test_a_flush_that_captured_the_log_before_a_truncation_commits_nothing(tmp_path: Path) -> None:
+    log = Log.open(tmp_path / "t-0", CONFIG, clock=clock)
+    try:
+        fill(log, 10)
+        log.flush()
+        for n in range(4):
+            log.append(encode_batch([(b"k", b"plain-%d" % n)], timestamp_ms=T0))
+        end_before = log.log_end_offset
+        point_before = log.recovery_point
+
+        def truncate() -> None:
+            log.truncate_to(point_before + 1)
+
+        log._fsync_lock = _RacingLock(log._fsync_lock, truncate)
+        with pytest.raises(TruncatedBeforeDurableError):
+            log.wait_durable(end_before)  # captures end_before, then the truncation runs
+        assert log.log_end_offset <= point_before + 1 < end_before
+        assert log.recovery_point <= log.log_end_offset
+    finally:
+        log.close()
+    with Log.open(tmp_path / "t-0", CONFIG, clock=clock) as reopened:
+        assert reopened.recovery_point == reopened.log_end_offset <= point_before + 1
+
+
+# -- failures inside a truncation fail the log closed -------------------------------------------
+def test_a_reload_that_fails_inside_truncate_to_fails_the_log_closed_and_lets_go_of_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "t-0"
+    log = Log.open(directory, CONFIG, clock=clock)
+    fill(log, 10)
+    log.flush()
+
+    def corrupt_load(self: object) -> object:
+        raise CorruptLogError("a batch fails its CRC", path=str(directory / "x.log"), position=7)
+
+    monkeypatch.setattr(loader_module.LogLoader, "load", corrupt_load)
+    with pytest.raises(LogFailedError, match="truncating"):
+        log.truncate_to(5)
+    monkeypatch.undo()
+    # No segments are left in memory: every call says the log failed, none an IndexError.
+    for call in (
+        lambda: log.log_end_offset,
+        lambda: log.append(batch(9, 0)),
+        lambda: log.read(0),
+        lambda: log.flush(),
+        lambda: log.truncate_to(1),
+        lambda: log.producer_state(1),
+    ):
+        with pytest.raises(LogFailedError):
+            call()
+    with contextlib.suppress(LogFailedError):
+        log.close()
+    with Log.open(directory, CONFIG, clock=clock) as reopened:  # the lock was released
+        assert reopened.log_end_offset == 4  # the cut, at the start of the batch holding 5
+
+
+def test_close_lets_go_of_the_directory_even_when_a_segment_close_raises_something_unexpected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "t-0"
+    log = Log.open(directory, CONFIG, clock=clock)
+    fill(log, 3)
+
+    def broken_close(self: object, *, durable: bool = True) -> None:
+        raise RuntimeError("a bug in segment close")
+
+    monkeypatch.setattr(LogSegment, "close", broken_close)
+    with pytest.raises(RuntimeError):
+        log.close()
+    monkeypatch.undo()
+    with Log.open(directory, CONFIG, clock=clock) as reopened:
+        assert reopened.log_end_offset == 12  # 3 rounds of two producers, 2 records each

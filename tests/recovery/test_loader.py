@@ -1173,3 +1173,78 @@ class TestKafkaFixtures:
                 if entry.producer_id in last:
                     got[entry.producer_id] = (entry.producer_epoch, entry.last_sequence, entry.last_offset)
             assert got == last
+
+
+# -- fsynced data that is gone: a lost or emptied segment file --------------------------------
+def _lost(path: Path) -> None:
+    path.unlink()
+
+
+def _emptied(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+class TestLostSegments:
+    """A stored recovery point above the data found: CorruptLogError, never a shorter log."""
+
+    @staticmethod
+    def build(directory: Path) -> list[Path]:
+        with Log.open(directory, CONFIG) as log:
+            Producers().workload(log, random.Random(3), 45)
+            log.flush()
+            assert log.recovery_point == log.log_end_offset
+        return sorted(directory.glob("*.log"))
+
+    @pytest.mark.parametrize("damage", [_lost, _emptied], ids=["deleted", "emptied"])
+    @pytest.mark.parametrize("clean", [True, False], ids=["after-clean-close", "after-crash"])
+    def test_a_lost_newest_segment_is_corruption_naming_the_missing_offsets(
+        self, tmp_path: Path, damage: Callable[[Path], None], clean: bool
+    ) -> None:
+        directory = tmp_path / "t-0"
+        segments = self.build(directory)
+        with Log.open(directory, CONFIG) as log:
+            end, newest_base = log.log_end_offset, log.active_segment.base_offset
+        damage(segments[-1])
+        if not clean:
+            (directory / MARKER).unlink()
+        with pytest.raises(CorruptLogError) as raised:
+            Log.open(directory, CONFIG)
+        message = str(raised.value)
+        # An emptied file after a crash is caught first where the recovery point's position
+        # falls in it: no batch ends there.
+        assert f"offsets {newest_base} to {end - 1} were fsynced" in message or (
+            f"should end at offset {end}" in message
+        )
+        assert raised.value.path == str(segment_path(directory, newest_base))
+        # Nothing was changed by the refusal: the same open refuses again.
+        with pytest.raises(CorruptLogError):
+            Log.open(directory, CONFIG)
+
+    def test_the_loss_is_accepted_only_by_opting_in_and_then_reported_and_durable(
+        self, tmp_path: Path
+    ) -> None:
+        directory = tmp_path / "t-0"
+        segments = self.build(directory)
+        with Log.open(directory, CONFIG) as log:
+            newest_base = log.active_segment.base_offset
+        segments[-1].unlink()
+        with Log.open(directory, dataclasses.replace(CONFIG, on_corruption="truncate")) as log:
+            assert log.log_end_offset == newest_base
+            assert log.recovery_report.tail_error is not None
+            assert "fsynced data missing" in log.recovery_report.tail_error
+            assert log.recovery_point == newest_base
+            Producers().append(log, 99)  # takes offset newest_base: the loss is accepted
+        with Log.open(directory, CONFIG) as reopened:  # and durable: no complaint again
+            assert reopened.log_end_offset == newest_base + 1
+
+    def test_a_lost_middle_segment_is_never_served_as_a_shorter_log(self, tmp_path: Path) -> None:
+        directory = tmp_path / "t-0"
+        segments = self.build(directory)
+        assert len(segments) >= 3
+        missing_base = int(segments[1].name[:20])
+        segments[1].unlink()
+        with Log.open(directory, CONFIG) as log:
+            with pytest.raises(CorruptLogError):
+                read_everything(log)
+            with pytest.raises(CorruptLogError):
+                log.read(missing_base)
