@@ -583,6 +583,14 @@ class Log:
 
     def _roll(self, base_offset: int) -> LogSegment:
         old = self.active_segment
+        # Under the fsync lock: no flush may fsync the same file beside this one. One of
+        # two fsyncs racing on a failing file can return success after the kernel dropped
+        # the pages (fsyncgate); serialised, the failure is recorded before any other runs.
+        with self._fsync_lock:
+            return self._roll_fsync_locked(old, base_offset)
+
+    def _roll_fsync_locked(self, old: LogSegment, base_offset: int) -> LogSegment:
+        self._raise_if_failed()  # a flush may have failed while this waited for the lock
         try:
             # fsync the old segment: the recovery point below moves past it.
             old.flush()
@@ -633,6 +641,7 @@ class Log:
             n = max(bisect.bisect_right(self._base_offsets, offset) - 1, 0)
             cut = self._segments[n]
             with self._fsync_lock, self._failing_closed(f"truncating {self.directory} to {offset}"):
+                self._raise_if_failed()  # a flush may have failed while this waited for the lock
                 position, new_end = cut.batch_start_at_or_after(offset)
                 with self._recovery_point_lock:
                     # A flush that captured the log before this cut must not commit it.
@@ -642,7 +651,6 @@ class Log:
                     if new_end <= self.recovery_point:
                         write_recovery_point(self._store, RecoveryPoint(new_end, cut.base_offset, position))
                         self.recovery_point = new_end
-                self._group_commit.truncated(new_end)
                 for later in reversed(self._segments[n + 1 :]):
                     later.delete()  # fsyncs the directory
                 del self._segments[n + 1 :], self._base_offsets[n + 1 :]
@@ -658,6 +666,8 @@ class Log:
                 # fsync(dir): a snapshot past the cut must not come back and be loaded.
                 self._fs.fsync_dir(self.directory)
                 self._reload()
+                # Last, with the cut done: a durable waiter that saw the old end hears of it.
+                self._group_commit.truncated(new_end)
             return self.log_end_offset
 
     def delete_records(self, before_offset: int) -> int:
@@ -704,6 +714,7 @@ class Log:
     def _advance_log_start(self, start: int) -> None:
         """Persist the new start, then delete the sealed segments (and snapshots) wholly below it."""
         with self._fsync_lock, self._failing_closed(f"deleting segments of {self.directory} below {start}"):
+            self._raise_if_failed()
             if len(self._segments) > 1 and self._segments[1].base_offset <= start:
                 self._generation += 1  # segment files are about to close: no flush may fsync them
             # Durable first: a crash before the files go leaves segments below the start,
@@ -728,10 +739,15 @@ class Log:
         self._generation += 1
         for segment in self._segments:
             segment.close(durable=False)
-        self._segments = []
-        loaded = LogLoader(
-            self._fs, self.directory, self.config, self._store, clean=False, now_ms=self._clock()
-        ).load()
+        # The closed segments stay in place until the new ones are loaded: a reader of
+        # log_end_offset (it takes no lock) sees the old end, never an empty log.
+        try:
+            loaded = LogLoader(
+                self._fs, self.directory, self.config, self._store, clean=False, now_ms=self._clock()
+            ).load()
+        except BaseException:
+            self._segments, self._base_offsets = [], []  # closed: nothing may be read from them
+            raise
         self._segments = loaded.segments
         self._base_offsets = [segment.base_offset for segment in self._segments]
         self._producers = loaded.producers
@@ -787,8 +803,7 @@ class Log:
         capture, nothing is committed: group-commit waiters flush again.
         """
         with self._lock:
-            if self._failure is not None:
-                raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
+            self._raise_if_failed()
             end = self.log_end_offset
             active = self.active_segment
             active_size = active.size  # captured with `end`: both describe what is fsynced below
@@ -796,8 +811,7 @@ class Log:
             flushed_messages = self._unflushed_messages
             generation = self._generation
         with self._fsync_lock:
-            if self._failure is not None:
-                raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
+            self._raise_if_failed()
             if generation != self._generation:
                 return  # cut, trimmed or reloaded since the capture: `end` may be past the data
             for segment in dirty:
@@ -820,8 +834,9 @@ class Log:
         """Flush, snapshot at the log end and leave the clean-shutdown marker.
 
         Every resource is released even when a step fails, so a failed log can be
-        reopened; a log that could not be flushed closes without the marker, and
-        the next open recovers it.
+        reopened. A log that failed earlier, or could not be flushed now, closes without
+        the marker and raises LogFailedError (what it held may not be durable); the next
+        open recovers it.
         """
         # A group-commit leader fsyncs outside the append lock: it finishes first.
         if not self._group_commit.begin_close():
@@ -837,7 +852,10 @@ class Log:
             errors: list[BaseException] = []
             try:
                 clean = False
-                if self._failure is None:
+                if self._failure is not None:
+                    # Nothing is flushed: the caller must not take the close for durability.
+                    errors.append(self._failure)
+                else:
                     try:
                         self._flush()
                         end = self.log_end_offset
@@ -863,7 +881,9 @@ class Log:
                 finally:
                     self._dir_lock.release()
             if errors:
-                raise LogFailedError(f"closing {self.directory} failed: {errors[0]}") from errors[0]
+                raise LogFailedError(
+                    f"closing {self.directory} without a flush: {errors[0]}; the next open recovers it"
+                ) from errors[0]
 
     def _write_clean_marker(self) -> None:
         marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
@@ -885,6 +905,11 @@ class Log:
             raise LogClosedError(f"{self.directory} is closed")
         if not self._segments:
             raise self._unusable()
+
+    def _raise_if_failed(self) -> None:
+        """After taking the fsync lock: an fsync that failed meanwhile stops every other one."""
+        if self._failure is not None:
+            raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
 
     def _unusable(self) -> OncelogError:
         """What a call on a log with no segments (a reload failed) or a closed one raises."""

@@ -280,6 +280,8 @@ class FaultFileSystem:
         self._failures: list[_Failure] = []
         self._regions: dict[int, list[FaultRegion]] = {}
         self._locks: set[str] = set()
+        # Called before every I/O call: the torture harness's scheduler switches threads there.
+        self.on_io: Callable[[], None] | None = None
 
     # -- fault injection -----------------------------------------------------------
     def kill_at(self, n: int | None) -> None:
@@ -329,6 +331,8 @@ class FaultFileSystem:
 
     def _io(self, op: str, path: str, inode: Inode | None = None) -> None:
         """Every call that changes persistent state passes here first: count, kill, fail."""
+        if self.on_io is not None:
+            self.on_io()
         if self._dead:
             raise SimulatedCrash(f"I/O after the simulated crash ({op} {path}; {self.lineage})")
         self.io_calls += 1

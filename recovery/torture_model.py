@@ -120,6 +120,14 @@ class Model:
     # Offsets of the batches with which expired producers started again (at a new epoch
     # and an arbitrary sequence): the checker's replay forgets the producer there.
     restarted_at: set[int] = field(default_factory=set)
+    # Batches (unstamped) handed to append() by a thread of a concurrent step whose call
+    # had not returned when the run ended: each may be in the log at any offset past the
+    # end the thread saw. Value: the engine's time, and whether it restarted its producer.
+    in_flight: dict[bytes, tuple[int, bool]] = field(default_factory=dict)
+    concurrent_steps: int = 0  # for the tests' coverage figures
+    # Concurrent steps in which a thread's flush ran while the main thread cut, trimmed or
+    # closed the log (the race group commit must survive).
+    raced_flushes: int = 0
     acked: dict[int, bytes] = field(default_factory=dict)
     durable_end: int = 0  # log end at the last flush that returned
     fsync_failed: bool = False
@@ -141,6 +149,10 @@ class Model:
     def excused(self, last_offset: int) -> bool:
         """A batch ending at `last_offset` may be gone: cut by a truncation the crash interrupted."""
         return self.pending_cut is not None and last_offset >= self.pending_cut
+
+
+def stamped(batch: bytes, offset: int) -> bytes:
+    return offset.to_bytes(8, "big", signed=True) + batch[8:]
 
 
 def crash_seed(seed: int, index: int) -> int:

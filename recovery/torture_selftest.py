@@ -17,6 +17,7 @@ import numpy as np
 
 from oncelog import append_rules, producer_replay, producer_state
 from oncelog import log as log_module
+from oncelog.errors import LogFailedError
 from oncelog.log import Log
 from oncelog.producer_state import BatchMetadata, ProducerStateManager, WorkingState
 from oncelog.recovery import snapshot as snapshots
@@ -76,6 +77,25 @@ def ack_before_data_fsync() -> contextlib.AbstractContextManager[None]:
         active = self.active_segment
         if self.log_end_offset > self.recovery_point:
             self._set_recovery_point(self.log_end_offset, active.base_offset, active.size)
+
+    return _patched(Log, "_flush", flush)
+
+
+def flush_racing_a_truncation() -> contextlib.AbstractContextManager[None]:
+    # The flush before the fix: the log end captured under the append lock, the fsync
+    # outside it with nothing keeping a truncation out, then the recovery point moved to
+    # that end, whatever was cut meanwhile.
+    def flush(self: Log) -> None:
+        with self._lock:
+            if self._failure is not None:
+                raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
+            end, active = self.log_end_offset, self.active_segment
+            size, dirty = active.size, [segment for segment in self._segments if segment.unflushed]
+        for segment in dirty:
+            segment.flush()
+        if end > self.recovery_point:
+            self._set_recovery_point(end, active.base_offset, size)
+        self._group_commit.mark_durable(end)
 
     return _patched(Log, "_flush", flush)
 
@@ -177,6 +197,10 @@ PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], 
     "fsync ignored": (fsync_ignored, ("drop", "torn")),
     "directory fsync skipped on segment create": (directory_fsync_skipped_on_segment_create, ("dirent",)),
     "ack before the data fsync": (ack_before_data_fsync, ("drop", "torn")),
+    "a flush racing a truncation commits the log end it saw before the cut": (
+        flush_racing_a_truncation,
+        ("kill", "drop"),
+    ),
     "recovery skipping the CRC check": (recovery_skipping_crc_check, ("torn", "bitflip", "misdirect")),
     "snapshot written in place, non-atomically": (snapshot_written_in_place, ("drop", "torn", "kill")),
     "producer state not restored from the snapshot": (

@@ -25,6 +25,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from oncelog import threads
 from oncelog.errors import (
     InvalidProducerEpochError,
     InvalidTxnStateError,
@@ -34,7 +35,8 @@ from oncelog.errors import (
     TransactionCoordinatorFencedError,
 )
 from oncelog.log import Log
-from oncelog.recovery.faultfs import FaultFileSystem
+from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.recovery.torture_concurrent import concurrent_step
 from oncelog.recovery.torture_cuts import cut_model, next_sequence, retention_plan, truncation_end
 from oncelog.recovery.torture_model import (
     CLIENT_CLOCKS,
@@ -48,7 +50,9 @@ from oncelog.recovery.torture_model import (
     Model,
     OnlineCheckFailed,
     Txn,
+    stamped,
 )
+from oncelog.recovery.torture_threads import Scheduler
 from oncelog.results import AppendResult
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.control import encode_txn_marker
@@ -76,10 +80,6 @@ def _batch(
     )
 
 
-def _stamped(batch: bytes, offset: int) -> bytes:
-    return offset.to_bytes(8, "big", signed=True) + batch[8:]
-
-
 @dataclass
 class _TxnProducer:
     """A transactional producer and the coordinator driving its transactions."""
@@ -93,7 +93,7 @@ class _TxnProducer:
     txn: Txn | None = None
 
 
-class _Workload:
+class Workload:
     """The producers' state while run_workload drives a Log."""
 
     def __init__(self, rng: random.Random, model: Model, clock: EngineClock):
@@ -189,7 +189,11 @@ class _Workload:
         only an unknown producer may start at (a known one must start a new epoch at 0)."""
         return epoch + 1, self.rng.randint(1, 1 << 20)
 
-    def _ack(self, offset: int, data: bytes, pid: int) -> None:
+    def batch(self, pid: int, epoch: int, sequence: int) -> bytes:
+        """An idempotent batch of `pid`, stamped from its client clock."""
+        return _batch(self.rng, pid, epoch, sequence, self.stamp(pid))
+
+    def ack(self, offset: int, data: bytes, pid: int) -> None:
         if self.model.fsync_failed:
             self.model.acked_after_fsync_failure += 1
         self.model.acked[offset] = data
@@ -199,17 +203,17 @@ class _Workload:
         restart = pid in self.expired
         if restart:
             self.epochs[pid], self.sequences[pid] = self.restart_position(pid, self.epochs[pid])
-        batch = _batch(self.rng, pid, self.epochs[pid], self.sequences[pid], self.stamp(pid))
+        batch = self.batch(pid, self.epochs[pid], self.sequences[pid])
         offset = log.log_end_offset
-        self._written(offset, _stamped(batch, offset))
+        self._written(offset, stamped(batch, offset))
         if restart:
             self.model.restarted_at.add(offset)
-        result = self._accepted_restart(pid, lambda: log.append(batch)) if restart else log.append(batch)
-        self._ack(result.first_offset, _stamped(batch, result.first_offset), pid)
+        result = self.accepted_restart(pid, lambda: log.append(batch)) if restart else log.append(batch)
+        self.ack(result.first_offset, stamped(batch, result.first_offset), pid)
         self.recent[pid] = [*self.recent[pid][-4:], (batch, result.first_offset)]
         self.sequences[pid] += RecordBatch(batch).records_count
 
-    def _accepted_restart(self, pid: int, send: Callable[[], AppendResult]) -> AppendResult:
+    def accepted_restart(self, pid: int, send: Callable[[], AppendResult]) -> AppendResult:
         try:
             result = send()
         except (InvalidProducerEpochError, OutOfOrderSequenceError) as exc:
@@ -260,15 +264,15 @@ class _Workload:
             self.model.txns.append(p.txn)
         p.txn.batches.append(offset)
         self.model.txn_of[offset] = p.txn
-        self._written(offset, _stamped(batch, offset))
+        self._written(offset, stamped(batch, offset))
         if restart:
             self.model.restarted_at.add(offset)
-        result = self._accepted_restart(pid, lambda: log.append(batch)) if restart else log.append(batch)
+        result = self.accepted_restart(pid, lambda: log.append(batch)) if restart else log.append(batch)
         if result.first_offset != offset or result.duplicate:
             raise OnlineCheckFailed(
                 "transactional data lands at the log end", f"offset {offset} gave {result}"
             )
-        self._ack(offset, _stamped(batch, offset), pid)
+        self.ack(offset, stamped(batch, offset), pid)
         self.recent[pid] = [*self.recent[pid][-4:], (batch, offset)]
         p.sequence += RecordBatch(batch).records_count
 
@@ -290,7 +294,7 @@ class _Workload:
         result = log.write_txn_marker(pid, epoch, commit=commit, coordinator_epoch=p.coordinator_epoch)
         if result.first_offset != offset:
             raise OnlineCheckFailed("markers land at the log end", f"marker at {offset} gave {result}")
-        self._ack(offset, data, pid)
+        self.ack(offset, data, pid)
         if p.txn is not None:
             p.txn.acked = True
             p.txn = None
@@ -452,18 +456,51 @@ class _Workload:
             )
 
 
+# The share of steps run by several threads at once (torture_concurrent).
+CONCURRENT_STEP_RATE = 0.15
+
+
 def run_workload(fs: FaultFileSystem, rng: random.Random, model: Model, steps: int) -> None:
-    """Drive a Log until `steps` are done, the twin dies, or the log fails closed."""
+    """Drive a Log until `steps` are done, the twin dies, or the log fails closed.
+
+    The Log is opened under the run's Scheduler, so its locks are cooperative and the
+    concurrent steps interleave in an order drawn from `rng`.
+    """
+
+    def halted() -> SimulatedCrash | None:
+        # A thread's I/O call was the process's last: the others stop where they stand.
+        return SimulatedCrash(f"the process died ({fs.lineage})") if fs.dead else None
+
+    scheduler = Scheduler(random.Random(rng.getrandbits(64)), halted=halted)
+    with threads.using(scheduler):
+        scheduler.adopt_current_thread()
+        fs.on_io = scheduler.io_point
+        try:
+            _run(fs, rng, model, steps, scheduler)
+        finally:
+            fs.on_io = None
+
+
+def _run(fs: FaultFileSystem, rng: random.Random, model: Model, steps: int, scheduler: Scheduler) -> None:
     clock = EngineClock(model.now_ms)  # simulated: runs stay reproducible
-    w = _Workload(rng, model, clock)
+    w = Workload(rng, model, clock)
+
+    def reopen() -> Log:
+        return Log.open(DIRECTORY, CONFIG, fs=fs, clock=clock)
+
     try:
-        log = Log.open(DIRECTORY, CONFIG, fs=fs, clock=clock)
+        log = reopen()
     except LogFailedError:
         return  # an injected error while creating the log: nothing was acknowledged
     try:
         for _ in range(steps):
             w.tick()
             w.expire_idle(log)
+            if rng.random() < CONCURRENT_STEP_RATE:
+                log = concurrent_step(w, log, scheduler, reopen)
+                w.check_stable_offset(log)
+                w.check_kept(log)
+                continue
             action = rng.random()
             pid = rng.choice(PRODUCERS)
             if action < 0.41:
@@ -494,10 +531,13 @@ def run_workload(fs: FaultFileSystem, rng: random.Random, model: Model, steps: i
             else:
                 log.close()
                 model.durable_end = log.log_end_offset  # close flushes
-                log = Log.open(DIRECTORY, CONFIG, fs=fs, clock=clock)
+                log = reopen()
             w.check_stable_offset(log)
             w.check_kept(log)
     except LogFailedError as exc:
+        if not fs.injected:
+            # Nothing failed on the disk: the engine failed itself (a race, a bug).
+            raise OnlineCheckFailed("the log fails closed only when the disk fails", str(exc)) from exc
         if isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EIO and "fsync" in str(exc):
             model.fsync_failed = True
         # Failed closed: the log refuses everything until reopened; so does the workload.

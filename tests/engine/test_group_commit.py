@@ -151,7 +151,8 @@ class TestGroupCommit:
         fs.fail_fsync = False
         with pytest.raises(LogFailedError):
             log.append(batch(99))  # fail closed: a later fsync may lie (fsyncgate)
-        log.close()
+        with pytest.raises(LogFailedError, match="without a flush"):
+            log.close()  # it lets go of everything, and says nothing was made durable
         with Log.open(tmp_path / "t-0", CONFIG) as reopened:
             assert reopened.read(0).batches[0].records_count == 1
 

@@ -604,7 +604,8 @@ class TestStateChangesOnlyAfterTheWrite:
                 failing.append(batch(PID_A, 2))
             assert failing.producer_state(PID_A) == state
         finally:
-            failing.close()
+            with pytest.raises(LogFailedError, match="without a flush"):
+                failing.close()  # failed earlier: it lets go of everything, and says so
         with Log.open(log_dir, config()) as reopened:
             assert reopened.log_end_offset == 2
             assert window(reopened.producer_state(PID_A)) == [(0, 1, 0, 1)]
@@ -621,4 +622,5 @@ class TestStateChangesOnlyAfterTheWrite:
             assert failing.producer_state(PID_A) is None
             assert list(failing.producers()) == []
         finally:
-            failing.close()
+            with pytest.raises(LogFailedError, match="without a flush"):
+                failing.close()  # failed earlier: it lets go of everything, and says so

@@ -1099,7 +1099,8 @@ class TestFsyncFailureFailsClosed:
                 failing.roll()
             assert failing.log_end_offset == 2
         finally:
-            failing.close()
+            with pytest.raises(LogFailedError, match="without a flush"):
+                failing.close()  # failed earlier: it lets go of everything, and says so
         with Log.open(log_dir, small_index_config()) as reopened:
             assert reopened.log_end_offset == 2
             assert reopened.append(make_batch(1)).first_offset == 2
@@ -1117,7 +1118,8 @@ class TestFsyncFailureFailsClosed:
                 failing.append(make_batch(1))
             assert failing.log_end_offset == 1
         finally:
-            failing.close()
+            with pytest.raises(LogFailedError, match="without a flush"):
+                failing.close()  # failed earlier: it lets go of everything, and says so
 
 
 # -- the largest offsets --------------------------------------------------------------------

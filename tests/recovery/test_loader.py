@@ -1104,7 +1104,8 @@ class TestFsyncFailure:
                 log.flush()
             assert log.log_end_offset == end
         finally:
-            log.close()
+            with pytest.raises(LogFailedError, match="without a flush"):
+                log.close()  # failed earlier: it lets go of everything, and says so
         with Log.open(directory, CONFIG) as reopened:
             assert reopened.recovery_report.clean is False
             assert reopened.log_end_offset == end

@@ -187,9 +187,29 @@ def test_the_checker_is_wired_to_every_fault_class() -> None:
     assert set(torture.FAULTS) == {"kill", "drop", "torn", "dirent", "bitflip", "enospc", "eio", "misdirect"}
 
 
-def test_the_self_test_catches_all_ten_planted_bugs(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_self_test_catches_all_eleven_planted_bugs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["torture", "--self-test", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"planted": 10, "caught": 10, "missed": []}
+    assert json.loads(capsys.readouterr().out) == {"planted": 11, "caught": 11, "missed": []}
+
+
+# -- several threads: deterministic interleavings of one Log ------------------------------------
+def test_the_workload_runs_concurrent_steps_and_races_flushes_against_cuts() -> None:
+    steps = raced = in_flight_at_crash = 0
+    for seed in range(60):
+        rng, fs, model = random.Random(seed), FaultFileSystem(seed), Model()
+        fs.kill_at(rng.randint(1, torture.MAX_KILL_POINT))
+        with contextlib.suppress(SimulatedCrash):
+            run_workload(fs, rng, model, steps=rng.randint(10, 60))
+        steps += model.concurrent_steps
+        raced += model.raced_flushes
+        in_flight_at_crash += bool(model.in_flight)
+    assert steps >= 100 and raced >= 10, (steps, raced)
+    assert in_flight_at_crash >= 1  # some kills landed while a thread's append was under way
+
+
+def test_a_concurrent_crash_state_replays_exactly_from_its_seed() -> None:
+    runs = [run_torture(20261123, 60) for _ in range(2)]
+    assert runs[0].violations == runs[1].violations == []
 
 
 # -- time: mixed client clocks, an irregular engine clock, real expiry ---------------------------
@@ -254,6 +274,7 @@ def test_planted_bugs_are_restored_after_the_self_test() -> None:
     from oncelog.recovery.torture_selftest import PLANTED
 
     before = (
+        log_module.Log._flush,
         LogSegment.flush,
         LogSegment.rebuild,
         RecordBatch.compute_crc,
@@ -266,6 +287,7 @@ def test_planted_bugs_are_restored_after_the_self_test() -> None:
         with plant():
             pass
     after = (
+        log_module.Log._flush,
         LogSegment.flush,
         LogSegment.rebuild,
         RecordBatch.compute_crc,
