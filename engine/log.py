@@ -758,8 +758,13 @@ class Log:
                     self._failure = exc
                 raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
         if end > self.recovery_point:
-            # Outside the append lock: appenders go on during the store's commit too.
-            self._set_recovery_point(end, active.base_offset, active_size)
+            try:
+                # Outside the append lock: appenders go on during the store's commit too.
+                self._set_recovery_point(end, active.base_offset, active_size)
+            except OSError as exc:
+                with self._lock:
+                    self._failure = exc  # fail closed, as for a failed fsync (a full disk, say)
+                raise LogFailedError(f"recovery point commit in {self.directory} failed: {exc}") from exc
         with self._lock:
             self._unflushed_messages -= flushed_messages
             self._last_flush_ms = self._clock()
