@@ -132,6 +132,10 @@ __all__ = [
 ]
 
 
+# Invariant 9 (the twin records every mapped write a full disk would turn into SIGBUS).
+SIGBUS_INVARIANT = "mapped writes land on reserved blocks"
+
+
 def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) -> list[Violation]:
     """Reopen on the crashed twin and check every invariant."""
     found: list[Violation] = []
@@ -406,9 +410,6 @@ def _check_second_crash(
     reopened.close()
     for risk in again.sigbus_risks[:3]:
         after_second_crash(SIGBUS_INVARIANT, risk)
-
-
-SIGBUS_INVARIANT = "mapped writes land on reserved blocks"
 
 
 def run_crash_state(seed: int, fault: str) -> list[Violation]:
