@@ -823,8 +823,12 @@ class Log:
                     self._failure = exc
                     raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
             if end > self.recovery_point:
-                # Outside the append lock: appenders go on during the store's commit too.
-                self._set_recovery_point(end, active.base_offset, active_size)
+                try:
+                    # Outside the append lock: appenders go on during the store's commit too.
+                    self._set_recovery_point(end, active.base_offset, active_size)
+                except OSError as exc:
+                    self._failure = exc  # fail closed, as for a failed fsync (a full disk, say)
+                    raise LogFailedError(f"recovery point commit in {self.directory} failed: {exc}") from exc
             self._group_commit.mark_durable(end)
         with self._lock:
             self._unflushed_messages -= flushed_messages

@@ -37,7 +37,7 @@ from typing import Any
 import msgpack
 
 from oncelog.config import LogConfig, OnCorruption
-from oncelog.errors import LogDirLockedError, OncelogError
+from oncelog.errors import LogDirLockedError, LogFailedError, OncelogError
 from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_topic_partition
 from oncelog.lock_wait import FIRST_PAUSE_S, MAX_PAUSE_S, wait_while_locked
 from oncelog.log import LOCK_FILE, Log, take_clean_marker
@@ -279,6 +279,9 @@ class LogManager:
                 releases.append(store.close)
             releases.append(dir_lock.release)
             _release_after_failure(exc, releases)
+            if isinstance(exc, OSError) and not isinstance(exc, OncelogError):  # (LockTimeoutError is both)
+                # An I/O error (a full disk, say) in the root's own files, as Log.open names it.
+                raise LogFailedError(f"opening {directory} failed: {exc}") from exc
             raise
         return manager
 
@@ -298,14 +301,19 @@ class LogManager:
                 # loaded from what is left of the old one, and its acknowledged appends
                 # deleted with it at the next open.
                 self._remove_partition_dir(tp)
-            lock = self._lock_partition(tp, create=True)
+            try:
+                lock = self._lock_partition(tp, create=True)
+            except OSError as exc:  # a full disk, say; Log.open names its own errors the same way
+                raise LogFailedError(f"creating {self._partition_path(tp)} failed: {exc}") from exc
             log = self._open_partition(tp, lock)
             try:
                 # fsync(root): a power loss must not lose the new partition's directory
                 # once appends to it may have been acknowledged.
                 self._fs.fsync_dir(self.root)
-            except BaseException:
+            except BaseException as exc:
                 log.close()
+                if isinstance(exc, OSError):
+                    raise LogFailedError(f"creating {self._partition_path(tp)} failed: {exc}") from exc
                 raise
             self._logs[tp] = log
             self._partition_locks[tp] = lock

@@ -28,6 +28,15 @@ Modelling decisions not covered in `crash_states`:
   writes through mappings are no longer taken in (the page cache was frozen at death).
 - `region.flush()` (msync) is modelled as fdatasync of the whole file: a slight
   over-approximation of durability that the engine never relies on.
+- Disk blocks are tracked per file (`Reservations`): bytes written with pwritev and
+  ranges reserved with allocate have them; a truncate that grows a file gives none
+  (sparse), one that cuts frees what lies past the cut. On a real disk a mapped write
+  to a page without a block is SIGBUS once the disk is full, so every writable
+  mapping of bytes without blocks, every mapped write to them, and every mapping
+  left reaching past a truncated end is recorded in `sigbus_risks` (a test or the
+  torture checker asserts it stays empty). A crash forgets every reservation (the
+  new twin knows of none): the strictest reading, since what survives of an
+  unsynced fallocate is the filesystem's choice.
 """
 
 from __future__ import annotations
@@ -77,6 +86,10 @@ FAILABLE_OPS = (
 )
 
 
+# The calls `write_error_rate` fails: everything that needs free disk space.
+_WRITE_OPS = ("write", "allocate", "put")
+
+
 class SimulatedCrash(Exception):
     """The simulated process died. Deliberately not an OSError: no engine handler may swallow it."""
 
@@ -95,6 +108,40 @@ def _norm(path: str) -> str:
 def _split(path: str) -> tuple[str, str]:
     head, name = os.path.split(_norm(path))
     return head or ".", name
+
+
+class Reservations:
+    """The byte ranges of each file (by inode number) that have disk blocks."""
+
+    def __init__(self) -> None:
+        self._ranges: dict[int, list[tuple[int, int]]] = {}
+
+    def add(self, ino: int, start: int, end: int) -> None:
+        if start >= end:
+            return
+        merged: list[tuple[int, int]] = []
+        for lo, hi in self._ranges.get(ino, []):
+            if hi < start or lo > end:
+                merged.append((lo, hi))
+            else:  # overlapping or touching: one range
+                start, end = min(lo, start), max(hi, end)
+        merged.append((start, end))
+        self._ranges[ino] = sorted(merged)
+
+    def cut(self, ino: int, size: int) -> None:
+        """A truncate to `size`: blocks past it are freed."""
+        self._ranges[ino] = [(lo, min(hi, size)) for lo, hi in self._ranges.get(ino, []) if lo < size]
+
+    def first_gap(self, ino: int, start: int, end: int) -> tuple[int, int] | None:
+        """The first sub-range of [start, end) without blocks; None if it has them all."""
+        at = start
+        for lo, hi in self._ranges.get(ino, []):  # sorted and disjoint
+            if hi <= at:
+                continue
+            if lo > at:
+                return (at, min(lo, end)) if at < end else None
+            at = hi
+        return (at, end) if at < end else None
 
 
 class FaultRegion:
@@ -162,19 +209,27 @@ class FaultFile:
         self._fs._io("write", self._path)
         data = b"".join(bytes(b) for b in buffers)
         self._fs._change(self._inode, Op(offset, data))
+        self._fs.reservations.add(self._inode.ino, offset, offset + len(data))
         return len(data)
 
     def truncate(self, size: int) -> None:
         self._check(write=True)
         self._fs._io("truncate", self._path)
         self._fs._change(self._inode, Op(size))
+        self._fs.reservations.cut(self._inode.ino, size)
+        for region in self._fs._regions.get(self._inode.ino, []):
+            if region.size > size:  # touching the mapping past the new end is SIGBUS
+                self._fs._sigbus_risk(
+                    f"a {region.size}-byte mapping of {self._path} outlives its cut to {size}"
+                )
 
-    def allocate(self, size: int) -> None:
+    def allocate(self, size: int, *, start: int = 0) -> None:
         self._check(write=True)
         self._fs._io("allocate", self._path)
         if size > len(self._inode.volatile):
             # Reserved blocks read as zeros, like a file extended by truncate.
             self._fs._change(self._inode, Op(size))
+        self._fs.reservations.add(self._inode.ino, start, size)
 
     def fsync(self) -> None:
         self._check()
@@ -189,6 +244,9 @@ class FaultFile:
         if not 0 < size <= len(self._inode.volatile):
             raise ValueError(f"mmap of {size} bytes of {self._path} ({len(self._inode.volatile)} bytes)")
         self._fs._pull(self._inode)
+        gap = self._fs.reservations.first_gap(self._inode.ino, 0, size) if writable else None
+        if gap is not None:
+            self._fs._sigbus_risk(f"a writable {size}-byte mapping of {self._path} has no blocks at {gap}")
         region = FaultRegion(self._fs, self._path, self._inode, size, writable)
         self._fs._regions.setdefault(self._inode.ino, []).append(region)
         return region
@@ -263,14 +321,17 @@ class FaultFileSystem:
         _lineage: str | None = None,
     ):
         self.seed = seed
-        # Probability that any write (pwritev, or the allocate before mapped writes) fails
-        # with ENOSPC or EIO, and that any fsync fails with EIO (and drops the file's
-        # unsynced data: fsyncgate).
+        # Probability that any write (pwritev, the allocate before mapped writes, a
+        # metadata store commit) fails with ENOSPC or EIO, and that any fsync fails
+        # with EIO (and drops the file's unsynced data: fsyncgate).
         self.write_error_rate = write_error_rate
         self.fsync_error_rate = fsync_error_rate
         self.io_calls = 0
         self.faults: list[AppliedFault] = []  # what the crash that made this twin did
         self.injected: list[str] = []  # errors raised by this twin
+        # Disk blocks per file, and what would be SIGBUS on a full disk (module docstring).
+        self.reservations = Reservations()
+        self.sigbus_risks: list[str] = []
         self.lineage = _lineage or f"seed={seed}"
         self._model = _model or Model()
         self._errors = random.Random(f"{seed}/errors")
@@ -346,7 +407,7 @@ class FaultFileSystem:
                 self._failures.remove(failure)
                 code = failure.errno
                 break
-        if code is None and op in ("write", "allocate") and self._errors.random() < self.write_error_rate:
+        if code is None and op in _WRITE_OPS and self._errors.random() < self.write_error_rate:
             code = self._errors.choice((errnos.ENOSPC, errnos.EIO))
         if code is None and op == "fsync" and self._errors.random() < self.fsync_error_rate:
             code = errnos.EIO
@@ -360,7 +421,18 @@ class FaultFileSystem:
                 inode.pending.clear()
             raise OSError(code, message, path)
 
+    def unreserved(self, path: str, start: int, end: int) -> tuple[int, int] | None:
+        """The first range of bytes [start, end) of the file at `path` that has no disk blocks."""
+        inode = self._inode_of(path)
+        if inode is None:
+            raise FileNotFoundError(errnos.ENOENT, "no such file", path)
+        return self.reservations.first_gap(inode.ino, start, end)
+
     # -- page cache and mappings -------------------------------------------------------
+    def _sigbus_risk(self, what: str) -> None:
+        if not self._dead:
+            self.sigbus_risks.append(f"{what} ({self.lineage}, I/O call {self.io_calls})")
+
     def _pull(self, inode: Inode) -> None:
         """Take writes made through mappings into the page cache, as dirty 4 KiB pages.
 
@@ -382,6 +454,9 @@ class FaultFileSystem:
                     changed = np.flatnonzero(np.frombuffer(new, np.uint8) != np.frombuffer(old, np.uint8))
                     first, last = page + int(changed[0]), page + int(changed[-1]) + 1
                     inode.record(Op(first, bytes(region.data[first:last])))
+                    gap = self.reservations.first_gap(inode.ino, first, last)
+                    if gap is not None:
+                        self._sigbus_risk(f"a mapped write to {region.path} at {gap} has no blocks")
 
     def _pull_all(self) -> None:
         for regions in list(self._regions.values()):

@@ -61,12 +61,13 @@ class FileHandle(Protocol):
 
     def truncate(self, size: int) -> None: ...
 
-    def allocate(self, size: int) -> None:
-        """Grow the file to at least `size` bytes with its disk blocks reserved.
+    def allocate(self, size: int, *, start: int = 0) -> None:
+        """Reserve disk blocks for bytes [start, size), growing the file to `size` if shorter.
 
         Writes through a shared mapping have no error return: a page that cannot
         get a block kills the process with SIGBUS. Reserving the blocks first turns
-        a full disk into an OSError here instead.
+        a full disk into an OSError here instead. Growing a file with `truncate`
+        reserves nothing (the file is sparse), and bytes already there are kept.
         """
         ...
 
@@ -259,10 +260,11 @@ class OsFile:
     def truncate(self, size: int) -> None:
         os.ftruncate(self._fd, size)
 
-    def allocate(self, size: int) -> None:
-        current = self.size()
-        if size > current:
-            os.posix_fallocate(self._fd, current, size - current)
+    def allocate(self, size: int, *, start: int = 0) -> None:
+        if size > start:
+            # Holes get blocks, blocks already there keep their bytes: cheap over a file
+            # that is mostly reserved already.
+            os.posix_fallocate(self._fd, start, size - start)
 
     def fsync(self) -> None:
         # Linux writes back pages dirtied through a shared mapping of the file as well.
@@ -282,30 +284,56 @@ class OsFile:
 
 
 class LmdbStore:
+    """A metadata store in an LMDB environment; LMDB's errors surface as OSError.
+
+    Full disks: data.mdb is written with pwrite (writemap=False) and only read through
+    its mapping, so a full disk fails the commit (ENOSPC). LMDB does write lock.mdb
+    (its reader table) through a shared mapping of a file it grows with ftruncate,
+    during the open itself: on a full disk that was SIGBUS. So its blocks are
+    reserved before LMDB opens it, large enough that LMDB keeps it as it is.
+    """
+
     # Metadata is a handful of keys; 16 MiB of address space is plenty and costs nothing.
     MAP_BYTES = 16 * 1024 * 1024
+    # LMDB's lock file holds a header and a 64-byte slot per reader: 8 KiB for its
+    # default 126 readers on x86-64. A larger file is used as it is (its spare slots
+    # are more readers), so a little more covers a platform with a larger header.
+    LOCK_FILE_BYTES = 12 * 1024
 
     def __init__(self, path: str):
         self.path = path
         self._env = self._open_env(path)
 
     def _open_env(self, path: str) -> lmdb.Environment:
-        # sync and metasync: a commit returns only once it is durable, which is
-        # what lets the recovery point promise "everything below me was fsynced".
-        return lmdb.open(path, map_size=self.MAP_BYTES, subdir=True, sync=True, metasync=True, max_dbs=0)
+        with _lmdb_errors_as_os_errors(path):
+            os.makedirs(path, exist_ok=True)
+            _reserve_lock_file(os.path.join(path, "lock.mdb"), self.LOCK_FILE_BYTES)
+            # sync and metasync: a commit returns only once it is durable, which is
+            # what lets the recovery point promise "everything below me was fsynced".
+            # writemap=False (py-lmdb's default, kept explicit): no writes through a mapping of data.mdb.
+            env = lmdb.open(
+                path,
+                map_size=self.MAP_BYTES,
+                subdir=True,
+                sync=True,
+                metasync=True,
+                max_dbs=0,
+                writemap=False,
+            )
+        return env
 
     def get(self, key: str) -> bytes | None:
-        with self._env.begin() as txn:
+        with _lmdb_errors_as_os_errors(self.path), self._env.begin() as txn:
             value = txn.get(key.encode())
         return None if value is None else bytes(value)
 
     def put(self, values: Mapping[str, bytes]) -> None:
-        with self._env.begin(write=True) as txn:
+        with _lmdb_errors_as_os_errors(self.path), self._env.begin(write=True) as txn:
             for key, value in values.items():
                 txn.put(key.encode(), value)
 
     def delete(self, keys: Sequence[str]) -> None:
-        with self._env.begin(write=True) as txn:
+        with _lmdb_errors_as_os_errors(self.path), self._env.begin(write=True) as txn:
             for key in keys:
                 txn.delete(key.encode())
 
@@ -313,7 +341,7 @@ class LmdbStore:
         encoded = key.encode()
         # A write transaction: LMDB serialises writers across processes, so nobody
         # commits between this read and this write.
-        with self._env.begin(write=True) as txn:
+        with _lmdb_errors_as_os_errors(self.path), self._env.begin(write=True) as txn:
             old = txn.get(encoded)
             new = change(None if old is None else bytes(old))
             if new is None:
@@ -325,7 +353,7 @@ class LmdbStore:
     def keys(self, prefix: str) -> list[str]:
         encoded = prefix.encode()
         found: list[str] = []
-        with self._env.begin() as txn:
+        with _lmdb_errors_as_os_errors(self.path), self._env.begin() as txn:
             cursor = txn.cursor()
             if cursor.set_range(encoded):
                 for key in cursor.iternext(keys=True, values=False):
@@ -354,16 +382,8 @@ class ReadOnlyLmdbStore(LmdbStore):
     def _open_env(self, path: str) -> lmdb.Environment:
         if not os.path.exists(os.path.join(path, "data.mdb")):
             raise FileNotFoundError(errno.ENOENT, "no metadata store", path)
-        with _lmdb_errors_as_os_errors():
+        with _lmdb_errors_as_os_errors(path):
             return lmdb.open(path, readonly=True, lock=False, create=False, subdir=True, max_dbs=0)
-
-    def get(self, key: str) -> bytes | None:
-        with _lmdb_errors_as_os_errors():
-            return super().get(key)
-
-    def keys(self, prefix: str) -> list[str]:
-        with _lmdb_errors_as_os_errors():
-            return super().keys(prefix)
 
     def put(self, values: Mapping[str, bytes]) -> None:
         raise read_only_error("put into the metadata store", self.path)
@@ -375,12 +395,38 @@ class ReadOnlyLmdbStore(LmdbStore):
         raise read_only_error("update the metadata store", self.path)
 
 
+# LMDB's errors that mean "no room": the disk (ENOSPC) or the store's own map.
+_LMDB_NO_SPACE = (lmdb.DiskError, lmdb.MapFullError)
+
+
 @contextlib.contextmanager
-def _lmdb_errors_as_os_errors() -> Iterator[None]:
+def _lmdb_errors_as_os_errors(path: str) -> Iterator[None]:
+    """LMDB's errors as OSError naming the store: the engine's handlers see an I/O error."""
     try:
         yield
     except lmdb.Error as exc:
-        raise OSError(str(exc)) from exc
+        code = errno.ENOSPC if isinstance(exc, _LMDB_NO_SPACE) else errno.EIO
+        raise OSError(code, f"{type(exc).__name__}: {exc}", path) from exc
+
+
+def _reserve_lock_file(path: str, size: int) -> None:
+    """Create LMDB's lock file if missing, `size` bytes (at least) with their blocks reserved.
+
+    Called before LMDB opens the file, and opens it only when it lacks blocks: LMDB's
+    locks are fcntl locks, which a process loses when it closes *any* descriptor of
+    the file, so a descriptor opened and closed while LMDB holds the file open in this
+    process would silently unlock the environment for every other process.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        found = os.stat(path)
+        if found.st_blocks * 512 >= max(size, found.st_size):
+            return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        # Blocks only: bytes already there (another process's reader table) are kept.
+        os.posix_fallocate(fd, 0, max(size, os.fstat(fd).st_size))
+    finally:
+        os.close(fd)
 
 
 def read_only_error(what: str, path: str, other: str | None = None) -> PermissionError:
@@ -490,8 +536,8 @@ class DelegatingFileHandle:
     def truncate(self, size: int) -> None:
         self.inner.truncate(size)
 
-    def allocate(self, size: int) -> None:
-        self.inner.allocate(size)
+    def allocate(self, size: int, *, start: int = 0) -> None:
+        self.inner.allocate(size, start=start)
 
     def fsync(self) -> None:
         self.inner.fsync()

@@ -21,6 +21,7 @@ old set of snapshots or the new one, never a half-written file under the real na
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 
@@ -235,6 +236,11 @@ def write_snapshot(fs: FileSystem, directory: str, offset: int, rows: np.ndarray
         handle.pwritev(buffers, 0)
         # fsync before rename: otherwise a crash can leave the new name on empty or partial data.
         handle.fsync()
+    except OSError:
+        # A full disk: give back what the partial file holds (the next load would remove it).
+        with contextlib.suppress(OSError):
+            fs.unlink(tmp_path)
+        raise
     finally:
         handle.close()
     # rename: atomically replaces any older snapshot at this offset; readers never see a partial file.

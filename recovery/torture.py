@@ -30,7 +30,9 @@ is reopened on what the crash left; the checker enforces every invariant:
 8. the log start is the one the last completed delete_records / retention left,
    or (a crash inside one) the one it was moving to; data removed on purpose by a
    completed truncation, delete_records or retention is not required, and a crash
-   inside truncate_to may leave the old log or any prefix of it down to its cut.
+   inside truncate_to may leave the old log or any prefix of it down to its cut;
+9. every byte the engine writes through a mapping has a disk block reserved, in the
+   run and in recovery (the twin's `sigbus_risks`): else a full disk is SIGBUS.
 
 A bit flip below the recovery point must be reported (CorruptLogError), never
 served; a failed fsync must never be followed by an acknowledgement.
@@ -129,6 +131,10 @@ __all__ = [
     "TortureSummary",
     "run_torture",
 ]
+
+
+# Invariant 9 (the twin records every mapped write a full disk would turn into SIGBUS).
+SIGBUS_INVARIANT = "mapped writes land on reserved blocks"
 
 
 def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) -> list[Violation]:
@@ -422,6 +428,8 @@ def _check_second_crash(
     history = _history_below(model, batches[0].base_offset if batches else reopened.log_end_offset)
     check_read_committed(reopened, history + batches, max_bytes, after_second_crash)
     reopened.close()
+    for risk in again.sigbus_risks[:3]:
+        after_second_crash(SIGBUS_INVARIANT, risk)
 
 
 def run_crash_state(seed: int, fault: str) -> list[Violation]:
@@ -447,6 +455,7 @@ def run_crash_state(seed: int, fault: str) -> list[Violation]:
         return [Violation(seed, fault, "retries are duplicates", str(exc))]
     except Exception as exc:
         return [Violation(seed, fault, "no unexpected error", f"workload: {type(exc).__name__}: {exc}")]
+    in_run = _sigbus_risks(fs, seed, fault)
     mode = {"enospc": "kill", "eio": "drop"}.get(fault, fault)
     if fault == "bitflip":
         crashed = fs.crash("bitflip", target=lambda path: path.endswith(".log"))
@@ -455,9 +464,15 @@ def run_crash_state(seed: int, fault: str) -> list[Violation]:
     # The disk is healthy again for recovery: the faults were in the run before the crash.
     crashed.write_error_rate = crashed.fsync_error_rate = 0.0
     try:
-        return check_recovered(crashed, model, fault, seed)
+        found = check_recovered(crashed, model, fault, seed)
     except Exception as exc:  # an engine that misbehaves may raise anywhere: that is a finding too
-        return [Violation(seed, fault, "no unexpected error", f"{type(exc).__name__}: {exc}")]
+        found = [Violation(seed, fault, "no unexpected error", f"{type(exc).__name__}: {exc}")]
+    return in_run + found + _sigbus_risks(crashed, seed, fault)
+
+
+def _sigbus_risks(fs: FaultFileSystem, seed: int, fault: str) -> list[Violation]:
+    """Invariant 9: what the twin saw written through a mapping with no block reserved."""
+    return [Violation(seed, fault, SIGBUS_INVARIANT, risk) for risk in fs.sigbus_risks[:3]]
 
 
 class TortureSummary(NamedTuple):

@@ -24,6 +24,7 @@ from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import FileSystem
 from oncelog.recovery.loader import LOG_START_KEY, LogLoader, write_offsets
 from oncelog.recovery.torture import run_torture
+from oncelog.segments import index as index_module
 from oncelog.segments.batch import RecordBatch
 from oncelog.segments.segment import LogSegment
 
@@ -191,6 +192,15 @@ def log_start_not_persisted() -> contextlib.AbstractContextManager[None]:
     return _patched(log_module, "write_offsets", write)
 
 
+def index_mapped_over_sparse_space() -> contextlib.AbstractContextManager[None]:
+    # The active index is grown with ftruncate (a sparse file) and written through its
+    # mapping: on a full disk, the write to a page without a block is SIGBUS.
+    def reserve(self: Any, needed: int, limit: int) -> None:
+        self._map(limit, writable=True)
+
+    return _patched(index_module._MappedIndex, "_reserve", reserve)
+
+
 # Each bug with the fault classes that can expose it: a missing directory fsync
 # shows only when unsynced directory entries vanish, and so on.
 PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], tuple[str, ...]]] = {
@@ -217,6 +227,7 @@ PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], 
         ("kill", "drop"),
     ),
     "expiry by batch timestamp": (expiry_by_batch_timestamp, ("kill", "drop")),
+    "index mapped over sparse space": (index_mapped_over_sparse_space, ("enospc",)),
 }
 
 

@@ -4,12 +4,14 @@
   position of that batch i32).
 - `.timeindex`: 12-byte entries (max timestamp so far i64, relative offset i32).
 
-Files are pre-allocated to `max_index_bytes` while the segment is active and trimmed
-to their entries when it is closed or rolled, as Kafka does, so a closed index's
-size is its entry count. A pre-allocated file left by a crash has a zero-filled
-tail, found by binary search; the loader rebuilds the active segment's indexes
-after a crash anyway, and sanity-checks a sealed one's last entry (as Kafka does)
-rather than reading every entry.
+While the segment is active an index is written through a shared mapping of space
+reserved ahead of its entries (see reservation: a mapped write to a block never
+reserved is SIGBUS on a full disk), in steps up to `max_index_bytes`, and trimmed to
+its entries when the segment is closed or rolled, as Kafka does, so a closed index's
+size is its entry count. A sealed index is mapped read-only. A reserved file left by
+a crash has a zero-filled tail, found by binary search; the loader rebuilds the
+active segment's indexes after a crash anyway, and sanity-checks a sealed one's last
+entry (as Kafka does) rather than reading every entry.
 
 Lookups binary-search the mapped bytes with struct, because numpy's searchsorted on
 big-endian fields would first copy the whole column.
@@ -21,6 +23,12 @@ import struct
 from typing import NamedTuple
 
 from oncelog.recovery.fs import FileHandle, FileSystem, MappedRegion
+from oncelog.segments.reservation import next_reservation
+
+# An active index's file is reserved in steps (see reservation): the first one page,
+# each next one as large as the file so far, at most this much at a time.
+INDEX_MIN_GROW_BYTES = 4096
+INDEX_MAX_GROW_BYTES = 1024 * 1024
 
 
 class OffsetPosition(NamedTuple):
@@ -43,34 +51,77 @@ class _MappedIndex:
     def __init__(self, fs: FileSystem, path: str, base_offset: int, max_index_bytes: int, *, sealed: bool):
         """Open (creating) an index file.
 
-        An active segment's index is pre-allocated to `max_index_bytes` so the
-        mapping never grows. A sealed one is mapped at its size and never written:
-        opening a log of many segments then costs no truncates.
+        An active segment's index is mapped writable over reserved blocks, and grows
+        (reserving more) as entries arrive, up to `max_index_bytes`. A sealed one is
+        mapped read-only at its size: opening a log of many segments then costs no
+        truncates and reserves nothing.
         """
         self.path = path
         self.base_offset = base_offset
         self.max_index_bytes = max_index_bytes
         self._entries = 0
         self._max_entries = 0
+        # Entries the file (and the mapping) holds; all reserved when it is writable.
+        self._capacity = 0
         self._last: tuple[int, int] | None = None
         self.is_full = False
         self._handle: FileHandle = fs.open(path, create=True)
         self._region: MappedRegion | None = None
         self._view: memoryview = memoryview(b"")
-        entries_on_disk = self._handle.size() // self.ENTRY.size
-        self.max_entries = entries_on_disk
-        self.is_sealed = sealed
-        self._map(entries_on_disk if sealed else max(max_index_bytes // self.ENTRY.size, entries_on_disk))
-        self.entries = self._entries_before_zero_tail(entries_on_disk)
+        self.is_sealed = True
+        try:
+            entries_on_disk = self._handle.size() // self.ENTRY.size
+            self._map(entries_on_disk, writable=False)
+            self.max_entries = entries_on_disk
+            self.entries = self._entries_before_zero_tail(entries_on_disk)
+            if not sealed:
+                self._make_writable()
+        except BaseException:
+            # A full disk while reserving: nothing stays open.
+            self._unmap()
+            self._handle.close()
+            raise
 
-    def _map(self, max_entries: int) -> None:
+    def _map(self, capacity: int, *, writable: bool) -> None:
+        """Map the first `capacity` entries, cutting or extending the file to exactly them."""
         self._unmap()
-        if self._handle.size() != max_entries * self.ENTRY.size:
-            self._handle.truncate(max_entries * self.ENTRY.size)
-        self.max_entries = max_entries
-        if max_entries:
-            self._region = self._handle.mmap(max_entries * self.ENTRY.size, writable=True)
+        size = capacity * self.ENTRY.size
+        if self._handle.size() != size:
+            self._handle.truncate(size)
+        self._capacity = capacity
+        if capacity:
+            self._region = self._handle.mmap(size, writable=writable)
             self._view = self._region.buffer
+
+    def _reserve(self, needed: int, limit: int) -> None:
+        """Map the file writable over at least `needed` entries (`limit` at most), reserved first.
+
+        The blocks are reserved while the old mapping is still in place, so a full disk
+        (OSError) leaves the index as it was.
+        """
+        capacity = self._capacity
+        if needed > capacity:
+            entry = self.ENTRY.size
+            capacity = next_reservation(
+                capacity, needed, limit, INDEX_MIN_GROW_BYTES // entry, INDEX_MAX_GROW_BYTES // entry
+            )
+        if capacity:
+            self._handle.allocate(capacity * self.ENTRY.size)
+        self._map(capacity, writable=True)
+
+    def _make_writable(self) -> None:
+        """Ready the index for appends: up to `max_index_bytes` of entries, reserved in steps."""
+        max_entries = max(self.max_index_bytes // self.ENTRY.size, self._capacity)
+        self._reserve(min(self._entries + 1, max_entries), max_entries)
+        self.max_entries = max_entries
+        self.is_sealed = False
+
+    def reserve_room(self, count: int) -> None:
+        """Reserve blocks for `count` more entries (as many as the index takes), so
+        appending them cannot fail."""
+        needed = min(self._entries + count, self._max_entries)
+        if needed > self._capacity:
+            self._reserve(needed, self._max_entries)
 
     def _entries_before_zero_tail(self, entries: int) -> int:
         """Entries before a zero-filled tail (a pre-allocated file left by a crash).
@@ -125,8 +176,11 @@ class _MappedIndex:
 
     def _append(self, first: int, second: int) -> None:
         n = self._entries
-        if n >= self._max_entries:
-            raise IndexFullError(self.path)
+        if n >= self._capacity:
+            if n >= self._max_entries:
+                raise IndexFullError(self.path)
+            # Reserve more first: on a full disk an OSError here, not SIGBUS at the write below.
+            self._reserve(n + 1, self._max_entries)
         self.ENTRY.pack_into(self._view, n * self.ENTRY.size, first, second)
         self._entries = n + 1
         self._last = (first, second)
@@ -148,10 +202,9 @@ class _MappedIndex:
         return lo - 1
 
     def reset(self) -> None:
-        """Drop every entry, ready to be rebuilt (re-allocating a sealed index)."""
+        """Drop every entry, ready to be rebuilt (a sealed index is made writable again)."""
         if self.is_sealed:
-            self._map(self.max_index_bytes // self.ENTRY.size)
-            self.is_sealed = False
+            self._make_writable()
         self.entries = 0
 
     def _unmap(self) -> None:
@@ -166,11 +219,12 @@ class _MappedIndex:
         Done when a segment is sealed, so a closed index's size is its entry count,
         as in Kafka.
         """
-        self._map(self.entries)
-        # fsync: a crash must not bring back the zero-filled pre-allocated tail, and
-        # on Linux it also writes back the entries written through the mapping.
-        self._handle.fsync()
+        self._map(self.entries, writable=False)
+        self.max_entries = self.entries
         self.is_sealed = True
+        # fsync: a crash must not bring back the zero-filled reserved tail, and on
+        # Linux it also writes back the entries written through the mapping.
+        self._handle.fsync()
 
     def close(self, *, trim: bool = True) -> None:
         """Unmap, trim the file to its entries (unless `trim` is False), and close it."""

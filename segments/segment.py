@@ -18,6 +18,7 @@ from oncelog.recovery.fs import Buffer, FileHandle, FileSystem, MappedRegion
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, batch_size_at
 from oncelog.segments.index import OffsetIndex, TimeIndex, TimestampOffset
+from oncelog.segments.reservation import next_reservation
 from oncelog.segments.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,9 @@ SCAN_CHUNK_BYTES = 8 * 1024 * 1024
 # 16 KiB), and the syscall's cost is small next to the copy. Smaller ones are
 # copied into the mapping, with no syscall at all.
 WRITE_SYSCALL_MIN_BYTES = 8 * 1024
-# The active segment is written through a shared mapping of pre-allocated space,
-# grown by at least this much at a time (and by at most MAX_GROW_BYTES, so an idle
-# partition pins little page cache and disk).
+# The active segment is written through a shared mapping of reserved space (see
+# reservation), grown by at least this much at a time (and by at most MAX_GROW_BYTES,
+# so an idle partition pins little page cache and disk).
 MIN_GROW_BYTES = 1024 * 1024
 # Each extension of the file costs the kernel more than the bytes it adds (measured:
 # 1 MiB steps halve the copy rate of 32 MiB ones), so steps double up to this.
@@ -235,14 +236,25 @@ class LogSegment:
         if is_new and not create:
             raise FileNotFoundError(log_path)
         handle = fs.open(log_path, create=True)
-        index_path = _index_path(directory, base_offset, INDEX_SUFFIX)
-        time_index_path = _index_path(directory, base_offset, TIME_INDEX_SUFFIX)
-        offset_index = OffsetIndex(fs, index_path, base_offset, max_index_bytes, sealed=sealed)
-        time_index = TimeIndex(fs, time_index_path, base_offset, max_index_bytes, sealed=sealed)
-        if is_new:
-            # Without this a power loss can drop the new files' directory entries
-            # even after their data is fsynced (KAFKA-3968).
-            fs.fsync_dir(directory)
+        offset_index: OffsetIndex | None = None
+        time_index: TimeIndex | None = None
+        try:
+            index_path = _index_path(directory, base_offset, INDEX_SUFFIX)
+            time_index_path = _index_path(directory, base_offset, TIME_INDEX_SUFFIX)
+            offset_index = OffsetIndex(fs, index_path, base_offset, max_index_bytes, sealed=sealed)
+            time_index = TimeIndex(fs, time_index_path, base_offset, max_index_bytes, sealed=sealed)
+            if is_new:
+                # Without this a power loss can drop the new files' directory entries
+                # even after their data is fsynced (KAFKA-3968).
+                fs.fsync_dir(directory)
+        except BaseException:
+            # A full disk while reserving the indexes: close what was opened. The files
+            # left are an empty segment, which the next open takes as the active one.
+            for index in (offset_index, time_index):
+                if index is not None:
+                    index.close(trim=False)
+            handle.close()
+            raise
         return cls(fs, directory, base_offset, handle, offset_index, time_index, *limits)
 
     # -- indexes, mapped on first use for a lazily opened segment --------------------
@@ -306,6 +318,9 @@ class LogSegment:
         position = self.size
         expected = sum(meta.size for meta in metas)
         end = position + expected
+        # Room for an entry per batch first, so indexing them below cannot fail half way.
+        self.offset_index.reserve_room(len(metas))
+        self.time_index.reserve_room(len(metas))
         if expected >= WRITE_SYSCALL_MIN_BYTES:
             written = self._handle.pwritev(buffers, position)
             assert written == expected, (self.path, written, expected)
@@ -367,12 +382,14 @@ class LogSegment:
         self.unflushed = True
 
     def _grow(self, end: int) -> None:
-        """Allocate and map at least up to byte `end` (and some room beyond it)."""
-        step = min(max(self._mapped_bytes, MIN_GROW_BYTES), MAX_GROW_BYTES)
-        target = max(end, min(self._mapped_bytes + step, self.max_segment_bytes))
+        """Reserve and map at least up to byte `end` (and some room beyond it)."""
+        reserved = self._mapped_bytes
+        target = next_reservation(reserved, end, self.max_segment_bytes, MIN_GROW_BYTES, MAX_GROW_BYTES)
+        # Blocks first (a mapped write to a page without one would be SIGBUS, not an
+        # error), with the old mapping still in place: a full disk changes nothing.
+        # [0, reserved) was reserved when it was mapped; after a release, all of the file is.
+        self._handle.allocate(target, start=reserved)
         self._release_mapping()
-        # Blocks first: a mapped write to a page without one would be SIGBUS, not an error.
-        self._handle.allocate(target)
         region = self._handle.mmap(target, writable=True)
         self._write_region, self._write_view, self._mapped_bytes = region, region.buffer, target
 

@@ -556,11 +556,11 @@ class _WriteFailingHandle(DelegatingFileHandle):
             raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
         return self.inner.pwritev(buffers, offset)
 
-    def allocate(self, size: int) -> None:
+    def allocate(self, size: int, *, start: int = 0) -> None:
         if self._fs.armed:
             self._fs.failed_writes += 1
             raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
-        self.inner.allocate(size)
+        self.inner.allocate(size, start=start)
 
 
 class WriteFailingFileSystem(DelegatingFileSystem):

@@ -303,6 +303,93 @@ def test_mapped_writes_are_read_back_at_once_and_unsynced_until_fsync() -> None:
     assert 0 < lost < len(SEEDS)
 
 
+def test_blocks_come_from_writes_and_allocate_never_from_a_growing_truncate() -> None:
+    fs = FaultFileSystem(3)
+    new_file(fs, b"x" * 100)  # pwritev: bytes 0-99 have blocks
+    handle = fs.open(F)
+    assert fs.unreserved(F, 0, 100) is None
+    handle.truncate(8192)  # sparse: the file grows, no block comes with it
+    assert handle.size() == 8192 and fs.unreserved(F, 0, 8192) == (100, 8192)
+    handle.allocate(4096, start=1000)
+    assert fs.unreserved(F, 0, 8192) == (100, 1000)
+    handle.allocate(6000)  # from 0: the holes get blocks, the file keeps its size
+    assert handle.size() == 8192 and fs.unreserved(F, 0, 8192) == (6000, 8192)
+    handle.truncate(2000)  # a cut frees what lies past it...
+    handle.truncate(8192)  # ...so growing back is sparse again
+    assert fs.unreserved(F, 0, 8192) == (2000, 8192)
+    handle.allocate(10_000, start=8192)  # allocate grows the file, reading as zeros
+    assert handle.size() == 10_000 and content(fs, F) == b"x" * 100 + bytes(9_900)
+    assert fs.unreserved(F, 0, 10_000) == (2000, 8192)
+    assert fs.sigbus_risks == []  # nothing mapped yet
+
+
+def test_a_writable_mapping_over_sparse_space_and_a_write_through_it_are_sigbus_risks() -> None:
+    fs = FaultFileSystem(4)
+    new_file(fs, b"head")
+    handle = fs.open(F)
+    handle.truncate(8192)  # the old way to grow an index: sparse
+    region = handle.mmap(8192, writable=True)
+    assert len(fs.sigbus_risks) == 1 and "no blocks at (4, 8192)" in fs.sigbus_risks[0]
+    assert "seed=4" in fs.sigbus_risks[0]
+    region.buffer[5000:5004] = b"boom"
+    handle.fsync()  # takes the mapped write in
+    assert (
+        len(fs.sigbus_risks) == 2
+        and "mapped write" in fs.sigbus_risks[1]
+        and "(5000, 5004)" in fs.sigbus_risks[1]
+    )
+    region.close()
+    # Reserved first, mapped, written: nothing to report. Read-only mappings never are.
+    handle.allocate(8192)
+    region = handle.mmap(8192, writable=True)
+    region.buffer[6000:6004] = b"fine"
+    handle.fsync()
+    handle.mmap(8192, writable=False).close()
+    assert len(fs.sigbus_risks) == 2
+    # A mapping left reaching past a cut: touching it is SIGBUS whatever the disk holds.
+    handle.truncate(4096)
+    assert len(fs.sigbus_risks) == 3 and "outlives its cut to 4096" in fs.sigbus_risks[2]
+    region.close()
+    handle.close()
+
+
+def test_a_crash_forgets_every_reservation() -> None:
+    fs = FaultFileSystem(5)
+    new_file(fs)
+    handle = fs.open(F)
+    handle.allocate(8192)
+    handle.fsync()
+    handle.close()
+    crashed = fs.crash("kill")
+    assert crashed.unreserved(F, 0, 8192) == (0, 8192)
+    crashed.open(F).mmap(8192, writable=True).close()
+    assert len(crashed.sigbus_risks) == 1 and fs.sigbus_risks == []
+
+
+def test_the_write_error_rate_fails_allocates_and_store_commits_as_a_full_disk_does() -> None:
+    fs = FaultFileSystem(8, write_error_rate=0.5)
+    fs.mkdir(D)
+    handle = fs.open(F, create=True)
+    store = fs.open_store(D + "/meta")
+    failed: dict[str, set[int | None]] = {"allocate": set(), "put": set()}
+    for n in range(60):
+        try:
+            handle.allocate(4096 * (n + 1))
+        except OSError as exc:
+            failed["allocate"].add(exc.errno)
+        try:
+            store.put({"k": b"v"})
+        except OSError as exc:
+            failed["put"].add(exc.errno)
+    assert failed == {"allocate": {errno.ENOSPC, errno.EIO}, "put": {errno.ENOSPC, errno.EIO}}
+    # A failed allocate reserves nothing and grows nothing.
+    fs.write_error_rate = 1.0
+    size = handle.size()
+    with pytest.raises(OSError):
+        handle.allocate(size + 4096, start=size)
+    assert handle.size() == size and fs.unreserved(F, size, size + 4096) == (size, size + 4096)
+
+
 def test_misdirected_write_lands_whole_at_another_sector_offset() -> None:
     for seed in SEEDS:
         fs = FaultFileSystem(seed)

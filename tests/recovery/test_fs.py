@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +65,60 @@ def test_mapped_region_writes_reach_the_file(tmp_path: Path) -> None:
     region.close()
     assert (tmp_path / "f").read_bytes() == np.array([1, 2, 3, 4], dtype=">i4").tobytes()
     handle.close()
+
+
+def blocks_bytes(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def test_allocate_reserves_the_holes_of_a_sparse_file_and_keeps_its_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    handle = OsFileSystem().open(str(path), create=True)
+    handle.pwritev([b"kept"], 0)
+    handle.truncate(1024 * 1024)  # sparse: the size grows, the blocks do not
+    assert blocks_bytes(path) < 64 * 1024
+    handle.allocate(512 * 1024, start=256 * 1024)
+    assert 256 * 1024 <= blocks_bytes(path) < 512 * 1024 + 64 * 1024
+    handle.allocate(1024 * 1024)  # from 0: every hole gets its block
+    assert blocks_bytes(path) >= 1024 * 1024
+    handle.allocate(2 * 1024 * 1024, start=1024 * 1024)  # and past the end the file grows
+    assert handle.size() == 2 * 1024 * 1024 and blocks_bytes(path) >= 2 * 1024 * 1024
+    assert handle.pread(8, 0) == b"kept" + bytes(4)
+    handle.close()
+
+
+def test_a_metadata_store_has_its_lock_file_blocks_reserved_before_lmdb_maps_it(tmp_path: Path) -> None:
+    # LMDB grows lock.mdb with ftruncate and writes its reader table through a shared
+    # mapping during the open: sparse, that was SIGBUS on a full disk.
+    store = OsFileSystem().open_store(str(tmp_path / "meta.lmdb"))
+    store.put({"k": b"v"})
+    lock = tmp_path / "meta.lmdb" / "lock.mdb"
+    assert lock.stat().st_size > 0 and blocks_bytes(lock) >= lock.stat().st_size
+    store.close()
+    reopened = OsFileSystem().open_store(str(tmp_path / "meta.lmdb"))  # and again, nothing lost
+    assert reopened.get("k") == b"v"
+    reopened.close()
+
+
+def test_a_metadata_store_keeps_lmdbs_lock_so_other_processes_see_it_open(tmp_path: Path) -> None:
+    # LMDB's locks are fcntl locks, lost when the process closes any descriptor of
+    # lock.mdb: reserving its blocks must not close one behind LMDB's back, or another
+    # process would take the environment as its own and reset the reader table.
+    store = OsFileSystem().open_store(str(tmp_path / "meta.lmdb"))
+    probe = (
+        "import fcntl, os, sys\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+        "try:\n"
+        "    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)\n"
+        "except BlockingIOError:\n"
+        "    sys.exit(3)\n"
+    )
+    lock = str(tmp_path / "meta.lmdb" / "lock.mdb")
+    assert subprocess.run([sys.executable, "-c", probe, lock]).returncode == 3  # held by this process
+    store.put({"k": b"v"})
+    assert subprocess.run([sys.executable, "-c", probe, lock]).returncode == 3
+    store.close()
+    assert subprocess.run([sys.executable, "-c", probe, lock]).returncode == 0  # released at close
 
 
 def test_directory_operations(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ engine's numpy views.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import random
 import struct
@@ -19,7 +20,9 @@ import pytest
 
 from oncelog.config import LogConfig
 from oncelog.log import Log
+from oncelog.recovery.faultfs import FaultFileSystem
 from oncelog.segments.batch import encode_batch
+from oncelog.segments.index import INDEX_MIN_GROW_BYTES, IndexFullError, OffsetIndex, OffsetPosition
 from oncelog.segments.records import Record
 
 INDEX_INTERVAL = 512
@@ -287,3 +290,78 @@ class TestIndexFiles:
             # A sealed segment's last entry is its max timestamp.
             if base != segment_bases(directory)[-1]:
                 assert stamps[-1] == max(b.max_timestamp for b in batches)
+
+
+# -- reserved space: an active index never maps a block it has not reserved -----------------
+IDX = "/data/t-0/00000000000000000000.index"
+
+
+def _open_twin_index(fs: FaultFileSystem, max_index_bytes: int, *, sealed: bool = False) -> OffsetIndex:
+    fs.mkdir("/data/t-0")
+    return OffsetIndex(fs, IDX, 0, max_index_bytes, sealed=sealed)
+
+
+def test_an_active_index_reserves_its_file_in_doubling_steps_up_to_its_cap() -> None:
+    fs = FaultFileSystem(1)
+    index = _open_twin_index(fs, 40_000)
+    sizes = [fs.open(IDX, writable=False).size()]
+    for n in range(1, 5_000):  # one slot of the 5,000 stays free for the entry of the seal
+        index.append(n, 10 * n)
+        size = fs.open(IDX, writable=False).size()
+        if size != sizes[-1]:
+            sizes.append(size)
+        assert fs.unreserved(IDX, 0, size) is None, n  # the whole (mapped) file has blocks
+    assert sizes == [INDEX_MIN_GROW_BYTES, 8192, 16_384, 32_768, 40_000]
+    assert index.is_full and index.lookup(2_500) == OffsetPosition(2_500, 25_000)
+    index.close()
+    assert fs.open(IDX, writable=False).size() == 4_999 * OFFSET_ENTRY.size  # trimmed to its entries
+    assert fs.sigbus_risks == []
+
+
+def test_a_full_disk_while_growing_an_index_is_an_os_error_that_leaves_it_as_it_was() -> None:
+    fs = FaultFileSystem(2)
+    index = _open_twin_index(fs, 64 * 1024)
+    per_step = INDEX_MIN_GROW_BYTES // OFFSET_ENTRY.size
+    for n in range(1, per_step + 1):
+        index.append(n, 10 * n)
+    fs.fail_next("allocate", errno.ENOSPC)
+    with pytest.raises(OSError) as full:
+        index.append(per_step + 1, 10 * (per_step + 1))
+    assert full.value.errno == errno.ENOSPC
+    assert index.entries == per_step and index.last_entry() == OffsetPosition(per_step, 10 * per_step)
+    assert fs.open(IDX, writable=False).size() == INDEX_MIN_GROW_BYTES
+    index.append(per_step + 1, 10 * (per_step + 1))  # space came back
+    assert index.lookup(per_step + 1) == OffsetPosition(per_step + 1, 10 * (per_step + 1))
+    index.close()
+    assert fs.sigbus_risks == []
+
+
+def test_a_sparse_active_index_from_kafka_or_an_older_version_is_reserved_when_opened() -> None:
+    fs = FaultFileSystem(3)
+    fs.mkdir("/data/t-0")
+    handle = fs.open(IDX, create=True)
+    handle.pwritev([OFFSET_ENTRY.pack(5, 100), OFFSET_ENTRY.pack(9, 250)], 0)
+    handle.truncate(10 * 1024 * 1024)  # Kafka's RandomAccessFile.setLength: sparse
+    handle.close()
+    index = OffsetIndex(fs, IDX, 0, 10 * 1024 * 1024, sealed=False)
+    assert index.entries == 2 and index.last_entry() == OffsetPosition(9, 250)
+    assert fs.unreserved(IDX, 0, 10 * 1024 * 1024) is None
+    index.append(12, 400)
+    index.close()
+    assert fs.sigbus_risks == []
+
+
+def test_a_sealed_index_is_mapped_read_only_and_reserves_nothing() -> None:
+    fs = FaultFileSystem(4)
+    index = _open_twin_index(fs, 4096)
+    index.append(3, 100)
+    index.close()
+    sealed = _open_twin_index(fs, 4096, sealed=True)
+    assert sealed.last_entry() == OffsetPosition(3, 100) and sealed.is_full
+    with pytest.raises(IndexFullError):
+        sealed.append(7, 200)
+    sealed.reset()  # rebuilding makes it writable again, over reserved blocks
+    sealed.append(7, 200)
+    assert sealed.last_entry() == OffsetPosition(7, 200)
+    sealed.close()
+    assert fs.sigbus_risks == []
