@@ -114,6 +114,7 @@ class Log:
         self._log_append_time = config.timestamp_type == "LogAppendTime"
         self._segment_bytes_limit = config.segment_bytes
         self._max_batch_bytes = config.max_batch_bytes
+        self._max_decompressed_bytes = config.max_decompressed_batch_bytes
         self._segment_ms = config.segment_ms
         self._group_commit = GroupCommit(loaded.recovery_point)
         self._recovery_point_lock = threading.Lock()
@@ -213,6 +214,7 @@ class Log:
             self._log_append_time = config.timestamp_type == "LogAppendTime"
             self._segment_bytes_limit = config.segment_bytes
             self._max_batch_bytes = config.max_batch_bytes
+            self._max_decompressed_bytes = config.max_decompressed_batch_bytes
             self._segment_ms = config.segment_ms
 
     def producer_state(self, producer_id: int) -> ProducerStateEntry | None:
@@ -273,7 +275,7 @@ class Log:
         return result
 
     def _append_one(self, buffer: Buffer) -> AppendResult:
-        header = client_batch_header(buffer, self._max_batch_bytes)
+        header = client_batch_header(buffer, self._max_batch_bytes, self._max_decompressed_bytes)
         size = len(buffer)
         last_delta, max_ts, pid = header[6], header[8], header[9]
         with self._lock:
@@ -395,7 +397,10 @@ class Log:
         """
         if origin not in ("client", "replication"):
             raise ValueError(f"origin is 'client' or 'replication', got {origin!r}")
-        views = [validate_batch(buffer, origin, self.config.max_batch_bytes) for buffer in batches]
+        views = [
+            validate_batch(buffer, origin, self._max_batch_bytes, self._max_decompressed_bytes)
+            for buffer in batches
+        ]
         with self._lock:
             self._check_writable()
             now_ms = self._clock()
