@@ -262,8 +262,8 @@ class Log:
 
         This is the fast path for one client batch: the same checks and the same
         order of effects as the request path (see _plan/_execute), without
-        building a RecordBatch or a plan: one header unpack, one CRC, one copy into
-        the segment. append_batches takes the rare cases (replication, a roll,
+        building a RecordBatch or a plan: one header unpack, one CRC, one walk over
+        the records, one copy into the segment. append_batches takes the rare cases (replication, a roll,
         LogAppendTime, a full producer table).
         """
         if origin != "client" or self._log_append_time:

@@ -318,9 +318,6 @@ def test_a_decompression_bomb_is_refused_past_max_decompressed_batch_bytes(
         assert value == bytes(BOMB_VALUE_BYTES)
 
 
-GIB = 1 << 30
-
-
 def gigabyte_bomb(codec: str) -> bytes:
     """A batch whose body inflates to 1 GiB of zeros, made without holding that gigabyte.
 
