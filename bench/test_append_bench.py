@@ -108,6 +108,44 @@ def test_duplicate_detection_170B(benchmark: BenchmarkFixture, log: Log) -> None
     assert log.size_bytes == size_before and log.log_end_offset == 5
 
 
+# A producer's batch of 100 records of 100 bytes (the codec benchmark's shape), as sent:
+# the append checks every record's framing (issue 15), and decompresses the compressed ones.
+HUNDRED_RECORDS = {
+    codec or "none": encode_batch(
+        [(b"key-0000", b"r" * 100)] * 100, timestamp_ms=TIMESTAMP_MS, compression=codec
+    )
+    for codec in (None, "lz4", "zstd")
+}
+HUNDRED_RECORD_BATCHES_PER_ROUND = 200
+
+
+@pytest.mark.parametrize("codec", HUNDRED_RECORDS)
+def test_append_a_batch_of_100_records(benchmark: BenchmarkFixture, log: Log, codec: str) -> None:
+    """One client batch of 100 records per call: the body is walked record by record."""
+    batch = HUNDRED_RECORDS[codec]
+    benchmark.group = "append 100 x 100 B"
+
+    def run() -> None:
+        for _ in range(HUNDRED_RECORD_BATCHES_PER_ROUND):
+            log.append(batch)
+
+    benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1)
+    assert log.log_end_offset == (ROUNDS + 1) * HUNDRED_RECORD_BATCHES_PER_ROUND * 100
+
+
+def test_reference_os_write_loop_100_records(benchmark: BenchmarkFixture, tmp_path: Path) -> None:
+    batch = HUNDRED_RECORDS["none"]
+    benchmark.group = "append 100 x 100 B"
+    fd = os.open(tmp_path / "reference.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def run() -> None:
+        for _ in range(HUNDRED_RECORD_BATCHES_PER_ROUND):
+            os.write(fd, batch)
+
+    benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1)
+    os.close(fd)
+
+
 def test_append_records_encodes_100_records_of_100_bytes(benchmark: BenchmarkFixture, log: Log) -> None:
     """`append_records`: the engine builds the batch (the codec's encode path) and appends it."""
     benchmark.group = "append_records 100 x 100 B"

@@ -31,6 +31,10 @@ Checked, each file streamed in bounded reads:
     its segment's base offset); in a log written only by client appends also
     recordsCount = lastOffsetDelta + 1, partitionLeaderEpoch -1 and no gaps
     (a compacted Kafka batch legally holds fewer records than offsets);
+  - every record of every batch decodes, compressed bodies inflated: each
+    record's framing within the batch, recordsCount records exactly, offset
+    deltas increasing within lastOffsetDelta (0..n-1 in a log of client appends);
+    a batch that does not is CORRUPT wherever it is (recovery would serve it);
   - .index: offsets and positions strictly increasing, each entry at the start of
     the batch whose last offset it names, none past the batches;
   - .timeindex: timestamps and offsets non-decreasing, offsets within the segment;

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from oncelog.segments.compression import MAX_DECOMPRESSED_BYTES
+
 TimestampType = Literal["CreateTime", "LogAppendTime"]
 OnCorruption = Literal["raise", "truncate"]
 
@@ -21,6 +23,11 @@ class LogConfig:
     segment_index_bytes: int = 10 * 1024 * 1024
     # Largest batch accepted from a client (Kafka's max.message.bytes).
     max_batch_bytes: int = 1024 * 1024 + 12
+    # Largest body a compressed batch may inflate to on append: every appended batch is
+    # decompressed to check its records, and a decompression bomb is refused past this.
+    # At most what readers inflate (segments.compression.MAX_DECOMPRESSED_BYTES), so
+    # that every batch accepted can be read.
+    max_decompressed_batch_bytes: int = 64 * 1024 * 1024
     # "LogAppendTime" stamps the append time into every batch (attributes bit 3).
     timestamp_type: TimestampType = "CreateTime"
     # fsync after this many appended messages / this long since the last flush;
@@ -56,6 +63,11 @@ class LogConfig:
             raise ValueError(f"segment_index_bytes must hold a few entries, got {self.segment_index_bytes}")
         if self.max_batch_bytes < 61 + 8:
             raise ValueError(f"max_batch_bytes must hold a batch header, got {self.max_batch_bytes}")
+        if not 0 < self.max_decompressed_batch_bytes <= MAX_DECOMPRESSED_BYTES:
+            raise ValueError(
+                f"max_decompressed_batch_bytes must be in 1..{MAX_DECOMPRESSED_BYTES} (what readers "
+                f"inflate), got {self.max_decompressed_batch_bytes}"
+            )
         if self.flush_messages is not None and self.flush_messages <= 0:
             raise ValueError(f"flush_messages must be positive or None, got {self.flush_messages}")
         if self.flush_ms is not None and self.flush_ms < 0:

@@ -116,6 +116,7 @@ class Log:
         self._log_append_time = config.timestamp_type == "LogAppendTime"
         self._segment_bytes_limit = config.segment_bytes
         self._max_batch_bytes = config.max_batch_bytes
+        self._max_decompressed_bytes = config.max_decompressed_batch_bytes
         self._segment_ms = config.segment_ms
         self._group_commit = GroupCommit(loaded.recovery_point)
         self._recovery_point_lock = threads.lock()
@@ -230,6 +231,7 @@ class Log:
             self._log_append_time = config.timestamp_type == "LogAppendTime"
             self._segment_bytes_limit = config.segment_bytes
             self._max_batch_bytes = config.max_batch_bytes
+            self._max_decompressed_bytes = config.max_decompressed_batch_bytes
             self._segment_ms = config.segment_ms
 
     def producer_state(self, producer_id: int) -> ProducerStateEntry | None:
@@ -280,8 +282,8 @@ class Log:
 
         This is the fast path for one client batch: the same checks and the same
         order of effects as the request path (see _plan/_execute), without
-        building a RecordBatch or a plan: one header unpack, one CRC, one copy into
-        the segment. append_batches takes the rare cases (replication, a roll,
+        building a RecordBatch or a plan: one header unpack, one CRC, one walk over
+        the records, one copy into the segment. append_batches takes the rare cases (replication, a roll,
         LogAppendTime, a full producer table).
         """
         if not durable:
@@ -296,7 +298,7 @@ class Log:
         return result
 
     def _append_one(self, buffer: Buffer) -> AppendResult:
-        header = client_batch_header(buffer, self._max_batch_bytes)
+        header = client_batch_header(buffer, self._max_batch_bytes, self._max_decompressed_bytes)
         size = len(buffer)
         last_delta, max_ts, pid = header[6], header[8], header[9]
         with self._lock:
@@ -422,7 +424,10 @@ class Log:
         """
         if origin not in ("client", "replication"):
             raise ValueError(f"origin is 'client' or 'replication', got {origin!r}")
-        views = [validate_batch(buffer, origin, self.config.max_batch_bytes) for buffer in batches]
+        views = [
+            validate_batch(buffer, origin, self._max_batch_bytes, self._max_decompressed_bytes)
+            for buffer in batches
+        ]
         with self._lock:
             self._check_writable()
             now_ms = self._clock()

@@ -1,4 +1,10 @@
-"""The checks a batch must pass before the log accepts it (brief §4, "Batch validation")."""
+"""The checks a batch must pass before the log accepts it (brief §4, "Batch validation").
+
+Every record is checked too, on both append paths (segments.batch.check_batch_records,
+Kafka's LogValidator): a batch with a right CRC over a body that does not hold its
+records would otherwise be stored, take the offsets its header claims, and break
+every reader after it.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +15,23 @@ import crc32c
 from oncelog.errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
 from oncelog.recovery.fs import Buffer
 from oncelog.segments import format as fmt
-from oncelog.segments.batch import RecordBatch
+from oncelog.segments.batch import RecordBatch, check_batch_records
+from oncelog.segments.records import check_records
 
 Origin = Literal["client", "replication"]
 
 
-def validate_batch(buffer: Buffer, origin: Origin, max_batch_bytes: int) -> RecordBatch:
-    """Parse and check one batch; raises without side effects.
+def validate_batch(
+    buffer: Buffer, origin: Origin, max_batch_bytes: int, max_decompressed_bytes: int
+) -> RecordBatch:
+    """Parse and check one batch and its records; raises without side effects.
 
-    Replication (and recovery) accepts what a leader or the log itself stored, so
-    only the structure and CRC are checked there: compacted logs legally hold
-    batches whose count is below lastOffsetDelta + 1, and control batches.
+    Replication accepts what a leader stored, so the append rules are not checked
+    there: compacted logs legally hold batches whose count is below
+    lastOffsetDelta + 1 (with gaps between the records' offset deltas), and control
+    batches. The structure, the CRC and the records' framing and count still are:
+    Kafka's follower checks only the batch CRC, but a leader's bytes that no reader
+    can decode are no more use here than a client's.
     """
     if len(buffer) > max_batch_bytes:
         raise RecordTooLargeError(f"batch of {len(buffer)} bytes exceeds max_batch_bytes={max_batch_bytes}")
@@ -28,6 +40,7 @@ def validate_batch(buffer: Buffer, origin: Origin, max_batch_bytes: int) -> Reco
         raise CorruptRecordError(f"buffer holds {len(buffer)} bytes but its batchLength says {batch.size}")
     batch.validate()
     if origin == "replication":
+        batch.check_records(exact=False, max_decompressed_bytes=max_decompressed_bytes)
         return batch
     if batch.records_count <= 0 or batch.last_offset_delta + 1 != batch.records_count:
         raise InvalidRecordError(
@@ -38,6 +51,7 @@ def validate_batch(buffer: Buffer, origin: Origin, max_batch_bytes: int) -> Reco
         raise InvalidRecordError("clients may not append control batches")
     if batch.producer_id >= 0 and batch.base_sequence < 0:
         raise InvalidRecordError(f"producer {batch.producer_id} sent baseSequence {batch.base_sequence}")
+    batch.check_records(exact=True, max_decompressed_bytes=max_decompressed_bytes)
     return batch
 
 
@@ -50,12 +64,13 @@ _COPY_TO_CRC_BYTES = 1024
 _CRC_START = fmt.ATTRIBUTES_OFFSET
 
 
-def client_batch_header(buffer: Buffer, max_batch_bytes: int) -> tuple[Any, ...]:
+def client_batch_header(buffer: Buffer, max_batch_bytes: int, max_decompressed_bytes: int) -> tuple[Any, ...]:
     """The header fields of a client batch that passes every check; raises like validate_batch.
 
-    The append fast path: one struct unpack and one CRC, no objects. Anything
-    unusual goes to validate_batch, which names the exact problem, so the rules
-    and their messages live in one place.
+    The append fast path: one struct unpack, one CRC and one walk over the records,
+    no objects. Anything unusual in the header goes to validate_batch, which names
+    the exact problem, so the rules and their messages live in one place; the
+    records are checked after the header here as there, by the same function.
     """
     size = len(buffer)
     if fmt.HEADER_SIZE <= size <= max_batch_bytes:
@@ -74,6 +89,18 @@ def client_batch_header(buffer: Buffer, max_batch_bytes: int) -> tuple[Any, ...]
             )
             == crc
         ):
+            if attributes & fmt.COMPRESSION_MASK:
+                check_batch_records(
+                    buffer,
+                    attributes,
+                    last_delta,
+                    count,
+                    exact=True,
+                    max_decompressed_bytes=max_decompressed_bytes,
+                )
+            else:
+                # What check_batch_records does for an uncompressed body, one call less.
+                check_records(buffer, fmt.HEADER_SIZE, count, last_delta, exact=True)
             return header
-    validate_batch(buffer, "client", max_batch_bytes)
+    validate_batch(buffer, "client", max_batch_bytes, max_decompressed_bytes)
     raise AssertionError(f"validate_batch accepted a batch the fast check refused: {bytes(buffer[:61])!r}")

@@ -1,7 +1,8 @@
 """Verify one partition directory: every batch, index and snapshot, each problem as found.
 
 Every segment is streamed batch by batch (`scan_file`: bounded reads) and each batch
-checked: size, magic, CRC-32C, offsets increasing across batches and segments. Each
+checked: size, magic, CRC-32C, offsets increasing across batches and segments, and
+every record decoding (the append path's own record check). Each
 segment's `.index` is walked alongside its batches (verify_indexes), then its
 `.timeindex` and `.txnindex` checked, and every producer snapshot's CRC. A problem
 names the file and the byte position in it.
@@ -9,7 +10,9 @@ names the file and the byte position in it.
 What is corruption follows what opening the log would do (recovery/loader.py): a
 tail that recovery cuts (a batch cut short at the end of the last segment; in an
 oncelog directory, anything bad past the recovery point in the last segment) and an
-index that recovery rebuilds are warnings. Anything else is corruption.
+index that recovery rebuilds are warnings. Anything else is corruption, and so is a
+batch whose records do not decode wherever it is: recovery reads only headers, so it
+would serve that batch, and every reader would fail on it.
 
 Strictly read-only: the verifier reads through a `ReadOnlyFileSystem`, whatever
 seam it is given, and never opens a `Log`.
@@ -25,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from oncelog.errors import CorruptRecordError, CorruptSnapshotError
+from oncelog.errors import CorruptRecordError, CorruptSnapshotError, InvalidRecordError
 from oncelog.partition_dirs import Partition, PartitionMeta, read_partition_meta, segment_bases
 from oncelog.recovery.fs import FileHandle, FileSystem, ReadOnlyFileSystem
 from oncelog.recovery.loader import RecoveryPoint
@@ -99,6 +102,22 @@ def batch_problem(batch: RecordBatch, position: int, base: int, prev: int | None
             check_client_appended(batch, prev if position > 0 else None)
         except CorruptRecordError as exc:
             return exc.reason
+    return None
+
+
+def records_problem(batch: RecordBatch, strict: bool) -> str | None:
+    """Why the records of a batch that passed batch_problem do not decode, or None.
+
+    The append path's check (RecordBatch.check_records): every record's framing, the
+    count, and offset deltas 0..n-1 in a log of client appends (`strict`), or only
+    increasing within lastOffsetDelta where compaction may have left gaps.
+    """
+    try:
+        batch.check_records(exact=strict)
+    except CorruptRecordError as exc:
+        return f"records do not decode: {exc.reason}"
+    except InvalidRecordError as exc:
+        return f"records break the offset rule: {exc}"
     return None
 
 
@@ -269,6 +288,9 @@ class PartitionVerifier:
                     if is_last and recovery_cuts(meta, base, position, after, truncated=False):
                         self.problem(WARNING, path, position, _cut(size - position, position, problem))
                         return SegmentScan(last, batches, end, False)
+                    self.problem(CORRUPT, path, position, problem, batch.base_offset)
+                elif (problem := records_problem(batch, meta.client_only)) is not None:
+                    # Never a torn tail: recovery reads headers only and would serve it.
                     self.problem(CORRUPT, path, position, problem, batch.base_offset)
                 walk.on_batch(position, batch.base_offset, batch.last_offset)
                 self._on_bytes(batch.size)

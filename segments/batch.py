@@ -17,14 +17,14 @@ from oncelog.errors import CorruptRecordError
 from oncelog.segments import format as fmt
 from oncelog.segments.compression import MAX_DECOMPRESSED_BYTES, compress, decompress
 from oncelog.segments.records import (
+    Buffer,
     Record,
+    check_records,
     decode_records,
     encode_plain_records,
     encode_records,
     normalise_records,
 )
-
-Buffer = bytes | bytearray | memoryview
 
 # The smallest legal batchLength: the header after the length field, no records.
 MIN_BATCH_LENGTH = fmt.HEADER_SIZE - fmt.LOG_OVERHEAD
@@ -255,6 +255,18 @@ class RecordBatch:
         if h.attributes & fmt.COMPRESSION_MASK not in fmt.COMPRESSION_NAMES:
             raise CorruptRecordError(f"unknown compression codec {h.attributes & fmt.COMPRESSION_MASK}")
 
+    def check_records(self, *, exact: bool, max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES) -> None:
+        """Check that every record decodes (see check_batch_records); raises, returns nothing."""
+        h = self._header
+        check_batch_records(
+            self._buffer,
+            h.attributes,
+            h.last_offset_delta,
+            h.records_count,
+            exact=exact,
+            max_decompressed_bytes=max_decompressed_bytes,
+        )
+
     def records(self, max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES) -> Iterator[Record]:
         # Fields straight from the header tuple: a fetch of small batches calls this per batch.
         base_offset, _, _, _, _, attributes, _, base_ts, max_ts, _, _, _, count = self._header
@@ -274,6 +286,36 @@ class RecordBatch:
             f"count={self.records_count}, size={self.size}, producer_id={self.producer_id}, "
             f"producer_epoch={self.producer_epoch}, base_sequence={self.base_sequence})"
         )
+
+
+def check_batch_records(
+    buffer: Buffer,
+    attributes: int,
+    last_offset_delta: int,
+    records_count: int,
+    *,
+    exact: bool,
+    max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
+) -> None:
+    """Check that the records of the batch in `buffer` decode: what a reader will do to them.
+
+    A batch's CRC only says the bytes are the ones the client sent; a client can
+    send a body that does not hold the records its header counts (a bug, or on
+    purpose), and once stored it would break every reader after it. The body is
+    inflated when compressed (at most `max_decompressed_bytes`: a decompression bomb
+    is refused, not allocated) and walked record by record (records.check_records;
+    `exact`: offset deltas 0..count-1, as a client's must be). An uncompressed body
+    is walked in place, without a copy.
+
+    Raises CorruptRecordError for a body that does not decode, InvalidRecordError for
+    records that break the offset-delta rule.
+    """
+    codec = attributes & fmt.COMPRESSION_MASK
+    if codec == fmt.COMPRESSION_NONE:
+        check_records(buffer, fmt.HEADER_SIZE, records_count, last_offset_delta, exact=exact)
+        return
+    body = decompress(codec, bytes(buffer[fmt.HEADER_SIZE :]), max_decompressed_bytes)
+    check_records(body, 0, records_count, last_offset_delta, exact=exact)
 
 
 def iter_batches(

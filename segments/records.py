@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
-from oncelog.errors import CorruptRecordError
+from oncelog.errors import CorruptRecordError, InvalidRecordError
 
 Header = tuple[str, bytes | None]
+Buffer = bytes | bytearray | memoryview
 
 
 class Record(NamedTuple):
@@ -63,7 +64,7 @@ def _length_varint(n: int) -> bytes:
     return _VARINT_OF[n] if n < _SMALL else encode_varint(n)
 
 
-def decode_varint(data: bytes, pos: int, max_bytes: int = 10) -> tuple[int, int]:
+def decode_varint(data: Buffer, pos: int, max_bytes: int = 10) -> tuple[int, int]:
     """(value, next position) of the zigzag varint at `pos`.
 
     `max_bytes` is 5 for an int32 field and 10 for an int64 one; a value wider than
@@ -87,7 +88,7 @@ def decode_varint(data: bytes, pos: int, max_bytes: int = 10) -> tuple[int, int]
         shift += 7
 
 
-def _varint(data: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
+def _varint(data: Buffer, pos: int, max_bytes: int) -> tuple[int, int]:
     """decode_varint, with one- and two-byte varints looked up."""
     if pos + 1 < len(data):
         first = data[pos]
@@ -229,7 +230,7 @@ def encode_plain_records(
     return bytes(out), base_ts, max_ts
 
 
-def _read_headers(data: bytes, pos: int, end: int) -> tuple[tuple[Header, ...], int]:
+def _read_headers(data: Buffer, pos: int, end: int) -> tuple[tuple[Header, ...], int]:
     count, pos = _varint(data, pos, 5)
     # Each header takes at least two bytes, which bounds a corrupt count.
     if count < 0 or count * 2 > end - pos:
@@ -260,14 +261,14 @@ def _read_headers(data: bytes, pos: int, end: int) -> tuple[tuple[Header, ...], 
             stop = pos + n
             if stop > end:
                 raise CorruptRecordError(f"length {n} at byte {pos} runs past its record")
-            hvalue: bytes | None = data[pos:stop]
+            hvalue: bytes | None = bytes(data[pos:stop])  # the same object when `data` is bytes
             pos = stop
         elif n == -1:
             hvalue = None
         else:
             raise CorruptRecordError(f"negative length {n} at byte {pos}")
         try:
-            headers.append((raw_key.decode("utf-8"), hvalue))
+            headers.append((str(raw_key, "utf-8"), hvalue))
         except UnicodeDecodeError as exc:
             raise CorruptRecordError(f"header key is not UTF-8 at byte {pos}") from exc
     return tuple(headers), pos
@@ -374,6 +375,125 @@ def decode_records(
         raise CorruptRecordError(f"a record runs past the end of the records at byte {pos}") from None
     if pos != size:
         raise CorruptRecordError(f"{size - pos} bytes after the last of {count} records")
+
+
+def check_records(data: Buffer, start: int, count: int, last_offset_delta: int, *, exact: bool) -> None:
+    """Check that data[start:] holds exactly `count` records that decode_records can read.
+
+    The append path's record check (Kafka's LogValidator walks every record the
+    same way): every record's framing is walked (length, attributes, timestamp
+    delta, offset delta, key, value, headers, each within its record, and the
+    records filling the data exactly), with the same bounds as decode_records,
+    which the tests hold it to. Nothing is built for a record without headers: the
+    fields are only skipped (headers are rare, and read by the decoder's own loop).
+
+    Offset deltas: `exact` wants 0..count-1 in order (a client's batch, whose count
+    is lastOffsetDelta + 1); otherwise they must only increase and stay within
+    `last_offset_delta` (a batch compacted by a leader keeps lastOffsetDelta and a
+    subset of its records).
+
+    Raises CorruptRecordError for bytes that do not parse as `count` records, and
+    InvalidRecordError for records that parse but whose offset deltas break the rule.
+    """
+    size = len(data)
+    # Each record takes at least 7 bytes, which bounds a corrupt count in O(1).
+    if count < 0 or count * 7 > size - start:
+        raise CorruptRecordError(f"recordsCount {count} cannot fit {size - start} bytes of records")
+    one_byte, two_byte = _ONE_BYTE_VALUE, _TWO_BYTE_VALUE
+    pos = start
+    previous_delta = -1
+    bad_delta: tuple[int, int] | None = None
+    index = 0
+    try:
+        for index in range(count):
+            # The record's length says where it ends; a length that is negative, zero or
+            # past the data shows as the fields not ending there (checked once, below).
+            first = data[pos]
+            if first < 0x80:
+                end = pos + 1 + one_byte[first]
+                pos += 1
+            elif (second := data[pos + 1]) < 0x80:
+                end = pos + 2 + two_byte[(second << 7) ^ first]
+                pos += 2
+            else:
+                length, pos = decode_varint(data, pos, 5)
+                end = pos + length
+            # The attributes byte (unused), then the timestamp delta: a varlong, only skipped.
+            if data[pos + 1] < 0x80:
+                pos += 2
+            else:
+                pos = decode_varint(data, pos + 1, 10)[1]
+            first = data[pos]
+            if first < 0x80:
+                delta = one_byte[first]
+                pos += 1
+            elif (second := data[pos + 1]) < 0x80:
+                delta = two_byte[(second << 7) ^ first]
+                pos += 2
+            else:
+                delta, pos = decode_varint(data, pos, 5)
+            if bad_delta is None and (
+                (delta != index) if exact else (delta <= previous_delta or delta > last_offset_delta)
+            ):
+                bad_delta = (index, delta)  # raised once the framing is known good: bad bytes come first
+            previous_delta = delta
+            # Key, then value: a length (-1 is null), then that many bytes, skipped. A length
+            # running past the record shows as the record not ending where it says.
+            first = data[pos]
+            if first < 0x80:
+                n = one_byte[first]
+                pos += 1
+            elif (second := data[pos + 1]) < 0x80:
+                n = two_byte[(second << 7) ^ first]
+                pos += 2
+            else:
+                n, pos = decode_varint(data, pos, 5)
+            if n > 0:
+                pos += n
+            elif n < -1:
+                raise CorruptRecordError(f"negative key length {n} in record {index}")
+            first = data[pos]
+            if first < 0x80:
+                n = one_byte[first]
+                pos += 1
+            elif (second := data[pos + 1]) < 0x80:
+                n = two_byte[(second << 7) ^ first]
+                pos += 2
+            else:
+                n, pos = decode_varint(data, pos, 5)
+            if n > 0:
+                pos += n
+            elif n < -1:
+                raise CorruptRecordError(f"negative value length {n} in record {index}")
+            if data[pos] == 0:
+                pos += 1
+            else:
+                pos = _read_headers(data, pos, end)[1]
+            if pos != end:
+                raise CorruptRecordError(_misfit(index, pos, end, size))
+    except IndexError:
+        raise CorruptRecordError(
+            f"the records end inside record {index} of recordsCount {count} (byte {pos})"
+        ) from None
+    if pos != size:
+        raise CorruptRecordError(f"{size - pos} bytes after the last of recordsCount {count} records")
+    if bad_delta is not None:
+        raise InvalidRecordError(_bad_delta(*bad_delta, count, last_offset_delta, exact))
+
+
+def _bad_delta(index: int, delta: int, count: int, last_offset_delta: int, exact: bool) -> str:
+    if exact:
+        return f"record {index} has offset delta {delta}: a batch of {count} records has 0..{count - 1}"
+    return (
+        f"record {index} has offset delta {delta}: deltas must increase and stay within "
+        f"lastOffsetDelta {last_offset_delta}"
+    )
+
+
+def _misfit(index: int, pos: int, end: int, size: int) -> str:
+    if end > size:
+        return f"record {index}'s length runs {end - size} bytes past the records"
+    return f"record {index}'s fields end at byte {pos}, its length says {end}"
 
 
 def normalise_records(

@@ -37,6 +37,13 @@ def spoil(data: bytes, how: str) -> bytes:
         out[17:21] = crc32c.crc32c(bytes(out[21:])).to_bytes(4, "big")
     elif how == "short":
         del out[-3:]
+    elif how == "zero-body":  # issue 15: a right CRC over records that do not decode
+        out[61:] = bytes(len(out) - 61)
+        out[17:21] = crc32c.crc32c(bytes(out[21:])).to_bytes(4, "big")
+    elif how == "count-past-body":  # recordsCount 2^31-1 (lastOffsetDelta to match) over the records
+        out[23:27] = (2**31 - 2).to_bytes(4, "big")
+        out[57:61] = (2**31 - 1).to_bytes(4, "big")
+        out[17:21] = crc32c.crc32c(bytes(out[21:])).to_bytes(4, "big")
     return bytes(out)
 
 
@@ -46,7 +53,9 @@ batch_specs = st.tuples(
     st.integers(0, 8),  # base sequence
     st.integers(1, 3),  # records
     st.integers(1, 400),  # value bytes (above 900 in total: too large)
-    st.sampled_from(["ok", "ok", "ok", "ok", "crc", "magic", "count", "control", "short"]),
+    st.sampled_from(
+        ["ok", "ok", "ok", "ok", "crc", "magic", "count", "control", "short", "zero-body", "count-past-body"]
+    ),
     st.integers(0, 10**7),  # timestamp offset
 )
 

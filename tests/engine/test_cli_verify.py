@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import crc32c
 import lmdb
 import pytest
 from kafka_fixtures import kafka_fixtures_root
@@ -443,6 +444,118 @@ def test_verify_offsets_that_do_not_increase_are_corruption(
     assert status == 1
     expected = "batch at offset 1: offsets 1..1 do not follow the previous batch's 1"
     assert f"CORRUPT {directory / SEGMENT} position {len(first)}: {expected}" in lines
+
+
+# -- poison batches: a right CRC over records that do not decode (issue 15) ---------------------
+
+
+def poison(data: bytearray, position: int, size: int, body: bytes | None = None) -> None:
+    """Replace the records of the batch at `position` (zeros by default) and make its CRC right again."""
+    data[position + 61 : position + size] = bytes(size - 61) if body is None else body
+    struct.pack_into(
+        ">I", data, position + CRC_AT, crc32c.crc32c(bytes(data[position + 21 : position + size]))
+    )
+
+
+def test_verify_reports_a_poison_batch_written_into_a_segment_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "orders-0"
+    oncelog_log(directory)
+    sealed = sorted(directory.glob("*.log"))[1]
+    batches = raw_batches(sealed)
+    position, size, base_offset, _ = batches[3]
+    data = bytearray(sealed.read_bytes())
+    poison(data, position, size)
+    sealed.write_bytes(bytes(data))
+
+    status, lines, _ = run(capsys, str(directory))
+
+    assert status == 1
+    (problem,) = [line for line in lines if line.startswith(("CORRUPT", "WARNING"))]
+    assert problem.startswith(
+        f"CORRUPT {sealed} position {position}: batch at offset {base_offset}: "
+        "records do not decode: record 0"
+    )
+    assert summary(lines).endswith("1 corrupt, 0 warnings")
+
+
+def test_verify_a_poison_batch_past_the_recovery_point_is_corruption_not_a_torn_tail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Recovery checks headers and CRCs only: it would keep and serve this batch, so no cut is promised."""
+    log = oncelog_log(tmp_path / "orders-0", close=False)
+    try:
+        active = tmp_path / "orders-0" / f"{log.active_segment.base_offset:020d}.log"
+        image = tmp_path / "image" / "orders-0"
+        shutil.copytree(tmp_path / "orders-0", image)  # what a kill -9 leaves
+    finally:
+        log.close()
+    damaged = image / active.name
+    position, size, base_offset, _ = raw_batches(damaged)[-1]
+    data = bytearray(damaged.read_bytes())
+    # recordsCount 2^31-1 (lastOffsetDelta to match) over the one record there is.
+    struct.pack_into(">i", data, position + 23, 2**31 - 2)
+    struct.pack_into(">i", data, position + 57, 2**31 - 1)
+    poison(data, position, size, body=bytes(data[position + 61 : position + size]))
+    damaged.write_bytes(bytes(data))
+
+    status, lines, _ = run(capsys, str(image))
+
+    assert status == 1
+    assert [line for line in lines if line.startswith(("CORRUPT", "WARNING"))] == [
+        f"CORRUPT {damaged} position {position}: batch at offset {base_offset}: records do not decode: "
+        f"recordsCount 2147483647 cannot fit {size - 61} bytes of records"
+    ]
+
+
+def test_verify_reports_offset_deltas_out_of_order_in_a_log_of_client_appends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "orders-0"
+    with Log.open(directory, LogConfig(segment_index_bytes=4096)) as log:
+        log.append(encode_batch([(b"a", b"1"), (b"b", b"2")], timestamp_ms=T0))
+    (position, size, base_offset, _) = raw_batches(directory / SEGMENT)[0]
+    data = bytearray((directory / SEGMENT).read_bytes())
+    records = bytearray(data[position + 61 : position + size])
+    # Two records of the same size: the offset delta is the record's fourth byte (length, attributes,
+    # timestamp delta, offset delta), one record later for the second.
+    half = len(records) // 2
+    records[3], records[half + 3] = records[half + 3], records[3]
+    poison(data, position, size, body=bytes(records))
+    (directory / SEGMENT).write_bytes(bytes(data))
+
+    status, lines, _ = run(capsys, str(directory))
+
+    assert status == 1
+    assert (
+        f"CORRUPT {directory / SEGMENT} position {position}: batch at offset {base_offset}: records break "
+        "the offset rule: record 0 has offset delta 1: a batch of 2 records has 0..1"
+    ) in lines
+
+
+def test_verify_a_poison_batch_in_a_kafka_fixture_copy_is_corruption(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = writable_copy(PROMOTIONS, tmp_path / "promotions-0")
+    log_path = directory / SEGMENT
+    batches = raw_batches(log_path)
+    position, size, base_offset, _ = batches[5]
+    data = bytearray(log_path.read_bytes())
+    poison(data, position, size, body=b"\x28\xb5\x2f\xfd" + bytes(size - 65))  # zstd's magic, then zeros
+    struct.pack_into(">h", data, position + 21, 4)  # the batch now says zstd
+    poison(data, position, size, body=bytes(data[position + 61 : position + size]))
+    log_path.write_bytes(bytes(data))
+
+    status, lines, _ = run(capsys, str(directory))
+
+    assert status == 1
+    (problem,) = [line for line in lines if line.startswith("CORRUPT")]
+    assert problem.startswith(
+        f"CORRUPT {log_path} position {position}: batch at offset {base_offset}: records do not decode: "
+        "zstd body"
+    )
+    assert summary(lines).startswith(f"verified 1 partitions, 1 segments, {len(batches)} batches")
 
 
 # -- torn tails are warnings ------------------------------------------------------------------
