@@ -14,6 +14,30 @@ from oncelog.segments.batch import RecordBatch
 Origin = Literal["client", "replication"]
 
 
+def batch_buffer(buffer: object) -> Buffer:
+    """`buffer` as the bytes of a batch: bytes, bytearray, or any C-contiguous buffer of bytes.
+
+    TypeError, saying what is wanted, for anything else: a str, a strided (non-contiguous)
+    view, a buffer of wider items (whose len() counts items, not bytes).
+    """
+    if type(buffer) is bytes or type(buffer) is bytearray:
+        return buffer
+    try:
+        view = memoryview(buffer)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"a batch is bytes, bytearray or a C-contiguous buffer of bytes, got {type(buffer).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise TypeError("a batch must be C-contiguous bytes; this buffer is strided: pass bytes(view)")
+    if view.itemsize != 1 or view.format not in ("B", "b", "c"):
+        raise TypeError(
+            f"a batch must be a buffer of bytes, got items of format {view.format!r} "
+            f"({view.itemsize} bytes each): pass view.cast('B')"
+        )
+    return view if view.ndim == 1 and view.format == "B" else view.cast("B")
+
+
 def validate_batch(buffer: Buffer, origin: Origin, max_batch_bytes: int) -> RecordBatch:
     """Parse and check one batch; raises without side effects.
 
@@ -21,6 +45,8 @@ def validate_batch(buffer: Buffer, origin: Origin, max_batch_bytes: int) -> Reco
     only the structure and CRC are checked there: compacted logs legally hold
     batches whose count is below lastOffsetDelta + 1, and control batches.
     """
+    if type(buffer) is not bytes:
+        buffer = batch_buffer(buffer)
     if len(buffer) > max_batch_bytes:
         raise RecordTooLargeError(f"batch of {len(buffer)} bytes exceeds max_batch_bytes={max_batch_bytes}")
     batch = RecordBatch(buffer)
