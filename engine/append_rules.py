@@ -37,6 +37,8 @@ def in_sequence(last_sequence: int, next_sequence: int) -> bool:
 class DuplicateBatch(NamedTuple):
     first_offset: int
     last_offset: int
+    # As the window keeps it: on a LogAppendTime log, when the original was appended.
+    max_timestamp_ms: int
 
 
 class ProducerAppendInfo:
@@ -86,7 +88,7 @@ class ProducerAppendInfo:
         else:
             for cached in current.batches:
                 if cached.first_sequence == first_sequence and cached.last_sequence == last_sequence:
-                    return DuplicateBatch(cached.first_offset, cached.last_offset)
+                    return DuplicateBatch(cached.first_offset, cached.last_offset, cached.max_timestamp_ms)
             last = current.batches[-1].last_sequence if current.batches else fmt.NO_SEQUENCE
             if not in_sequence(last, first_sequence):
                 raise OutOfOrderSequenceError(

@@ -144,6 +144,11 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.dir is not None and not os.path.isdir(args.dir):
         print(f"oncelog bench: --dir {args.dir} is not a directory", file=err)
         return 2
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        # Checked now, not after minutes of measuring.
+        if path is not None and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(path) or ".")):
+            print(f"oncelog bench: {option} {path} cannot be written (a directory, or no parent)", file=err)
+            return 2
     settings = settings_for(args.quick, scale)
     # Each unclean open logs the tail it cuts; dozens of them would drown the progress lines.
     engine_logger = logging.getLogger("oncelog")

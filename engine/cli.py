@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
 import os
 import struct
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from oncelog import bench_cli, cli_recover, cli_stat, cli_verify, dump_state, torture_cli
-from oncelog.errors import CorruptRecordError
+from oncelog.errors import CorruptRecordError, OncelogError
 from oncelog.recovery.fs import DEFAULT_FS, FileSystem, ReadOnlyFileSystem
 from oncelog.recovery.snapshot import SNAPSHOT_SUFFIX
 from oncelog.segments import format as fmt
@@ -104,12 +105,13 @@ engine ignores it. The last stable offset of the log itself is not shown: that
 needs the producer state, which only opening the log recovers.
 
 Exit status is 2 if PATH does not exist, holds no segments, or a file is not a
-segment, has an impossible batch header or ends in the middle of a batch, or a
-transaction index has an entry with a bad version or out of order, a snapshot
-is corrupt (bad CRC, length or header) or an index has entries out of order; what was
-readable is printed first and the error (file and byte position) goes to
-stderr. A batch whose CRC does not match is shown with `isvalid: false` and does
-not change the exit status."""
+segment (an empty file is one only if named %020d.log), has an impossible batch
+header or ends in the middle of a batch, or a transaction index has an entry
+with a bad version or out of order, a snapshot is corrupt (bad CRC, length or
+header) or an index has entries out of order; what was readable is printed
+first and the error (file and byte position) goes to stderr. A batch whose CRC
+does not match is shown with `isvalid: false` and does not change the exit
+status."""
 
 DUMP_EPILOG = """\
 examples:
@@ -194,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--data-dir",
         default=os.path.join(".", "data", "demo"),
-        help="where the demo keeps its log (default: %(default)s)",
+        help="where the demo keeps its log (default: %(default)s); it is deleted first, so it must be "
+        "missing, empty, or an earlier demo's",
     )
     demo.set_defaults(handler=_run_demo)
     torture_cli.add_parser(commands, formatter)
@@ -221,12 +224,25 @@ def main(
         args = parser.parse_args(None if argv is None else list(argv))
     except SystemExit as exc:  # --help, or a usage error (argparse prints it)
         return _exit_code(exc)
+    for stream in (stdout, stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            # Paths that are not UTF-8 reach Python as surrogate escapes: print their bytes back.
+            stream.reconfigure(errors="surrogateescape")
     try:
         status: int = args.handler(args, stdout, stderr)
     except BrokenPipeError:
         # The reader went away (`oncelog dump ... | head`): not an error.
         _silence_stdout(stdout)
         return EXIT_OK
+    except OncelogError as exc:
+        # Bad input or damaged files a command did not report itself: one line naming
+        # the file (the library's errors do), never a traceback.
+        print(f"{PROG} {args.command}: {type(exc).__name__}: {exc}", file=stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        print(f"{PROG} {args.command}: {where}{exc.strerror or exc}", file=stderr)
+        return EXIT_BAD_INPUT
     return status
 
 
@@ -253,12 +269,16 @@ def _silence_stdout(stream: TextIO) -> None:
 
 def _run_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
-        from oncelog.demo import run_demo
+        from oncelog.demo import run_demo, unusable_data_dir
     except ModuleNotFoundError as exc:
         if exc.name != "oncelog.demo":
             raise
         print(f"{PROG} demo: the demo is not installed ({exc})", file=err)
         return 1
+    why = unusable_data_dir(args.data_dir)
+    if why is not None:
+        print(f"{PROG} demo: {why}", file=err)
+        return EXIT_BAD_INPUT
     return int(run_demo(args.data_dir))
 
 
@@ -395,6 +415,10 @@ def dump_file(
     finally:
         handle.close()
     print(_summary_line(summary, records), file=out)
+    if size == 0 and base is None:
+        # An empty segment is a fresh active one; an empty file by any other name is no segment.
+        print(f"{PROG} dump: not a Kafka v2 segment: {path} is empty and not named %020d.log", file=err)
+        return False
     return True
 
 

@@ -14,15 +14,22 @@ import argparse
 import dataclasses
 import json
 import os
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from oncelog.config import LogConfig, OnCorruption
-from oncelog.errors import CorruptLogError, LogDirLockedError, OncelogError
+from oncelog.errors import (
+    CorruptLogError,
+    LogDirectoryError,
+    LogDirLockedError,
+    OncelogError,
+)
 from oncelog.layout import TopicPartition, parse_partition_dir_name
 from oncelog.log import Log
 from oncelog.log_manager import (
     MAX_RECOVERY_THREADS,
     PARTITION_LOCK_TIMEOUT_S,
+    ROOT_LOCK_FILE,
+    ROOT_METADATA_DIR,
     LogManager,
     PartitionRecoveryError,
 )
@@ -44,13 +51,21 @@ then closed cleanly, so the next open skips recovery.
 
 Corruption below a partition's recovery point (a CRC mismatch in data that was
 fsynced) is not a torn tail: that partition fails with the file and position, and
-nothing is cut unless --truncate-corrupt is given."""
+nothing is cut unless --truncate-corrupt is given.
+
+A partition with segments but no metadata store (a Kafka directory, or a lost
+meta.lmdb) has every segment validated, and the summary says so. A root whose own
+metadata store was lost is refused unless --recreate-metadata is given; a damaged
+store is refused. A directory that is neither a root nor a partition directory is
+refused unless --create is given (recovering it would make it a new, empty root)."""
 
 EPILOG = """\
 exit status:
   0  every partition recovered (torn tails cut are listed)
   1  a partition failed to recover (each is named, with the file and position)
-  2  bad input: ROOT missing or not a directory, or in use by another process
+  2  bad input: ROOT missing, not a directory, neither a root nor a partition (without
+     --create), in use by another process, or unusable as it is: a metadata store that is
+     damaged or lost, a .lock that is a directory (one line names the path)
 
 examples:
   oncelog recover /var/lib/oncelog
@@ -91,6 +106,18 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         metavar="SECONDS",
         help="how long to wait for a partition another process is writing (default: %(default)g)",
     )
+    parser.add_argument(
+        "--create",
+        action="store_true",
+        help="make ROOT a new, empty LogManager root even though it is neither a root nor a partition "
+        "directory (by default such a directory is refused: it is likely a typo)",
+    )
+    parser.add_argument(
+        "--recreate-metadata",
+        action="store_true",
+        help="accept that the root's lost metadata store (its config, topic configs and pending "
+        "deletes) is gone and start an empty one (by default a root that lost it is refused)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(handler=run)
@@ -104,14 +131,36 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.threads is not None and not 1 <= args.threads <= MAX_RECOVERY_THREADS:
         print(f"oncelog recover: --threads must be 1..{MAX_RECOVERY_THREADS}", file=err)
         return EXIT_BAD_INPUT
+    try:
+        kind = directory_kind(root)
+    except OSError as exc:
+        print(f"oncelog recover: cannot list {root}: {exc.strerror or exc}", file=err)
+        return EXIT_BAD_INPUT
+    if kind is None and not args.create:
+        print(
+            f"oncelog recover: {root} is neither a LogManager root nor a partition directory "
+            "(no segments, no metadata store, no <topic>-<partition> directories); "
+            "--create makes it a new root",
+            file=err,
+        )
+        return EXIT_BAD_INPUT
     on_corruption: OnCorruption = "truncate" if args.truncate_corrupt else "raise"
     try:
         progress = False if args.no_progress else None
         summary = _recover(
-            root, on_corruption, args.threads, progress=progress, lock_timeout_s=args.lock_timeout
+            root,
+            kind == "partition",
+            on_corruption,
+            args.threads,
+            progress=progress,
+            lock_timeout_s=args.lock_timeout,
+            recreate_metadata=args.recreate_metadata,
         )
     except LogDirLockedError as exc:
         print(f"oncelog recover: {exc}; stop the process using it first", file=err)
+        return EXIT_BAD_INPUT
+    except LogDirectoryError as exc:  # a damaged or lost store, a .lock that is a directory: nothing ran
+        print(f"oncelog recover: {exc}", file=err)
         return EXIT_BAD_INPUT
     except PartitionRecoveryError as exc:
         for tp, failure in sorted(exc.failures.items()):
@@ -134,13 +183,15 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _recover(
     root: str,
+    is_partition: bool,
     on_corruption: OnCorruption,
     threads: int | None,
     *,
     progress: bool | None,
     lock_timeout_s: float,
+    recreate_metadata: bool,
 ) -> RecoverySummary:
-    if _is_partition_dir(root):
+    if is_partition:
         log = Log.open(root, LogConfig(on_corruption=on_corruption))
         log.close()
         name = os.path.basename(os.path.normpath(root))
@@ -156,14 +207,24 @@ def _recover(
         progress=progress,
         on_corruption=on_corruption,
         lock_timeout_s=lock_timeout_s,
+        recreate_metadata=recreate_metadata,
     )
     summary = manager.recovery_summary
     manager.close()
     return summary
 
 
-def _is_partition_dir(path: str) -> bool:
-    return any(name.endswith(LOG_SUFFIX) for name in os.listdir(path))
+def directory_kind(path: str) -> Literal["partition", "root"] | None:
+    """What `path` holds: segments (a partition), a root's entries or partitions, or neither."""
+    names = os.listdir(path)
+    if any(name.endswith(LOG_SUFFIX) for name in names):
+        return "partition"
+    if ROOT_METADATA_DIR in names or ROOT_LOCK_FILE in names:
+        return "root"
+    for name in names:
+        if parse_partition_dir_name(name) is not None and os.path.isdir(os.path.join(path, name)):
+            return "root"
+    return None
 
 
 def summary_json(summary: RecoverySummary) -> dict[str, Any]:

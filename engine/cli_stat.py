@@ -14,7 +14,7 @@ import json
 from typing import Any, Literal, TextIO
 
 from oncelog.layout import TopicPartition
-from oncelog.partition_dirs import BadInputError, find_partitions, read_kafka_log_starts
+from oncelog.partition_dirs import BadInputError, find_partitions, read_kafka_log_starts, root_store_error
 from oncelog.partition_stat import PartitionStat, stat_partition
 from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
 
@@ -47,8 +47,9 @@ The table is drawn with rich on a terminal and as aligned plain text otherwise;
 --json prints a list of objects, one per partition (with last_stable_offset,
 format, path and notes besides the columns).
 
-Exit status: 0, or 2 for bad input (ROOT missing, or holding neither segments nor
-partition directories)."""
+Exit status: 0, or 2 for bad input: ROOT missing, or holding neither segments nor
+partition directories, or a file that cannot be read at all (a metadata store,
+a directory named like a segment); the rows that could be read are still printed."""
 
 EPILOG = """\
 examples:
@@ -79,14 +80,27 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except BadInputError as exc:
         print(f"oncelog stat: {exc}", file=err)
         return EXIT_BAD_INPUT
+    status = EXIT_OK
+    root_error = root_store_error(fs, args.root)
+    if root_error is not None:
+        print(f"oncelog stat: {root_error}", file=err)
+        status = EXIT_BAD_INPUT
     starts: dict[str, dict[TopicPartition, int]] = {}
     stats = []
     for partition in partitions:
-        if partition.root not in starts:
-            starts[partition.root] = read_kafka_log_starts(fs, partition.root)
-        stat = stat_partition(fs, partition, starts[partition.root])
+        try:
+            if partition.root not in starts:
+                starts[partition.root] = read_kafka_log_starts(fs, partition.root)
+            stat = stat_partition(fs, partition, starts[partition.root])
+        except OSError as exc:
+            where = exc.filename if isinstance(exc.filename, str) else partition.path
+            print(f"oncelog stat: {partition.label}: cannot read {where}: {exc.strerror or exc}", file=err)
+            status = EXIT_BAD_INPUT
+            continue
         for note in stat.notes:
             print(f"oncelog stat: {partition.label}: {note}", file=err)
+        if stat.metadata_unreadable:
+            status = EXIT_BAD_INPUT
         stats.append(stat)
     if args.json:
         print(json.dumps([dataclasses.asdict(stat) for stat in stats], indent=2), file=out)
@@ -95,7 +109,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         for line in plain_table(table_rows(stats)):
             print(line, file=out)
-    return EXIT_OK
+    return status
 
 
 def table_rows(stats: list[PartitionStat]) -> list[list[str]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
-from oncelog.partition_dirs import BadInputError, find_partitions
+from oncelog.partition_dirs import BadInputError, find_partitions, root_store_error
 from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.verify_partition import CORRUPT, PartitionVerifier, Problem
 
@@ -44,7 +44,8 @@ Zeros up to the end of a segment or an index are pre-allocated space, not damage
 
 Each problem is one line naming the file and the byte position in it (and the
 batch's base offset): CORRUPT for damage that opening the log would refuse or
-serve; WARNING for what recovery repairs by itself: a torn tail of the last
+serve (a metadata store that cannot be read, the partition's or the root's,
+included); WARNING for what recovery repairs by itself: a torn tail of the last
 segment ("recovery will cut N bytes at position P": in a Kafka directory a batch
 cut short by the end of the file, in an oncelog one anything past the recovery
 point), an index that an unclean open rebuilds, zeros after the batches of a
@@ -97,6 +98,9 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 bar.print(str(problem))
 
         verifier = PartitionVerifier(fs, report, bar.advance)
+        root_error = root_store_error(fs, args.root)
+        if root_error is not None:
+            verifier.problem(CORRUPT, args.root, None, root_error)
         for partition in partitions:
             verifier.verify(partition)
             bar.partition_done()

@@ -19,10 +19,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple, TextIO
 
+from oncelog import producer_ids
 from oncelog.config import LogConfig
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError
+from oncelog.layout import parse_partition_dir_name
 from oncelog.log import Log
-from oncelog.log_manager import LogManager
+from oncelog.log_manager import ROOT_LOCK_FILE, ROOT_METADATA_DIR, LogManager
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.results import Isolation
 from oncelog.segments import Record, encode_batch
@@ -103,7 +105,35 @@ def _child(data_dir: str, seed: int) -> None:
         sequence[pid, partition] += 1
 
 
+# What a demo run leaves in its data directory, and nothing else may be there.
+_DEMO_ROOT_ENTRIES = {ROOT_LOCK_FILE, ROOT_METADATA_DIR, producer_ids.LOCK_FILE, producer_ids.STORE_DIR}
+
+
+def unusable_data_dir(data_dir: str) -> str | None:
+    """Why the demo may not use (and first delete) `data_dir`, or None if it may.
+
+    It may be missing, an empty directory, or what an earlier demo left: deleting
+    anything else (a real log someone pointed it at) is not the demo's to do.
+    """
+    if not os.path.lexists(data_dir):
+        return None
+    if not os.path.isdir(data_dir) or os.path.islink(data_dir):
+        return f"{data_dir} exists and is not a directory"
+    try:
+        names = os.listdir(data_dir)
+    except OSError as exc:
+        return f"cannot list {data_dir}: {exc.strerror or exc}"
+    for name in names:
+        tp = parse_partition_dir_name(name)
+        if name not in _DEMO_ROOT_ENTRIES and (tp is None or tp.topic not in (RULES, ORDERS, PAYMENTS)):
+            return f"{data_dir} holds {name!r}, which no demo made: refusing to delete it"
+    return None
+
+
 def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
+    why = unusable_data_dir(data_dir)
+    if why is not None:
+        raise ValueError(why)
     if os.path.exists(data_dir):
         shutil.rmtree(data_dir)
     failures: list[str] = []

@@ -95,6 +95,41 @@ class CorruptLogError(OncelogError):
         self.position = position
 
 
+class LogDirectoryError(OncelogError):
+    """A path oncelog keeps its data at is not what it must be, or cannot be used.
+
+    A file where a directory belongs (the log directory, a metadata store), a
+    directory where a file belongs (a `.lock`, a segment), a path that cannot be
+    created or opened. `path` names it; nothing was changed there.
+    """
+
+    def __init__(self, message: str, *, path: str):
+        super().__init__(f"{path}: {message}")
+        self.reason = message  # the message without the path
+        self.path = path
+
+
+class CorruptMetadataError(LogDirectoryError):
+    """A metadata store (`meta.lmdb`, `producer_ids.lmdb`, `spark_writes.lmdb`) that cannot be read.
+
+    Garbage or a truncated file where LMDB's data file should be, a file where the
+    store's directory should be, or a stored value that does not decode. The store
+    holds what the files alone cannot tell (the recovery point, the log start, topic
+    configs, pending deletes, issued producer ids), so oncelog refuses to go on
+    without it rather than start afresh; restore it, or move it away to have it
+    recreated (a partition is then validated in full, see RecoveryReport.metadata_missing).
+    """
+
+
+class MetadataMissingError(LogDirectoryError):
+    """A LogManager root whose metadata store is gone, though a LogManager kept one there.
+
+    Recreating it empty would silently drop the root's config, every topic's config
+    overrides and the pending partition deletes; opening with `recreate_metadata=True`
+    (`oncelog recover --recreate-metadata`) accepts that loss.
+    """
+
+
 class CorruptSnapshotError(OncelogError):
     """A producer-state snapshot that is short, has a bad CRC or an unknown version."""
 
@@ -109,6 +144,10 @@ class OutOfOrderSequenceError(OncelogError):
 
 class ProducerStateFullError(RetriableError):
     """The producer table is full of live producers; retry after some expire."""
+
+
+class ProducerIdsExhaustedError(OncelogError):
+    """Every producer id below 2^63 is reserved: the ProducerIdManager cannot issue another."""
 
 
 class InvalidTxnStateError(OncelogError):

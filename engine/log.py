@@ -18,7 +18,8 @@ import bisect
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 from oncelog import threads
 from oncelog.append_plan import PlannedBatch, stamped_buffers
@@ -28,13 +29,13 @@ from oncelog.config import LogConfig
 from oncelog.errors import (
     InvalidRecordError,
     LogClosedError,
-    LogDirLockedError,
     LogFailedError,
     OffsetOutOfRangeError,
     OncelogError,
     ProducerStateFullError,
 )
 from oncelog.group_commit import GroupCommit
+from oncelog.log_dirs import create_dir, lock_dir, opening_failed, unnamed_os_error
 from oncelog.producer_state import BatchMetadata, ProducerStateEntry, WorkingState
 from oncelog.reads import read_log
 from oncelog.recovery import snapshot as snapshots
@@ -56,7 +57,9 @@ from oncelog.segments.control import TxnMarker, decode_txn_marker, encode_txn_ma
 from oncelog.segments.index import TimestampOffset
 from oncelog.segments.segment import BatchMeta, LogSegment
 from oncelog.transactions import OpenTransactions, aborted_between
-from oncelog.validation import Origin, client_batch_header, validate_batch
+from oncelog.validation import Origin, batch_buffer, client_batch_header, validate_batch
+
+T = TypeVar("T")
 
 # Builds a NamedTuple without its Python-level __new__: half the cost on the append path.
 _new_result = tuple.__new__
@@ -160,11 +163,10 @@ class Log:
         config = config or LogConfig()
         fs = fs or DEFAULT_FS
         if dir_lock is None:
-            fs.mkdir(directory)
-            try:
-                dir_lock = fs.lock(os.path.join(directory, LOCK_FILE))
-            except BlockingIOError:
-                raise LogDirLockedError(f"{directory} is already open in another Log") from None
+            create_dir(fs, directory)
+            dir_lock = lock_dir(
+                fs, os.path.join(directory, LOCK_FILE), f"{directory} is already open in another Log"
+            )
         store: MetadataStore | None = None
         try:
             clean = clean_shutdown
@@ -180,9 +182,9 @@ class Log:
             if store is not None:
                 store.close()
             dir_lock.release()
-            if isinstance(exc, OSError):
-                # An I/O error while loading: nothing is served; reopening retries recovery.
-                raise LogFailedError(f"opening {directory} failed: {exc}") from exc
+            if unnamed_os_error(exc):
+                # Nothing is served; after an I/O error (LogFailedError) reopening retries recovery.
+                raise opening_failed(exc, directory) from exc
             raise
         return cls(directory, config, fs, log_clock, loaded, store, dir_lock)
 
@@ -248,6 +250,8 @@ class Log:
         Pops from the head of the ring while it is due (see ProducerStateManager);
         `exhaustive` examines every producer once.
         """
+        if now_ms is not None:
+            fmt.check_int("now_ms", now_ms, "i64")
         with self._lock:
             self._check_open()
             now = self._clock()
@@ -285,7 +289,12 @@ class Log:
         building a RecordBatch or a plan: one header unpack, one CRC, one walk over
         the records, one copy into the segment. append_batches takes the rare cases (replication, a roll,
         LogAppendTime, a full producer table).
+
+        `batch_bytes` is bytes, bytearray or any C-contiguous buffer of bytes (TypeError
+        for anything else).
         """
+        if type(batch_bytes) is not bytes:
+            batch_bytes = batch_buffer(batch_bytes)
         if not durable:
             if origin != "client" or self._log_append_time:
                 return self.append_batches([batch_bytes], origin=origin)[0]
@@ -329,8 +338,10 @@ class Log:
                 info = ProducerAppendInfo(self._producers, now_ms)
                 duplicate = info.check(pid, epoch, first_sequence, last_sequence, is_transactional)
                 if duplicate is not None:
+                    # As _execute answers a duplicate (a reconfigure may have raced append's check).
+                    append_time_ms = duplicate.max_timestamp_ms if self._log_append_time else -1
                     return _new_result(
-                        AppendResult, (duplicate.first_offset, duplicate.last_offset, -1, True)
+                        AppendResult, (duplicate.first_offset, duplicate.last_offset, append_time_ms, True)
                     )
                 meta = BatchMetadata(first_sequence, last_sequence, base, last, max_ts)
                 try:
@@ -384,8 +395,9 @@ class Log:
         transaction is written but completes nothing. An aborted transaction goes
         to the transaction index of the segment holding its marker.
         """
-        if producer_id < 0:
-            raise ValueError(f"a transaction marker needs a producer id, got {producer_id}")
+        fmt.check_int("producer_id", producer_id, "i64", minimum=0)  # a marker closes some producer's txn
+        fmt.check_int("producer_epoch", producer_epoch, "i16")
+        fmt.check_int("coordinator_epoch", coordinator_epoch, "i32")
         with self._lock:
             self._check_writable()
             now_ms = self._clock()
@@ -464,8 +476,10 @@ class Log:
                     batch.is_transactional,
                 )
                 if duplicate is not None:
+                    # The original's timestamp: on LogAppendTime, when it was appended (Kafka's answer).
+                    original_ts = duplicate.max_timestamp_ms
                     plan.append(
-                        PlannedBatch(batch, duplicate.first_offset, duplicate.last_offset, max_ts, True)
+                        PlannedBatch(batch, duplicate.first_offset, duplicate.last_offset, original_ts, True)
                     )
                     continue
             if origin == "replication":
@@ -478,7 +492,7 @@ class Log:
                 if self._client_only:
                     # Durable before a leader's batch is written: recovery and reads must
                     # not reject its offsets or leader epoch later.
-                    write_offsets(self._store, {CLIENT_ONLY_KEY: 0})
+                    self._commit_metadata(write_offsets, {CLIENT_ONLY_KEY: 0})
                     self._client_only = False
             else:
                 base = next_offset
@@ -513,7 +527,7 @@ class Log:
         first_timestamp_ms = self.active_segment.first_batch_timestamp_ms
         for p in plan:
             if p.duplicate:
-                results.append(AppendResult(p.base, p.last, -1, True))
+                results.append(AppendResult(p.base, p.last, p.max_ts if append_time else -1, True))
                 continue
             if self._should_roll(segment_bytes, first_timestamp_ms, p.batch.size, p.max_ts, p.last):
                 self._write_group(group)
@@ -634,6 +648,7 @@ class Log:
         served again: the truncation did not happen) or a prefix of it, never data
         it must trust past the cut. Each step is fsynced before the next.
         """
+        fmt.check_int("offset", offset, "i64", minimum=0)
         with self._lock:
             self._check_writable()
             if not self.log_start_offset <= offset <= self.log_end_offset:
@@ -681,6 +696,7 @@ class Log:
         Reads below it are refused from then on; sealed segments wholly below it are
         deleted. Producer state is kept (Kafka's LoadProducersAfterDeleteRecordsMidSegment).
         """
+        fmt.check_int("before_offset", before_offset, "i64", minimum=0)
         with self._lock:
             self._check_writable()
             if before_offset > self.log_end_offset:
@@ -699,6 +715,8 @@ class Log:
         retention_ms when its newest timestamp is; past retention_bytes while the log
         stays at least that large without it (Kafka's rules).
         """
+        if now_ms is not None:
+            fmt.check_int("now_ms", now_ms, "i64")
         with self._lock:
             self._check_writable()
             now_ms = self._clock() if now_ms is None else now_ms
@@ -769,8 +787,18 @@ class Log:
         with self._recovery_point_lock:
             # Equal is written: a roll keeps the offset but moves the point to the new segment.
             if offset >= self.recovery_point:
-                write_recovery_point(self._store, RecoveryPoint(offset, segment_base, position))
+                self._commit_metadata(write_recovery_point, RecoveryPoint(offset, segment_base, position))
                 self.recovery_point = offset
+
+    def _commit_metadata(self, write: Callable[[MetadataStore, T], None], value: T) -> None:
+        """`write(store, value)`, failing the log closed if the store cannot commit (a full disk)."""
+        try:
+            write(self._store, value)
+        except OSError as exc:
+            # The data is safe, but no later point could be committed either: as after a
+            # failed fsync, nothing more is accepted until a reopen recovers.
+            self._failure = exc
+            raise LogFailedError(f"commit to {self._store.path} failed: {exc}") from exc
 
     def _maybe_flush(self, appended_messages: int) -> None:
         self._unflushed_messages += appended_messages
@@ -793,6 +821,7 @@ class Log:
         OffsetOutOfRangeError if the log does not reach `end_offset`;
         TruncatedBeforeDurableError if `truncate_to` cuts below it meanwhile.
         """
+        fmt.check_int("end_offset", end_offset, "i64", minimum=0)
         cuts = self._group_commit.cuts
         end = self.log_end_offset
         if end_offset > end:
@@ -963,6 +992,10 @@ class Log:
         """
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation is one of {ISOLATIONS}, got {isolation!r}")
+        fmt.check_int("start_offset", start_offset, "i64")
+        fmt.check_int("max_bytes", max_bytes, "i64", minimum=0)
+        if max_offset is not None:
+            fmt.check_int("max_offset", max_offset, "i64")
         with self._lock:
             self._check_open()
             if isolation == "read_committed":
@@ -985,6 +1018,7 @@ class Log:
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampOffset | None:
         """The first record whose timestamp is at or after `timestamp_ms`, if any."""
+        fmt.check_int("timestamp_ms", timestamp_ms, "i64")
         with self._lock:
             self._check_open()
             for segment in self._segments:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -37,10 +38,12 @@ from typing import Any
 import msgpack
 
 from oncelog.config import LogConfig, OnCorruption
-from oncelog.errors import LogDirLockedError, LogFailedError, OncelogError
+from oncelog.errors import LogDirLockedError, LogFailedError, MetadataMissingError, OncelogError
 from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_topic_partition
 from oncelog.lock_wait import FIRST_PAUSE_S, MAX_PAUSE_S, wait_while_locked
 from oncelog.log import LOCK_FILE, Log, take_clean_marker
+from oncelog.log_dirs import create_dir, lock_dir, opening_failed, unnamed_os_error
+from oncelog.metadata_values import read_value
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.fs import DEFAULT_FS, DirLock, FileSystem, MetadataStore
 from oncelog.recovery.loader import RecoveryReport
@@ -49,6 +52,8 @@ from oncelog.recovery_progress import RecoveryProgress, RecoverySummary
 ROOT_LOCK_FILE = ".lock"
 ROOT_METADATA_DIR = "meta.lmdb"
 ROOT_CONFIG_KEY = "root-config"
+# Committed when an open creates the store (see _check_root_store).
+ROOT_CREATED_KEY = "root-created"
 TOPIC_CONFIG_PREFIX = "topic-config/"
 DELETE_INTENT_PREFIX = "delete/"
 # A Spark task holds the root's producer_ids.lock for the few milliseconds of one lease.
@@ -65,6 +70,7 @@ CONFIG_FIELDS = frozenset(field.name for field in dataclasses.fields(LogConfig))
 PERSISTED_ROOT_FIELDS = CONFIG_FIELDS - {"on_corruption"}
 
 Clock = Callable[[], int]
+logger = logging.getLogger(__name__)
 
 
 class UnknownTopicOrPartitionError(OncelogError):
@@ -91,7 +97,8 @@ def default_recovery_threads() -> int:
 def read_root_config(root: str | os.PathLike[str], fs: FileSystem = DEFAULT_FS) -> LogConfig:
     """The default config the last LogManager of `root` persisted (LogConfig() if none).
     Read-only, like read_topic_config."""
-    return _unpack_root_config(_read_root_metadata(root, fs, [ROOT_CONFIG_KEY])[ROOT_CONFIG_KEY])
+    with _root_store(root, fs) as store:
+        return LogConfig() if store is None else _read_root_config(store)
 
 
 def read_topic_config(root: str | os.PathLike[str], topic: str, fs: FileSystem = DEFAULT_FS) -> LogConfig:
@@ -100,24 +107,27 @@ def read_topic_config(root: str | os.PathLike[str], topic: str, fs: FileSystem =
     for processes that open the root's partitions without a manager; LogConfig() where
     no manager ever opened the root."""
     validate_topic_partition(topic, 0)
-    found = _read_root_metadata(root, fs, [ROOT_CONFIG_KEY, TOPIC_CONFIG_PREFIX + topic])
-    overrides = _unpack_overrides(found[TOPIC_CONFIG_PREFIX + topic])
-    return dataclasses.replace(_unpack_root_config(found[ROOT_CONFIG_KEY]), **overrides)
+    key = TOPIC_CONFIG_PREFIX + topic
+    with _root_store(root, fs) as store:
+        if store is None:
+            return LogConfig()
+        return dataclasses.replace(_read_root_config(store), **_read_overrides(store, key))
 
 
-def _read_root_metadata(
-    root: str | os.PathLike[str], fs: FileSystem, keys: Sequence[str]
-) -> dict[str, bytes | None]:
-    """`keys` of the root's metadata store, read-only; all None where it has none."""
+@contextlib.contextmanager
+def _root_store(root: str | os.PathLike[str], fs: FileSystem) -> Iterator[MetadataStore | None]:
+    """The root's metadata store opened read-only, or None where it has none."""
     path = os.path.join(os.fspath(root), ROOT_METADATA_DIR)
     if not fs.exists(path):
-        return dict.fromkeys(keys)
+        yield None
+        return
     try:
         store = fs.open_store(path, readonly=True)
     except FileNotFoundError:  # the directory without a committed store yet
-        return dict.fromkeys(keys)
+        yield None
+        return
     try:
-        return {key: store.get(key) for key in keys}
+        yield store
     finally:
         store.close()
 
@@ -127,29 +137,90 @@ def _pack_root_config(config: LogConfig) -> bytes:
     return packed
 
 
-def _unpack_root_config(raw: bytes | None) -> LogConfig:
-    if raw is None:
-        return LogConfig()
+def _read_root_config(store: MetadataStore) -> LogConfig:
+    return read_value(store, ROOT_CONFIG_KEY, _unpack_root_config) or LogConfig()
+
+
+def _unpack_root_config(raw: bytes) -> LogConfig:
     # A field this version does not know (a newer one wrote it) is left out.
     stored = msgpack.unpackb(raw)
     return LogConfig(**{name: value for name, value in stored.items() if name in PERSISTED_ROOT_FIELDS})
 
 
-def _unpack_overrides(raw: bytes | None) -> dict[str, Any]:
-    return {} if raw is None else dict(msgpack.unpackb(raw))
+def _read_overrides(store: MetadataStore, key: str) -> dict[str, Any]:
+    return read_value(store, key, _unpack_overrides) or {}
+
+
+def _unpack_overrides(raw: bytes) -> dict[str, Any]:
+    # As in the root config, a field this version does not know is left out.
+    overrides = {name: value for name, value in dict(msgpack.unpackb(raw)).items() if name in CONFIG_FIELDS}
+    LogConfig(**overrides)  # values this version takes (each field is checked alone), or it raises
+    return overrides
 
 
 def _settle_root_config(store: MetadataStore, config: LogConfig | None) -> LogConfig:
     """The config an open uses: the one given (persisted if it differs) or the persisted one."""
-    stored = store.get(ROOT_CONFIG_KEY)
     if config is None:
-        return _unpack_root_config(stored)
+        return _read_root_config(store)
+    stored = store.get(ROOT_CONFIG_KEY)
     packed = _pack_root_config(config)
     if packed != stored:
         # A durable commit before any partition opens with it: other processes open the
         # root's partitions with what read_topic_config finds here.
         store.put({ROOT_CONFIG_KEY: packed})
     return config
+
+
+def _store_missing(fs: FileSystem, path: str) -> bool:
+    """No store at `path`, or one never committed to (CorruptMetadataError if one is damaged)."""
+    try:
+        fs.open_store(path, readonly=True).close()
+    except FileNotFoundError:
+        return True
+    return False
+
+
+def _check_root_store(fs: FileSystem, root: str, *, had_lock_file: bool, recreate: bool) -> None:
+    """Refuse to recreate the missing store of a root a LogManager kept one in.
+
+    How a root knows it had a store: LogManager.open creates `.lock`, then commits the
+    store (durably) before any partition exists. So `.lock` from an earlier open plus
+    partition directories means a store existed and is gone: a bad restore, a stray
+    `rm`. Other processes create partitions (Spark writers) and a Kafka log.dir has
+    them, but neither creates the root's `.lock`; a first open that crashed before its
+    commit left no partitions. A lost store is refused, not reported, because an empty
+    one silently changes what the root holds: its persisted config (producer capacity
+    and expiry: dedupe), every topic's overrides, and pending deletes (a half-deleted
+    partition would come back as a log). `recreate` accepts that, loudly.
+    """
+    if not had_lock_file:
+        return
+    partitions = partitions_on_disk(fs, root)
+    if not partitions:
+        return
+    path = os.path.join(root, ROOT_METADATA_DIR)
+    lost = (
+        f"the root's metadata store is missing, but {ROOT_LOCK_FILE} shows a LogManager kept one here and "
+        f"{len(partitions)} partition directories exist; its root config, topic config overrides and pending "
+        "partition deletes are gone"
+    )
+    if not recreate:
+        raise MetadataMissingError(
+            f"{lost}. Restore it, or open with recreate_metadata=True (oncelog recover --recreate-metadata) "
+            "to start an empty one and give the config again",
+            path=path,
+        )
+    logger.warning("%s: %s; recreating it empty as asked", path, lost)
+
+
+def partitions_on_disk(fs: FileSystem, root: str) -> list[TopicPartition]:
+    """The `<topic>-<partition>` directories under `root`."""
+    found = []
+    for name in fs.listdir(root):
+        tp = parse_partition_dir_name(name)
+        if tp is not None and fs.exists(os.path.join(root, name, "")):
+            found.append(tp)
+    return sorted(found)
 
 
 def _open_producer_ids(root: str, fs: FileSystem, clock: Clock | None, timeout_s: float) -> ProducerIdManager:
@@ -235,6 +306,7 @@ class LogManager:
         progress: bool | None = None,
         on_corruption: OnCorruption | None = None,
         lock_timeout_s: float = PARTITION_LOCK_TIMEOUT_S,
+        recreate_metadata: bool = False,
     ) -> LogManager:
         """Open (creating) the root and recover every partition under it.
 
@@ -248,21 +320,36 @@ class LogManager:
         The root lock fails at once (LogDirLockedError: another manager has the root);
         the root's PID manager lock is waited for up to PRODUCER_IDS_LOCK_TIMEOUT_S, and a
         partition another process holds (a Spark task appending) up to `lock_timeout_s`.
+
+        A root whose metadata store is gone though a manager kept one there raises
+        MetadataMissingError (see _check_root_store) unless `recreate_metadata`, which
+        accepts the loss and starts an empty store. A damaged store raises
+        CorruptMetadataError; a root that is not a directory, LogDirectoryError.
         """
         directory = os.fspath(root)
         fs = fs or DEFAULT_FS
         threads = default_recovery_threads() if recovery_threads is None else recovery_threads
         if not 1 <= threads <= MAX_RECOVERY_THREADS:
             raise ValueError(f"recovery_threads must be 1..{MAX_RECOVERY_THREADS}, got {threads}")
-        fs.mkdir(directory)
-        try:
-            dir_lock = fs.lock(os.path.join(directory, ROOT_LOCK_FILE))
-        except BlockingIOError:
-            raise LogDirLockedError(f"{directory} is already open in another LogManager") from None
+        create_dir(fs, directory)
+        lock_path = os.path.join(directory, ROOT_LOCK_FILE)
+        had_lock_file = fs.exists(lock_path)
+        dir_lock = lock_dir(fs, lock_path, f"{directory} is already open in another LogManager")
         store: MetadataStore | None = None
         producer_ids: ProducerIdManager | None = None
         try:
-            store = fs.open_store(os.path.join(directory, ROOT_METADATA_DIR))
+            store_path = os.path.join(directory, ROOT_METADATA_DIR)
+            store_missing = _store_missing(fs, store_path)
+            if store_missing:
+                _check_root_store(fs, directory, had_lock_file=had_lock_file, recreate=recreate_metadata)
+            store = fs.open_store(store_path)
+            if store_missing:
+                # Durable before any partition can be created: from here on the root's .lock
+                # and partitions without a store mean a lost store (_check_root_store).
+                store.put({ROOT_CREATED_KEY: b""})
+                # fsync(store dir): a power loss must not drop the store's data file while a
+                # partition created next survives (it would read as a lost store).
+                fs.fsync_dir(store_path)
             root_config = _settle_root_config(store, config)
             if on_corruption is not None:
                 root_config = dataclasses.replace(root_config, on_corruption=on_corruption)
@@ -279,9 +366,8 @@ class LogManager:
                 releases.append(store.close)
             releases.append(dir_lock.release)
             _release_after_failure(exc, releases)
-            if isinstance(exc, OSError) and not isinstance(exc, OncelogError):  # (LockTimeoutError is both)
-                # An I/O error (a full disk, say) in the root's own files, as Log.open names it.
-                raise LogFailedError(f"opening {directory} failed: {exc}") from exc
+            if unnamed_os_error(exc):
+                raise opening_failed(exc, directory) from exc
             raise
         return manager
 
@@ -312,8 +398,8 @@ class LogManager:
                 self._fs.fsync_dir(self.root)
             except BaseException as exc:
                 log.close()
-                if isinstance(exc, OSError):
-                    raise LogFailedError(f"creating {self._partition_path(tp)} failed: {exc}") from exc
+                if unnamed_os_error(exc):
+                    raise LogFailedError(f"creating partition {tp} under {self.root} failed: {exc}") from exc
                 raise
             self._logs[tp] = log
             self._partition_locks[tp] = lock
@@ -365,7 +451,7 @@ class LogManager:
     # -- per-topic config ------------------------------------------------------------------
     def topic_overrides(self, topic: str) -> dict[str, Any]:
         validate_topic_partition(topic, 0)
-        return _unpack_overrides(self._store.get(TOPIC_CONFIG_PREFIX + topic))
+        return _read_overrides(self._store, TOPIC_CONFIG_PREFIX + topic)
 
     def topic_config(self, topic: str) -> LogConfig:
         """The root's config with `topic`'s overrides applied."""
@@ -464,11 +550,9 @@ class LogManager:
         """The partition directory's lock, as Log.open takes it (LogDirLockedError if held)."""
         path = self._partition_path(tp)
         if create:
-            self._fs.mkdir(path)
-        try:
-            return _PartitionLock(self._fs.lock(os.path.join(path, LOCK_FILE)))
-        except BlockingIOError:
-            raise LogDirLockedError(f"{path} is already open in another Log") from None
+            create_dir(self._fs, path)
+        held = f"{path} is already open in another Log"
+        return _PartitionLock(lock_dir(self._fs, os.path.join(path, LOCK_FILE), held))
 
     def _open_partition(
         self, tp: TopicPartition, lock: _PartitionLock, clean_shutdown: bool | None = None
@@ -492,16 +576,8 @@ class LogManager:
                     errors[tp] = exc
         return errors
 
-    def _partitions_on_disk(self) -> list[TopicPartition]:
-        found = []
-        for name in self._fs.listdir(self.root):
-            tp = parse_partition_dir_name(name)
-            if tp is not None and self._fs.exists(os.path.join(self.root, name, "")):
-                found.append(tp)
-        return sorted(found)
-
     def _recover_all(self, progress: bool | None) -> None:
-        partitions = self._partitions_on_disk()
+        partitions = partitions_on_disk(self._fs, self.root)
         started = time.perf_counter()
         locks: dict[TopicPartition, _PartitionLock] = {}
         handed_over: set[TopicPartition] = set()  # locks a Log.open owns (and releases)
@@ -523,7 +599,7 @@ class LogManager:
                     except LogDirLockedError as lock_error:
                         still.append(tp)
                         failures[tp] = lock_error
-                    except OSError as lock_error:
+                    except (OSError, OncelogError) as lock_error:  # LogDirectoryError: .lock a directory
                         failures[tp] = lock_error
                     else:
                         failures.pop(tp, None)
@@ -585,7 +661,7 @@ class LogManager:
             if tp is not None:
                 try:
                     self._remove_partition_dir(tp)
-                except (LogDirLockedError, OSError) as exc:
+                except (OncelogError, OSError) as exc:
                     failures[tp] = exc
         if failures:
             raise PartitionRecoveryError(self.root, failures)
@@ -600,10 +676,8 @@ class LogManager:
         if self._fs.exists(path):
             lock = held
             if lock is None:
-                try:
-                    lock = self._fs.lock(os.path.join(path, LOCK_FILE))
-                except BlockingIOError:
-                    raise LogDirLockedError(f"cannot delete {tp}: {path} is open in another Log") from None
+                busy = f"cannot delete {tp}: {path} is open in another Log"
+                lock = lock_dir(self._fs, os.path.join(path, LOCK_FILE), busy)
             try:
                 _remove_tree(self._fs, path)
             finally:

@@ -14,9 +14,9 @@ nothing (not even LMDB's lock file) and sees the last completed commit.
 from __future__ import annotations
 
 import os
-import struct
 from typing import NamedTuple
 
+from oncelog.errors import CorruptMetadataError, OncelogError
 from oncelog.layout import TopicPartition, is_pending_delete, parse_partition_dir_name
 from oncelog.log import CLEAN_SHUTDOWN_FILE, METADATA_DIR
 from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR
@@ -35,7 +35,7 @@ KAFKA_CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"  # in each Kafka log.dir afte
 KAFKA_LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
 
 
-class BadInputError(Exception):
+class BadInputError(OncelogError):
     """ROOT is missing, or holds neither segments nor partition directories."""
 
 
@@ -76,7 +76,10 @@ def find_partitions(root: str, fs: FileSystem) -> list[Partition]:
         tp = parse_partition_dir_name(os.path.basename(absolute))
         return [Partition(path, tp, os.path.dirname(absolute))]
     found = []
-    deleting = delete_intents(fs, path) if ROOT_METADATA_DIR in names else set()
+    try:
+        deleting = delete_intents(fs, path) if ROOT_METADATA_DIR in names else set()
+    except (OncelogError, OSError):
+        deleting = set()  # a damaged store: the tools report it themselves (root_store_error)
     for name in names:
         # Root-wide entries (.lock, meta.lmdb, producer_ids.lmdb, checkpoints) never parse;
         # a `<tp>.<hex>-delete` directory or a delete intent's is no longer part of the root.
@@ -108,7 +111,10 @@ def read_partition_meta(fs: FileSystem, directory: str) -> PartitionMeta:
         return PartitionMeta(False, False, None, False, None)
     clean = fs.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
     try:
-        store = fs.open_store(store_path, readonly=True)
+        try:
+            store = fs.open_store(store_path, readonly=True)
+        except FileNotFoundError:  # never committed: the loader finds no metadata either
+            return PartitionMeta(False, False, None, False, None)
         try:
             has_point = store.get(RECOVERY_POINT_KEY) is not None
             point = read_recovery_point(store) if has_point else None
@@ -116,21 +122,37 @@ def read_partition_meta(fs: FileSystem, directory: str) -> PartitionMeta:
             log_start = read_offset(store, LOG_START_KEY)
         finally:
             store.close()
-    except (OSError, struct.error) as exc:  # struct.error: a value that is no 8-byte offset
+    except (OSError, OncelogError) as exc:  # CorruptMetadataError: the loader would refuse it too
         return PartitionMeta(True, clean, None, False, None, error=f"cannot read {METADATA_DIR}: {exc}")
     return PartitionMeta(True, clean, point, client_only, log_start)
 
 
 def delete_intents(fs: FileSystem, root: str) -> set[str]:
-    """The partition directories the LogManager of `root` is deleting."""
+    """The partition directories the LogManager of `root` is deleting.
+
+    CorruptMetadataError (or OSError) if the root's store exists but cannot be read.
+    """
     try:
         store = fs.open_store(os.path.join(root, ROOT_METADATA_DIR), readonly=True)
-    except OSError:
-        return set()  # not a LogManager's store: nothing to skip
+    except FileNotFoundError:
+        return set()  # no LogManager's store: nothing to skip
     try:
         return {key[len(DELETE_INTENT_PREFIX) :] for key in store.keys(DELETE_INTENT_PREFIX)}
     finally:
         store.close()
+
+
+def root_store_error(fs: FileSystem, root: str) -> str | None:
+    """Why the metadata store of the LogManager root `root` cannot be read, if it cannot."""
+    if not fs.exists(os.path.join(root, ROOT_METADATA_DIR)):
+        return None
+    try:
+        delete_intents(fs, root)
+    except CorruptMetadataError as exc:
+        return f"{exc}; a LogManager would refuse to open {root}"
+    except OSError as exc:
+        return f"cannot read {os.path.join(root, ROOT_METADATA_DIR)}: {exc.strerror or exc}"
+    return None
 
 
 def read_kafka_log_starts(fs: FileSystem, root: str) -> dict[TopicPartition, int]:

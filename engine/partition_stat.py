@@ -52,6 +52,8 @@ class PartitionStat:
     format: str  # "oncelog" or "kafka"
     path: str
     notes: tuple[str, ...] = ()  # what could not be read (a torn tail, a corrupt snapshot)
+    # The metadata store exists but cannot be read (start and clean are then guesses).
+    metadata_unreadable: bool = False
     # (producer id, first offset, marker offset) of the aborted transactions whose ABORT
     # marker the replay saw. The writer appends the marker before its .txnindex entry, so
     # a reader of a live (or crashed) log may find the entry missing: these cover that.
@@ -61,7 +63,10 @@ class PartitionStat:
 def stat_partition(
     fs: FileSystem, partition: Partition, kafka_starts: dict[TopicPartition, int]
 ) -> PartitionStat:
-    """`kafka_starts`: the log start offsets of the Kafka log.dir holding it (read_kafka_log_starts)."""
+    """`kafka_starts`: the log start offsets of the Kafka log.dir holding it (read_kafka_log_starts).
+
+    OSError if a file cannot be read at all (a directory named like a segment, say).
+    """
     directory = partition.path
     names = fs.listdir(directory)
     bases, _ = segment_bases(names)
@@ -96,6 +101,7 @@ def stat_partition(
         format="oncelog" if meta.oncelog else "kafka",
         path=directory,
         notes=tuple(notes),
+        metadata_unreadable=meta.error is not None,
         recent_aborted=tuple(replay.aborted),
     )
 

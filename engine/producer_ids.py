@@ -19,8 +19,11 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from oncelog.errors import LogDirLockedError
+from oncelog.errors import ProducerIdsExhaustedError
+from oncelog.log_dirs import create_dir, lock_dir, opening_failed, unnamed_os_error
+from oncelog.metadata_values import read_value
 from oncelog.recovery.fs import DEFAULT_FS, DirLock, FileSystem, MetadataStore
+from oncelog.segments import format as fmt
 
 STORE_DIR = "producer_ids.lmdb"
 LOCK_FILE = "producer_ids.lock"
@@ -30,6 +33,12 @@ MAX_EPOCH = 2**15 - 1
 MAX_TRANSACTIONAL_ID_BYTES = 511  # an LMDB key is at most 511 bytes, prefix included
 _PID = struct.Struct(">q")
 _PID_EPOCH = struct.Struct(">qh")
+
+
+def _decode_pid(raw: bytes) -> int:
+    producer_id = int(_PID.unpack(raw)[0])
+    fmt.check_int("a stored producer id", producer_id, "i64", minimum=0)
+    return producer_id
 
 
 class ProducerLease(NamedTuple):
@@ -54,8 +63,7 @@ class ProducerIdManager:
         self.block_size = block_size
         self.lease_ms = lease_ms
         self._clock = clock
-        raw = store.get(BLOCK_END_KEY)
-        reserved_end = 0 if raw is None else _PID.unpack(raw)[0]
+        reserved_end = read_value(store, BLOCK_END_KEY, _decode_pid) or 0
         # Start at the next unreserved block: whatever was left of the last one
         # before a crash may have been issued.
         self._next = self._block_end = reserved_end
@@ -72,28 +80,37 @@ class ProducerIdManager:
         fs: FileSystem | None = None,
         clock: Callable[[], int] | None = None,
     ) -> ProducerIdManager:
-        """Open (creating) the manager kept under `root`, beside any logs there."""
-        if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
-        if lease_ms <= 0:
-            raise ValueError(f"lease_ms must be positive, got {lease_ms}")
+        """Open (creating) the manager kept under `root`, beside any logs there.
+
+        CorruptMetadataError if its store is damaged; LogDirectoryError if `root` cannot
+        be used (a file where the directory should be).
+        """
+        fmt.check_int("block_size", block_size, "i32", minimum=1)
+        fmt.check_int("lease_ms", lease_ms, "i64", minimum=1)
         directory = os.fspath(root)
         fs = fs or DEFAULT_FS
-        fs.mkdir(directory)
-        try:
-            dir_lock = fs.lock(os.path.join(directory, LOCK_FILE))
-        except BlockingIOError:
-            raise LogDirLockedError(f"a ProducerIdManager is already open on {directory}") from None
+        create_dir(fs, directory)
+        held = f"a ProducerIdManager is already open on {directory}"
+        dir_lock = lock_dir(fs, os.path.join(directory, LOCK_FILE), held)
+        store: MetadataStore | None = None
         try:
             store = fs.open_store(os.path.join(directory, STORE_DIR))
-        except BaseException:
+            return cls(store, dir_lock, block_size, lease_ms, clock or (lambda: int(time.time() * 1000)))
+        except BaseException as exc:
+            if store is not None:
+                store.close()
             dir_lock.release()
+            if unnamed_os_error(exc):
+                raise opening_failed(exc, directory) from exc
             raise
-        return cls(store, dir_lock, block_size, lease_ms, clock or (lambda: int(time.time() * 1000)))
 
     def _allocate(self) -> int:
         if self._next == self._block_end:
             end = self._block_end + self.block_size
+            if end > fmt.INT64_MAX:
+                raise ProducerIdsExhaustedError(
+                    f"no producer id is left below 2^63 in {self._store.path} (the next block ends at {end})"
+                )
             # Durable before any PID of the block is issued, so none is ever issued twice.
             self._store.put({BLOCK_END_KEY: _PID.pack(end)})
             self._block_end = end
@@ -116,11 +133,11 @@ class ProducerIdManager:
             raise ValueError(f"transactional_id must be 1..{MAX_TRANSACTIONAL_ID_BYTES - 4} bytes")
         with self._lock:
             self._check_open()
-            raw = self._store.get(key)
-            if raw is None:
+            stored = read_value(self._store, key, _PID_EPOCH.unpack)
+            if stored is None:
                 producer_id, epoch = self._allocate(), 0
             else:
-                producer_id, epoch = _PID_EPOCH.unpack(raw)
+                producer_id, epoch = stored
                 epoch += 1
                 if epoch > MAX_EPOCH:
                     producer_id, epoch = self._allocate(), 0

@@ -33,6 +33,8 @@ class RecoverySummary:
     indexes_rebuilt: int
     duration_s: float  # wall time of the whole (parallel) open
     threads: int
+    # Partitions with segments but no metadata: each validated in full (RecoveryReport).
+    metadata_missing: int = 0
     reports: Mapping[TopicPartition, RecoveryReport] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -56,6 +58,7 @@ class RecoverySummary:
             indexes_rebuilt=sum(report.indexes_rebuilt for report in values),
             duration_s=duration_s,
             threads=threads,
+            metadata_missing=sum(1 for report in values if report.metadata_missing),
             reports=dict(reports),
         )
 
@@ -72,6 +75,14 @@ class RecoverySummary:
             f" replayed {self.batches_replayed} batches; rebuilt {self.indexes_rebuilt} indexes;"
             f" cut {self.truncated_bytes} bytes",
         ]
+        if self.metadata_missing:
+            lines.append(
+                f"{self.metadata_missing} partitions had segments but no metadata store (a Kafka directory, "
+                "or a lost meta.lmdb): every segment validated; a recovery point or log start it held is gone"
+            )
+        for tp, report in sorted(self.reports.items()):
+            if report.metadata_missing:
+                lines.append(f"  {tp}: no metadata store")
         for tp, report in sorted(self.damaged.items()):
             lines.append(f"  {tp}: cut {report.truncated_bytes} bytes ({report.tail_error})")
         return "\n".join(lines)

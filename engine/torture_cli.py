@@ -77,7 +77,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     parser.add_argument(
         "--data-dir",
         default=None,
-        help="process mode: where the child's log lives (default: a fresh temporary directory)",
+        help="process mode: where the child's log lives, a new or empty directory "
+        "(default: a fresh temporary directory)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument(
@@ -97,6 +98,11 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.crashes < 1:
         print("oncelog torture: --crashes must be at least 1", file=err)
         return 2
+    if args.mode == "process" and args.data_dir is not None:
+        why = _unusable_data_dir(args.data_dir)
+        if why is not None:
+            print(f"oncelog torture: --data-dir {why}", file=err)
+            return 2
     # Recovery logs every torn tail it cuts; thousands of crash states would drown the report.
     logging.getLogger("oncelog").setLevel(logging.ERROR)
     if args.self_test:
@@ -109,6 +115,21 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         print_table(summary, out)
     return 1 if summary.violations else 0
+
+
+def _unusable_data_dir(path: str) -> str | None:
+    """Why process mode may not put its log at `path`: it must be new or an empty directory,
+    since the child appends to whatever log is there and SIGKILLs itself."""
+    if not os.path.lexists(path):
+        return None
+    if not os.path.isdir(path):
+        return f"{path} exists and is not a directory"
+    try:
+        if os.listdir(path):
+            return f"{path} is not empty (give a new or empty directory)"
+    except OSError as exc:
+        return f"cannot list {path}: {exc.strerror or exc}"
+    return None
 
 
 def _process_mode(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

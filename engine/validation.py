@@ -21,6 +21,30 @@ from oncelog.segments.records import check_records
 Origin = Literal["client", "replication"]
 
 
+def batch_buffer(buffer: object) -> Buffer:
+    """`buffer` as the bytes of a batch: bytes, bytearray, or any C-contiguous buffer of bytes.
+
+    TypeError, saying what is wanted, for anything else: a str, a strided (non-contiguous)
+    view, a buffer of wider items (whose len() counts items, not bytes).
+    """
+    if type(buffer) is bytes or type(buffer) is bytearray:
+        return buffer
+    try:
+        view = memoryview(buffer)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"a batch is bytes, bytearray or a C-contiguous buffer of bytes, got {type(buffer).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise TypeError("a batch must be C-contiguous bytes; this buffer is strided: pass bytes(view)")
+    if view.itemsize != 1 or view.format not in ("B", "b", "c"):
+        raise TypeError(
+            f"a batch must be a buffer of bytes, got items of format {view.format!r} "
+            f"({view.itemsize} bytes each): pass view.cast('B')"
+        )
+    return view if view.ndim == 1 and view.format == "B" else view.cast("B")
+
+
 def validate_batch(
     buffer: Buffer, origin: Origin, max_batch_bytes: int, max_decompressed_bytes: int
 ) -> RecordBatch:
@@ -33,6 +57,8 @@ def validate_batch(
     Kafka's follower checks only the batch CRC, but a leader's bytes that no reader
     can decode are no more use here than a client's.
     """
+    if type(buffer) is not bytes:
+        buffer = batch_buffer(buffer)
     if len(buffer) > max_batch_bytes:
         raise RecordTooLargeError(f"batch of {len(buffer)} bytes exceeds max_batch_bytes={max_batch_bytes}")
     batch = RecordBatch(buffer)

@@ -179,7 +179,8 @@ class PartitionVerifier:
             return
         meta = read_partition_meta(self.fs, directory)
         if meta.error is not None:
-            self.problem(WARNING, directory, None, meta.error)
+            # Opening the log would refuse it (CorruptMetadataError), or fail to read it.
+            self.problem(CORRUPT, directory, None, meta.error)
         bases, bad = segment_bases(names)
         for name in bad:
             self.problem(CORRUPT, os.path.join(directory, name), None, "a .log whose name is no base offset")
@@ -254,8 +255,9 @@ class PartitionVerifier:
             if scan.complete:
                 walk.finish(scan.bytes)
             self._on_bytes(handle.size() - scan.bytes)  # zeros, or what follows the damage
-        except OSError as exc:
-            self.problem(CORRUPT, path, None, f"cannot read: {exc.strerror or exc}")
+        except OSError as exc:  # the segment's or its index's: name the one it is about
+            where = exc.filename if isinstance(exc.filename, str) else path
+            self.problem(CORRUPT, where, None, f"cannot read: {exc.strerror or exc}")
             return prev
         finally:
             for opened in handles:

@@ -18,7 +18,9 @@ Modelling decisions not covered in `crash_states`:
 - mkdir is durable at once (what the engine needs of directories is made by hand
   and never removed, so their own durability is not what a torture test is after).
 - `MetadataStore.put` is one atomic, durable commit (LMDB with sync=True), but it is
-  an I/O call, so a kill can land on it.
+  an I/O call, so a kill can land on it. A store's bytes are not modelled, so it is
+  never damaged; a file where its directory belongs raises CorruptMetadataError, as
+  LmdbStore does.
 - A mapping has its own buffer, kept coherent with the page cache: the page cache
   takes in what was written through the mapping before every operation on the
   file (as dirty 4 KiB pages, i.e. pending writes), and writes and truncates are
@@ -51,6 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from oncelog.errors import CorruptMetadataError
 from oncelog.recovery.crash_states import (
     AppliedFault,
     CrashMode,
@@ -262,6 +265,10 @@ class FaultStore:
         self._fs = fs
         self._path = path
         self._readonly = readonly
+
+    @property
+    def path(self) -> str:
+        return self._path
 
     def get(self, key: str) -> bytes | None:
         return self._fs._model.stores[self._path].get(key)
@@ -504,6 +511,9 @@ class FaultFileSystem:
         return FaultFile(self, path, inode, writable)
 
     def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
+        if self._inode_of(path) is not None:
+            # As LmdbStore: a file where the store's directory belongs is a damaged store.
+            raise CorruptMetadataError("a file where the metadata store's directory should be", path=path)
         if readonly:  # creates nothing: no I/O call, and only an existing store opens
             if _norm(path) not in self._model.stores:
                 raise FileNotFoundError(errnos.ENOENT, "no metadata store", path)

@@ -22,10 +22,14 @@ import errno
 import fcntl
 import mmap
 import os
+import stat
+import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import lmdb
+
+from oncelog.errors import CorruptMetadataError
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -105,7 +109,14 @@ class MetadataStore(Protocol):
 
     `put` is one atomic, durable commit: after a crash either all of it or none of
     it is there. The OS implementation is LMDB; the fault twin models the commit.
+    Every call raises CorruptMetadataError (naming `path`) if the store turns out to
+    be damaged, and OSError for any other failure (an I/O error, a full disk).
     """
+
+    @property
+    def path(self) -> str:
+        """The store's directory: what errors about it name."""
+        ...
 
     def get(self, key: str) -> bytes | None: ...
 
@@ -140,11 +151,16 @@ class FileSystem(Protocol):
     def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
         """Open the metadata store kept in directory `path`, creating it if missing.
 
+        CorruptMetadataError (an OncelogError naming `path`) if what is there is not a
+        readable store: garbage or a truncated file, a file where the directory should
+        be. OSError for any other failure. A store whose data file is missing or empty
+        is missing: it is created afresh (callers that must notice that look at its keys).
+
         `readonly` opens an existing store for reading and creates nothing (no
-        directory, no lock file): FileNotFoundError if there is none, OSError if it
-        cannot be read, and `put`/`delete` raise PermissionError. Each read sees the
-        last commit a writer completed (one in progress is invisible): a snapshot
-        view, for tools that look at a live or damaged log without changing it.
+        directory, no lock file): FileNotFoundError if there is none, and `put`/`delete`
+        raise PermissionError. Each read sees the last commit a writer completed (one in
+        progress is invisible): a snapshot view, for tools that look at a live or
+        damaged log without changing it.
         """
         ...
 
@@ -284,7 +300,7 @@ class OsFile:
 
 
 class LmdbStore:
-    """A metadata store in an LMDB environment; LMDB's errors surface as OSError.
+    """A metadata store in LMDB. Its errors are the seam's (see MetadataStore).
 
     Full disks: data.mdb is written with pwrite (writemap=False) and only read through
     its mapping, so a full disk fails the commit (ENOSPC). LMDB does write lock.mdb
@@ -302,38 +318,40 @@ class LmdbStore:
 
     def __init__(self, path: str):
         self.path = path
-        self._env = self._open_env(path)
+        check_lmdb_files(path)
+        with _lmdb_errors(path):
+            self._env = self._open_env(path)
 
     def _open_env(self, path: str) -> lmdb.Environment:
-        with _lmdb_errors_as_os_errors(path):
-            os.makedirs(path, exist_ok=True)
-            _reserve_lock_file(os.path.join(path, "lock.mdb"), self.LOCK_FILE_BYTES)
-            # sync and metasync: a commit returns only once it is durable, which is
-            # what lets the recovery point promise "everything below me was fsynced".
-            # writemap=False (py-lmdb's default, kept explicit): no writes through a mapping of data.mdb.
-            env = lmdb.open(
-                path,
-                map_size=self.MAP_BYTES,
-                subdir=True,
-                sync=True,
-                metasync=True,
-                max_dbs=0,
-                writemap=False,
-            )
-        return env
+        os.makedirs(path, exist_ok=True)
+        _reserve_lock_file(os.path.join(path, LMDB_LOCK_FILE), self.LOCK_FILE_BYTES)
+        # sync and metasync: a commit returns only once it is durable, which is
+        # what lets the recovery point promise "everything below me was fsynced".
+        # writemap=False (py-lmdb's default, kept explicit): no writes through a mapping
+        # of data.mdb. The path as bytes: LMDB encodes a str as strict UTF-8, which a
+        # directory name that is not UTF-8 (surrogate-escaped by Python) would fail.
+        return lmdb.open(
+            os.fsencode(path),
+            map_size=self.MAP_BYTES,
+            subdir=True,
+            sync=True,
+            metasync=True,
+            max_dbs=0,
+            writemap=False,
+        )
 
     def get(self, key: str) -> bytes | None:
-        with _lmdb_errors_as_os_errors(self.path), self._env.begin() as txn:
+        with _lmdb_errors(self.path), self._env.begin() as txn:
             value = txn.get(key.encode())
         return None if value is None else bytes(value)
 
     def put(self, values: Mapping[str, bytes]) -> None:
-        with _lmdb_errors_as_os_errors(self.path), self._env.begin(write=True) as txn:
+        with _lmdb_errors(self.path), self._env.begin(write=True) as txn:
             for key, value in values.items():
                 txn.put(key.encode(), value)
 
     def delete(self, keys: Sequence[str]) -> None:
-        with _lmdb_errors_as_os_errors(self.path), self._env.begin(write=True) as txn:
+        with _lmdb_errors(self.path), self._env.begin(write=True) as txn:
             for key in keys:
                 txn.delete(key.encode())
 
@@ -341,7 +359,7 @@ class LmdbStore:
         encoded = key.encode()
         # A write transaction: LMDB serialises writers across processes, so nobody
         # commits between this read and this write.
-        with _lmdb_errors_as_os_errors(self.path), self._env.begin(write=True) as txn:
+        with _lmdb_errors(self.path), self._env.begin(write=True) as txn:
             old = txn.get(encoded)
             new = change(None if old is None else bytes(old))
             if new is None:
@@ -353,7 +371,7 @@ class LmdbStore:
     def keys(self, prefix: str) -> list[str]:
         encoded = prefix.encode()
         found: list[str] = []
-        with _lmdb_errors_as_os_errors(self.path), self._env.begin() as txn:
+        with _lmdb_errors(self.path), self._env.begin() as txn:
             cursor = txn.cursor()
             if cursor.set_range(encoded):
                 for key in cursor.iternext(keys=True, values=False):
@@ -376,14 +394,16 @@ class ReadOnlyLmdbStore(LmdbStore):
     transaction that sees the last completed commit (a commit in progress is
     invisible); a writer that commits twice during one such read may reuse the pages
     it is reading. Fine for a snapshot view of a handful of keys; not for a reader
-    that must stay exact under a busy writer. LMDB's errors surface as OSError.
+    that must stay exact under a busy writer. Errors are the seam's (see MetadataStore).
     """
 
     def _open_env(self, path: str) -> lmdb.Environment:
-        if not os.path.exists(os.path.join(path, "data.mdb")):
+        data = os.path.join(path, LMDB_DATA_FILE)
+        if not os.path.isfile(data) or os.path.getsize(data) == 0:
+            # An empty data file is what a writer opening a new store leaves before its
+            # first commit: LMDB would start it afresh, so there is no store to read.
             raise FileNotFoundError(errno.ENOENT, "no metadata store", path)
-        with _lmdb_errors_as_os_errors(path):
-            return lmdb.open(path, readonly=True, lock=False, create=False, subdir=True, max_dbs=0)
+        return lmdb.open(os.fsencode(path), readonly=True, lock=False, create=False, subdir=True, max_dbs=0)
 
     def put(self, values: Mapping[str, bytes]) -> None:
         raise read_only_error("put into the metadata store", self.path)
@@ -395,18 +415,36 @@ class ReadOnlyLmdbStore(LmdbStore):
         raise read_only_error("update the metadata store", self.path)
 
 
-# LMDB's errors that mean "no room": the disk (ENOSPC) or the store's own map.
-_LMDB_NO_SPACE = (lmdb.DiskError, lmdb.MapFullError)
+LMDB_DATA_FILE = "data.mdb"
+LMDB_LOCK_FILE = "lock.mdb"
+# What LMDB raises for a file that is not a store of its own (wrong magic or version,
+# a page that is not where its parent says): damage, not an I/O failure.
+_LMDB_DAMAGE = (
+    lmdb.InvalidError,
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.VersionMismatchError,
+    lmdb.IncompatibleError,
+    lmdb.PanicError,
+    lmdb.BadChecksumError,
+)
 
 
 @contextlib.contextmanager
-def _lmdb_errors_as_os_errors(path: str) -> Iterator[None]:
-    """LMDB's errors as OSError naming the store: the engine's handlers see an I/O error."""
+def _lmdb_errors(path: str) -> Iterator[None]:
+    """LMDB's errors as the seam's: damage is CorruptMetadataError, the rest OSError; both name `path`."""
     try:
         yield
+    except _LMDB_DAMAGE as exc:
+        reason = f"not a readable LMDB store ({_lmdb_reason(exc, path)})"
+        raise CorruptMetadataError(reason, path=path) from exc
     except lmdb.Error as exc:
         code = errno.ENOSPC if isinstance(exc, _LMDB_NO_SPACE) else errno.EIO
-        raise OSError(code, f"{type(exc).__name__}: {exc}", path) from exc
+        raise OSError(code, f"metadata store {path}: {_lmdb_reason(exc, path)}", path) from exc
+
+
+# LMDB's errors that mean "no room": the disk (ENOSPC) or the store's own map.
+_LMDB_NO_SPACE = (lmdb.DiskError, lmdb.MapFullError)
 
 
 def _reserve_lock_file(path: str, size: int) -> None:
@@ -427,6 +465,73 @@ def _reserve_lock_file(path: str, size: int) -> None:
         os.posix_fallocate(fd, 0, max(size, os.fstat(fd).st_size))
     finally:
         os.close(fd)
+
+
+def _lmdb_reason(exc: lmdb.Error, path: str) -> str:
+    """LMDB's message without the path it starts with (the caller names the path)."""
+    message = str(exc)
+    head, sep, rest = message.partition(": ")
+    return rest if sep and os.path.normpath(head) == os.path.normpath(path) else message
+
+
+# The fields of an LMDB meta page (the first two pages of data.mdb) that say which
+# pages the newest commit uses, in LMDB's native layout on 64-bit machines: the page
+# header (pgno, pad, flags, lower, upper), then magic, version, address, mapsize, the
+# free-page tree (whose first field is the page size), the main tree, last page, txnid.
+_LMDB_META = struct.Struct("=10xH4xIIQQI44x48xQQ")
+_LMDB_META_PAGE_FLAG = 0x08
+_LMDB_MAGIC = 0xBEEFC0DE
+
+
+def check_lmdb_files(path: str) -> None:
+    """Raise CorruptMetadataError unless `path` can be opened as an LMDB store without harm.
+
+    LMDB maps its data file and trusts its meta pages: a file cut short after its
+    first commit makes the first read past the end kill the process with SIGBUS.
+    So the newest meta page must describe pages that are all in the file. Missing
+    pieces are fine (LMDB creates them); a file where a directory belongs is not.
+    """
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise CorruptMetadataError("a file where the metadata store's directory should be", path=path)
+    for name in (LMDB_DATA_FILE, LMDB_LOCK_FILE):
+        if os.path.isdir(os.path.join(path, name)):
+            raise CorruptMetadataError(f"{name} is a directory", path=path)
+    data = os.path.join(path, LMDB_DATA_FILE)
+    try:
+        fd = os.open(data, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return  # never committed: LMDB starts it afresh, as it would a missing one
+        first = _lmdb_meta(os.pread(fd, _LMDB_META.size, 0))
+        page_bytes = first[0] if first is not None else 0
+        second = None
+        if page_bytes >= 512 and page_bytes & (page_bytes - 1) == 0:
+            second = _lmdb_meta(os.pread(fd, _LMDB_META.size, page_bytes))
+    finally:
+        os.close(fd)
+    if first is None or second is None:
+        raise CorruptMetadataError(f"{LMDB_DATA_FILE} is not an LMDB file ({size} bytes)", path=path)
+    # LMDB reads the meta page with the higher txnid.
+    _, last_page, txnid = max(first, second, key=lambda meta: meta[2])
+    needed = (last_page + 1) * page_bytes
+    if size < needed:
+        raise CorruptMetadataError(
+            f"{LMDB_DATA_FILE} is truncated: {size} bytes, but its newest commit (txn {txnid}) uses {needed}",
+            path=path,
+        )
+
+
+def _lmdb_meta(raw: bytes) -> tuple[int, int, int] | None:
+    """(page size, last page, txnid) of a meta page; None if it is not one (LMDB checks the rest)."""
+    if len(raw) < _LMDB_META.size:
+        return None
+    flags, magic, _, _, _, page_bytes, last_page, txnid = _LMDB_META.unpack(raw)
+    if not flags & _LMDB_META_PAGE_FLAG or magic != _LMDB_MAGIC:
+        return None
+    return page_bytes, last_page, txnid
 
 
 def read_only_error(what: str, path: str, other: str | None = None) -> PermissionError:
@@ -466,6 +571,10 @@ class OsFileSystem:
         if create:
             flags |= os.O_CREAT
         fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            # Linux opens a directory read-only; its first read would fail without a name.
+            os.close(fd)
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         return OsFile(path, fd, writable)
 
     def exists(self, path: str) -> bool:

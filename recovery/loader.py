@@ -39,6 +39,7 @@ from oncelog.errors import (
     CorruptSnapshotError,
     NotASegmentError,
 )
+from oncelog.metadata_values import read_value
 from oncelog.pid_map import DuplicateProducerError
 from oncelog.producer_replay import ReplayBuffer
 from oncelog.producer_state import ProducerStateManager
@@ -125,6 +126,11 @@ class RecoveryReport(NamedTuple):
     # Producers the replay named beyond producer_capacity, least recent first: ones the
     # running engine had already expired (see oncelog.producer_replay).
     producers_shed: int = 0
+    # Segments but an empty metadata store: a Kafka directory opened for the first
+    # time, or an oncelog one whose meta.lmdb was lost (with its recovery point, log
+    # start and producer-id flags). Every segment was then validated, as after a crash
+    # with nothing known to be durable.
+    metadata_missing: bool = False
 
 
 class LoadedLog(NamedTuple):
@@ -137,8 +143,12 @@ class LoadedLog(NamedTuple):
 
 
 def read_offset(store: MetadataStore, key: str) -> int | None:
-    raw = store.get(key)
-    return None if raw is None else int(_OFFSET.unpack(raw)[0])
+    """The offset stored at `key` (None if absent); CorruptMetadataError if it is not one."""
+    return read_value(store, key, _decode_offset)
+
+
+def _decode_offset(raw: bytes) -> int:
+    return int(_OFFSET.unpack(raw)[0])
 
 
 def write_offsets(store: MetadataStore, values: dict[str, int]) -> None:
@@ -189,6 +199,7 @@ class LogLoader:
         self._tail_error: str | None = None
         self._validated: list[LogSegment] = []
         self.client_only = False
+        self.metadata_missing = False
 
     def load(self) -> LoadedLog:
         started = time.perf_counter()
@@ -227,6 +238,7 @@ class LogLoader:
             tail_error=self._tail_error,
             zero_tail_bytes=self._zero_tail,
             producers_shed=self._shed + self._replay.shed,
+            metadata_missing=self.metadata_missing,
         )
         # The stored start (delete_records, retention) can be inside the first segment;
         # never below it, and never past the end (recovery may have cut the log).
@@ -248,9 +260,24 @@ class LogLoader:
         if not bases:
             if flag is None:
                 write_offsets(self.store, {CLIENT_ONLY_KEY: 1})  # a new log has only client appends
+                # fsync(store dir): a power loss must not drop the store's data file while
+                # the segment made next survives: that reads as a lost store (below).
+                self.fs.fsync_dir(self.store.path)
             self.client_only = True
             self.segments.append(self._open(0, create=True))
             return None
+        if not self.store.keys(""):
+            # Every oncelog log commits its flag before its first segment exists, so
+            # segments beside an empty store are a Kafka directory or a lost store. Nothing
+            # says what was fsynced: validate everything, whatever the marker claims.
+            log.warning(
+                "%s has segments but its metadata store %s is empty (a Kafka directory, or the "
+                "store was lost): validating every segment; any recovery point or log start it held is gone",
+                self.directory,
+                self.store.path,
+            )
+            self.metadata_missing = True
+            self.clean = False
         # Segments without the flag (a Kafka directory, say) may hold compacted gaps
         # and leader epochs.
         self.client_only = flag == 1

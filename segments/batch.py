@@ -7,6 +7,7 @@ struct unpack per batch.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
@@ -364,37 +365,69 @@ def encode_batch(
     Records without their own timestamp get `timestamp_ms` (default: now).
     `control` sets the control bit: the broker's transaction markers (see
     segments.control), never a client's data.
+
+    Every integer must fit its header field, and every record timestamp an i64, as
+    must its difference from the first one (ValueError naming it; TypeError for a
+    non-integer).
     """
     given = records if isinstance(records, list | tuple) else list(records)
     default_ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
     plain = encode_plain_records(given, default_ts) if given else None
     if plain is not None:
-        raw, base_ts, max_ts = plain
+        raw, base_ts, min_ts, max_ts = plain
     else:
         triples, own_stamps = normalise_records(given)
         if not triples:
             raise ValueError("a batch needs at least one record")
         stamps = [default_ts if ts is None else ts for ts in own_stamps]
-        base_ts, max_ts = stamps[0], max(stamps)
+        base_ts, min_ts, max_ts = stamps[0], min(stamps), max(stamps)
         raw = encode_records(triples, stamps, base_ts)
+    if min_ts != base_ts or max_ts != base_ts:
+        # Records with timestamps of their own: each is stored as a varlong delta from the base.
+        for name, value in (
+            ("the earliest record timestamp", min_ts),
+            ("the earliest record timestamp's delta from the first record's", min_ts - base_ts),
+            ("the latest record timestamp's delta from the first record's", max_ts - base_ts),
+        ):
+            fmt.check_int(name, value, "i64")
     codec = _codec(compression)
     body = compress(codec, raw)
     attributes = (
         codec | (fmt.TRANSACTIONAL_MASK if is_transactional else 0) | (fmt.CONTROL_MASK if control else 0)
     )
-    covered = fmt.CRC_COVERED_HEADER_STRUCT.pack(
-        attributes,
-        len(given) - 1,
-        base_ts,
-        max_ts,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        len(given),
-    )
-    crc = crc32c.crc32c(body, crc32c.crc32c(covered))
     length = fmt.HEADER_SIZE - fmt.LOG_OVERHEAD + len(body)
-    prefix = fmt.SIZE_AND_MAGIC_STRUCT.pack(base_offset, length, partition_leader_epoch, fmt.MAGIC_V2)
+    try:  # packing is the range check of every field: nothing to pay for when they fit
+        covered = fmt.CRC_COVERED_HEADER_STRUCT.pack(
+            attributes,
+            len(given) - 1,
+            base_ts,
+            max_ts,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            len(given),
+        )
+        prefix = fmt.SIZE_AND_MAGIC_STRUCT.pack(base_offset, length, partition_leader_epoch, fmt.MAGIC_V2)
+    except struct.error:
+        fields = (
+            ("base_offset", base_offset, "i64"),
+            ("producer_id", producer_id, "i64"),
+            ("producer_epoch", producer_epoch, "i16"),
+            ("base_sequence", base_sequence, "i32"),
+            ("partition_leader_epoch", partition_leader_epoch, "i32"),
+            (
+                "timestamp_ms"
+                if plain is not None or timestamp_ms is not None
+                else "the first record timestamp",
+                base_ts,
+                "i64",
+            ),
+            ("the latest record timestamp", max_ts, "i64"),
+        )
+        for name, value, width in fields:
+            fmt.check_int(name, value, width)
+        raise
+    crc = crc32c.crc32c(body, crc32c.crc32c(covered))
     return b"".join((prefix, fmt.UINT32.pack(crc), covered, body))
 
 

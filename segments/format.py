@@ -7,6 +7,7 @@ magic can be rewritten without recomputing it.
 
 from __future__ import annotations
 
+import operator
 import struct
 
 BASE_OFFSET_OFFSET = 0  # i64
@@ -50,11 +51,35 @@ NO_SEQUENCE = -1
 NO_PARTITION_LEADER_EPOCH = -1
 NO_TIMESTAMP = -1
 
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
+INT16_MIN, INT16_MAX = -(2**15), 2**15 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # The largest offset a batch may take: the log end after it (one past) must fit an i64
 # too, since it is stored (recovery point, snapshot offset, log start) as one.
 MAX_OFFSET = INT64_MAX - 1
+# The signed fixed-width fields a caller's integer can end up packed into.
+INT_RANGES = {"i16": (INT16_MIN, INT16_MAX), "i32": (INT32_MIN, INT32_MAX), "i64": (INT64_MIN, INT64_MAX)}
+
+
+def check_int(name: str, value: object, width: str, *, minimum: int | None = None) -> int:
+    """`value` if it is an integer that fits the field `width` ("i16", "i32", "i64"), and is at
+    least `minimum` if given.
+
+    The one check of a caller's integer bound for a fixed-width field, made where it
+    enters the public API: a ValueError naming the argument rather than struct.error
+    from deep inside (or worse, wrong bytes); TypeError if it is not an integer.
+    """
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    low, high = INT_RANGES[width]
+    if minimum is not None:
+        low = max(low, minimum)
+    if not low <= number <= high:
+        raise ValueError(f"{name} must be in {low}..{high} (an {width} field), got {number}")
+    return number
+
 
 # The whole header in one unpack: baseOffset, batchLength, partitionLeaderEpoch,
 # magic, crc, attributes, lastOffsetDelta, baseTimestamp, maxTimestamp,

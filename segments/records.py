@@ -163,8 +163,8 @@ def encode_records(
 
 def encode_plain_records(
     records: Sequence[object], default_timestamp_ms: int
-) -> tuple[bytes, int, int] | None:
-    """(record bodies, base timestamp, max timestamp) in one pass, or None.
+) -> tuple[bytes, int, int, int] | None:
+    """(record bodies, base timestamp, min timestamp, max timestamp) in one pass, or None.
 
     Handles what producers send: (key, value), (key, value, headers) and Record, with
     bytes or None keys and values and int timestamps. At anything else it returns
@@ -178,7 +178,7 @@ def encode_plain_records(
         return None
     small, small_end = _VARINT_OF, _SMALL
     out = bytearray()
-    last_ts = max_ts = base_ts
+    last_ts = min_ts = max_ts = base_ts
     ts_head = _TS_HEAD
     stamp: object  # a Record's timestamp: checked, since callers may break its annotation
     for delta, rec in enumerate(records):
@@ -207,6 +207,8 @@ def encode_plain_records(
             last_ts = ts
             if ts > max_ts:
                 max_ts = ts
+            elif ts < min_ts:
+                min_ts = ts
         if key is None:
             key_part = _NULL
         elif type(key) is bytes:
@@ -227,7 +229,7 @@ def encode_plain_records(
         n = len(body)
         out += small[n] if n < small_end else encode_varint(n)
         out += body
-    return bytes(out), base_ts, max_ts
+    return bytes(out), base_ts, min_ts, max_ts
 
 
 def _read_headers(data: Buffer, pos: int, end: int) -> tuple[tuple[Header, ...], int]:

@@ -8,6 +8,7 @@ All I/O goes through the filesystem seam.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -233,8 +234,8 @@ class LogSegment:
             segment.next_offset = next_base_offset
             return segment
         is_new = not fs.exists(log_path)
-        if is_new and not create:
-            raise FileNotFoundError(log_path)
+        if is_new and not create:  # listed, yet not there: a dangling or looping link, say
+            raise FileNotFoundError(errno.ENOENT, "no such segment file", log_path)
         handle = fs.open(log_path, create=True)
         offset_index: OffsetIndex | None = None
         time_index: TimeIndex | None = None

@@ -34,7 +34,10 @@ from typing import Any
 
 import msgpack
 
+from oncelog.errors import OncelogError
 from oncelog.layout import TopicPartition
+from oncelog.log_dirs import opening_failed
+from oncelog.metadata_values import decode_value, read_value
 from oncelog.recovery.fs import DEFAULT_FS, FileSystem, MetadataStore
 
 REGISTRY_DIR = "spark_writes.lmdb"
@@ -43,11 +46,11 @@ KEY_PREFIX = "write/"
 _WRITE_ID = re.compile(r"[A-Za-z0-9._:/@=+-]{1,400}")
 
 
-class WriteDecidedError(Exception):
+class WriteDecidedError(OncelogError):
     """The write id was already committed or its job aborted: an attempt may not start or grow."""
 
 
-class WriteAbortedError(Exception):
+class WriteAbortedError(OncelogError):
     """A commit came after the write was aborted (its transaction timed out)."""
 
 
@@ -88,9 +91,7 @@ class WriteState:
         return packed
 
     @classmethod
-    def from_bytes(cls, raw: bytes | None) -> WriteState:
-        if raw is None:
-            return cls()
+    def from_bytes(cls, raw: bytes) -> WriteState:
         data: dict[str, Any] = msgpack.unpackb(raw)
         attempts = {
             key: Attempt(job, pid, epoch, tuple(TopicPartition(t, p) for t, p in parts))
@@ -114,7 +115,12 @@ class WriteRegistry:
 
     @classmethod
     def open(cls, root: str, fs: FileSystem = DEFAULT_FS) -> WriteRegistry:
-        return cls(fs.open_store(os.path.join(root, REGISTRY_DIR)))
+        """CorruptMetadataError if the registry's store is damaged (its decisions cannot be read)."""
+        path = os.path.join(root, REGISTRY_DIR)
+        try:
+            return cls(fs.open_store(path))
+        except OSError as exc:
+            raise opening_failed(exc, path) from exc
 
     def close(self) -> None:
         self._store.close()
@@ -126,7 +132,8 @@ class WriteRegistry:
         self.close()
 
     def state(self, write_id: str) -> WriteState:
-        return WriteState.from_bytes(self._store.get(KEY_PREFIX + check_write_id(write_id)))
+        key = KEY_PREFIX + check_write_id(write_id)
+        return read_value(self._store, key, WriteState.from_bytes) or WriteState()
 
     def write_ids(self) -> list[str]:
         return [key[len(KEY_PREFIX) :] for key in self._store.keys(KEY_PREFIX)]
@@ -134,12 +141,16 @@ class WriteRegistry:
     def _change(self, write_id: str, change: Callable[[WriteState], WriteState | None]) -> WriteState | None:
         result: list[WriteState | None] = []
 
+        key = KEY_PREFIX + check_write_id(write_id)
+
         def apply(raw: bytes | None) -> bytes | None:
-            new = change(WriteState.from_bytes(raw))
+            new = change(
+                WriteState() if raw is None else decode_value(self._store, key, raw, WriteState.from_bytes)
+            )
             result.append(new)
             return None if new is None else new.to_bytes()
 
-        self._store.update(KEY_PREFIX + check_write_id(write_id), apply)
+        self._store.update(key, apply)
         return result[-1]
 
     def add_partition(

@@ -690,6 +690,7 @@ def test_demo_runs_run_demo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
     fake = types.ModuleType("oncelog.demo")
     fake.run_demo = run_demo  # type: ignore[attr-defined]
+    fake.unusable_data_dir = lambda data_dir: None  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "oncelog.demo", fake)
 
     assert cli.main(["demo", "--data-dir", str(tmp_path / "d")]) == 7

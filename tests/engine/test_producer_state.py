@@ -331,7 +331,7 @@ class TestAppendInfo:
         for batch in sent[-WINDOW:]:
             info = ProducerAppendInfo(manager, T0)
             got = info.check(1, 0, batch.first_sequence, batch.last_sequence)
-            assert got == DuplicateBatch(batch.first_offset, batch.last_offset)
+            assert got == DuplicateBatch(batch.first_offset, batch.last_offset, batch.max_timestamp_ms)
 
     def test_duplicate_of_the_sixth_batch_back_is_out_of_order(self) -> None:
         manager, sent = self.five_batches_then_check()
@@ -387,7 +387,7 @@ class TestAppendInfo:
         manager, _ = self.five_batches_then_check()
         info = ProducerAppendInfo(manager, T0)
         info.apply(1, 0, BatchMetadata(14, 15, 70, 71, T0 + 70), False)
-        assert info.check(1, 0, 14, 15) == DuplicateBatch(70, 71)
+        assert info.check(1, 0, 14, 15) == DuplicateBatch(70, 71, T0 + 70)
         assert info.check(1, 0, 16, 16) is None
         with pytest.raises(OutOfOrderSequenceError):
             info.check(1, 0, 14, 14)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from oncelog import CorruptLogError, Log, LogConfig, encode_batch
-from oncelog.errors import CorruptRecordError
+from oncelog.errors import CorruptMetadataError, CorruptRecordError
 from oncelog.recovery.crash_states import CrashMode
 from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.recovery.fs import OsFileSystem
@@ -469,6 +469,19 @@ def test_store_delete_and_keys_and_remove_dir_match_the_os_seam(tmp_path: Path) 
         fs.remove_dir(root + "/empty/inner")
         fs.remove_dir(root + "/empty")
         assert not fs.exists(root + "/empty")
+
+
+def test_a_file_where_a_store_belongs_is_corrupt_metadata_on_the_twin_as_on_the_os(tmp_path: Path) -> None:
+    for fs, root in ((FaultFileSystem(0), D), (OsFileSystem(), str(tmp_path))):
+        fs.mkdir(root)
+        fs.open(root + "/meta.lmdb", create=True).close()
+        for readonly in (False, True):
+            with pytest.raises(CorruptMetadataError) as raised:
+                fs.open_store(root + "/meta.lmdb", readonly=readonly)
+            assert raised.value.path == root + "/meta.lmdb"
+        store = fs.open_store(root + "/other.lmdb")
+        assert store.path == root + "/other.lmdb"  # what its errors name
+        store.close()
 
 
 # -- the real engine on the twin ------------------------------------------------------------------

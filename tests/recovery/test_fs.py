@@ -7,10 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lmdb
 import numpy as np
 import pytest
 
-from oncelog.recovery.fs import DelegatingFileSystem, OsFileSystem, ReadOnlyFileSystem
+from oncelog.errors import CorruptMetadataError
+from oncelog.recovery.fs import DelegatingFileSystem, LmdbStore, OsFileSystem, ReadOnlyFileSystem
 
 
 def test_pwritev_writes_every_buffer_back_to_back_at_the_offset(tmp_path: Path) -> None:
@@ -168,11 +170,12 @@ def test_a_read_only_store_creates_nothing_and_refuses_writes(tmp_path: Path) ->
     reopened.close()
 
 
-def test_a_read_only_store_reports_a_damaged_store_as_os_error(tmp_path: Path) -> None:
+def test_a_read_only_store_reports_a_damaged_store_as_corrupt_metadata_error(tmp_path: Path) -> None:
     (tmp_path / "meta.lmdb").mkdir()
     (tmp_path / "meta.lmdb" / "data.mdb").write_bytes(b"not lmdb" * 1000)
-    with pytest.raises(OSError, match="MDB_INVALID"):
+    with pytest.raises(CorruptMetadataError, match="not an LMDB file") as raised:
         OsFileSystem().open_store(str(tmp_path / "meta.lmdb"), readonly=True)
+    assert raised.value.path == str(tmp_path / "meta.lmdb")
 
 
 def test_a_read_only_seam_reads_and_refuses_everything_that_would_change_the_disk(tmp_path: Path) -> None:
@@ -208,3 +211,69 @@ def test_a_read_only_seam_reads_and_refuses_everything_that_would_change_the_dis
 
     assert fs.exists(path) and fs.listdir(str(tmp_path)) == ["f", "meta.lmdb"]
     assert _tree(tmp_path) == before
+
+
+def _committed_store(path: Path) -> None:
+    store = OsFileSystem().open_store(str(path))
+    for n in range(50):
+        store.put({f"key{n}": bytes(200)})
+    store.close()
+
+
+def test_a_truncated_store_is_refused_by_name_in_a_process_that_survives(tmp_path: Path) -> None:
+    # LMDB maps data.mdb and trusts its meta pages: reading a page cut off the end of the
+    # file kills the process with SIGBUS, which no except clause can catch. A child opens it.
+    _committed_store(tmp_path / "meta.lmdb")
+    data = tmp_path / "meta.lmdb" / "data.mdb"
+    os.truncate(data, 8192)  # both meta pages kept, every tree page gone
+    probe = (
+        "from oncelog.recovery.fs import OsFileSystem\n"
+        "from oncelog.errors import CorruptMetadataError\n"
+        "for readonly in (False, True):\n"
+        "    try:\n"
+        f"        s = OsFileSystem().open_store({str(data.parent)!r}, readonly=readonly); s.keys('')\n"
+        "    except CorruptMetadataError as exc:\n"
+        "        print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr)  # not -SIGBUS
+    assert done.stdout.count(f"{data.parent}: data.mdb is truncated: 8192 bytes") == 2
+
+
+def test_an_empty_data_file_is_no_store_to_a_reader_and_a_fresh_one_to_a_writer(tmp_path: Path) -> None:
+    _committed_store(tmp_path / "meta.lmdb")
+    os.truncate(tmp_path / "meta.lmdb" / "data.mdb", 0)
+    with pytest.raises(FileNotFoundError):
+        OsFileSystem().open_store(str(tmp_path / "meta.lmdb"), readonly=True)
+    store = OsFileSystem().open_store(str(tmp_path / "meta.lmdb"))
+    assert store.keys("") == []  # how the loader and LogManager tell a lost store
+    store.close()
+
+
+def test_a_store_in_a_directory_whose_name_is_not_utf8_opens(tmp_path: Path) -> None:
+    partition = tmp_path / os.fsdecode(b"t\xff-0")
+    partition.mkdir()
+    path = str(partition / "meta.lmdb")
+    store = OsFileSystem().open_store(path)
+    store.put({"k": b"v"})
+    store.close()
+    reader = OsFileSystem().open_store(path, readonly=True)
+    assert reader.get("k") == b"v"
+    reader.close()
+
+
+def test_a_full_store_is_an_os_error_naming_it_not_an_lmdb_error(tmp_path: Path) -> None:
+    store = OsFileSystem().open_store(str(tmp_path / "meta.lmdb"))
+    with pytest.raises(OSError, match=r"metadata store .*meta\.lmdb") as raised:
+        store.put({"big": bytes(LmdbStore.MAP_BYTES)})
+    assert not isinstance(raised.value, lmdb.Error)
+    store.put({"small": b"ok"})  # the failed commit changed nothing
+    assert store.keys("") == ["small"]
+    store.close()
+
+
+def test_opening_a_directory_as_a_file_says_so_by_name(tmp_path: Path) -> None:
+    (tmp_path / "00000000000000000000.log").mkdir()
+    with pytest.raises(IsADirectoryError) as raised:
+        OsFileSystem().open(str(tmp_path / "00000000000000000000.log"), writable=False)
+    assert raised.value.filename == str(tmp_path / "00000000000000000000.log")

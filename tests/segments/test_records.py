@@ -486,7 +486,7 @@ def test_the_one_pass_encoder_writes_what_the_general_encoder_writes(
     assert fast is not None
     triples, own = normalise_records(records)
     stamps = [default_ts if ts is None else ts for ts in own]
-    assert fast == (encode_records(triples, stamps, stamps[0]), stamps[0], max(stamps))
+    assert fast == (encode_records(triples, stamps, stamps[0]), stamps[0], min(stamps), max(stamps))
 
 
 @pytest.mark.parametrize(
