@@ -44,6 +44,19 @@ def read_log(
             ) from exc
         if scanned or (max_offset is not None and segment.next_offset >= max_offset):
             break
+        if (
+            client_only
+            and start_offset < segment.next_offset
+            and (max_offset is None or start_offset < max_offset)
+        ):
+            # Client appends take every offset: the segment's range holds the offset, so
+            # its file must too. An emptied or replaced file is lost data, never a gap.
+            raise CorruptLogError(
+                f"offset {start_offset} is in this segment's range ({segment.base_offset}.."
+                f"{segment.next_offset - 1}) but no batch in its file holds it: the file lost data",
+                path=segment.path,
+                position=segment.size,
+            )
     expected = start_offset
     for n, (position, batch) in enumerate(scanned):
         try:

@@ -23,6 +23,9 @@ Modelling decisions (each one says why):
 - A misdirected write is a power-loss state: every other pending write reached the
   disk, the misdirected one landed elsewhere in the same file (bytes at its intended
   place keep their old content).
+- A lost file is an operator's mistake or a bad restore, not the disk's: after a kill
+  (the page cache survives), one file that was fsynced whole (its durable bytes are
+  all it holds) is deleted or emptied. `target` picks which files may be lost.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-CrashMode = Literal["kill", "drop", "torn", "dirent", "bitflip", "misdirect"]
-CRASH_MODES: tuple[CrashMode, ...] = ("kill", "drop", "torn", "dirent", "bitflip", "misdirect")
+CrashMode = Literal["kill", "drop", "torn", "dirent", "bitflip", "misdirect", "lost"]
+CRASH_MODES: tuple[CrashMode, ...] = ("kill", "drop", "torn", "dirent", "bitflip", "misdirect", "lost")
 SECTOR_SIZES = (512, 4096)
 
 
@@ -196,7 +199,7 @@ def crash_model(
         else:
             faults.append(AppliedFault(mode, "-", detail="no pending write to damage"))
     for path, inode in inodes:
-        if mode in ("kill", "dirent", "bitflip"):
+        if mode in ("kill", "dirent", "bitflip", "lost"):
             contents[inode.ino] = bytearray(inode.volatile)
         elif mode == "misdirect" and special is not None and special[1] is inode:
             contents[inode.ino] = _misdirect(path, inode, special[2], rng, faults)
@@ -209,6 +212,8 @@ def crash_model(
             contents[inode.ino] = _replay(inode.durable, inode.pending)
     if mode == "bitflip":
         _bitflip([(p, i) for p, i in inodes if eligible(p)], contents, rng, faults)
+    if mode == "lost":
+        _lose_a_file([(p, i) for p, i in inodes if eligible(p)], namespaces, contents, rng, faults)
 
     # 4. The new model: every survivor is durable as it now stands on disk.
     out = Model(stores={path: dict(values) for path, values in model.stores.items()})
@@ -291,6 +296,28 @@ def _misdirect(path: str, inode: Inode, n: int, rng: random.Random, faults: list
     content = _replay(inode.durable, ops)
     faults.append(AppliedFault("misdirect", path, op.offset, len(op.data), f"landed at {wrong}"))
     return content
+
+
+def _lose_a_file(
+    inodes: list[tuple[str, Inode]],
+    namespaces: dict[str, dict[str, Inode]],
+    contents: dict[int, bytearray],
+    rng: random.Random,
+    faults: list[AppliedFault],
+) -> None:
+    """Delete or empty one file whose bytes were all fsynced (and hold something)."""
+    candidates = [(path, inode) for path, inode in inodes if inode.durable and not inode.pending]
+    if not candidates:
+        faults.append(AppliedFault("lost", "-", detail="no fsynced file to lose"))
+        return
+    path, inode = rng.choice(candidates)
+    if rng.random() < 0.5:
+        directory, _, name = path.rpartition("/")
+        del namespaces[directory or ("/" if path.startswith("/") else ".")][name]
+        faults.append(AppliedFault("lost", path, detail=f"deleted ({len(inode.durable)} bytes)"))
+    else:
+        contents[inode.ino] = bytearray()
+        faults.append(AppliedFault("lost", path, detail=f"emptied ({len(inode.durable)} bytes)"))
 
 
 def _bitflip(

@@ -213,6 +213,12 @@ class LogLoader:
         point = read_recovery_point(self.store)
         if point.offset > end:
             self._fsynced_data_missing(point, end)  # raises, or (truncate) makes the loss durable
+        stored_start = read_offset(self.store, LOG_START_KEY) or 0
+        first_base = self.segments[0].base_offset
+        if self.client_only and stored_start < first_base:
+            # Client appends start at 0 and retention moves the start before it deletes a
+            # segment: the segment holding the start is gone (lost by hand, a bad restore).
+            self._leading_data_missing(stored_start, first_base)
         # As Kafka does at load: producers idle past their expiration are forgotten,
         # so the state equals a replay followed by expiry at the same time.
         self.producers.expire(self.now_ms, exhaustive=True)
@@ -457,6 +463,25 @@ class LogLoader:
         log.error("%s: %s; accepting the loss (on_corruption='truncate')", self.directory, why)
         self._tail_error = f"fsynced data missing: {why}"
         self.clean = False  # the unclean path below makes the lowered recovery point durable
+
+    def _leading_data_missing(self, start: int, first_base: int) -> None:
+        """The segment holding the log start is gone: offsets `start`..`first_base` - 1 were
+        there. CorruptLogError unless `on_corruption="truncate"`, which moves the start to
+        the first segment durably and reports it."""
+        why = (
+            f"offsets {start} to {first_base - 1} are missing: the log starts at {start} but its "
+            f"first segment file starts at {first_base} (a segment file was lost)"
+        )
+        path = os.path.join(self.directory, segment_file_name(start, LOG_SUFFIX))
+        if self.config.on_corruption != "truncate":
+            raise CorruptLogError(
+                f"{why}. Open with LogConfig(on_corruption='truncate') to accept the loss",
+                path=path,
+                position=0,
+            )
+        log.error("%s: %s; accepting the loss (on_corruption='truncate')", self.directory, why)
+        self._tail_error = f"data missing: {why}"
+        write_offsets(self.store, {LOG_START_KEY: first_base})
 
     def _corruption_below_recovery_point(
         self, segment: LogSegment, error: Exception, recovery_point: RecoveryPoint

@@ -68,6 +68,7 @@ from oncelog.recovery.torture_model import (
     DIRECTORY,
     EXPIRATION_MS,
     FAULTS,
+    LOSABLE_SUFFIXES,
     MAX_KILL_POINT,
     OPEN,
     PRODUCERS,
@@ -147,6 +148,13 @@ def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) ->
     if model.acked_after_fsync_failure:
         violation("no ack after a failed fsync", f"{model.acked_after_fsync_failure} acks followed it")
     tail_bytes = _bytes_from_recovery_point(fs)
+    # A lost segment file: reporting it is right (CorruptLogError at open or on reading
+    # the missing offsets); serving a shorter log is not. What the recovery point did not
+    # cover the engine cannot know was there, and may be gone with the file.
+    lost_segment = any(f.kind == "lost" and f.path.endswith(".log") for f in fs.faults)
+    reportable = fault in ("bitflip", "misdirect") or lost_segment
+    if lost_segment:
+        model.lost_from = _stored_recovery_point(fs)
     # Recovery runs at the crash's time, or after an idle gap past the expiration: the
     # load then expires what the snapshot knows to be idle, and must keep the rest.
     gap = random.Random(f"{seed}/recovery-clock").choice((0, 0, 0, EXPIRATION_MS + 1, 3 * EXPIRATION_MS))
@@ -154,8 +162,8 @@ def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) ->
     try:
         log = Log.open(DIRECTORY, CONFIG, fs=fs, clock=lambda: now_ms)
     except CorruptLogError:
-        # Bytes below the recovery point were changed: reporting it is the right answer.
-        if fault not in ("bitflip", "misdirect"):
+        # Bytes below the recovery point were changed or lost: reporting it is the right answer.
+        if not reportable:
             violation("recovery succeeds", "CorruptLogError without corruption injected")
         return found
     max_bytes = READ_COMMITTED_FETCH_BYTES[seed % 3]
@@ -171,7 +179,7 @@ def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) ->
         scanned = log.recovery_report.bytes_scanned
         # Brief §5: recovery cost follows the tail. Only faults that cannot damage fsynced
         # snapshots or indexes are held to it (a bit flip or misdirected write may).
-        if fault not in ("bitflip", "misdirect") and scanned > tail_bytes + TAIL_SLACK_BYTES:
+        if fault not in ("bitflip", "misdirect", "lost") and scanned > tail_bytes + TAIL_SLACK_BYTES:
             violation("recovery reads only the tail", f"scanned {scanned} bytes, the tail holds {tail_bytes}")
         _check_log_contents(batches, present, log.log_start_offset, end, model, fault, violation)
         check_producer_state(log, present, violation, history, now_ms=now_ms, model=model)
@@ -181,7 +189,7 @@ def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) ->
         _check_second_crash(log, fs, present, model, max_bytes, violation, now_ms)
         complete_open_transactions(log, history, view, seed, violation)
     except (CorruptLogError, CorruptRecordError) as exc:
-        if fault not in ("bitflip", "misdirect"):
+        if not reportable:
             violation("reads succeed", str(exc))
         log.close()
     return found
@@ -203,6 +211,14 @@ def _place_in_flight(model: Model, present: dict[int, bytes]) -> None:
                     model.restarted_at.add(offset)
                 del model.in_flight[raw]
                 break
+
+
+def _stored_recovery_point(fs: FaultFileSystem) -> int:
+    store = fs.open_store(f"{DIRECTORY}/{METADATA_DIR}")
+    try:
+        return read_recovery_point(store).offset
+    finally:
+        store.close()
 
 
 def _bytes_from_recovery_point(fs: FaultFileSystem) -> int:
@@ -273,7 +289,7 @@ def _check_log_contents(
     if expected != end:
         violation("no holes", f"batches end at {expected}, log end is {end}")
     # After a kill (enospc runs end in one) the page cache survives: every ack must.
-    must_survive = model.acked if fault in ("kill", "enospc") else {}
+    must_survive = model.acked if fault in ("kill", "enospc", "lost") else {}
     for offset, data in model.acked.items():
         last = RecordBatch(data).last_offset
         if last < start or model.excused(last):
@@ -459,6 +475,8 @@ def run_crash_state(seed: int, fault: str) -> list[Violation]:
     mode = {"enospc": "kill", "eio": "drop"}.get(fault, fault)
     if fault == "bitflip":
         crashed = fs.crash("bitflip", target=lambda path: path.endswith(".log"))
+    elif fault == "lost":
+        crashed = fs.crash("lost", target=lambda path: path.endswith(LOSABLE_SUFFIXES))
     else:
         crashed = fs.crash(mode)  # type: ignore[arg-type]
     # The disk is healthy again for recovery: the faults were in the run before the crash.

@@ -14,7 +14,9 @@ from typing import NamedTuple
 
 from oncelog.config import LogConfig
 
-FAULTS = ("kill", "drop", "torn", "dirent", "bitflip", "enospc", "eio", "misdirect")
+FAULTS = ("kill", "drop", "torn", "dirent", "bitflip", "enospc", "eio", "misdirect", "lost")
+# What a "lost" crash may delete or empty: a whole fsynced segment or index.
+LOSABLE_SUFFIXES = (".log", ".index", ".timeindex")
 DIRECTORY = "/torture/topic-0"
 CLOCK_MS = 1_800_000_000_000  # where the simulated engine clock starts
 # A minute of engine time: the clock's idle gaps (EngineClock) make producers expire
@@ -143,12 +145,18 @@ class Model:
     # holding k; delete_records / apply_retention may have left the old start or this one.
     pending_cut: int | None = None
     pending_start: int | None = None
+    # Set by the checker after a "lost" crash: the recovery point then stored. Batches past
+    # it may have gone with the lost file without the engine being able to know.
+    lost_from: int | None = None
     truncations: int = 0  # completed, for the tests' coverage figures
     starts_moved: int = 0
 
     def excused(self, last_offset: int) -> bool:
-        """A batch ending at `last_offset` may be gone: cut by a truncation the crash interrupted."""
-        return self.pending_cut is not None and last_offset >= self.pending_cut
+        """A batch ending at `last_offset` may be gone: cut by a truncation the crash interrupted,
+        or in a segment file an operator lost past what the recovery point covered."""
+        return (self.pending_cut is not None and last_offset >= self.pending_cut) or (
+            self.lost_from is not None and last_offset >= self.lost_from
+        )
 
 
 def stamped(batch: bytes, offset: int) -> bytes:

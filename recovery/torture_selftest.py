@@ -181,6 +181,16 @@ def expiry_by_batch_timestamp() -> Iterator[None]:
         yield
 
 
+def lost_segment_not_reported() -> contextlib.AbstractContextManager[None]:
+    # The loader takes the segments it finds for the whole log: a newest segment an
+    # operator deleted or emptied, fsynced data the recovery point covers, comes back
+    # as a shorter log, and the next appends reuse its offsets.
+    def accept(self: LogLoader, point: object, end: int) -> None:
+        pass
+
+    return _patched(LogLoader, "_fsynced_data_missing", accept)
+
+
 def log_start_not_persisted() -> contextlib.AbstractContextManager[None]:
     # delete_records and retention move the start in memory and delete the files below it,
     # but never write the start down: after a crash, records deleted mid-segment come back.
@@ -227,6 +237,7 @@ PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], 
         ("kill", "drop"),
     ),
     "expiry by batch timestamp": (expiry_by_batch_timestamp, ("kill", "drop")),
+    "a lost segment not reported": (lost_segment_not_reported, ("lost",)),
     "index mapped over sparse space": (index_mapped_over_sparse_space, ("enospc",)),
 }
 

@@ -290,7 +290,9 @@ class LogSegment:
         if self.load_from_indexes(next_offset):
             return
         log.warning("rebuilding the indexes of %s: they fail the sanity check", self.path)
-        error = self.rebuild(validate=False)
+        # Only the offset and time indexes: the transaction index (fsynced at the seal) does
+        # not depend on them, and rebuilding it needs the producers' state at this base.
+        error = self.rebuild(validate=False, keep_txn_index=True)
         if error is not None:
             # Below the recovery point, so it was fsynced: corruption, not a torn write.
             raise CorruptLogError(
@@ -446,17 +448,20 @@ class LogSegment:
         on_batch: Callable[[int, RecordBatch], None] | None = None,
         first_base_offset: int | None = None,
         client_only: bool = False,
+        keep_txn_index: bool = False,
     ) -> CorruptRecordError | None:
         """Rescan the whole file, rebuilding both indexes and the in-memory state.
 
         With `validate`, each batch's CRC is checked too. Scanning stops at the first
         bad or truncated batch, which is returned (not raised): whether it is a torn
         tail to cut or corruption to report is the loader's decision. `size` then
-        ends at the last good batch.
+        ends at the last good batch. The transaction index is emptied too, for the
+        caller to refill from the markers it replays, unless `keep_txn_index`.
         """
         self.offset_index.reset()
         self.time_index.reset()
-        self.txn_index.reset()  # the loader re-adds the ABORT markers it replays from this segment
+        if not keep_txn_index:
+            self.txn_index.reset()  # the loader re-adds the ABORT markers it replays from this segment
         self._update_last_offset_limit()
         size_on_disk = self._handle.size()
         self.size = 0

@@ -376,9 +376,9 @@ class TestRead:
             for i in range(12):
                 first.append(make_batch(1, value_size=200, tag=i))
             bases = [s.base_offset for s in first.segments]
+            first.delete_records(bases[1])  # the first segment goes, and the start is durable
         assert len(bases) >= 3
-        for suffix in (".log", ".index", ".timeindex"):
-            (log_dir / f"{bases[0]:020d}{suffix}").unlink()
+        assert not (log_dir / f"{bases[0]:020d}.log").exists()
         with Log.open(log_dir, config) as reopened:
             assert reopened.log_start_offset == bases[1]
             with pytest.raises(OffsetOutOfRangeError):

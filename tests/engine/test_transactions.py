@@ -1561,3 +1561,27 @@ class TestCompatibility:
             _, records, aborted = read_through(log, COMMITTED)
             assert aborted == []
             assert [r.offset for r in records] == expected
+
+
+def test_a_lost_time_index_of_a_sealed_segment_keeps_its_aborted_transactions_out_of_reads(
+    tmp_path: Path, log_dir: Path
+) -> None:
+    """Rebuilding a sealed segment's offset and time indexes on first use must not empty
+    its transaction index: read_committed would serve the aborted data."""
+    config = LogConfig(segment_index_bytes=4096, segment_bytes=1024)
+    with open_log(log_dir, config) as log:
+        producer = Producer(log, PID)
+        producer.send(2)
+        producer.abort()
+        for n in range(12):
+            log.append(encode_batch([(b"k", b"filler-%d" % n * 20)], timestamp_ms=T0))
+        assert len(log.segments) > 1
+    first = sorted(log_dir.glob("*.timeindex"))[0]
+    first.unlink()  # an operator's mistake: the first use rebuilds the segment's indexes
+    with open_log(log_dir, config) as reopened:
+        fetched = reopened.read(0, READ_ALL, isolation=COMMITTED)
+        aborted_keys = [
+            r.key for r in fetched.records() if r.key is not None and r.key.startswith(b"p%d" % PID)
+        ]
+        assert aborted_keys == []
+        assert fetched.aborted_transactions

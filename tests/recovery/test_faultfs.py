@@ -774,3 +774,28 @@ def test_a_read_only_store_creates_nothing_is_no_io_call_and_refuses_writes() ->
 
     assert (fs.io_calls, fs.dead) == (calls, False)
     assert fs.open_store(D + "/meta.lmdb", readonly=True).keys("") == ["a/1", "a/2"]
+
+
+def test_a_lost_crash_deletes_or_empties_one_file_fsynced_whole_and_never_one_with_pending_writes() -> None:
+    outcomes = set()
+    for seed in SEEDS:
+        fs = FaultFileSystem(seed)
+        new_file(fs, b"fsynced whole")
+        pending = fs.open(D + "/g", create=True)
+        pending.pwritev([b"not fsynced"], 0)  # pending writes: never the one lost
+        fs.fsync_dir(D)
+        crashed = fs.crash("lost")
+        (fault,) = crashed.faults
+        assert fault.kind == "lost" and fault.path == F, crashed.describe()
+        assert content(crashed, D + "/g") == b"not fsynced"  # kill semantics for the rest
+        outcomes.add(content(crashed, F))
+        assert content(fs, F) == b"fsynced whole"  # the twin itself is unchanged
+    assert outcomes == {None, b""}  # deleted in some seeds, emptied in others
+
+
+def test_a_lost_crash_with_nothing_fsynced_loses_nothing_and_says_so() -> None:
+    fs = FaultFileSystem(1)
+    new_file(fs, b"unsynced", sync=False)
+    crashed = fs.crash("lost")
+    assert content(crashed, F) == b"unsynced"
+    assert [fault.detail for fault in crashed.faults] == ["no fsynced file to lose"]

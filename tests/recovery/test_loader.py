@@ -1249,3 +1249,26 @@ class TestLostSegments:
                 read_everything(log)
             with pytest.raises(CorruptLogError):
                 log.read(missing_base)
+
+    def test_a_lost_first_segment_is_corruption_not_a_later_start(self, tmp_path: Path) -> None:
+        directory = tmp_path / "t-0"
+        segments = self.build(directory)
+        second_base = int(segments[1].name[:20])
+        segments[0].unlink()
+        with pytest.raises(CorruptLogError, match=f"offsets 0 to {second_base - 1} are missing"):
+            Log.open(directory, CONFIG)
+        with Log.open(directory, dataclasses.replace(CONFIG, on_corruption="truncate")) as log:
+            assert log.log_start_offset == second_base
+            assert log.recovery_report.tail_error is not None
+        with Log.open(directory, CONFIG) as log:  # accepted durably
+            assert log.log_start_offset == second_base
+
+    def test_an_emptied_sealed_segment_is_never_read_as_a_gap(self, tmp_path: Path) -> None:
+        directory = tmp_path / "t-0"
+        segments = self.build(directory)
+        emptied_base = int(segments[1].name[:20])
+        segments[1].write_bytes(b"")
+        with Log.open(directory, CONFIG) as log:
+            with pytest.raises(CorruptLogError, match="no batch in its file holds it"):
+                log.read(emptied_base)
+            assert log.read(0).batches  # the segments around it still serve
