@@ -24,14 +24,10 @@ from oncelog.producer_state import (
     WorkingState,
     apply_batch,
     apply_marker,
+    in_sequence,
 )
 from oncelog.segments import format as fmt
 from oncelog.segments.control import TxnMarker
-
-
-def in_sequence(last_sequence: int, next_sequence: int) -> bool:
-    """Kafka's rule: next follows last, with MAX -> 0 wraparound."""
-    return next_sequence == last_sequence + 1 or (next_sequence == 0 and last_sequence == fmt.INT32_MAX)
 
 
 class DuplicateBatch(NamedTuple):

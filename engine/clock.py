@@ -8,6 +8,7 @@ again, or an expired one fresh. MonotonicClock returns the largest value seen.
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable
 
@@ -24,8 +25,13 @@ class MonotonicClock:
     __slots__ = ("_clock", "_high_ms")
 
     def __init__(self, clock: Clock):
-        self._clock = clock
-        self._high_ms = clock()
+        first: object = clock()  # typed int, but a caller's clock may return anything
+        if isinstance(first, bool) or not isinstance(first, numbers.Integral):
+            # A float would reach the producer table's integer fields after a batch is
+            # written, half-changing its state: refuse it before anything is.
+            raise TypeError(f"the clock must return integer milliseconds, got {first!r}")
+        self._clock: Clock = clock
+        self._high_ms: int = int(first)
 
     def __call__(self) -> int:
         now = self._clock()

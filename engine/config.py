@@ -36,11 +36,12 @@ class LogConfig:
     flush_ms: int | None = None
     # Bad bytes below the recovery point: raise CorruptLogError, or cut the log there.
     on_corruption: OnCorruption = "raise"
-    # Rows in the producer table (172 bytes each, touched only as producers arrive),
+    # Rows in the producer table (160 bytes each, touched only as producers arrive),
     # plus ~24 bytes each for the pid map and due times, allocated up front.
     producer_capacity: int = 100_000
-    # A producer idle this long (by its newest batch's timestamp) with no open
-    # transaction is forgotten; its next batch is accepted at any sequence.
+    # A producer the engine has not appended for in this long (on the Log's clock,
+    # never by batch timestamps) with no open transaction is forgotten; its next batch
+    # is accepted at any sequence.
     producer_expiration_ms: int = 24 * 3600 * 1000
     # Retention (Kafka's defaults): whole sealed segments older than retention_ms (by
     # their newest timestamp), or past retention_bytes of log, are deleted by

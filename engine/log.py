@@ -43,10 +43,12 @@ from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, Metadat
 from oncelog.recovery.loader import (
     CLIENT_ONLY_KEY,
     LOG_START_KEY,
+    RETIRED_PREFIX,
     LoadedLog,
     LogLoader,
     RecoveryPoint,
     RecoveryReport,
+    forget_retired,
     write_offsets,
     write_recovery_point,
 )
@@ -132,6 +134,7 @@ class Log:
         # Bumped (under the fsync lock) whenever segments are cut, deleted or reloaded: a
         # flush that captured the log before commits nothing (its waiters flush again).
         self._generation = 0
+        self._retirements_recorded = False  # retired-producer records in the store (the loader clears them)
 
     @classmethod
     def open(
@@ -246,7 +249,8 @@ class Log:
         returns how many.
 
         `now_ms` defaults to the Log's clock; an earlier time than the clock has
-        already shown is raised to it (expiry never runs on a clock that went back).
+        already shown is raised to it (expiry never runs on a clock that went back),
+        and a later one is used for this call only (it does not move the clock).
         Pops from the head of the ring while it is due (see ProducerStateManager);
         `exhaustive` examines every producer once.
         """
@@ -264,8 +268,27 @@ class Log:
         none) would be accepted at any sequence, as after expiry. Returns how many left.
         """
         with self._lock:
-            self._check_open()
-            return self._producers.retire(producer_ids)
+            self._check_writable()
+            gone = [
+                pid
+                for pid in dict.fromkeys(producer_ids)
+                if (entry := self._producers.get(pid)) is not None and entry.current_txn_first_offset < 0
+            ]
+            if not gone:
+                return 0
+            with self._failing_closed(f"recording retired producers in {self.directory}"):
+                # Durable first: until a snapshot holds the table without them, recovery
+                # replaying the tail would bring them back, and they would take slots.
+                end = self.log_end_offset
+                write_offsets(self._store, {RETIRED_PREFIX + str(pid): end for pid in gone})
+                self._retirements_recorded = True
+            return self._producers.retire(gone)
+
+    def _forget_retirements(self) -> None:
+        """After a durable snapshot of the table: retirements it holds need no record."""
+        if self._retirements_recorded:
+            forget_retired(self._store)
+            self._retirements_recorded = False
 
     def producers(self) -> Iterator[ProducerStateEntry]:
         """Every producer's state, oldest first (a snapshot taken under the lock)."""
@@ -627,6 +650,7 @@ class Log:
                 max_segment_bytes=self.config.segment_bytes,
             )
             self._set_recovery_point(base_offset, base_offset, 0)
+            self._forget_retirements()  # the snapshot just written holds them
         except OSError as exc:
             self._failure = exc
             raise LogFailedError(f"rolling {old.path} failed: {exc}") from exc
@@ -898,6 +922,7 @@ class Log:
                         self._flush()
                         end = self.log_end_offset
                         snapshots.write_snapshot(self._fs, self.directory, end, self._producers.live_rows())
+                        self._forget_retirements()
                         clean = True
                     except (OSError, OncelogError) as exc:
                         errors.append(exc)

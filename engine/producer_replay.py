@@ -10,7 +10,10 @@ When the engine appended a replayed batch is not stored anywhere (batch timestam
 are the client's clock). A replayed producer counts as appended at the load's time
 (`now_ms`), the latest it could have been: expiry after recovery then never drops
 a producer the running engine would have kept, and keeps one at most one
-expiration period longer than it would have.
+expiration period longer than it would have. Producers the log retired
+(Log.retire_producers, recorded in the store) are not replayed below the offset
+where they were retired: the running engine had forgotten them, and replaying them
+would take slots the live ones need.
 
 That can leave more producers than the table holds: a tail in which producers came
 and went by expiry replays them all. The engine's clock never goes back, so the
@@ -18,8 +21,8 @@ order of appends in the log is the order of their times, and the producers the
 running engine still kept (idle less than the expiration, or in a transaction)
 were the most recent ones, at most the table's capacity. So when the replayed
 producers do not fit, the least recently appended ones with no open transaction
-are shed (by last append time, then by the offset of their newest batch), and
-`shed` counts them; ProducerStateFullError only if open transactions alone
+are shed (by last append time, then by the offset of their last batch or marker),
+and `shed` counts them; ProducerStateFullError only if open transactions alone
 overflow the table.
 """
 
@@ -47,8 +50,14 @@ MAX_PENDING_PRODUCERS = 100_000
 
 
 class ReplayBuffer:
-    def __init__(self, manager: ProducerStateManager, now_ms: int):
+    def __init__(self, manager: ProducerStateManager, now_ms: int, retired: dict[int, int] | None = None):
         self._manager = manager
+        # Producers the log retired (Log.retire_producers) -> the log end then: their
+        # batches below it are not replayed, as the running engine had forgotten them.
+        self._retired = retired or {}
+        # The offset of each replayed producer's last batch or marker: the log's order of
+        # appends, which recovery sheds by (a marker is an append too).
+        self._last_seen: dict[int, int] = {}
         # The load's clock: the append time of every replayed producer, and expiry's
         # time when the table is full.
         self._now_ms = now_ms
@@ -69,6 +78,9 @@ class ReplayBuffer:
         is_transactional: bool = False,
     ) -> None:
         """Apply a stored data batch without checks (recovery, and the torture checker's full replay)."""
+        if first_offset < self._retired.get(producer_id, -1):
+            return
+        self._last_seen[producer_id] = last_offset
         w = self._working(producer_id, producer_epoch, max_timestamp_ms)
         meta = BatchMetadata(first_sequence, last_sequence, first_offset, last_offset, max_timestamp_ms)
         apply_batch(w, producer_epoch, meta, is_control, is_transactional, append_ms=self._now_ms)
@@ -79,6 +91,9 @@ class ReplayBuffer:
         self, producer_id: int, producer_epoch: int, marker_offset: int, timestamp_ms: int, marker: TxnMarker
     ) -> CompletedTxn | None:
         """Apply a stored transaction marker; returns the transaction it closed, if any."""
+        if marker_offset < self._retired.get(producer_id, -1):
+            return None
+        self._last_seen[producer_id] = marker_offset
         w = self._working(producer_id, producer_epoch, timestamp_ms)
         completed = apply_marker(
             w, producer_epoch, marker_offset, timestamp_ms, marker, append_ms=self._now_ms
@@ -142,11 +157,15 @@ class ReplayBuffer:
         """Drop the `excess` least recent producers without an open transaction, from the
         table and from `new`; returns what is left of `new`."""
         ids, appended, newest = self._manager.recency()
+        seen = self._last_seen
+        # A replayed producer is as recent as its last batch or marker; the others (from
+        # the snapshot) as their newest batch, all before any replayed one.
+        newest = np.array([seen.get(pid, n) for pid, n in zip(ids.tolist(), newest.tolist(), strict=True)])
         idle = [w for w in new if w.txn_first_offset < 0]
         ids = np.concatenate([ids, np.array([w.producer_id for w in idle], dtype=np.int64)])
         appended = np.concatenate([appended, np.array([w.last_append_ms for w in idle], dtype=np.int64)])
-        newest_new = [w.batches[-1].last_offset if w.batches else -1 for w in idle]
-        newest = np.concatenate([newest, np.array(newest_new, dtype=np.int64)])
+        newest_new = [seen.get(w.producer_id, -1) for w in idle]
+        newest = np.concatenate([newest.astype(np.int64), np.array(newest_new, dtype=np.int64)])
         if len(ids) < excess:
             raise ProducerStateFullError(
                 f"recovery replayed more producers with open transactions than producer_capacity="

@@ -65,6 +65,14 @@ _EXPIRY_CHUNK = 65536  # rows examined per numpy pass
 FULL_PASS_INTERVAL_MS = 10 * 60 * 1000  # Kafka's producer.id.expiration.check.interval.ms
 _EMPTY_ROW = np.zeros(1, PRODUCER_DTYPE)
 _MAX_DUE_S = 2**32 - 1
+# Expiry's clock is capped here (some 146 million years): every due time it computes
+# (now + expiration, now + 1) stays an int64.
+_MAX_NOW_MS = 2**62
+
+
+def in_sequence(last_sequence: int, next_sequence: int) -> bool:
+    """Kafka's rule: next follows last, with MAX -> 0 wraparound."""
+    return next_sequence == last_sequence + 1 or (next_sequence == 0 and last_sequence == fmt.INT32_MAX)
 
 
 def first_sequence_of(last_sequence: int, offset_delta: int) -> int:
@@ -145,6 +153,16 @@ class WorkingState:
         if epoch != self.producer_epoch:
             # A new epoch starts a new sequence space: older batches cannot be retried.
             self.producer_epoch = epoch
+            self.batches = []
+        elif (
+            self.batches
+            and batch.first_sequence != fmt.NO_SEQUENCE
+            and self.batches[-1].last_sequence != fmt.NO_SEQUENCE
+            and not in_sequence(self.batches[-1].last_sequence, batch.first_sequence)
+        ):
+            # Same epoch, not in sequence: the engine took it from an unknown producer (it
+            # had expired), which starts afresh. A replay that kept the old batches would
+            # take a new batch matching one of them for a duplicate and drop it.
             self.batches = []
         self.batches.append(batch)
         if len(self.batches) > WINDOW:
@@ -304,6 +322,7 @@ class ProducerStateManager:
         """
         slot = self._slots.get(w.producer_id)
         if slot is None:
+            due_s = _due_seconds(w.last_append_ms + self.expiration_ms)  # raises before any change
             if self.used >= self.capacity and self.holes:
                 self._compact()
             if self.used >= self.capacity:
@@ -313,7 +332,7 @@ class ProducerStateManager:
             slot = (self.head + self.used) % self.capacity
             self.used += 1
             self._slots.put(w.producer_id, slot)
-            self._due[slot] = _due_seconds(w.last_append_ms + self.expiration_ms)
+            self._due[slot] = due_s
         self._write(slot, w)
         self._remember(w)  # the caller hands `w` over and does not change it again
 
@@ -333,9 +352,7 @@ class ProducerStateManager:
             rows = region[(region["live"] == 1) & (region["txn_first_offset"] < 0)]
             ids.append(rows["producer_id"])
             appended.append(rows["last_append_ms"])
-            count = rows["window_count"].astype(np.int64)
-            last = rows["last_offset"][np.arange(len(rows)), np.maximum(count - 1, 0)]
-            newest.append(np.where(count > 0, last, -1))
+            newest.append(newest_offsets(rows))
         return np.concatenate(ids), np.concatenate(appended), np.concatenate(newest)
 
     def _compact(self) -> None:
@@ -421,9 +438,11 @@ class ProducerStateManager:
         A full pass runs first when `exhaustive`, on the first call, and then at
         most every `full_pass_interval_ms`.
         """
+        now_ms = min(now_ms, _MAX_NOW_MS)
         expired = 0
         last = self._last_full_pass_ms
-        if exhaustive or last is None or now_ms - last >= self.full_pass_interval_ms:
+        # A last pass "in the future" (an explicit call with a later time) is no reason to wait.
+        if exhaustive or last is None or not 0 <= now_ms - last < self.full_pass_interval_ms:
             expired += self._full_pass(now_ms)
             self._last_full_pass_ms = now_ms
         budget = self.used  # each entry present at the call is examined at most once
@@ -525,6 +544,45 @@ class ProducerStateManager:
             pids, first_offsets = open_rows["producer_id"].tolist(), open_rows["txn_first_offset"].tolist()
             out.update(zip(pids, first_offsets, strict=True))
         return out
+
+
+def newest_offsets(rows: np.ndarray) -> np.ndarray:
+    """Each row's newest batch's last offset, -1 for an empty window."""
+    count = rows["window_count"].astype(np.int64)
+    last = rows["last_offset"][np.arange(len(rows)), np.maximum(count - 1, 0)]
+    newest: np.ndarray = np.where(count > 0, last, -1)
+    return newest
+
+
+def fit_rows(rows: np.ndarray, capacity: int, now_ms: int, expiration_ms: int) -> tuple[np.ndarray, int]:
+    """A snapshot's rows cut down to `capacity` (the capacity was lowered since it was
+    written, or a tool without the log's config wrote it); also how many were shed.
+
+    Producers past their expiration go first, as the load would expire them anyway;
+    then the least recently appended without an open transaction (by append time, then
+    newest offset), as recovery sheds them. ProducerStateFullError only if open
+    transactions alone do not fit.
+    """
+    if len(rows) <= capacity:
+        return rows, 0
+    appended = rows["last_append_ms"]
+    appended = np.where((appended < 0) | (appended > now_ms), now_ms, appended)
+    open_txn = rows["txn_first_offset"] >= 0
+    keep = open_txn | (now_ms - appended < expiration_ms)
+    if np.count_nonzero(keep) > capacity:
+        if np.count_nonzero(open_txn) > capacity:
+            raise ProducerStateFullError(
+                f"snapshot holds {np.count_nonzero(open_txn)} open transactions, more than "
+                f"producer_capacity={capacity}"
+            )
+        candidates = np.flatnonzero(keep & ~open_txn)
+        excess = int(np.count_nonzero(keep)) - capacity
+        order = np.lexsort((newest_offsets(rows)[candidates], appended[candidates]))
+        keep[candidates[order[:excess]]] = False
+        shed = excess
+    else:
+        shed = 0
+    return rows[keep], shed
 
 
 def apply_batch(

@@ -42,7 +42,7 @@ from oncelog.errors import (
 from oncelog.metadata_values import read_value
 from oncelog.pid_map import DuplicateProducerError
 from oncelog.producer_replay import ReplayBuffer
-from oncelog.producer_state import ProducerStateManager
+from oncelog.producer_state import ProducerStateManager, fit_rows
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import FileSystem, MetadataStore
 from oncelog.segments.batch import RecordBatch
@@ -69,6 +69,27 @@ CLIENT_ONLY_KEY = "client_appends_only"
 # The first offset a read may ask for: moved by delete_records and retention, durable
 # before the segments below it are deleted.
 LOG_START_KEY = "log_start_offset"
+# RETIRED_PREFIX + producer id -> the log end when Log.retire_producers forgot it. Until
+# a snapshot written after it holds the table without them, recovery replaying the
+# tail must not bring them back (they would take slots). Removed once one is durable.
+RETIRED_PREFIX = "retired/"
+
+
+def read_retired(store: MetadataStore) -> dict[int, int]:
+    """Producer id -> the log end when it was retired, for retirements no snapshot holds yet."""
+    retired = {}
+    for key in store.keys(RETIRED_PREFIX):
+        offset = read_offset(store, key)
+        if offset is not None:
+            retired[int(key[len(RETIRED_PREFIX) :])] = offset
+    return retired
+
+
+def forget_retired(store: MetadataStore) -> None:
+    """A snapshot holding the retirements is durable: their records are no longer needed."""
+    keys = store.keys(RETIRED_PREFIX)
+    if keys:
+        store.delete(keys)
 
 
 class RecoveryPoint(NamedTuple):
@@ -187,7 +208,8 @@ class LogLoader:
         self.clean = clean
         self.now_ms = now_ms
         self.producers = ProducerStateManager(config.producer_capacity, config.producer_expiration_ms)
-        self._replay = ReplayBuffer(self.producers, now_ms)
+        self._retired = read_retired(store)
+        self._replay = ReplayBuffer(self.producers, now_ms, self._retired)
         self._shed = 0  # by replays started over (the snapshot-past-the-end case)
         self.segments: list[LogSegment] = []
         self._bytes_scanned = 0
@@ -231,6 +253,8 @@ class LogLoader:
             snapshots.write_snapshot(self.fs, self.directory, end, self.producers.live_rows())
             last = self.segments[-1]
             write_recovery_point(self.store, RecoveryPoint(end, last.base_offset, last.size))
+        if self._retired:
+            forget_retired(self.store)  # the snapshot at the end (clean or just written) holds them
         self._remove_stray_snapshots(end)
         report = RecoveryReport(
             clean=self.clean,
@@ -318,7 +342,9 @@ class LogLoader:
             snapshots.delete_snapshot(self.fs, self.directory, snapshot_offset)
             self.producers.clear()
             self._shed += self._replay.shed
-            self._replay = ReplayBuffer(self.producers, self.now_ms)  # nothing of the first replay kept
+            self._replay = ReplayBuffer(
+                self.producers, self.now_ms, self._retired
+            )  # nothing of the first kept
             snapshot_offset, _ = self._load_newest_snapshot(limit=end)
             self._replay_trusted(snapshot_offset, until=None)
             self._flush_replay()
@@ -355,9 +381,15 @@ class LogLoader:
                 continue
             try:
                 rows = snapshots.read_snapshot(self.fs, self.directory, offset, into=self.producers.table)
+                rows, shed = fit_rows(
+                    rows, self.producers.capacity, self.now_ms, self.producers.expiration_ms
+                )
+                self._shed += shed
                 # Append times the snapshot does not know (Kafka's, an older oncelog
                 # version) or that lie past the clock count as now (see load_rows).
                 self.producers.load_rows(rows, self.now_ms)
+                # Retired after this snapshot was written: gone from the running engine.
+                self.producers.retire([pid for pid, at in self._retired.items() if at > offset])
             except (CorruptSnapshotError, DuplicateProducerError) as exc:
                 log.warning("setting aside corrupt snapshot %d: %s", offset, exc)
                 self.producers.clear()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import random
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,12 @@ import numpy as np
 import pytest
 
 from oncelog.config import LogConfig
-from oncelog.errors import OutOfOrderSequenceError, ProducerStateFullError, RetriableError
+from oncelog.errors import (
+    InvalidProducerEpochError,
+    OutOfOrderSequenceError,
+    ProducerStateFullError,
+    RetriableError,
+)
 from oncelog.log import Log
 from oncelog.producer_state import ProducerStateEntry, ProducerStateManager, WorkingState
 from oncelog.segments.batch import encode_batch
@@ -688,3 +694,106 @@ class TestRetire:
             assert log.producer_state(7) is not None
         with Log.open(tmp_path / "t-0", config) as log:
             assert [entry.producer_id for entry in log.producers()] == [7]  # the snapshot agrees
+
+
+# -- found by a red team: recovery, shedding and retirement ------------------------------------
+def crash_copy(log: Log, source: Path, target: Path) -> Path:
+    log.flush()
+    shutil.copytree(source, target)
+    return target
+
+
+def test_recovery_sheds_an_idle_producer_before_one_whose_last_append_was_a_marker(tmp_path: Path) -> None:
+    clock = Clock(1_000_000)
+    conf = LogConfig(producer_capacity=2, producer_expiration_ms=1000)
+    log = Log.open(tmp_path / "live", conf, clock=clock)
+    txn = encode_batch(
+        [(b"k", b"t")], producer_id=A, producer_epoch=5, base_sequence=0, is_transactional=True
+    )
+    log.append(txn)
+    clock.now += 10
+    log.append(batch(B, 0, ts=clock.now))  # B goes idle from here
+    clock.now = 1_002_000
+    log.write_txn_marker(A, 5, commit=True, coordinator_epoch=0)  # A's last append: a marker
+    assert log.expire_producers() == 1  # B
+    clock.now += 1
+    log.append(batch(C, 0, ts=clock.now))
+    copy = crash_copy(log, tmp_path / "live", tmp_path / "copy")
+    log.close()
+    clock.now += 1
+    with Log.open(copy, conf, clock=clock) as recovered:
+        assert recovered.recovery_report.producers_shed == 1
+        assert set(states(recovered)) == {A, C}  # B (idle, already expired) went
+        with pytest.raises(InvalidProducerEpochError):
+            recovered.append(encode_batch([(b"k", b"z")], producer_id=A, producer_epoch=4, base_sequence=1))
+
+
+def test_retired_producers_stay_retired_through_a_crash_and_leave_the_slots_to_live_ones(
+    tmp_path: Path, clock: Clock
+) -> None:
+    conf = config(producer_capacity=4)
+    log = Log.open(tmp_path / "live", conf, clock=clock)
+    sent = [log.append(batch(A, seq, ts=T0)) for seq in range(5)]
+    log.roll()
+    for pid in range(1000, 1006):  # finished writers (Spark task attempts), retired at commit
+        log.append(batch(pid, 0, ts=T0))
+        assert log.retire_producers([pid]) == 1
+    log.append(batch(B, 0, ts=T0))
+    copy = crash_copy(log, tmp_path / "live", tmp_path / "copy")
+    log.close()
+    with Log.open(copy, conf, clock=clock) as recovered:
+        assert recovered.recovery_report.producers_shed == 0
+        assert set(states(recovered)) == {A, B}
+        retry = recovered.append(batch(A, 4, ts=T0))
+        assert (retry.duplicate, retry.first_offset) == (True, sent[4].first_offset)
+    with Log.open(copy, conf, clock=clock) as again:  # the records of retirement were cleared
+        assert set(states(again)) == {A, B}
+
+
+def test_a_producer_that_expired_and_restarted_in_its_epoch_does_not_get_its_old_batches_back(
+    tmp_path: Path, clock: Clock
+) -> None:
+    log = Log.open(tmp_path / "live", config(), clock=clock)
+    log.append(batch(A, 0, ts=T0))
+    log.append(batch(A, 1, ts=T0))
+    clock.now = T0 + EXP
+    assert log.expire_producers() == 1
+    log.append(batch(A, 0, ts=clock.now))  # unknown again: a new start at sequence 0
+    copy = crash_copy(log, tmp_path / "live", tmp_path / "copy")
+    log.close()
+    with Log.open(copy, config(), clock=clock) as recovered:
+        state = recovered.producer_state(A)
+        assert state is not None and [b.first_offset for b in state.batches] == [2]
+        # Its next batch is new data, not a duplicate of the old sequence 1 at offset 1.
+        result = recovered.append(batch(A, 1, ts=clock.now))
+        assert (result.duplicate, result.first_offset) == (False, 3)
+
+
+def test_a_snapshot_holding_more_producers_than_the_capacity_opens_and_sheds_the_least_recent(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    with Log.open(tmp_path / "t-0", config(producer_capacity=20), clock=clock) as log:
+        for pid in range(20):
+            clock.now = T0 + pid
+            log.append(batch(1000 + pid, 0, ts=clock.now))
+    with Log.open(tmp_path / "t-0", config(producer_capacity=10), clock=clock) as smaller:
+        assert smaller.recovery_report.producers_shed == 10
+        assert set(states(smaller)) == {1000 + pid for pid in range(10, 20)}  # the most recent
+
+
+def test_a_clock_returning_float_milliseconds_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="integer milliseconds"):
+        Log.open(tmp_path / "t-0", config(), clock=lambda: time.time() * 1000)
+    with Log.open(tmp_path / "t-0", config(), clock=lambda: np.int64(T0)) as log:  # numpy ints are ints
+        log.append(batch(A, 0, ts=T0))
+        assert states(log)[A].last_append_ms == T0
+
+
+def test_an_explicit_expiry_time_ahead_of_the_clock_does_not_hold_back_the_full_pass() -> None:
+    manager = ProducerStateManager(16, EXP, full_pass_interval_ms=10 * EXP)
+    manager.expire(T0 + 10**9)  # a what-if an age ahead: recorded as the last full pass
+    manager.put(working(C, T0 + 5 * EXP))  # the head, due late
+    manager.put(working(D, T0))  # idle behind it: only a full pass finds it
+    assert manager.expire(T0 + EXP) == 1  # at the real time, a full pass runs again
+    assert pids(manager) == [C]

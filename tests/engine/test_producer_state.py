@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from oncelog.append_rules import DuplicateBatch, ProducerAppendInfo, in_sequence
+from oncelog.append_rules import DuplicateBatch, ProducerAppendInfo
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError, ProducerStateFullError
 from oncelog.producer_replay import ReplayBuffer
 from oncelog.producer_state import (
@@ -18,6 +18,7 @@ from oncelog.producer_state import (
     ProducerStateEntry,
     ProducerStateManager,
     WorkingState,
+    in_sequence,
 )
 
 MAX_SEQ = 2**31 - 1
