@@ -415,7 +415,10 @@ class ProducerStateManager:
         self.table["live"][:count] = 1
         appended = self.table["last_append_ms"][:count]
         if now_ms is not None:
-            np.copyto(appended, now_ms, where=(appended < 0) | (appended > now_ms))
+            # One compare finds both: unknown (negative) times read as huge when unsigned.
+            unresolved = appended.view(np.uint64) > np.uint64(max(now_ms, 0))
+            if unresolved.any():
+                np.copyto(appended, now_ms, where=unresolved)
         self.due_s[:count] = _due_seconds_array(appended + self.expiration_ms)
         try:
             self._slots.load(rows["producer_id"], np.arange(count, dtype=np.int32))
