@@ -121,6 +121,19 @@ class CorruptMetadataError(LogDirectoryError):
     """
 
 
+class MetadataWriteError(LogDirectoryError):
+    """A commit to a metadata store failed (a full disk, an I/O error): the store is unchanged.
+
+    The operation that needed the commit did not happen (no PID issued, no config
+    changed, no partition deleted) and may be retried once the cause is fixed.
+    `path` names the store; `errno` is the OS's error number.
+    """
+
+    def __init__(self, message: str, *, path: str, errno: int | None = None):
+        super().__init__(message, path=path)
+        self.errno = errno
+
+
 class MetadataMissingError(LogDirectoryError):
     """A LogManager root whose metadata store is gone, though a LogManager kept one there.
 

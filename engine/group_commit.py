@@ -8,10 +8,15 @@ N threads appending durably thus pay about one fsync per round, not one each.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from itertools import islice
 
 from oncelog import threads
 from oncelog.errors import LogClosedError, TruncatedBeforeDurableError
+
+# Cuts remembered for waiters; one that appended before older cuts is refused (retriable).
+CUT_HISTORY = 64
 
 
 class GroupCommit:
@@ -24,6 +29,8 @@ class GroupCommit:
         # How many times the log was cut back (truncated): an append that waits to be
         # durable notes it first, and a cut since then may have removed its batch.
         self.cuts = 0
+        # The end offsets of the latest cuts, newest last.
+        self._cut_ends: deque[int] = deque(maxlen=CUT_HISTORY)
 
     def wait(self, end_offset: int, flush: Callable[[], None], what: str, *, cuts: int | None = None) -> None:
         """Return once every offset below `end_offset` is durable, running `flush` if no one is.
@@ -35,13 +42,17 @@ class GroupCommit:
         TruncatedBeforeDurableError: the offsets may now hold other batches.
         """
         with self._cond:
-            while self.durable_end_offset < end_offset:
-                if self._closing:
-                    raise LogClosedError(f"{what} closed before offset {end_offset - 1} was fsynced")
-                if cuts is not None and self.cuts != cuts:
+            while True:
+                # Checked before the durable end: after a cut, later batches at the same
+                # offsets may be durable, and they are not the waiter's.
+                if cuts is not None and self._cut_below(cuts, end_offset):
                     raise TruncatedBeforeDurableError(
                         f"{what} was truncated before offset {end_offset - 1} was fsynced; append it again"
                     )
+                if self.durable_end_offset >= end_offset:
+                    return
+                if self._closing:
+                    raise LogClosedError(f"{what} closed before offset {end_offset - 1} was fsynced")
                 if self._flush_running:
                     self._cond.wait()
                     continue
@@ -54,6 +65,16 @@ class GroupCommit:
                     self._flush_running = False
                     self._cond.notify_all()
 
+    def _cut_below(self, cuts: int, end_offset: int) -> bool:
+        """Whether a cut since the waiter noted `cuts` went below `end_offset` (lock held)."""
+        since = self.cuts - cuts
+        assert since >= 0, (self.cuts, cuts)
+        if since == 0:
+            return False
+        if since > len(self._cut_ends):
+            return True  # older than the history: it may have been cut
+        return min(islice(reversed(self._cut_ends), since)) < end_offset
+
     def mark_durable(self, end_offset: int) -> None:
         with self._cond:
             if end_offset > self.durable_end_offset:
@@ -65,6 +86,7 @@ class GroupCommit:
         with self._cond:
             self.durable_end_offset = min(self.durable_end_offset, end_offset)
             self.cuts += 1
+            self._cut_ends.append(end_offset)
             self._cond.notify_all()  # waiters whose batches went learn it now
 
     def begin_close(self) -> bool:

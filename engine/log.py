@@ -512,11 +512,6 @@ class Log:
                     raise InvalidRecordError(
                         f"replicated batch at offset {base} is below the log end {next_offset}"
                     )
-                if self._client_only:
-                    # Durable before a leader's batch is written: recovery and reads must
-                    # not reject its offsets or leader epoch later.
-                    self._commit_metadata(write_offsets, {CLIENT_ONLY_KEY: 0})
-                    self._client_only = False
             else:
                 base = next_offset
             last = base + batch.last_offset_delta
@@ -543,6 +538,12 @@ class Log:
 
     def _execute(self, plan: list[PlannedBatch]) -> list[AppendResult]:
         append_time = self.config.timestamp_type == "LogAppendTime"
+        if self._client_only and any(p.replicated and not p.duplicate for p in plan):
+            # Durable before a leader's batch is written: recovery and reads must not reject
+            # its offsets or leader epoch later. Here, not in _plan: a refused request
+            # changes nothing on disk.
+            self._commit_metadata(write_offsets, {CLIENT_ONLY_KEY: 0})
+            self._client_only = False
         results: list[AppendResult] = []
         group: list[PlannedBatch] = []
         # The active segment as it will be once the pending group is written.

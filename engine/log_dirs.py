@@ -16,7 +16,8 @@ from oncelog.errors import LogDirectoryError, LogDirLockedError, LogFailedError,
 from oncelog.recovery.fs import DirLock, FileSystem
 
 # What an OSError says about the path itself rather than the device. (ENOENT: a file the
-# directory lists cannot be opened, a dangling link; nothing else deletes under the lock.)
+# directory lists cannot be opened, a dangling link; nothing else deletes under the lock.
+# EINVAL: the seam's answer for a FIFO, socket or device where a file belongs.)
 _PATH_ERRNOS = frozenset(
     {
         errno.EISDIR,
@@ -27,6 +28,7 @@ _PATH_ERRNOS = frozenset(
         errno.EPERM,
         errno.ENAMETOOLONG,
         errno.ENOENT,
+        errno.EINVAL,
     }
 )
 

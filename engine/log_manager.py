@@ -43,7 +43,7 @@ from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_to
 from oncelog.lock_wait import FIRST_PAUSE_S, MAX_PAUSE_S, wait_while_locked
 from oncelog.log import LOCK_FILE, Log, take_clean_marker
 from oncelog.log_dirs import create_dir, lock_dir, opening_failed, unnamed_os_error
-from oncelog.metadata_values import read_value
+from oncelog.metadata_values import committing, read_value
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.fs import DEFAULT_FS, DirLock, FileSystem, MetadataStore
 from oncelog.recovery.loader import RecoveryReport
@@ -433,7 +433,8 @@ class LogManager:
                 return
             # A durable commit before the log lets go of anything: from here on a crash or a
             # failed removal finishes the delete, never loads a log with segments missing.
-            self._store.put({intent: b""})
+            with committing(self._store, f"recording the delete of {tp}"):
+                self._store.put({intent: b""})
             del self._logs[tp]
             # The directory stays locked through the close until it is gone: a process
             # waiting for the lock must not open (and append to) a log being deleted.
@@ -469,7 +470,8 @@ class LogManager:
             self._check_open()
             merged = {**self.topic_overrides(topic), **overrides}
             config = dataclasses.replace(self.config, **merged)  # validates the values
-            self._store.put({TOPIC_CONFIG_PREFIX + topic: msgpack.packb(merged)})
+            with committing(self._store, f"storing {topic}'s config"):
+                self._store.put({TOPIC_CONFIG_PREFIX + topic: msgpack.packb(merged)})
             self._reconfigure_topic(topic, config)
             return config
 
@@ -478,10 +480,11 @@ class LogManager:
         with self._lock:
             self._check_open()
             kept = {k: v for k, v in self.topic_overrides(topic).items() if names and k not in names}
-            if kept:
-                self._store.put({TOPIC_CONFIG_PREFIX + topic: msgpack.packb(kept)})
-            else:
-                self._store.delete([TOPIC_CONFIG_PREFIX + topic])
+            with committing(self._store, f"storing {topic}'s config"):
+                if kept:
+                    self._store.put({TOPIC_CONFIG_PREFIX + topic: msgpack.packb(kept)})
+                else:
+                    self._store.delete([TOPIC_CONFIG_PREFIX + topic])
             config = dataclasses.replace(self.config, **kept)
             self._reconfigure_topic(topic, config)
             return config
@@ -686,7 +689,8 @@ class LogManager:
             # fsync(root): the directory must be durably gone before the intent is cleared,
             # or a power loss could bring back a partial log with no intent to finish it.
             self._fs.fsync_dir(self.root)
-        self._store.delete([DELETE_INTENT_PREFIX + str(tp)])
+        with committing(self._store, f"clearing the finished delete of {tp}"):
+            self._store.delete([DELETE_INTENT_PREFIX + str(tp)])
 
 
 def _remove_tree(fs: FileSystem, path: str) -> None:

@@ -1,4 +1,7 @@
-"""Values read back from a metadata store: one that does not decode is damage, and named.
+"""Values read back from and committed to a metadata store, with the failures named.
+
+A commit that fails (a full disk, an I/O error) leaves the store as it was (LMDB
+commits are atomic): MetadataWriteError naming the store and what was being done.
 
 Every value in a store was written by oncelog, so one that does not decode (a wrong
 size, garbage msgpack, fields this version cannot take) means the store is damaged
@@ -8,10 +11,11 @@ the key, never struct.error or a decoder's own exception.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from oncelog.errors import CorruptMetadataError
+from oncelog.errors import CorruptMetadataError, MetadataWriteError, OncelogError
 from oncelog.recovery.fs import MetadataStore
 
 T = TypeVar("T")
@@ -31,4 +35,17 @@ def decode_value(store: MetadataStore, key: str, raw: bytes, decode: Callable[[b
         raise CorruptMetadataError(
             f"the value of {key!r} ({len(raw)} bytes) does not decode: {type(exc).__name__}: {exc}",
             path=store.path,
+        ) from exc
+
+
+@contextlib.contextmanager
+def committing(store: MetadataStore, what: str) -> Iterator[None]:
+    """Run the store's writes inside; an OSError from them is MetadataWriteError(`what`)."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, OncelogError):
+            raise
+        raise MetadataWriteError(
+            f"{what} failed: {exc.strerror or exc}", path=store.path, errno=exc.errno
         ) from exc

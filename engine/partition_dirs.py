@@ -23,11 +23,11 @@ from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR
 from oncelog.recovery.fs import FileSystem
 from oncelog.recovery.loader import (
     CLIENT_ONLY_KEY,
-    LOG_START_KEY,
     RECOVERY_POINT_KEY,
     RecoveryPoint,
     read_offset,
     read_recovery_point,
+    recorded_log_start,
 )
 from oncelog.segments.segment import LOG_SUFFIX, parse_segment_file_name
 
@@ -56,7 +56,7 @@ class PartitionMeta(NamedTuple):
     clean_shutdown: bool
     recovery_point: RecoveryPoint | None
     client_only: bool
-    log_start_offset: int | None
+    log_start_offset: int | None  # recorded_log_start: None if the store cannot say
     error: str | None = None
 
 
@@ -119,7 +119,7 @@ def read_partition_meta(fs: FileSystem, directory: str) -> PartitionMeta:
             has_point = store.get(RECOVERY_POINT_KEY) is not None
             point = read_recovery_point(store) if has_point else None
             client_only = read_offset(store, CLIENT_ONLY_KEY) == 1
-            log_start = read_offset(store, LOG_START_KEY)
+            log_start = recorded_log_start(store)
         finally:
             store.close()
     except (OSError, OncelogError) as exc:  # CorruptMetadataError: the loader would refuse it too

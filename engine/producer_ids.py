@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from oncelog.errors import ProducerIdsExhaustedError
 from oncelog.log_dirs import create_dir, lock_dir, opening_failed, unnamed_os_error
-from oncelog.metadata_values import read_value
+from oncelog.metadata_values import committing, read_value
 from oncelog.recovery.fs import DEFAULT_FS, DirLock, FileSystem, MetadataStore
 from oncelog.segments import format as fmt
 
@@ -112,7 +112,8 @@ class ProducerIdManager:
                     f"no producer id is left below 2^63 in {self._store.path} (the next block ends at {end})"
                 )
             # Durable before any PID of the block is issued, so none is ever issued twice.
-            self._store.put({BLOCK_END_KEY: _PID.pack(end)})
+            with committing(self._store, f"reserving producer ids up to {end}"):
+                self._store.put({BLOCK_END_KEY: _PID.pack(end)})
             self._block_end = end
         producer_id = self._next
         self._next += 1
@@ -142,7 +143,8 @@ class ProducerIdManager:
                 if epoch > MAX_EPOCH:
                     producer_id, epoch = self._allocate(), 0
             # Durable before it is returned: a crash must never hand the same epoch out again.
-            self._store.put({key: _PID_EPOCH.pack(producer_id, epoch)})
+            with committing(self._store, f"recording epoch {epoch} of transactional id {transactional_id!r}"):
+                self._store.put({key: _PID_EPOCH.pack(producer_id, epoch)})
         return producer_id, epoch
 
     def close(self) -> None:

@@ -186,6 +186,15 @@ class PartitionVerifier:
             self.problem(CORRUPT, os.path.join(directory, name), None, "a .log whose name is no base offset")
         if not bases:
             self.problem(WARNING, directory, None, f"no {LOG_SUFFIX} segment files")
+        if bases and meta.log_start_offset is not None and meta.log_start_offset < bases[0]:
+            start = meta.log_start_offset
+            self.problem(
+                CORRUPT,
+                os.path.join(directory, segment_file_name(start, LOG_SUFFIX)),
+                0,
+                f"offsets {start} to {bases[0] - 1} are missing: the log starts at {start} but its first "
+                f"segment file starts at {bases[0]} (a lost segment)",
+            )
         rebuilt_from = first_rebuilt(meta, bases)
         prev: int | None = None
         for n, base in enumerate(bases):
@@ -264,6 +273,11 @@ class PartitionVerifier:
                 opened.close()
         self.totals.batches += scan.batches
         self.totals.bytes += scan.bytes
+        if meta.client_only and not is_last and scan.complete and scan.batches == 0:
+            # Client appends never seal an empty segment: its batches were lost.
+            self.problem(
+                CORRUPT, path, 0, "a sealed segment with no batches: its data was lost (an emptied file)"
+            )
         last = scan.last_offset if scan.complete else None  # bounds what the other indexes may name
         self._time_index(path[: -len(LOG_SUFFIX)] + TIME_INDEX_SUFFIX, base, last, rebuilt)
         self._txn_index(path[: -len(LOG_SUFFIX)] + TXN_INDEX_SUFFIX, base, last, rebuilt)

@@ -24,12 +24,15 @@ import mmap
 import os
 import stat
 import struct
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import lmdb
 
 from oncelog.errors import CorruptMetadataError
+
+T = TypeVar("T")
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -309,8 +312,11 @@ class LmdbStore:
     reserved before LMDB opens it, large enough that LMDB keeps it as it is.
     """
 
-    # Metadata is a handful of keys; 16 MiB of address space is plenty and costs nothing.
+    # The map is address space, not disk: data.mdb grows only by the pages commits write.
+    # Metadata is mostly a handful of keys; a store that outgrows the map (transactional
+    # ids by the hundred thousand, a mass retire) doubles it, up to MAX_MAP_BYTES.
     MAP_BYTES = 16 * 1024 * 1024
+    MAX_MAP_BYTES = 4 * 1024 * 1024 * 1024
     # LMDB's lock file holds a header and a 64-byte slot per reader: 8 KiB for its
     # default 126 readers on x86-64. A larger file is used as it is (its spare slots
     # are more readers), so a little more covers a platform with a larger header.
@@ -319,6 +325,8 @@ class LmdbStore:
     def __init__(self, path: str):
         self.path = path
         check_lmdb_files(path)
+        # Growing the map needs no transaction open in this process: every one takes this.
+        self._txn_lock = threading.Lock()
         with _lmdb_errors(path):
             self._env = self._open_env(path)
 
@@ -341,47 +349,73 @@ class LmdbStore:
         )
 
     def get(self, key: str) -> bytes | None:
-        with _lmdb_errors(self.path), self._env.begin() as txn:
-            value = txn.get(key.encode())
+        value = self._run(lambda txn: txn.get(key.encode()), write=False)
         return None if value is None else bytes(value)
 
     def put(self, values: Mapping[str, bytes]) -> None:
-        with _lmdb_errors(self.path), self._env.begin(write=True) as txn:
+        def put_all(txn: lmdb.Transaction) -> None:
             for key, value in values.items():
                 txn.put(key.encode(), value)
 
+        self._run(put_all, write=True)
+
     def delete(self, keys: Sequence[str]) -> None:
-        with _lmdb_errors(self.path), self._env.begin(write=True) as txn:
+        def delete_all(txn: lmdb.Transaction) -> None:
             for key in keys:
                 txn.delete(key.encode())
 
+        self._run(delete_all, write=True)
+
     def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
         encoded = key.encode()
+
         # A write transaction: LMDB serialises writers across processes, so nobody
         # commits between this read and this write.
-        with _lmdb_errors(self.path), self._env.begin(write=True) as txn:
+        def read_and_write(txn: lmdb.Transaction) -> bytes | None:
             old = txn.get(encoded)
             new = change(None if old is None else bytes(old))
             if new is None:
                 txn.delete(encoded)
             else:
                 txn.put(encoded, new)
-        return new
+            return new
+
+        return self._run(read_and_write, write=True)
 
     def keys(self, prefix: str) -> list[str]:
         encoded = prefix.encode()
-        found: list[str] = []
-        with _lmdb_errors(self.path), self._env.begin() as txn:
+
+        def scan(txn: lmdb.Transaction) -> list[str]:
+            found: list[str] = []
             cursor = txn.cursor()
             if cursor.set_range(encoded):
                 for key in cursor.iternext(keys=True, values=False):
                     if not bytes(key).startswith(encoded):
                         break
                     found.append(bytes(key).decode())
-        return found
+            return found
+
+        return self._run(scan, write=False)
+
+    def _run(self, body: Callable[[lmdb.Transaction], T], *, write: bool) -> T:
+        """`body` in one transaction (committed if `write`), growing the map when it is full."""
+        with _lmdb_errors(self.path), self._txn_lock:
+            while True:
+                try:
+                    with self._env.begin(write=write) as txn:
+                        return body(txn)
+                except lmdb.MapFullError:
+                    # The transaction was aborted: nothing of it is in the store.
+                    map_bytes = int(self._env.info()["map_size"])
+                    if map_bytes >= self.MAX_MAP_BYTES:
+                        raise
+                    self._env.set_mapsize(min(2 * map_bytes, self.MAX_MAP_BYTES))
+                except lmdb.MapResizedError:
+                    self._env.set_mapsize(0)  # another process grew the map: take its size
 
     def close(self) -> None:
-        self._env.close()
+        with self._txn_lock:
+            self._env.close()
 
 
 class ReadOnlyLmdbStore(LmdbStore):
@@ -570,11 +604,16 @@ class OsFileSystem:
         flags = os.O_RDWR if writable else os.O_RDONLY
         if create:
             flags |= os.O_CREAT
-        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
-        if stat.S_ISDIR(os.fstat(fd).st_mode):
-            # Linux opens a directory read-only; its first read would fail without a name.
+        # O_NONBLOCK: a FIFO named like a segment would block the open until a writer came
+        # (a hung `oncelog verify`); for a regular file the flag changes nothing.
+        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
             os.close(fd)
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+            if stat.S_ISDIR(mode):
+                # Linux opens a directory read-only; its first read would fail without a name.
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device)", path)
         return OsFile(path, fd, writable)
 
     def exists(self, path: str) -> bool:

@@ -168,6 +168,19 @@ def read_offset(store: MetadataStore, key: str) -> int | None:
     return read_value(store, key, _decode_offset)
 
 
+def recorded_log_start(store: MetadataStore) -> int | None:
+    """Where the store says the log starts; None if it cannot say (a Kafka directory, a lost store).
+
+    A log made here starts empty at 0 with its flag committed, and every deletion from
+    the front commits the new start before any file goes: so the first segment can
+    never start past this, unless a segment file was lost.
+    """
+    start = read_offset(store, LOG_START_KEY)
+    if start is None and read_offset(store, CLIENT_ONLY_KEY) is not None:
+        return 0
+    return start
+
+
 def _decode_offset(raw: bytes) -> int:
     return int(_OFFSET.unpack(raw)[0])
 
@@ -235,12 +248,11 @@ class LogLoader:
         point = read_recovery_point(self.store)
         if point.offset > end:
             self._fsynced_data_missing(point, end)  # raises, or (truncate) makes the loss durable
-        stored_start = read_offset(self.store, LOG_START_KEY) or 0
+        recorded_start = recorded_log_start(self.store)
         first_base = self.segments[0].base_offset
-        if self.client_only and stored_start < first_base:
-            # Client appends start at 0 and retention moves the start before it deletes a
-            # segment: the segment holding the start is gone (lost by hand, a bad restore).
-            self._leading_data_missing(stored_start, first_base)
+        if recorded_start is not None and recorded_start < first_base:
+            # The segment holding the start is gone (lost by hand, a bad restore).
+            self._leading_data_missing(recorded_start, first_base)
         # As Kafka does at load: producers idle past their expiration are forgotten,
         # so the state equals a replay followed by expiry at the same time.
         self.producers.expire(self.now_ms, exhaustive=True)

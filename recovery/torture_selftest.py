@@ -75,9 +75,12 @@ def directory_fsync_skipped_on_segment_create() -> contextlib.AbstractContextMan
 def ack_before_data_fsync() -> contextlib.AbstractContextManager[None]:
     def flush(self: Log) -> None:
         # The recovery point moves (the flush is acknowledged) with no fsync first.
-        active = self.active_segment
-        if self.log_end_offset > self.recovery_point:
-            self._set_recovery_point(self.log_end_offset, active.base_offset, active.size)
+        active, end = self.active_segment, self.log_end_offset
+        if end > self.recovery_point:
+            self._set_recovery_point(end, active.base_offset, active.size)
+        # Durable appenders are told so too (without it they would flush forever: a livelock,
+        # not the bug).
+        self._group_commit.mark_durable(end)
 
     return _patched(Log, "_flush", flush)
 

@@ -122,6 +122,14 @@ def unreadable_segment(base: Path) -> Hostile:
     return Hostile(partition, partition / SEGMENT, partition / SEGMENT)
 
 
+def fifo_named_like_a_segment(base: Path) -> Hostile:
+    # Opening a FIFO blocks until a writer comes: a tool that opened it would hang.
+    partition = base / "orders-0"
+    partition.mkdir()
+    os.mkfifo(partition / SEGMENT)
+    return Hostile(partition, partition / SEGMENT, partition / SEGMENT)
+
+
 def non_utf8_name(base: Path) -> Hostile:
     # A name that is not UTF-8 reaches Python as surrogate escapes; printed, it must not crash.
     partition = _partition(base / "made-0")
@@ -146,6 +154,7 @@ HOSTILE: dict[str, Callable[[Path], Hostile]] = {
         meta_that_is_a_file,
         directory_named_like_a_segment,
         unreadable_segment,
+        fifo_named_like_a_segment,
         non_utf8_name,
     )
 }

@@ -823,6 +823,25 @@ def test_verify_reports_a_recovery_point_past_the_data_when_the_newest_segment_i
     assert "are missing" in problems[0]
 
 
+@pytest.mark.parametrize("damage", ["deleted", "emptied"])
+def test_verify_reports_a_lost_first_segment_as_open_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    directory = tmp_path / "t-0"
+    oncelog_log(directory)
+    first = sorted(directory.glob("*.log"))[0]
+    if damage == "deleted":
+        first.unlink()
+    else:
+        first.write_bytes(b"")
+    code, lines, _ = run(capsys, "--no-progress", str(directory))
+    assert code == 1
+    # (An emptied file's indexes point past its end: those are reported too.)
+    reason = "are missing" if damage == "deleted" else "no batches"
+    problems = [line for line in lines if line.startswith("CORRUPT") and reason in line]
+    assert len(problems) == 1 and str(first) in problems[0], lines
+
+
 def test_verify_reports_a_lost_segment_between_two_others(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

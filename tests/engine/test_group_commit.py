@@ -18,7 +18,7 @@ import pytest
 
 from oncelog.config import LogConfig
 from oncelog.errors import LogFailedError, OffsetOutOfRangeError, TruncatedBeforeDurableError
-from oncelog.group_commit import GroupCommit
+from oncelog.group_commit import CUT_HISTORY, GroupCommit
 from oncelog.log import Log
 from oncelog.recovery.faultfs import FaultFileSystem
 from oncelog.recovery.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle
@@ -184,6 +184,79 @@ def test_a_waiter_whose_batch_a_truncation_cut_is_told_not_acknowledged() -> Non
         commit.wait(15, flush, "t-0", cuts=cuts)
     assert flushed == []
     commit.wait(15, flush, "t-0", cuts=commit.cuts)  # a batch appended after the cut is fine
+
+
+def test_a_waiter_that_arrives_after_a_cut_and_a_later_flush_is_told_not_acknowledged() -> None:
+    # The appender was descheduled between its append and its wait: meanwhile a
+    # truncation cut its batch, other batches took its offsets, and a flush made them
+    # durable. The durable end is past its batch, but the bytes there are not its own.
+    commit = GroupCommit(durable_end_offset=5)
+    cuts = commit.cuts  # noted before the waiter's batch (offset 5) was appended
+    commit.truncated(5)
+    commit.mark_durable(8)
+
+    with pytest.raises(TruncatedBeforeDurableError):
+        commit.wait(6, lambda: None, "t-0", cuts=cuts)
+
+
+def test_a_cut_above_the_waiters_batch_does_not_refuse_it() -> None:
+    commit = GroupCommit(durable_end_offset=0)
+    cuts = commit.cuts  # the waiter's batch is offsets 0..4
+    commit.mark_durable(9)
+    commit.truncated(7)  # cut offsets 7..8: the waiter's batch is untouched
+    commit.wait(5, lambda: None, "t-0", cuts=cuts)
+
+
+def test_a_waiter_older_than_the_remembered_cuts_is_refused_rather_than_trusted() -> None:
+    commit = GroupCommit(durable_end_offset=0)
+    cuts = commit.cuts
+    for _ in range(CUT_HISTORY + 1):
+        commit.truncated(100)  # every cut above the batch, but the oldest is forgotten
+    commit.mark_durable(200)
+    with pytest.raises(TruncatedBeforeDurableError):
+        commit.wait(5, lambda: None, "t-0", cuts=cuts)
+    cuts = commit.cuts - CUT_HISTORY
+    commit.wait(5, lambda: None, "t-0", cuts=cuts)  # all remembered: all above the batch
+
+
+def test_a_durable_append_descheduled_before_its_wait_is_not_acknowledged_after_a_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    appended = threading.Event()
+    resume = threading.Event()
+    original_wait = GroupCommit.wait
+
+    def descheduled_wait(self: GroupCommit, *args: object, **kwargs: object) -> None:
+        if threading.current_thread().name == "appender":
+            appended.set()
+            resume.wait(10)
+        original_wait(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GroupCommit, "wait", descheduled_wait)
+    with Log.open(tmp_path / "t-0", CONFIG) as log:
+        for n in range(5):
+            log.append(batch(n))
+        log.flush()
+        outcome: list[object] = []
+
+        def append_durably() -> None:
+            try:
+                outcome.append(log.append(batch(99), durable=True))
+            except TruncatedBeforeDurableError as exc:
+                outcome.append(exc)
+
+        appender = threading.Thread(target=append_durably, name="appender")
+        appender.start()
+        assert appended.wait(10)
+        log.truncate_to(5)  # the appender's batch (offset 5) is cut
+        for n in range(3):
+            log.append(batch(100 + n))  # offsets 5..7 now hold other batches
+        log.flush()
+        resume.set()
+        appender.join(10)
+        assert len(outcome) == 1 and isinstance(outcome[0], TruncatedBeforeDurableError)
+        [record] = [r for r in log.read(5).records() if r.offset == 5]
+        assert record.value == b"value-100"
 
 
 def test_waiting_for_offsets_past_the_log_end_is_refused_at_once(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from oncelog import (
     LogFailedError,
     LogManager,
     MetadataMissingError,
+    MetadataWriteError,
     ProducerIdManager,
     Record,
     encode_batch,
@@ -207,6 +208,54 @@ def test_a_full_disk_under_the_metadata_store_fails_the_log_closed_by_name() -> 
     assert replica.log_end_offset == 0
     with pytest.raises(LogFailedError, match="without a flush"):
         replica.close()
+
+
+def _lease(manager: LogManager) -> object:
+    return manager.producer_ids.lease()
+
+
+def _init_producer_id(manager: LogManager) -> object:
+    return manager.producer_ids.init_producer_id("txn-a")
+
+
+def _set_topic_config(manager: LogManager) -> object:
+    return manager.set_topic_config("t", retention_ms=1)
+
+
+def _reset_topic_config(manager: LogManager) -> object:
+    return manager.reset_topic_config("t")
+
+
+def _delete_log(manager: LogManager) -> object:
+    manager.delete_log("t", 0)
+    return None
+
+
+@pytest.mark.parametrize(
+    ("operation", "store"),
+    [
+        pytest.param(_lease, STORE_DIR, id="lease"),
+        pytest.param(_init_producer_id, STORE_DIR, id="init_producer_id"),
+        pytest.param(_set_topic_config, ROOT_METADATA_DIR, id="set_topic_config"),
+        pytest.param(_reset_topic_config, ROOT_METADATA_DIR, id="reset_topic_config"),
+        pytest.param(_delete_log, ROOT_METADATA_DIR, id="delete_log"),
+    ],
+)
+def test_a_full_disk_under_a_root_store_refuses_the_operation_by_name_and_changes_nothing(
+    operation: Callable[[LogManager], object], store: str
+) -> None:
+    fs = FaultFileSystem(0)
+    manager = LogManager.open("/root", fs=fs, clock=Clock(), progress=False)
+    manager.set_topic_config("t", retention_ms=5)
+    manager.log("t", 0).append(encode_batch([(b"k", b"v")], timestamp_ms=T0))
+    fs.fail_next("put", errno.ENOSPC, target=lambda path: path.endswith(store))
+    with pytest.raises(MetadataWriteError, match=store.replace(".", r"\.")) as refused:
+        operation(manager)
+    assert refused.value.errno == errno.ENOSPC
+    assert manager.topic_overrides("t") == {"retention_ms": 5}
+    assert manager.log("t", 0, create=False).log_end_offset == 1
+    operation(manager)  # the disk has room again: the same call goes through
+    manager.close()
 
 
 # -- silent recreation ----------------------------------------------------------------------

@@ -32,6 +32,8 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from oncelog.config import LogConfig
 from oncelog.errors import CorruptRecordError, InvalidRecordError
 from oncelog.log import Log
+from oncelog.partition_dirs import read_partition_meta
+from oncelog.recovery.fs import OsFileSystem
 from oncelog.segments import RecordBatch, encode_batch
 from oncelog.segments.records import Record
 
@@ -116,8 +118,11 @@ GOOD = forge(TWO_RECORDS, 2)
 
 
 def dir_digest(directory: Path) -> dict[str, str]:
+    """Every file under the partition, the metadata store's data included (not its reader lock)."""
     return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != "lock.mdb"
     }
 
 
@@ -344,6 +349,8 @@ import resource, sys, tempfile
 from oncelog.config import LogConfig
 from oncelog.errors import CorruptRecordError
 from oncelog.log import Log
+from oncelog.partition_dirs import read_partition_meta
+from oncelog.recovery.fs import OsFileSystem
 bomb = open(sys.argv[1], "rb").read()
 with tempfile.TemporaryDirectory() as directory:
     log = Log.open(directory + "/bombed-0", LogConfig(max_batch_bytes=len(bomb), segment_index_bytes=4096))
@@ -440,6 +447,26 @@ def test_replication_refuses_a_batch_whose_framing_or_count_is_wrong(
         assert (
             replica.append_batches([_at(GOOD, 2), _at(GOOD, 10)], origin="replication")[1].first_offset == 10
         )
+
+
+@pytest.mark.parametrize(
+    ("offset", "match"),
+    [
+        pytest.param(0, "below the log end", id="below-the-log-end"),
+        pytest.param(2**63 - 2, "past the largest", id="past-the-largest-offset"),
+    ],
+)
+def test_a_refused_replicated_batch_leaves_a_client_only_log_client_only(
+    log: Log, log_dir: Path, offset: int, match: str
+) -> None:
+    # A client-only log checks that offsets are contiguous and leader epochs unset;
+    # a replicated batch turns that off durably, but only once one is written.
+    before = dir_digest(log_dir)
+    with pytest.raises(InvalidRecordError, match=match):
+        log.append(_at(GOOD, offset), origin="replication")
+    assert dir_digest(log_dir) == before
+    log.close()
+    assert read_partition_meta(OsFileSystem(), str(log_dir)).client_only
 
 
 # -- outside the model: real clients, threads ----------------------------------------------------

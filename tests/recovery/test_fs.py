@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -262,13 +263,53 @@ def test_a_store_in_a_directory_whose_name_is_not_utf8_opens(tmp_path: Path) -> 
     reader.close()
 
 
-def test_a_full_store_is_an_os_error_naming_it_not_an_lmdb_error(tmp_path: Path) -> None:
+def test_a_store_past_its_largest_map_is_an_os_error_naming_it_not_an_lmdb_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(LmdbStore, "MAX_MAP_BYTES", 2 * LmdbStore.MAP_BYTES)
     store = OsFileSystem().open_store(str(tmp_path / "meta.lmdb"))
     with pytest.raises(OSError, match=r"metadata store .*meta\.lmdb") as raised:
-        store.put({"big": bytes(LmdbStore.MAP_BYTES)})
+        store.put({"big": bytes(2 * LmdbStore.MAP_BYTES)})
+    assert raised.value.errno == errno.ENOSPC
     assert not isinstance(raised.value, lmdb.Error)
     store.put({"small": b"ok"})  # the failed commit changed nothing
     assert store.keys("") == ["small"]
+    store.close()
+
+
+def test_a_store_outgrowing_its_map_grows_it_and_keeps_every_commit(tmp_path: Path) -> None:
+    # Hundreds of thousands of transactional ids, or a mass retire, outgrow 16 MiB.
+    path = str(tmp_path / "meta.lmdb")
+    store = OsFileSystem().open_store(path)
+    values = {f"txn/{n:07d}": bytes([n % 251]) * 100 for n in range(300_000)}  # ~40 MiB of pages
+    for start in range(0, len(values), 50_000):
+        store.put(dict(list(values.items())[start : start + 50_000]))
+    store.put({"one-commit": bytes(3 * LmdbStore.MAP_BYTES)})  # one commit larger than the map
+    store.close()
+    reopened = OsFileSystem().open_store(path)
+    assert len(reopened.keys("txn/")) == len(values)
+    assert reopened.get("txn/0299999") == values["txn/0299999"]
+    assert reopened.get("one-commit") == bytes(3 * LmdbStore.MAP_BYTES)
+    reopened.close()
+
+
+_GROW_IN_ANOTHER_PROCESS = """
+import sys
+from oncelog.recovery.fs import LmdbStore, OsFileSystem
+store = OsFileSystem().open_store(sys.argv[1])
+store.put({"grown": bytes(2 * LmdbStore.MAP_BYTES)})
+store.close()
+"""
+
+
+def test_a_store_grown_by_another_process_is_read_and_written_at_the_new_size(tmp_path: Path) -> None:
+    path = str(tmp_path / "meta.lmdb")
+    store = OsFileSystem().open_store(path)
+    store.put({"before": b"v"})
+    subprocess.run([sys.executable, "-c", _GROW_IN_ANOTHER_PROCESS, path], check=True, timeout=60)
+    assert store.get("grown") == bytes(2 * LmdbStore.MAP_BYTES)
+    store.put({"after": b"w"})
+    assert store.keys("") == ["after", "before", "grown"]
     store.close()
 
 

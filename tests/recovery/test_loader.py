@@ -1263,6 +1263,31 @@ class TestLostSegments:
         with Log.open(directory, CONFIG) as log:  # accepted durably
             assert log.log_start_offset == second_base
 
+    def test_a_followers_lost_first_segment_is_corruption_not_a_later_start(self, tmp_path: Path) -> None:
+        # A follower keeps its leader's offsets and may hold gaps, but its log still starts
+        # where the store says: a first segment that begins later was lost.
+        directory = tmp_path / "t-0"
+        with Log.open(directory, CONFIG) as replica:
+            for offset in range(60):
+                batch = encode_batch([(b"k", b"v" * 60)], base_offset=offset, timestamp_ms=1_700_000_000_000)
+                replica.append(batch, origin="replication")
+        segments = sorted(directory.glob("*.log"))
+        assert len(segments) >= 3
+        second_base = int(segments[1].name[:20])
+        segments[0].unlink()
+        with pytest.raises(CorruptLogError, match=f"offsets 0 to {second_base - 1} are missing"):
+            Log.open(directory, CONFIG)
+
+    def test_a_kafka_directory_may_start_past_zero(self, tmp_path: Path) -> None:
+        # No store, so nothing says where it started: retention in Kafka deleted the rest.
+        directory = tmp_path / "t-0"
+        self.build(directory)
+        segments = sorted(directory.glob("*.log"))
+        shutil.rmtree(directory / "meta.lmdb")
+        segments[0].unlink()
+        with Log.open(directory, CONFIG) as log:
+            assert log.log_start_offset == int(segments[1].name[:20])
+
     def test_an_emptied_sealed_segment_is_never_read_as_a_gap(self, tmp_path: Path) -> None:
         directory = tmp_path / "t-0"
         segments = self.build(directory)
