@@ -14,7 +14,7 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from oncelog import LogManager
-from oncelog.bench_manager import CONFIG, fill_root, unclean_image
+from oncelog.bench.manager import CONFIG, fill_root, unclean_image
 
 PARTITIONS = 200
 

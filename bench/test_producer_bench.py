@@ -18,7 +18,7 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from oncelog import Log, LogConfig
-from oncelog.bench_recovery import EXPIRATION_MS, NOW_MS, producer_table_rows, resident_bytes_per_producer
+from oncelog.bench.recovery import EXPIRATION_MS, NOW_MS, producer_table_rows, resident_bytes_per_producer
 from oncelog.producer_state import PRODUCER_DTYPE, WINDOW, ProducerStateManager
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.fs import OsFileSystem

@@ -1,6 +1,6 @@
 """Which offset ranges a read covers: one Spark partition per log partition, split when large.
 
-Planning reads each partition read-only (engine/partition_stat.py: no lock, nothing
+Planning reads each partition read-only (engine/tools/partition_stat.py: no lock, nothing
 written, so a live writer is never disturbed): its log start offset, its end, and its
 last stable offset. A read_committed query never reads past the last stable offset;
 a read_uncommitted one reads to the end. Pure apart from those reads.
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from oncelog.errors import OffsetOutOfRangeError
 from oncelog.layout import TopicPartition
-from oncelog.partition_dirs import Partition, read_kafka_log_starts
-from oncelog.partition_stat import stat_partition
 from oncelog.recovery.fs import DEFAULT_FS, FileSystem, ReadOnlyFileSystem
 from oncelog.spark.options import EARLIEST, LATEST, Isolation, OffsetSpec, OptionError, ReadOptions
 from oncelog.spark.transactional_writes import topic_partitions
+from oncelog.tools.partition_dirs import Partition, read_kafka_log_starts
+from oncelog.tools.partition_stat import stat_partition
 
 
 class DataLossError(OffsetOutOfRangeError):

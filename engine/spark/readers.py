@@ -1,6 +1,6 @@
 """Batch and streaming readers: offset ranges planned on the driver, rows read in tasks.
 
-Tasks read partition files read-only (engine/partition_reader.py): no lock is taken,
+Tasks read partition files read-only (engine/tools/partition_reader.py): no lock is taken,
 so reads run beside a live writer, and every range ends at or below an end planned
 from what was on disk then (the last stable offset for read_committed), so a batch
 being appended is never parsed. Rows leave as Arrow record batches.
@@ -28,7 +28,6 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from oncelog.layout import TopicPartition
-from oncelog.partition_reader import AbortedRange, OffsetBelowLogStartError, read_batches
 from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.spark.arrow_batches import arrow_batches
 from oncelog.spark.options import ReadOptions
@@ -41,6 +40,7 @@ from oncelog.spark.planning import (
     resolve,
     split_ranges,
 )
+from oncelog.tools.partition_reader import AbortedRange, OffsetBelowLogStartError, read_batches
 
 
 @dataclass(frozen=True)

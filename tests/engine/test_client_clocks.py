@@ -237,7 +237,7 @@ def test_an_expired_producer_stamping_2023_starts_again_at_any_sequence(tmp_path
 
 
 def test_dump_shows_both_times_for_each_producer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from oncelog.cli import main
+    from oncelog.cli.main import main
 
     with Log.open(tmp_path / "t-0", clock=Clock(T0)) as log:
         send_batches(log, 7, count=1)

@@ -29,8 +29,8 @@ import pytest
 from oncelog import Log, LogConfig, encode_batch
 from oncelog.errors import LogFailedError
 from oncelog.log_manager import LogManager
-from oncelog.recovery.faultfs import FaultFileSystem
 from oncelog.recovery.fs import OsFileSystem
+from oncelog.recovery.torture.faultfs import FaultFileSystem
 from oncelog.segments.index import INDEX_MIN_GROW_BYTES
 
 T0 = 1_700_000_000_000

@@ -35,12 +35,12 @@ from oncelog import (
     UnknownTopicOrPartitionError,
 )
 from oncelog import log_manager as log_manager_module
-from oncelog.cli import main as cli_main
+from oncelog.cli.main import main as cli_main
 from oncelog.log import CLEAN_SHUTDOWN_FILE, LOCK_FILE, take_clean_marker
 from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR, read_root_config, read_topic_config
 from oncelog.producer_ids import ProducerIdManager
-from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, MetadataStore
+from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.recovery_progress import RecoveryProgress
 from oncelog.segments.batch import encode_batch
 

@@ -32,10 +32,10 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from oncelog.config import LogConfig
 from oncelog.errors import CorruptRecordError, InvalidRecordError
 from oncelog.log import Log
-from oncelog.partition_dirs import read_partition_meta
 from oncelog.recovery.fs import OsFileSystem
 from oncelog.segments import RecordBatch, encode_batch
 from oncelog.segments.records import Record
+from oncelog.tools.partition_dirs import read_partition_meta
 
 T0 = 1_700_000_000_000
 HEADER = struct.Struct(">qiibIhiqqqhii")  # the 61-byte v2 header, written out independently
@@ -349,7 +349,7 @@ import resource, sys, tempfile
 from oncelog.config import LogConfig
 from oncelog.errors import CorruptRecordError
 from oncelog.log import Log
-from oncelog.partition_dirs import read_partition_meta
+from oncelog.tools.partition_dirs import read_partition_meta
 from oncelog.recovery.fs import OsFileSystem
 bomb = open(sys.argv[1], "rb").read()
 with tempfile.TemporaryDirectory() as directory:

@@ -17,7 +17,7 @@ import pytest
 from oncelog.config import LogConfig
 from oncelog.errors import OffsetOutOfRangeError
 from oncelog.log import Log
-from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.segments.batch import encode_batch
 
 T0 = 1_700_000_000_000

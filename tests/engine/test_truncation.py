@@ -23,7 +23,7 @@ from oncelog.errors import CorruptLogError, LogFailedError, OffsetOutOfRangeErro
 from oncelog.log import METADATA_DIR, Log
 from oncelog.producer_state import ProducerStateEntry
 from oncelog.recovery import loader as loader_module
-from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.segments.batch import encode_batch
 from oncelog.segments.segment import LogSegment
 

@@ -19,7 +19,7 @@ from oncelog import CorruptLogError, Log, LogConfig, encode_batch
 from oncelog.producer_state import PRODUCER_DTYPE, ProducerStateEntry
 from oncelog.recovery import loader as loader_module
 from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.segments import format as fmt
 
 D = "/data/topic-0"

@@ -20,7 +20,7 @@ import pytest
 
 from oncelog.config import LogConfig
 from oncelog.log import Log
-from oncelog.recovery.faultfs import FaultFileSystem
+from oncelog.recovery.torture.faultfs import FaultFileSystem
 from oncelog.segments.batch import encode_batch
 from oncelog.segments.index import INDEX_MIN_GROW_BYTES, IndexFullError, OffsetIndex, OffsetPosition
 from oncelog.segments.records import Record

@@ -17,7 +17,7 @@ import pytest
 
 from oncelog import Log, LogConfig, encode_batch
 from oncelog.errors import LogFailedError
-from oncelog.recovery.faultfs import FaultFileSystem
+from oncelog.recovery.torture.faultfs import FaultFileSystem
 from oncelog.segments import segment as segment_module
 
 T0 = 1_700_000_000_000

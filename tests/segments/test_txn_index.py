@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oncelog.errors import CorruptRecordError
-from oncelog.recovery.faultfs import FaultFileSystem
 from oncelog.recovery.fs import OsFileSystem
+from oncelog.recovery.torture.faultfs import FaultFileSystem
 from oncelog.segments.txn_index import TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex, TxnIndexSearch
 
 KAFKA_ENTRY = struct.Struct(">hqqqq")  # version, producerId, firstOffset, lastOffset, lastStableOffset

@@ -35,14 +35,14 @@ from pyspark.sql.types import (
 )
 
 from oncelog.errors import CorruptRecordError
-from oncelog.partition_dirs import Partition
-from oncelog.partition_reader import read_batches
-from oncelog.partition_stat import stat_partition
 from oncelog.recovery.fs import DEFAULT_FS
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.control import encode_txn_marker
 from oncelog.segments.records import Record
 from oncelog.spark.arrow_batches import DDL, LOG_APPEND_TIME, SCHEMA, arrow_batches
+from oncelog.tools.partition_dirs import Partition
+from oncelog.tools.partition_reader import read_batches
+from oncelog.tools.partition_stat import stat_partition
 
 T0 = 1_700_000_000_000
 INT32_MAX = 2**31 - 1

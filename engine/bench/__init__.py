@@ -1,0 +1,1 @@
+"""`oncelog bench`: each performance figure measured against a reference in the same process."""

@@ -1,0 +1,483 @@
+"""The comparative benchmark behind `oncelog bench` (brief §11, issue 6).
+
+Every figure is measured against a reference run in the same process, so the
+machine's noise cancels in the ratio; each number is the median of several
+repeats, oncelog and reference interleaved.
+
+Ratio convention: `ratio = value / reference`, both in the row's unit. Rates
+(appends/s, GB/s, batches/s) are higher-is-better, so a ratio of 2 means twice the
+reference; times (ms, s) are lower-is-better. Figures that brief §11 gives no
+reference for get the nearest raw operation on the same bytes (a read + CRC-32C,
+an os.write + fsync, one table row), so their ratio shows the engine's overhead.
+The target column says what is bounded: "ratio ≥ X", "≥ X <unit>" (the value)
+or "report" (informational, always met).
+
+The hidden environment variable ONCELOG_BENCH_SCALE (a float, default 1) scales
+every size and duration down for the test suite's smoke run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import inspect
+import os
+import shutil
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+from oncelog.config import LogConfig
+from oncelog.log import Log
+from oncelog.segments.batch import RecordBatch, encode_batch
+
+REPORT = "report"
+KIB = 1024
+MIB = 1024 * 1024
+GB = 1e9  # decimal: GB/s and MB/s are 10^9 and 10^6 bytes per second
+APPEND_SIZES = (("170 B (1 record)", 170), ("1 KiB", KIB), ("16 KiB", 16 * KIB), ("1 MiB", MIB))
+RECOVERY_SEGMENT_COUNTS = (10, 30, 100)
+DURABLE_THREADS = 16
+# No roll inside a timed loop: one segment as large as an i32 position allows.
+APPEND_CONFIG = LogConfig(segment_bytes=2**31 - 1)
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    figure: str
+    value: float
+    unit: str
+    reference: float
+    ratio: float
+    target: str
+    met: bool
+
+
+@dataclass(frozen=True)
+class Target:
+    """Bounds on the ratio and on the value; none at all means an informational row."""
+
+    min_ratio: float | None = None
+    max_ratio: float | None = None
+    min_value: float | None = None
+    max_value: float | None = None
+
+    def text(self, unit: str) -> str:
+        clauses = []
+        if self.min_ratio is not None:
+            clauses.append(f"ratio ≥ {self.min_ratio:,g}")
+        if self.max_ratio is not None:
+            clauses.append(f"ratio ≤ {self.max_ratio:,g}")
+        if self.min_value is not None:
+            clauses.append(f"≥ {self.min_value:,g} {unit}")
+        if self.max_value is not None:
+            clauses.append(f"≤ {self.max_value:,g} {unit}")
+        return " and ".join(clauses) or REPORT
+
+    def met(self, value: float, ratio: float) -> bool:
+        return (
+            (self.min_ratio is None or ratio >= self.min_ratio)
+            and (self.max_ratio is None or ratio <= self.max_ratio)
+            and (self.min_value is None or value >= self.min_value)
+            and (self.max_value is None or value <= self.max_value)
+        )
+
+
+def make_row(figure: str, value: float, unit: str, reference: float, target: Target) -> BenchRow:
+    ratio = value / reference
+    return BenchRow(
+        figure, float(value), unit, float(reference), ratio, target.text(unit), target.met(value, ratio)
+    )
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    mode: str  # "full" or "quick" (plus " x<scale>" when scaled)
+    repeats: int
+    append_counts: tuple[int, ...]  # batches per repeat, one per APPEND_SIZES entry
+    codec_batches: int  # batches encoded / decoded per repeat
+    recovery_segment_bytes: int
+    recovery_rounds: int
+    tail_scan_bytes: int  # size of the active segment the tail scan recovers
+    producers: int
+    durable_window_s: float  # each durable measurement runs this long
+    partitions: int  # partitions a LogManager opens (bench_manager)
+    partition_rounds: int
+    spark_records: int = 1_000_000  # records the Spark figure reads (oncelog bench --spark)
+
+    def scaled(self, scale: float) -> BenchSettings:
+        if scale == 1:
+            return self
+        return replace(
+            self,
+            mode=f"{self.mode} x{scale:g}",
+            repeats=max(2, min(self.repeats, round(self.repeats * scale))),
+            append_counts=tuple(max(4, int(count * scale)) for count in self.append_counts),
+            codec_batches=max(4, int(self.codec_batches * scale)),
+            recovery_segment_bytes=max(64 * KIB, int(self.recovery_segment_bytes * scale)),
+            recovery_rounds=max(2, min(self.recovery_rounds, round(self.recovery_rounds * scale))),
+            tail_scan_bytes=max(MIB, int(self.tail_scan_bytes * scale)),
+            producers=max(1000, int(self.producers * scale)),
+            durable_window_s=max(0.02, self.durable_window_s * scale),
+            partitions=max(10, int(self.partitions * scale)),
+            partition_rounds=max(1, min(self.partition_rounds, round(self.partition_rounds * scale))),
+            spark_records=max(10_000, int(self.spark_records * scale)),
+        )
+
+
+FULL = BenchSettings(
+    "full", 7, (20_000, 20_000, 4096, 64), 500, 2 * MIB, 7, 64 * MIB, 1_000_000, 1.0, 1000, 3
+)
+QUICK = BenchSettings(
+    "quick", 3, (20_000, 10_000, 2048, 32), 150, 2 * MIB, 3, 32 * MIB, 1_000_000, 0.3, 200, 1, 200_000
+)
+
+
+def settings_for(quick: bool, scale: float = 1.0) -> BenchSettings:
+    return (QUICK if quick else FULL).scaled(scale)
+
+
+@dataclass(frozen=True)
+class RecoveryPoint:
+    sealed_segments: int
+    log_bytes: int
+    bytes_scanned: int
+    times_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ThroughputPoint:
+    batch_bytes: int
+    oncelog_bytes_per_s: float
+    reference_bytes_per_s: float
+
+
+@dataclass
+class BenchResults:
+    settings: BenchSettings
+    rows: list[BenchRow] = field(default_factory=list)
+    recovery: list[RecoveryPoint] = field(default_factory=list)
+    throughput: list[ThroughputPoint] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+Progress = Callable[[str], None]
+Step = Callable[[BenchSettings, str, BenchResults, Progress], None]
+
+
+def run_benchmarks(
+    settings: BenchSettings, directory: str, progress: Progress, *, spark: bool = False
+) -> BenchResults:
+    """Measure every §11 figure in scratch directories under `directory` (removed after);
+    `spark` adds the Spark read figure (needs the spark extra and Java 17+)."""
+    # Imported here: the figure module imports this one for its types and helpers.
+    from oncelog.bench import manager as bench_manager
+    from oncelog.bench import recovery as bench_recovery
+
+    steps: list[tuple[str, Step]] = [
+        ("append, no fsync", append_figures),
+        ("batch encode and decode vs kafka-python", codec_figures),
+        ("unclean recovery", bench_recovery.recovery_figures),
+        ("tail scan on recovery", bench_recovery.tail_scan_figure),
+        (f"producer table at {count_label(settings.producers)} producers", bench_recovery.producer_figures),
+        ("durable appends", durable_figures),
+        (f"opening {settings.partitions:,} partitions", bench_manager.partition_open_figures),
+    ]
+    if spark:
+        from oncelog.bench import spark as spark_bench
+
+        steps.append(("Spark read vs parquet", spark_bench.spark_read_figures))
+    results = BenchResults(settings)
+    started = time.perf_counter()
+    for n, (label, step) in enumerate(steps, 1):
+        progress(f"[{n}/{len(steps)}] {label}")
+        with scratch_dir(directory, f"step{n}") as scratch:
+            step(settings, scratch, results, progress)
+    results.elapsed_s = time.perf_counter() - started
+    return results
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def scratch_dir(parent: str, name: str) -> Iterator[str]:
+    path = os.path.join(parent, name)
+    os.makedirs(path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def timed(action: Callable[[], object]) -> float:
+    gc.collect()  # a collection left over from setup should not land in the timed region
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def median(samples: list[float]) -> float:
+    return float(statistics.median(samples))
+
+
+def count_label(count: int) -> str:
+    if count % 1_000_000 == 0:
+        return f"{count // 1_000_000}M"
+    if count % 1000 == 0:
+        return f"{count // 1000}k"
+    return str(count)
+
+
+def now_ms() -> int:
+    # Current timestamps: a producer stamped more than producer_expiration_ms ago expires on sight.
+    return int(time.time() * 1000)
+
+
+def batch_of_size(total_bytes: int) -> bytes:
+    """A 1-record batch of exactly `total_bytes` (value sized to fit)."""
+    value_bytes = total_bytes - 80
+    for _ in range(3):  # the varints around the value may change size once
+        batch = encode_batch([(b"key-0000", b"v" * value_bytes)], timestamp_ms=now_ms())
+        if len(batch) == total_bytes:
+            return batch
+        value_bytes += total_bytes - len(batch)
+    raise AssertionError(f"cannot build a batch of {total_bytes} bytes")
+
+
+# -- append, no fsync ----------------------------------------------------------------
+
+
+def append_figures(
+    settings: BenchSettings, directory: str, results: BenchResults, progress: Progress
+) -> None:
+    targets = {
+        170: Target(min_ratio=0.5, min_value=200_000),
+        16 * KIB: Target(min_ratio=1.0, min_value=1.5),
+    }
+    for (label, size), count in zip(APPEND_SIZES, settings.append_counts, strict=True):
+        progress(f"  append {label} batches: {settings.repeats} x {count}")
+        oncelog_s, reference_s = _append_times(directory, batch_of_size(size), count, settings.repeats)
+        oncelog_rate, reference_rate = count / median(oncelog_s), count / median(reference_s)
+        results.throughput.append(ThroughputPoint(size, oncelog_rate * size, reference_rate * size))
+        figure = f"append {label} batches, no fsync"
+        target = targets.get(size, Target())
+        if size == 170:
+            results.rows.append(make_row(figure, oncelog_rate, "appends/s", reference_rate, target))
+        else:
+            gb_s = size / GB
+            results.rows.append(make_row(figure, oncelog_rate * gb_s, "GB/s", reference_rate * gb_s, target))
+
+
+def _append_times(directory: str, batch: bytes, count: int, repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds per `count` appends for oncelog and for the reference loop, `repeats` rounds each.
+
+    Steady state on both sides: one log and one reference file, each warmed up,
+    then timed rounds that keep appending to them, interleaved.
+    """
+    oncelog_s: list[float] = []
+    reference_s: list[float] = []
+    with (
+        scratch_dir(directory, "log-0") as path,
+        Log.open(path, APPEND_CONFIG) as log,
+        _reference_file(directory) as fd,
+    ):
+        append, write = log.append, os.write
+
+        def run_log(n: int = count) -> None:
+            for _ in range(n):
+                append(batch)
+
+        def run_reference(n: int = count) -> None:
+            for _ in range(n):
+                write(fd, batch)
+
+        run_log(max(count // 10, 2))
+        run_reference(max(count // 10, 2))
+        for _ in range(repeats):
+            oncelog_s.append(timed(run_log))
+            reference_s.append(timed(run_reference))
+    return oncelog_s, reference_s
+
+
+@contextlib.contextmanager
+def _reference_file(directory: str) -> Iterator[int]:
+    """The reference: a file for one os.write per batch (O_APPEND), in the same directory."""
+    path = os.path.join(directory, "reference.log")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+# -- codec ---------------------------------------------------------------------------
+
+
+def codec_figures(settings: BenchSettings, directory: str, results: BenchResults, progress: Progress) -> None:
+    try:
+        from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+    except ImportError:
+        results.notes.append(
+            "kafka-python is not installed (pip install -e '.[dev]'): the encode and decode rows are skipped"
+        )
+        progress("  kafka-python missing: skipping encode and decode")
+        return
+    stamp_ms = now_ms()
+    records = [(b"key-%04d" % i, bytes(100)) for i in range(100)]
+    count = settings.codec_batches
+
+    def ours_encode() -> bytes:
+        return encode_batch(records, timestamp_ms=stamp_ms)
+
+    def kafka_encode() -> bytes:
+        builder = DefaultRecordBatchBuilder(
+            magic=2,
+            compression_type=0,
+            is_transactional=False,
+            producer_id=-1,
+            producer_epoch=-1,
+            base_sequence=-1,
+            batch_size=1 << 30,
+        )
+        for offset, (key, value) in enumerate(records):
+            builder.append(offset, timestamp=stamp_ms, key=key, value=value, headers=[])
+        return bytes(builder.build())
+
+    encoded = ours_encode()
+    # The same work on both sides: identical bytes after the leader epoch (Kafka's builder stamps 0).
+    if encoded[16:] != kafka_encode()[16:]:
+        raise AssertionError("oncelog and kafka-python encode the benchmark batch differently")
+
+    def ours_decode() -> int:
+        return sum(len(r.key or b"") + len(r.value or b"") for r in RecordBatch(encoded).records())
+
+    def kafka_decode() -> int:
+        return sum(len(r.key or b"") + len(r.value or b"") for r in DefaultRecordBatch(encoded))
+
+    pairs: list[tuple[str, str, int, Callable[[], object], Callable[[], object]]] = [
+        ("build a batch of 100 x 100 B records", "batches/s", 1, ours_encode, kafka_encode),
+        ("decode the records of that batch", "records/s", len(records), ours_decode, kafka_decode),
+    ]
+    for figure, unit, per_call, ours, theirs in pairs:
+        progress(f"  {figure}: {settings.repeats} x {count}")
+        ours_s, theirs_s = [], []
+        for _ in range(settings.repeats):
+            ours_s.append(_time_calls(ours, count))
+            theirs_s.append(_time_calls(theirs, count))
+        ours_rate, theirs_rate = count * per_call / median(ours_s), count * per_call / median(theirs_s)
+        results.rows.append(make_row(figure, ours_rate, unit, theirs_rate, Target(min_ratio=2.0)))
+
+
+def _time_calls(action: Callable[[], object], count: int) -> float:
+    def run() -> None:
+        for _ in range(count):
+            action()
+
+    return timed(run)
+
+
+# -- durable appends (group commit) ---------------------------------------------------
+
+
+def durable_figures(
+    settings: BenchSettings, directory: str, results: BenchResults, progress: Progress
+) -> None:
+    batch = batch_of_size(170)
+    window_s = settings.durable_window_s
+    with_threads, one_thread, raw = [], [], []
+    with scratch_dir(directory, "log-0") as path, Log.open(path) as log:
+        append, note = durable_append(log)
+        if note is not None:
+            results.notes.append(note)
+            progress(f"  {note}")
+        progress(
+            f"  {settings.repeats} x ({DURABLE_THREADS} threads, 1 thread, raw loop), {window_s:g} s each"
+        )
+        for _ in range(settings.repeats):
+            with_threads.append(_durable_rate(append, batch, DURABLE_THREADS, window_s))
+            one_thread.append(_durable_rate(append, batch, 1, window_s))
+            raw.append(_raw_fsync_rate(directory, batch, window_s))
+    results.rows.append(
+        make_row(
+            f"durable appends, {DURABLE_THREADS} threads (group commit)",
+            median(with_threads),
+            "appends/s",
+            median(one_thread),
+            Target(min_ratio=4.0),
+        )
+    )
+    results.rows.append(
+        make_row(
+            "durable appends, 1 thread, vs raw os.write+fsync loop",
+            median(one_thread),
+            "appends/s",
+            median(raw),
+            Target(),
+        )
+    )
+
+
+def durable_append(log: Log) -> tuple[Callable[[bytes], object], str | None]:
+    """`append(batch, durable=True)`, or append + flush where the Log has no such parameter."""
+    if "durable" in inspect.signature(log.append).parameters:
+        append: Callable[..., object] = log.append
+        return (lambda batch: append(batch, durable=True)), None
+
+    def append_then_flush(batch: bytes) -> None:
+        log.append(batch)
+        log.flush()
+
+    return append_then_flush, "Log.append has no durable= parameter: measured append() then flush() instead"
+
+
+def _durable_rate(append: Callable[[bytes], object], batch: bytes, threads: int, window_s: float) -> float:
+    """Appends per second completed by `threads` threads appending for `window_s`."""
+    stop = threading.Event()
+    ready = threading.Barrier(threads + 1)
+    counts = [0] * threads
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        ready.wait()
+        try:
+            while not stop.is_set():
+                append(batch)
+                counts[n] += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(threads)]
+    for thread in workers:
+        thread.start()
+    ready.wait()
+    start = time.perf_counter()
+    time.sleep(window_s)
+    stop.set()
+    for thread in workers:
+        thread.join()
+    elapsed_s = time.perf_counter() - start  # includes the last appends, finished after stop
+    if errors:
+        raise errors[0]
+    return sum(counts) / elapsed_s
+
+
+def _raw_fsync_rate(directory: str, batch: bytes, window_s: float) -> float:
+    path = os.path.join(directory, "reference.log")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
+    try:
+        count = 0
+        start = time.perf_counter()
+        deadline = start + window_s
+        while time.perf_counter() < deadline:
+            os.write(fd, batch)
+            os.fsync(fd)
+            count += 1
+        return count / (time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        os.unlink(path)

@@ -1,0 +1,376 @@
+"""The recovery and producer-table figures of `oncelog bench` (brief §11).
+
+Unclean recovery at 10, 30 and 100 sealed segments with the same tail, the tail
+scan rate, snapshot write and load, memory per producer and expiry, all at 1M
+producers. Conventions (ratio, targets, medians) are those of oncelog.bench.harness.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import time
+from collections.abc import Callable
+
+import crc32c
+import numpy as np
+
+from oncelog.bench.harness import (
+    GB,
+    KIB,
+    MIB,
+    RECOVERY_SEGMENT_COUNTS,
+    BenchResults,
+    BenchSettings,
+    Progress,
+    RecoveryPoint,
+    Target,
+    count_label,
+    make_row,
+    median,
+    now_ms,
+    timed,
+)
+from oncelog.config import LogConfig
+from oncelog.log import Log
+from oncelog.producer_state import PRODUCER_DTYPE, WINDOW, ProducerStateManager
+from oncelog.recovery import snapshot as snapshots
+from oncelog.recovery.fs import OsFileSystem
+from oncelog.recovery.loader import RecoveryReport
+from oncelog.segments.batch import encode_batch
+from oncelog.segments.segment import LOG_SUFFIX, SCAN_CHUNK_BYTES, parse_segment_file_name, segment_file_name
+
+# The producer-table figures run on a fixed clock: the table never reads the wall clock.
+EXPIRATION_MS = 24 * 3600 * 1000
+NOW_MS = 1_800_000_000_000
+
+# -- recovery ------------------------------------------------------------------------
+
+
+def _idempotent_appender(log: Log) -> Callable[[], int]:
+    """Appends 16 KiB batches from 100 producers in turn (so replay restores real state)."""
+    sequence = 0
+    stamp_ms = now_ms()
+    value = b"v" * 16_000
+
+    def append() -> int:
+        nonlocal sequence
+        pid, base_sequence = 100 + sequence % 100, sequence // 100
+        batch = encode_batch(
+            [(b"k", value)],
+            producer_id=pid,
+            producer_epoch=0,
+            base_sequence=base_sequence,
+            timestamp_ms=stamp_ms,
+        )
+        log.append(batch)
+        sequence += 1
+        return len(batch)
+
+    return append
+
+
+def _fsync_tree(root: str, skip: frozenset[str] = frozenset()) -> None:
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            if path in skip:
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _take_image(log: Log, image: str) -> None:
+    shutil.copytree(log.directory, image)  # copied while the log is open: an unclean image
+    _fsync_tree(image)
+
+
+def _clone_image(image: str, target: str) -> dict[str, tuple[int, int]]:
+    """Copy the crash image to `target`, hard-linking its sealed segments (recovery only reads them).
+
+    Returns the (size, mtime) of each linked file, to prove afterwards that it was not written.
+    """
+    bases = sorted(
+        base for name in os.listdir(image) if (base := parse_segment_file_name(name, LOG_SUFFIX)) is not None
+    )
+    sealed = {segment_file_name(base, LOG_SUFFIX) for base in bases[:-1]}
+
+    def copy(source: str, destination: str) -> str:
+        if os.path.basename(source) in sealed:
+            os.link(source, destination)
+            return destination
+        return str(shutil.copy2(source, destination))
+
+    shutil.copytree(image, target, copy_function=copy)
+    linked = {os.path.join(target, name): os.stat(os.path.join(target, name)) for name in sealed}
+    # As after a power loss: the image is on disk, so recovery's own fsync does not pay
+    # for writing back the copy.
+    _fsync_tree(target, skip=frozenset(linked))
+    return {path: (stat.st_size, stat.st_mtime_ns) for path, stat in linked.items()}
+
+
+def _time_unclean_open(image: str, target: str, config: LogConfig) -> tuple[float, RecoveryReport]:
+    """Seconds to open a fresh clone of the crash image `image`, and what recovery did."""
+    linked = _clone_image(image, target)
+    try:
+        gc.collect()
+        start = time.perf_counter()
+        log = Log.open(target, config)
+        elapsed_s = time.perf_counter() - start
+        report = log.recovery_report
+        log.close()
+        for path, signature in linked.items():
+            stat = os.stat(path)
+            if (stat.st_size, stat.st_mtime_ns) != signature:
+                raise AssertionError(f"recovery wrote the sealed segment {path}, which it should only read")
+    finally:
+        shutil.rmtree(target)
+    if report.clean:
+        raise AssertionError(f"the crash image {image} opened as a clean log")
+    return elapsed_s, report
+
+
+def recovery_figures(
+    settings: BenchSettings, directory: str, results: BenchResults, progress: Progress
+) -> None:
+    segment_bytes = settings.recovery_segment_bytes
+    config = LogConfig(segment_bytes=segment_bytes)
+    tail_bytes = int(segment_bytes * 0.9)  # the same active segment for every image
+    images: dict[int, tuple[str, int]] = {}
+    counts = ", ".join(map(str, RECOVERY_SEGMENT_COUNTS))
+    progress(f"  crash images with {counts} sealed segments of {segment_bytes // KIB} KiB, same tail")
+    with Log.open(os.path.join(directory, "live-0"), config) as log:
+        append = _idempotent_appender(log)
+        batch_bytes = append()
+        for sealed in RECOVERY_SEGMENT_COUNTS:
+            while len(log.segments) < sealed + 1 or log.active_segment.size + batch_bytes <= tail_bytes:
+                append()
+            image = os.path.join(directory, f"image-{sealed}")
+            _take_image(log, image)
+            images[sealed] = (image, log.size_bytes)
+    times: dict[int, list[float]] = {sealed: [] for sealed in images}
+    scanned: dict[int, int] = {}
+    progress(f"  {settings.recovery_rounds} unclean opens of each image")
+    for _ in range(settings.recovery_rounds):
+        for sealed, (image, _) in images.items():  # interleaved, so drift hits every size alike
+            elapsed_s, report = _time_unclean_open(image, os.path.join(directory, "open-0"), config)
+            times[sealed].append(elapsed_s)
+            scanned[sealed] = report.bytes_scanned
+    for sealed, (_, log_bytes) in images.items():
+        results.recovery.append(RecoveryPoint(sealed, log_bytes, scanned[sealed], tuple(times[sealed])))
+    few, many = RECOVERY_SEGMENT_COUNTS[0], RECOVERY_SEGMENT_COUNTS[-1]
+    if scanned[many] > scanned[few] + 2 * batch_bytes:
+        results.notes.append(
+            f"recovery scanned {scanned[many]} bytes at {many} segments but {scanned[few]} at {few}: "
+            "not tail-only"
+        )
+    results.rows.append(
+        make_row(
+            f"unclean recovery, {many} vs {few} sealed segments",
+            median(times[many]) * 1000,
+            "ms",
+            median(times[few]) * 1000,
+            Target(max_ratio=1.3),
+        )
+    )
+
+
+def tail_scan_figure(
+    settings: BenchSettings, directory: str, results: BenchResults, progress: Progress
+) -> None:
+    tail_bytes = settings.tail_scan_bytes
+    config = LogConfig(segment_bytes=2 * tail_bytes)
+    progress(f"  crash image with a {tail_bytes // MIB} MiB active segment of 16 KiB batches")
+    with Log.open(os.path.join(directory, "live-0"), config) as log:
+        append = _idempotent_appender(log)
+        while log.active_segment.size < tail_bytes:
+            append()
+        image = os.path.join(directory, "image")
+        _take_image(log, image)
+        active_name = os.path.basename(log.active_segment.path)
+    speeds, reference = [], []
+    for _ in range(settings.recovery_rounds):
+        elapsed_s, report = _time_unclean_open(image, os.path.join(directory, "open-0"), config)
+        speeds.append(report.bytes_scanned / elapsed_s / GB)
+        reference.append(_read_and_crc_rate(os.path.join(image, active_name), report.bytes_scanned) / GB)
+    results.rows.append(
+        make_row(
+            "tail scan on recovery, 16 KiB batches",
+            median(speeds),
+            "GB/s",
+            median(reference),
+            Target(min_value=1.0),
+        )
+    )
+
+
+def _read_and_crc_rate(path: str, size: int) -> float:
+    """The reference: bytes/s of a plain chunked read + CRC-32C of the same bytes."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        start = time.perf_counter()
+        position = 0
+        while position < size:
+            chunk = os.pread(fd, min(SCAN_CHUNK_BYTES, size - position), position)
+            if not chunk:
+                break
+            crc32c.crc32c(chunk)
+            position += len(chunk)
+        return position / (time.perf_counter() - start)
+    finally:
+        os.close(fd)
+
+
+# -- the producer table at 1M producers -----------------------------------------------
+
+
+def producer_table_rows(count: int, expired_fraction: float) -> np.ndarray:
+    """`count` producers with full windows, oldest first; the first fraction is expired at NOW_MS."""
+    rows = np.zeros(count, PRODUCER_DTYPE)
+    rows["producer_id"] = np.arange(count) * 3 + 1000
+    rows["live"] = 1
+    rows["window_count"] = WINDOW
+    rows["txn_first_offset"] = -1
+    rows["coordinator_epoch"] = -1
+    activity = np.full(count, NOW_MS - 1000, dtype=np.int64)
+    activity[: int(count * expired_fraction)] = NOW_MS - EXPIRATION_MS - 1
+    rows["last_append_ms"] = activity
+    rows["last_timestamp_ms"] = activity
+    for k in range(WINDOW):
+        rows["last_sequence"][:, k] = k
+        rows["last_offset"][:, k] = np.arange(count) * WINDOW + k
+        rows["max_timestamp_ms"][:, k] = activity
+    return rows
+
+
+def producer_figures(
+    settings: BenchSettings, directory: str, results: BenchResults, progress: Progress
+) -> None:
+    count = settings.producers
+    label = count_label(count)
+    rows = producer_table_rows(count, expired_fraction=0.01)
+    fs = OsFileSystem()
+    raw_path = os.path.join(directory, "reference.bin")
+    progress(f"  snapshot write and load, {settings.repeats} x each")
+    write_s, raw_write_s, load_s, raw_read_s = [], [], [], []
+    manager = ProducerStateManager(count, EXPIRATION_MS)
+    for _ in range(settings.repeats):
+        write_s.append(timed(lambda: snapshots.write_snapshot(fs, directory, 0, rows)))
+        raw_write_s.append(timed(lambda: _write_and_fsync(raw_path, rows.data.cast("B"))))
+        load_s.append(
+            timed(lambda: manager.load_rows(snapshots.read_snapshot(fs, directory, 0, into=manager.table)))
+        )
+        raw_read_s.append(
+            timed(lambda: _read_whole(os.path.join(directory, snapshots.snapshot_file_name(0))))
+        )
+    if len(manager) != count:
+        raise AssertionError(f"the snapshot loaded {len(manager)} producers, not {count}")
+    results.rows.append(
+        make_row(
+            f"snapshot write, {label} producers",
+            median(write_s),
+            "s",
+            median(raw_write_s),
+            Target(max_value=0.5),
+        )
+    )
+    results.rows.append(
+        make_row(
+            f"snapshot load, {label} producers",
+            median(load_s),
+            "s",
+            median(raw_read_s),
+            Target(max_value=0.25),
+        )
+    )
+    del manager
+    results.rows.append(
+        make_row(
+            f"memory per producer, {label} producers",
+            resident_bytes_per_producer(rows),
+            "B",
+            PRODUCER_DTYPE.itemsize,
+            Target(max_value=200),
+        )
+    )
+    progress(f"  expire 1% of {label} producers, {settings.repeats} x")
+    manager = ProducerStateManager(count, EXPIRATION_MS)
+    expire_s, scan_s = [], []
+    for _ in range(settings.repeats):
+        manager.load_rows(rows)
+        # Steady state: the backstop full pass ran 2 s ago, so the timed call only pops the due head.
+        manager.expire(NOW_MS - 2000)
+        gc.collect()
+        start = time.perf_counter()
+        expired = manager.expire(NOW_MS)
+        expire_s.append(time.perf_counter() - start)
+        scan_s.append(timed(lambda: _full_scan(rows)))
+        if expired != count // 100:
+            raise AssertionError(f"expired {expired} producers, not {count // 100}")
+    results.rows.append(
+        make_row(
+            f"expire 1% of {label} producers",
+            median(expire_s) * 1000,
+            "ms",
+            median(scan_s) * 1000,
+            Target(max_value=2.0),
+        )
+    )
+
+
+def _full_scan(table: np.ndarray) -> int:
+    """The reference: Kafka's method, every producer examined (vectorised here, kinder than Kafka)."""
+    due = NOW_MS - table["last_append_ms"] >= EXPIRATION_MS
+    return int(np.count_nonzero(due & (table["txn_first_offset"] < 0)))
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes_per_producer(rows: np.ndarray) -> float:
+    """Resident memory a producer table holding `rows` adds to the process, per producer.
+
+    Measured as the growth of the process's resident set: the table, its due times
+    and pid map live in anonymous mappings (lazy_memory) that tracemalloc cannot see,
+    and the resident set also counts whatever the load's temporaries leave behind.
+    """
+    gc.collect()
+    before = _resident_bytes()
+    manager = ProducerStateManager(len(rows), EXPIRATION_MS)
+    manager.load_rows(rows, NOW_MS)
+    after = _resident_bytes()
+    if len(manager) != len(rows):
+        raise AssertionError(f"loaded {len(manager)} producers, not {len(rows)}")
+    return (after - before) / len(rows)
+
+
+def _write_and_fsync(path: str, data: memoryview) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        written = 0
+        while written < len(data):
+            written += os.write(fd, data[written:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_whole(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buffer = np.empty(os.fstat(fd).st_size, dtype=np.uint8)
+        view = buffer.data.cast("B")
+        done = 0
+        while done < len(view):
+            read = os.preadv(fd, [view[done:]], done)
+            if read == 0:
+                break
+            done += read
+    finally:
+        os.close(fd)

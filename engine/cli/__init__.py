@@ -1,0 +1,1 @@
+"""The `oncelog` command: `main` parses and dispatches, one module per subcommand."""

@@ -1,0 +1,226 @@
+"""`oncelog bench`: the comparative benchmark report of brief §11."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import logging
+import os
+import platform
+import tempfile
+import time
+import traceback
+from typing import Any, TextIO
+
+from oncelog.bench.harness import BenchSettings, Progress, run_benchmarks, settings_for
+from oncelog.bench.report import print_report, write_json, write_plot
+
+# Internal: scales every size and duration (the test suite runs at about 0.01).
+SCALE_ENV = "ONCELOG_BENCH_SCALE"
+MEMORY_FILESYSTEMS = {"tmpfs", "ramfs"}
+
+DESCRIPTION = """\
+Measure the performance figures of brief §11, each against a reference measured
+in the same process run (so the machine's noise cancels in the ratio), and print
+one table: figure, oncelog, reference, ratio, target, result. Every number is the
+median of several repeats, oncelog and its reference interleaved. Progress goes
+to stderr, the table to stdout. The exit status is 0 even when targets are missed
+(it is a report); it is 1 if a measurement fails and 2 for bad options.
+
+Ratio = oncelog / reference, both in the row's unit: for rates (appends/s,
+GB/s, batches/s, records/s) higher is better, for times (ms, s) lower is better.
+The target column bounds the ratio ("ratio ≥ 2") or the oncelog value itself
+("≤ 2 ms"); "report" rows are informational. Where brief §11 names no
+reference, the nearest raw operation on the same bytes is the reference, so the
+ratio shows the engine's overhead over it.
+
+Figures, and the reference each is measured against:
+  append 170 B (1 record) / 1 KiB / 16 KiB / 1 MiB batches, no fsync
+      Log.append of pre-encoded batches, one call per batch, vs a plain loop doing
+      one os.write per batch of the same bytes to an O_APPEND file in the same
+      directory. Targets: 170 B ratio ≥ 0.5 and ≥ 200k appends/s; 16 KiB
+      ratio ≥ 1 and ≥ 1.5 GB/s; 1 KiB and 1 MiB are reported.
+  build a batch of 100 x 100 B records
+      oncelog.segments.encode_batch vs kafka-python's DefaultRecordBatchBuilder
+      (same bytes out); batches/s, ratio ≥ 2.
+  decode the records of that batch
+      RecordBatch(buf).records() vs iterating kafka-python's DefaultRecordBatch,
+      key and value touched on both sides; records/s, ratio ≥ 2. Both codec rows
+      are skipped, with a note, when kafka-python (a dev extra) is missing.
+  unclean recovery, 100 vs 10 sealed segments
+      Opening a crash image (the directory copied while the log is open, then
+      fsynced) with 100 sealed segments vs one with 10, the same ~90%-full
+      active segment of 16 KiB batches from 100 producers; ratio ≤ 1.3.
+  tail scan on recovery, 16 KiB batches
+      Bytes of the active segment scanned by recovery / time of the unclean open,
+      on a 64 MiB active segment (16 MiB with --quick) vs a plain chunked read +
+      CRC-32C of the same file; ≥ 1 GB/s.
+  snapshot write / snapshot load, 1M producers (full 5-batch windows)
+      write_snapshot (tmp, fsync, rename, fsync dir) vs one os.write + fsync of
+      the same bytes, ≤ 0.5 s; read into the producer table vs one read of the
+      file, ≤ 0.25 s.
+  memory per producer, 1M producers
+      tracemalloc of a loaded producer table vs the size of one table row;
+      ≤ 200 B.
+  expire 1% of 1M producers
+      The ring's expiry (only the due head is examined) vs a full numpy scan of
+      every producer, Kafka's method; ≤ 2 ms.
+  durable appends, 16 threads (group commit)
+      16 threads each appending 170 B batches with Log.append(..., durable=True)
+      (returns once fsynced) vs one thread doing the same on the same log (fsync
+      per append); appends/s, ratio ≥ 4. Run on the disk that holds --dir.
+      Where Log.append has no durable= parameter, append() then flush() is
+      measured instead, and a note says so.
+  durable appends, 1 thread, vs raw os.write+fsync loop
+      The one-thread figure above vs os.write + os.fsync per batch; reported.
+
+The full run takes a minute or two here; --quick under a minute (at most two)."""
+
+EPILOG = """\
+examples:
+  oncelog bench --quick
+  oncelog bench --json bench.json --plot bench/bench.png
+  oncelog bench --dir /mnt/data      # measure on that disk"""
+
+
+def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    parser = commands.add_parser(
+        "bench",
+        help="measure brief §11's performance figures against same-run references",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=formatter,
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="3 repeats instead of 7 and smaller sizes (16 MiB tail scan, shorter durable windows), "
+        "under 2 minutes; the figures are noisier and the header says so",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        help='also write the rows to FILE as a JSON list of {"figure", "value", "unit", "reference", '
+        '"ratio", "target", "met"} objects, one per table row',
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw one PNG with two panels: unclean recovery time against log size (10, 30 and "
+        "100 sealed segments, same tail) and append throughput against batch size beside the "
+        "os.write loop (needs matplotlib, a dev extra)",
+    )
+    parser.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="where the scratch logs go, in a temporary subdirectory removed afterwards; put it on the "
+        "disk to measure, not tmpfs, or the durable figures mean nothing "
+        f"(default: {tempfile.gettempdir()})",
+    )
+    parser.add_argument(
+        "--spark",
+        action="store_true",
+        help="also read 1M records (200k with --quick) through the Spark data source on local[2] against "
+        "spark.read.parquet of the same rows (needs the spark extra and Java 17+; adds about a minute)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        scale = float(os.environ.get(SCALE_ENV, "1"))
+    except ValueError:
+        scale = 0.0
+    if not 0 < scale <= 1:
+        print(f"oncelog bench: {SCALE_ENV} must be a number in (0, 1]", file=err)
+        return 2
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        print("oncelog bench: --plot needs matplotlib (pip install -e '.[dev]')", file=err)
+        return 2
+    if args.spark and importlib.util.find_spec("pyspark") is None:
+        print("oncelog bench: --spark needs pyspark and pyarrow (pip install -e '.[spark]')", file=err)
+        return 2
+    if args.dir is not None and not os.path.isdir(args.dir):
+        print(f"oncelog bench: --dir {args.dir} is not a directory", file=err)
+        return 2
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        # Checked now, not after minutes of measuring.
+        if path is not None and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(path) or ".")):
+            print(f"oncelog bench: {option} {path} cannot be written (a directory, or no parent)", file=err)
+            return 2
+    settings = settings_for(args.quick, scale)
+    # Each unclean open logs the tail it cuts; dozens of them would drown the progress lines.
+    engine_logger = logging.getLogger("oncelog")
+    level = engine_logger.level
+    engine_logger.setLevel(logging.ERROR)
+    try:
+        with tempfile.TemporaryDirectory(prefix="oncelog-bench-", dir=args.dir) as scratch:
+            header = _header(settings, scratch)
+            for line in header:
+                print(f"bench: {line}", file=err)
+            try:
+                results = run_benchmarks(settings, scratch, _progress(err), spark=args.spark)
+            except Exception:
+                print("oncelog bench: a measurement failed:", file=err)
+                traceback.print_exc(file=err)
+                return 1
+    finally:
+        engine_logger.setLevel(level)
+    print_report(results, header, out)
+    try:
+        if args.json:
+            write_json(results.rows, args.json)
+            print(f"bench: wrote {args.json}", file=err)
+        if args.plot:
+            write_plot(results, args.plot)
+            print(f"bench: wrote {args.plot}", file=err)
+    except OSError as exc:
+        print(f"oncelog bench: cannot write {exc.filename}: {exc.strerror or exc}", file=err)
+        return 1
+    return 0
+
+
+def _header(settings: BenchSettings, scratch: str) -> list[str]:
+    if settings.mode.startswith("quick"):
+        mode = f"{settings.mode} run: {settings.repeats} repeats and smaller sizes, so noisier figures"
+    else:
+        mode = f"{settings.mode} run: {settings.repeats} repeats"
+    filesystem = _filesystem_type(scratch)
+    lines = [
+        f"oncelog bench, {mode}",
+        f"{datetime.date.today()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"scratch directory {scratch} ({filesystem})",
+    ]
+    if filesystem in MEMORY_FILESYSTEMS:
+        lines.append(f"warning: {filesystem} is memory, not a disk: fsync costs nothing there")
+    return lines
+
+
+def _filesystem_type(path: str) -> str:
+    """The type of the filesystem holding `path`, from /proc/self/mounts (Linux), or 'unknown'."""
+    real = os.path.realpath(path)
+    best, kind = "", "unknown"
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount_point = fields[1].replace("\\040", " ")
+                inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):
+                    best, kind = mount_point, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
+def _progress(err: TextIO) -> Progress:
+    started = time.perf_counter()
+
+    def progress(message: str) -> None:
+        print(f"bench: {time.perf_counter() - started:6.1f} s  {message}", file=err)
+        err.flush()
+
+    return progress

@@ -1,0 +1,160 @@
+"""`oncelog verify ROOT`: the command line of the read-only check of every partition under ROOT.
+
+Argument parsing, the progress bar and printing only: partitions are found by
+`partition_dirs` and checked by `verify_partition.PartitionVerifier`, which reports
+each problem as one line naming the file and the byte position in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, TextIO
+
+from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
+from oncelog.tools.partition_dirs import BadInputError, find_partitions, root_store_error
+from oncelog.tools.verify_partition import CORRUPT, PartitionVerifier, Problem
+
+EXIT_OK, EXIT_CORRUPT, EXIT_BAD_INPUT = 0, 1, 2
+_REDRAW_BYTES = 1 << 20  # the progress bar is redrawn once this many more bytes are checked
+
+
+DESCRIPTION = """\
+Check every partition under ROOT without changing anything. ROOT is a partition
+directory (it holds %020d.log segments) or a root of <topic>-<partition>
+directories (an oncelog LogManager root, or a Kafka log.dir); root-wide entries
+(.lock, meta.lmdb, producer_ids.lmdb, Kafka's checkpoint files) are skipped, and
+so are partitions being deleted (<tp>.<hex>-delete, or a LogManager delete intent).
+
+Checked, each file streamed in bounded reads:
+  - every batch of every segment: size and length, magic 2, CRC-32C, offsets
+    strictly increasing across batches and segments (the first batch at or above
+    its segment's base offset); in a log written only by client appends also
+    recordsCount = lastOffsetDelta + 1, partitionLeaderEpoch -1 and no gaps
+    (a compacted Kafka batch legally holds fewer records than offsets);
+  - every record of every batch decodes, compressed bodies inflated: each
+    record's framing within the batch, recordsCount records exactly, offset
+    deltas increasing within lastOffsetDelta (0..n-1 in a log of client appends);
+    a batch that does not is CORRUPT wherever it is (recovery would serve it);
+  - .index: offsets and positions strictly increasing, each entry at the start of
+    the batch whose last offset it names, none past the batches;
+  - .timeindex: timestamps and offsets non-decreasing, offsets within the segment;
+  - .txnindex: every entry parses, in order, within its segment;
+  - each producer snapshot, oncelog's or Kafka's v1: CRC, header, no producer twice.
+Zeros up to the end of a segment or an index are pre-allocated space, not damage.
+
+Each problem is one line naming the file and the byte position in it (and the
+batch's base offset): CORRUPT for damage that opening the log would refuse or
+serve (a metadata store that cannot be read, the partition's or the root's,
+included); WARNING for what recovery repairs by itself: a torn tail of the last
+segment ("recovery will cut N bytes at position P": in a Kafka directory a batch
+cut short by the end of the file, in an oncelog one anything past the recovery
+point), an index that an unclean open rebuilds, zeros after the batches of a
+sealed segment. A summary line follows.
+
+Strictly read-only: files are opened read-only, no lock is taken and no log is
+opened, so it is safe on a live or a damaged log. A progress bar (partitions
+done, bytes checked) is drawn on stderr when that is a terminal.
+
+Exit status: 0 when no corruption was found (warnings allowed), 1 when some was
+(or a file could not be read), 2 for bad input (ROOT missing, or holding neither
+segments nor partition directories)."""
+
+EPILOG = """\
+examples:
+  oncelog verify data/orders-0          # one partition directory
+  oncelog verify /var/lib/kafka/data    # every <topic>-<partition> under a root
+  oncelog verify --quiet --no-progress data || echo "corruption found"   # for cron"""
+
+
+def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    parser = commands.add_parser(
+        "verify",
+        help="check every batch, index and snapshot of a partition or a root (read-only)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=formatter,
+    )
+    parser.add_argument("root", metavar="ROOT", help="a partition directory or a root of them")
+    parser.add_argument(
+        "--quiet", action="store_true", help="print only CORRUPT lines: no warnings, no summary"
+    )
+    parser.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="never draw the progress bar"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    fs = ReadOnlyFileSystem(DEFAULT_FS)
+    try:
+        partitions = find_partitions(args.root, fs)
+    except BadInputError as exc:
+        print(f"oncelog verify: {exc}", file=err)
+        return EXIT_BAD_INPUT
+    with _ProgressBar(out, err, len(partitions), show=args.progress and err.isatty()) as bar:
+
+        def report(problem: Problem) -> None:
+            if problem.severity == CORRUPT or not args.quiet:
+                bar.print(str(problem))
+
+        verifier = PartitionVerifier(fs, report, bar.advance)
+        root_error = root_store_error(fs, args.root)
+        if root_error is not None:
+            verifier.problem(CORRUPT, args.root, None, root_error)
+        for partition in partitions:
+            verifier.verify(partition)
+            bar.partition_done()
+    if not args.quiet:
+        print(verifier.totals, file=out)
+    return EXIT_CORRUPT if verifier.totals.corrupt else EXIT_OK
+
+
+class _ProgressBar:
+    """rich's bar on stderr: partitions done, bytes checked. Nothing unless `show`."""
+
+    def __init__(self, out: TextIO, err: TextIO, partitions: int, *, show: bool):
+        self._out = out
+        self._progress: Any = None
+        self._checked = self._shown = 0
+        if not show:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("verify"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("partitions, {task.fields[mib]:.1f} MiB checked"),
+            TimeElapsedColumn(),
+            console=Console(file=err),
+            transient=True,
+        )
+        self._task = self._progress.add_task("verify", total=partitions, mib=0.0)
+
+    def __enter__(self) -> _ProgressBar:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def advance(self, count: int) -> None:
+        # Redrawn once a MiB, not once a batch: a segment of small batches has millions.
+        self._checked += count
+        if self._progress is not None and self._checked - self._shown >= _REDRAW_BYTES:
+            self._shown = self._checked
+            self._progress.update(self._task, mib=self._checked / 2**20)
+
+    def partition_done(self) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, mib=self._checked / 2**20)
+
+    def print(self, line: str) -> None:
+        if self._progress is not None and self._out.isatty():
+            # The same terminal: print above the bar rather than through it.
+            self._progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(line, file=self._out)

@@ -1,0 +1,394 @@
+"""Verify one partition directory: every batch, index and snapshot, each problem as found.
+
+Every segment is streamed batch by batch (`scan_file`: bounded reads) and each batch
+checked: size, magic, CRC-32C, offsets increasing across batches and segments, and
+every record decoding (the append path's own record check). Each
+segment's `.index` is walked alongside its batches (verify_indexes), then its
+`.timeindex` and `.txnindex` checked, and every producer snapshot's CRC. A problem
+names the file and the byte position in it.
+
+What is corruption follows what opening the log would do (recovery/loader.py): a
+tail that recovery cuts (a batch cut short at the end of the last segment; in an
+oncelog directory, anything bad past the recovery point in the last segment) and an
+index that recovery rebuilds are warnings. Anything else is corruption, and so is a
+batch whose records do not decode wherever it is: recovery reads only headers, so it
+would serve that batch, and every reader would fail on it.
+
+Strictly read-only: the verifier reads through a `ReadOnlyFileSystem`, whatever
+seam it is given, and never opens a `Log`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from oncelog.errors import CorruptRecordError, CorruptSnapshotError, InvalidRecordError
+from oncelog.recovery.fs import FileHandle, FileSystem, ReadOnlyFileSystem
+from oncelog.recovery.loader import RecoveryPoint
+from oncelog.recovery.snapshot import list_snapshot_offsets, read_snapshot, snapshot_file_name
+from oncelog.segments.batch import RecordBatch, TruncatedBatchError, UnwrittenSpaceError
+from oncelog.segments.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    check_client_appended,
+    scan_file,
+    segment_file_name,
+    zeros_to_end,
+)
+from oncelog.segments.txn_index import ENTRY_SIZE, TXN_INDEX_SUFFIX, TransactionIndex
+from oncelog.tools.partition_dirs import Partition, PartitionMeta, read_partition_meta, segment_bases
+from oncelog.tools.verify_indexes import Flag, OffsetIndexWalk, index_entries
+
+CORRUPT, WARNING = "CORRUPT", "WARNING"
+
+
+class Problem(NamedTuple):
+    severity: str
+    path: str
+    position: int | None
+    reason: str
+    offset: int | None = None  # base offset of the batch, when there is one
+
+    def __str__(self) -> str:
+        where = self.path if self.position is None else f"{self.path} position {self.position}"
+        batch = "" if self.offset is None else f"batch at offset {self.offset}: "
+        return f"{self.severity} {where}: {batch}{self.reason}"
+
+
+@dataclass
+class VerifyTotals:
+    partitions: int = 0
+    segments: int = 0
+    batches: int = 0
+    bytes: int = 0
+    corrupt: int = 0
+    warnings: int = 0
+
+    def __str__(self) -> str:
+        found = f"{self.corrupt} corrupt, {self.warnings} warnings"
+        return (
+            f"verified {self.partitions} partitions, {self.segments} segments, {self.batches} batches, "
+            f"{self.bytes} bytes: {found if self.corrupt or self.warnings else 'no problems'}"
+        )
+
+
+# -- batches -------------------------------------------------------------------------------
+
+
+def batch_problem(batch: RecordBatch, position: int, base: int, prev: int | None, strict: bool) -> str | None:
+    """Why a batch is bad, or None. `prev`: the last offset before it; `strict`: client appends only."""
+    try:
+        batch.validate()  # magic, CRC, lastOffsetDelta >= 0, recordsCount <= lastOffsetDelta + 1, codec
+    except CorruptRecordError as exc:
+        return exc.reason
+    h = batch.header
+    if h.base_offset < base:
+        return f"base offset is below the segment's base offset {base}"
+    if prev is not None and h.base_offset <= prev:
+        return f"offsets {h.base_offset}..{batch.last_offset} do not follow the previous batch's {prev}"
+    if strict:
+        # Kafka's cleaner keeps a compacted batch's lastOffsetDelta with fewer records, so
+        # only a log written by client appends (each checked for it) must match exactly.
+        if h.records_count and h.records_count != h.last_offset_delta + 1:
+            return f"recordsCount {h.records_count} is not lastOffsetDelta {h.last_offset_delta} + 1"
+        try:
+            check_client_appended(batch, prev if position > 0 else None)
+        except CorruptRecordError as exc:
+            return exc.reason
+    return None
+
+
+def records_problem(batch: RecordBatch, strict: bool) -> str | None:
+    """Why the records of a batch that passed batch_problem do not decode, or None.
+
+    The append path's check (RecordBatch.check_records): every record's framing, the
+    count, and offset deltas 0..n-1 in a log of client appends (`strict`), or only
+    increasing within lastOffsetDelta where compaction may have left gaps.
+    """
+    try:
+        batch.check_records(exact=strict)
+    except CorruptRecordError as exc:
+        return f"records do not decode: {exc.reason}"
+    except InvalidRecordError as exc:
+        return f"records break the offset rule: {exc}"
+    return None
+
+
+def recovery_cuts(meta: PartitionMeta, base: int, position: int, next_offset: int, truncated: bool) -> bool:
+    """Would opening the log cut its last segment at `position` as a torn tail, rather than refuse?
+
+    The loader's rule: in an oncelog directory, damage the recovery point does not cover
+    (a missing point is 0); in a Kafka one, only a batch cut short by the end of the file.
+    """
+    if not meta.oncelog:
+        return truncated
+    point = meta.recovery_point or RecoveryPoint(0)
+    return not point.covers(base, position) and next_offset >= point.offset
+
+
+def first_rebuilt(meta: PartitionMeta, bases: list[int]) -> int | None:
+    """Base of the first segment an unclean open validates and re-indexes (the loader's rule)."""
+    if not meta.oncelog or meta.clean_shutdown or not bases:
+        return None
+    point = meta.recovery_point.offset if meta.recovery_point is not None else 0
+    return bases[max(bisect.bisect_right(bases, point) - 1, 0)]
+
+
+class SegmentScan(NamedTuple):
+    last_offset: int | None  # of the last batch read (or the previous segment's)
+    batches: int
+    bytes: int  # where the last batch read ends
+    complete: bool  # every byte read: batches, then zeros to the end
+
+
+# -- partitions --------------------------------------------------------------------------------
+
+
+class PartitionVerifier:
+    """Verifies partitions one at a time, reporting each problem as it is found."""
+
+    def __init__(self, fs: FileSystem, report: Callable[[Problem], None], on_bytes: Callable[[int], None]):
+        self.fs = fs if isinstance(fs, ReadOnlyFileSystem) else ReadOnlyFileSystem(fs)
+        self.totals = VerifyTotals()
+        self._report = report
+        self._on_bytes = on_bytes
+
+    def problem(
+        self, severity: str, path: str, position: int | None, reason: str, offset: int | None = None
+    ) -> None:
+        if severity == CORRUPT:
+            self.totals.corrupt += 1
+        else:
+            self.totals.warnings += 1
+        self._report(Problem(severity, path, position, reason, offset))
+
+    def verify(self, partition: Partition) -> None:
+        self.totals.partitions += 1
+        directory = partition.path
+        try:
+            names = self.fs.listdir(directory)
+        except OSError as exc:
+            self.problem(CORRUPT, directory, None, f"cannot list: {exc.strerror or exc}")
+            return
+        meta = read_partition_meta(self.fs, directory)
+        if meta.error is not None:
+            # Opening the log would refuse it (CorruptMetadataError), or fail to read it.
+            self.problem(CORRUPT, directory, None, meta.error)
+        bases, bad = segment_bases(names)
+        for name in bad:
+            self.problem(CORRUPT, os.path.join(directory, name), None, "a .log whose name is no base offset")
+        if not bases:
+            self.problem(WARNING, directory, None, f"no {LOG_SUFFIX} segment files")
+        if bases and meta.log_start_offset is not None and meta.log_start_offset < bases[0]:
+            start = meta.log_start_offset
+            self.problem(
+                CORRUPT,
+                os.path.join(directory, segment_file_name(start, LOG_SUFFIX)),
+                0,
+                f"offsets {start} to {bases[0] - 1} are missing: the log starts at {start} but its first "
+                f"segment file starts at {bases[0]} (a lost segment)",
+            )
+        rebuilt_from = first_rebuilt(meta, bases)
+        prev: int | None = None
+        for n, base in enumerate(bases):
+            rebuilt = rebuilt_from is not None and base >= rebuilt_from
+            prev = self._segment(directory, base, prev, meta, is_last=n == len(bases) - 1, rebuilt=rebuilt)
+        self._fsynced_data_present(directory, bases, prev, meta)
+        self._snapshots(directory, names)
+
+    def _fsynced_data_present(
+        self, directory: str, bases: list[int], last: int | None, meta: PartitionMeta
+    ) -> None:
+        """The data ends no earlier than the recovery point: what was fsynced is still there.
+
+        A recovery point past the data means a segment file was deleted or emptied (or a
+        flush committed a point past a truncation); opening the log refuses it
+        (CorruptLogError) rather than come back shorter.
+        """
+        point = meta.recovery_point
+        if point is None:
+            return
+        end = (last + 1) if last is not None else (bases[-1] if bases else 0)
+        if point.offset > end:
+            where = segment_file_name(
+                point.segment_base if point.segment_base is not None else end, LOG_SUFFIX
+            )
+            self.problem(
+                CORRUPT,
+                os.path.join(directory, where),
+                None,
+                f"the recovery point says offsets up to {point.offset - 1} were fsynced, but the data "
+                f"ends at {end}: offsets {end} to {point.offset - 1} are missing (a lost or emptied segment)",
+            )
+
+    def _segment(
+        self,
+        directory: str,
+        base: int,
+        prev: int | None,
+        meta: PartitionMeta,
+        *,
+        is_last: bool,
+        rebuilt: bool,
+    ) -> int | None:
+        """Check one segment and its indexes; returns the last offset so far."""
+        self.totals.segments += 1
+        path = os.path.join(directory, segment_file_name(base, LOG_SUFFIX))
+        if prev is not None and base <= prev:
+            self.problem(CORRUPT, path, 0, f"segment base offset {base} is not after the last offset {prev}")
+        elif prev is not None and meta.client_only and base > prev + 1:
+            # Client appends take every offset: a gap between segments is a lost segment.
+            self.problem(
+                CORRUPT,
+                path,
+                0,
+                f"offsets {prev + 1} to {base - 1} are missing before this segment (a lost segment)",
+            )
+        index_path = path[: -len(LOG_SUFFIX)] + INDEX_SUFFIX
+        flag = self._index_flag(index_path, rebuilt)
+        handles: list[FileHandle] = []
+        try:
+            handles.append(handle := self.fs.open(path, writable=False))
+            index = self._open_optional(index_path)
+            handles += [index] if index is not None else []
+            entries = index_entries(index, base, time=False, flag=flag) if index is not None else iter(())
+            walk = OffsetIndexWalk(entries, flag, exact=meta.oncelog)
+            scan = self._scan(handle, base, prev, meta, is_last, walk)
+            if scan.complete:
+                walk.finish(scan.bytes)
+            self._on_bytes(handle.size() - scan.bytes)  # zeros, or what follows the damage
+        except OSError as exc:  # the segment's or its index's: name the one it is about
+            where = exc.filename if isinstance(exc.filename, str) else path
+            self.problem(CORRUPT, where, None, f"cannot read: {exc.strerror or exc}")
+            return prev
+        finally:
+            for opened in handles:
+                opened.close()
+        self.totals.batches += scan.batches
+        self.totals.bytes += scan.bytes
+        if meta.client_only and not is_last and scan.complete and scan.batches == 0:
+            # Client appends never seal an empty segment: its batches were lost.
+            self.problem(
+                CORRUPT, path, 0, "a sealed segment with no batches: its data was lost (an emptied file)"
+            )
+        last = scan.last_offset if scan.complete else None  # bounds what the other indexes may name
+        self._time_index(path[: -len(LOG_SUFFIX)] + TIME_INDEX_SUFFIX, base, last, rebuilt)
+        self._txn_index(path[: -len(LOG_SUFFIX)] + TXN_INDEX_SUFFIX, base, last, rebuilt)
+        return scan.last_offset
+
+    def _scan(
+        self,
+        handle: FileHandle,
+        base: int,
+        prev: int | None,
+        meta: PartitionMeta,
+        is_last: bool,
+        walk: OffsetIndexWalk,
+    ) -> SegmentScan:
+        """Check every batch; report each problem, and go on while the headers allow."""
+        path, size = handle.path, handle.size()
+        batches = end = 0
+        last = prev
+        try:
+            for position, batch in scan_file(handle, 0, size):
+                problem = batch_problem(batch, position, base, last, meta.client_only)
+                if problem is not None:
+                    after = base if last is None else last + 1
+                    if is_last and recovery_cuts(meta, base, position, after, truncated=False):
+                        self.problem(WARNING, path, position, _cut(size - position, position, problem))
+                        return SegmentScan(last, batches, end, False)
+                    self.problem(CORRUPT, path, position, problem, batch.base_offset)
+                elif (problem := records_problem(batch, meta.client_only)) is not None:
+                    # Never a torn tail: recovery reads headers only and would serve it.
+                    self.problem(CORRUPT, path, position, problem, batch.base_offset)
+                walk.on_batch(position, batch.base_offset, batch.last_offset)
+                self._on_bytes(batch.size)
+                batches, end = batches + 1, position + batch.size
+                last = batch.last_offset if last is None else max(last, batch.last_offset)
+        except CorruptRecordError as exc:
+            at = end if exc.position is None else exc.position
+            if isinstance(exc, UnwrittenSpaceError) and zeros_to_end(handle, at, size):
+                if not is_last:  # the engine trims a segment when it seals it
+                    self.problem(
+                        WARNING, path, at, f"{size - at} bytes of zeros after a sealed segment's batches"
+                    )
+                return SegmentScan(last, batches, end, True)
+            truncated = isinstance(exc, TruncatedBatchError)
+            if is_last and recovery_cuts(meta, base, at, base if last is None else last + 1, truncated):
+                self.problem(WARNING, path, at, _cut(size - at, at, exc.reason))
+            else:
+                self.problem(CORRUPT, path, at, exc.reason)
+            return SegmentScan(last, batches, end, False)
+        return SegmentScan(last, batches, end, True)
+
+    def _open_optional(self, path: str) -> FileHandle | None:
+        return self.fs.open(path, writable=False) if self.fs.exists(path) else None
+
+    def _index_flag(self, path: str, rebuilt: bool) -> Flag:
+        def flag(position: int, reason: str) -> None:
+            if rebuilt:
+                self.problem(WARNING, path, position, f"{reason} (recovery rebuilds this index)")
+            else:
+                self.problem(CORRUPT, path, position, reason)
+
+        return flag
+
+    def _time_index(self, path: str, base: int, last: int | None, rebuilt: bool) -> None:
+        flag = self._index_flag(path, rebuilt)
+        try:
+            handle = self._open_optional(path)
+            if handle is None:
+                return
+            try:
+                for entry in index_entries(handle, base, time=True, flag=flag):
+                    if last is not None and entry.value > last:
+                        flag(entry.at, f"offset {entry.value} is past the segment's last offset {last}")
+            finally:
+                handle.close()
+        except OSError as exc:
+            flag(0, f"cannot read: {exc.strerror or exc}")
+
+    def _txn_index(self, path: str, base: int, last: int | None, rebuilt: bool) -> None:
+        if not self.fs.exists(path):
+            return
+        flag = self._index_flag(path, rebuilt)
+        # TransactionIndex opens read-write; handed the read-only seam it cannot change the file.
+        index = TransactionIndex(self.fs, path, base)
+        try:
+            for n, txn in enumerate(index.entries()):
+                if last is not None and txn.last_offset > last:
+                    flag(
+                        n * ENTRY_SIZE,
+                        f"marker offset {txn.last_offset} is past the segment's last offset {last}",
+                    )
+        except CorruptRecordError as exc:
+            flag(exc.position or 0, exc.reason)
+        except OSError as exc:
+            flag(0, f"cannot read: {exc.strerror or exc}")
+        finally:
+            index.close()
+
+    def _snapshots(self, directory: str, names: list[str]) -> None:
+        for offset in list_snapshot_offsets(self.fs, directory, names):
+            path = os.path.join(directory, snapshot_file_name(offset))
+            try:
+                rows = read_snapshot(self.fs, directory, offset)
+            except CorruptSnapshotError as exc:
+                self.problem(CORRUPT, path, None, str(exc).removeprefix(f"{path}: "))
+                continue
+            except OSError as exc:
+                self.problem(CORRUPT, path, None, f"cannot read: {exc.strerror or exc}")
+                continue
+            if len(np.unique(rows["producer_id"])) != len(rows):
+                self.problem(CORRUPT, path, None, "a producer id appears twice")
+
+
+def _cut(count: int, position: int, why: str) -> str:
+    return f"torn tail: recovery will cut {count} bytes at position {position} ({why})"

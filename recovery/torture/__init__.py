@@ -1,0 +1,1 @@
+"""The fault-injecting twin of the filesystem seam and the crash torture harness built on it."""

@@ -1,0 +1,519 @@
+"""The crash torture harness: a seeded workload, a crash, recovery, and the checker.
+
+One crash state: idempotent producers append (with retries, epoch bumps, flushes,
+rolls and clean reopens) to a Log on the fault-injecting twin, interleaved with
+transactional producers that open transactions, send 1-3 transactional batches and
+commit or abort them (brief §8), sometimes leaving one open across flushes, rolls,
+reopens and the crash; the twin then crashes in one fault class (brief §9); the log
+is reopened on what the crash left; the checker enforces every invariant:
+
+1. every acknowledged-durable batch is present, at its offset, byte for byte (after
+   a kill, every acknowledged batch: the page cache survives);
+2. nothing appears twice and there are no holes;
+3. the log is a prefix of what was written: no byte that was never written;
+4. producer state equals a full replay of the recovered log, but for producers the
+   engine may have expired (idle past the expiration on its clock, no open
+   transaction), which may be missing; each producer's last append time is no
+   earlier than its newest batch's append and no later than the recovery's clock;
+   producers appended within the expiration are all there;
+5. a retry of any batch in a producer's recovered window comes back as a
+   duplicate with its original offsets;
+6. a second crash right after recovery loses nothing recovery exposed;
+7. read_committed returns only committed data: the outcome of every transaction
+   (committed, aborted, still open) is derived from the markers actually in the
+   recovered log, and a read_committed scan must return exactly the records of
+   committed transactions and non-transactional batches below the last stable
+   offset, which must be the first offset of the oldest open transaction (or the
+   log end); markers acknowledged as durable must be there. Checked after
+   recovery, after the second crash, and once the transactions left open by the
+   crash are committed or aborted on the recovered log;
+8. the log start is the one the last completed delete_records / retention left,
+   or (a crash inside one) the one it was moving to; data removed on purpose by a
+   completed truncation, delete_records or retention is not required, and a crash
+   inside truncate_to may leave the old log or any prefix of it down to its cut;
+9. every byte the engine writes through a mapping has a disk block reserved, in the
+   run and in recovery (the twin's `sigbus_risks`): else a full disk is SIGBUS.
+
+A bit flip below the recovery point must be reported (CorruptLogError), never
+served; a failed fsync must never be followed by an acknowledgement.
+
+Every crash state has its own seed; `replay_command` reproduces it exactly.
+
+This module holds the crash-state checker (check_recovered and the per-invariant
+checks), run_crash_state and run_torture. The rest of the harness lives beside it:
+torture_model (constants, Model, Violation), torture_workload (the seeded workload),
+torture_cuts (the Model's side of truncation and retention) and torture_txn (the
+transaction view and the read_committed checks). This module re-exports their public
+names (`__all__`), so `torture.X` still reaches all of them.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from oncelog.errors import CorruptLogError, CorruptRecordError, OncelogError
+from oncelog.log import METADATA_DIR, Log
+from oncelog.producer_replay import ReplayBuffer
+from oncelog.producer_state import ProducerStateEntry, ProducerStateManager
+from oncelog.recovery.loader import read_recovery_point
+from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.recovery.torture.model import (
+    ABORTED,
+    CLOCK_MS,
+    COMMITTED,
+    CONFIG,
+    DIRECTORY,
+    EXPIRATION_MS,
+    FAULTS,
+    LOSABLE_SUFFIXES,
+    MAX_KILL_POINT,
+    OPEN,
+    PRODUCERS,
+    READ_COMMITTED_FETCH_BYTES,
+    TAIL_SLACK_BYTES,
+    TXN_PRODUCERS,
+    Model,
+    OnlineCheckFailed,
+    Txn,
+    Violation,
+    crash_seed,
+    stamped,
+)
+from oncelog.recovery.torture.txn import (
+    TxnView,
+    check_read_committed,
+    check_txn_outcomes,
+    complete_open_transactions,
+    derive_transactions,
+    read_all,
+    read_committed,
+)
+from oncelog.recovery.torture.workload import run_workload
+from oncelog.segments.batch import RecordBatch
+from oncelog.segments.control import decode_txn_marker
+
+__all__ = [
+    # torture_model
+    "FAULTS",
+    "DIRECTORY",
+    "CLOCK_MS",
+    "EXPIRATION_MS",
+    "CONFIG",
+    "PRODUCERS",
+    "TXN_PRODUCERS",
+    "TAIL_SLACK_BYTES",
+    "MAX_KILL_POINT",
+    "READ_COMMITTED_FETCH_BYTES",
+    "COMMITTED",
+    "ABORTED",
+    "OPEN",
+    "Violation",
+    "OnlineCheckFailed",
+    "Txn",
+    "Model",
+    "crash_seed",
+    # torture_workload
+    "run_workload",
+    # torture_txn
+    "read_all",
+    "TxnView",
+    "derive_transactions",
+    "read_committed",
+    "check_read_committed",
+    "check_txn_outcomes",
+    "complete_open_transactions",
+    # this module
+    "check_recovered",
+    "check_producer_state",
+    "run_crash_state",
+    "TortureSummary",
+    "run_torture",
+]
+
+
+# Invariant 9 (the twin records every mapped write a full disk would turn into SIGBUS).
+SIGBUS_INVARIANT = "mapped writes land on reserved blocks"
+
+
+def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) -> list[Violation]:
+    """Reopen on the crashed twin and check every invariant."""
+    found: list[Violation] = []
+
+    def violation(invariant: str, detail: str) -> None:
+        found.append(Violation(seed, fault, invariant, f"{detail} [{fs.describe()}]"))
+
+    if model.acked_after_fsync_failure:
+        violation("no ack after a failed fsync", f"{model.acked_after_fsync_failure} acks followed it")
+    tail_bytes = _bytes_from_recovery_point(fs)
+    # A lost segment file: reporting it is right (CorruptLogError at open or on reading
+    # the missing offsets); serving a shorter log is not. What the recovery point did not
+    # cover the engine cannot know was there, and may be gone with the file.
+    lost_segment = any(f.kind == "lost" and f.path.endswith(".log") for f in fs.faults)
+    reportable = fault in ("bitflip", "misdirect") or lost_segment
+    if lost_segment:
+        model.lost_from = _stored_recovery_point(fs)
+    # Recovery runs at the crash's time, or after an idle gap past the expiration: the
+    # load then expires what the snapshot knows to be idle, and must keep the rest.
+    gap = random.Random(f"{seed}/recovery-clock").choice((0, 0, 0, EXPIRATION_MS + 1, 3 * EXPIRATION_MS))
+    now_ms = model.now_ms + gap
+    try:
+        log = Log.open(DIRECTORY, CONFIG, fs=fs, clock=lambda: now_ms)
+    except CorruptLogError:
+        # Bytes below the recovery point were changed or lost: reporting it is the right answer.
+        if not reportable:
+            violation("recovery succeeds", "CorruptLogError without corruption injected")
+        return found
+    max_bytes = READ_COMMITTED_FETCH_BYTES[seed % 3]
+    try:
+        present = {batch.base_offset: batch.buffer.tobytes() for batch in read_all(log)}
+        _place_in_flight(model, present)
+        batches = [RecordBatch(present[offset]) for offset in sorted(present)]
+        end = log.log_end_offset
+        _check_log_start(log.log_start_offset, end, model, violation)
+        # The batches retention or delete_records took are gone from the log but not from
+        # its history: producer state and transactions are checked against all of it.
+        history = _history_below(model, batches[0].base_offset if batches else end) + batches
+        scanned = log.recovery_report.bytes_scanned
+        # Brief §5: recovery cost follows the tail. Only faults that cannot damage fsynced
+        # snapshots or indexes are held to it (a bit flip or misdirected write may).
+        if fault not in ("bitflip", "misdirect", "lost") and scanned > tail_bytes + TAIL_SLACK_BYTES:
+            violation("recovery reads only the tail", f"scanned {scanned} bytes, the tail holds {tail_bytes}")
+        _check_log_contents(batches, present, log.log_start_offset, end, model, fault, violation)
+        check_producer_state(log, present, violation, history, now_ms=now_ms, model=model)
+        view = check_read_committed(log, history, max_bytes, violation)
+        check_txn_outcomes(view, model, fault, violation)
+        _check_retries(log, present, model, violation)
+        _check_second_crash(log, fs, present, model, max_bytes, violation, now_ms)
+        complete_open_transactions(log, history, view, seed, violation)
+    except (CorruptLogError, CorruptRecordError) as exc:
+        if not reportable:
+            violation("reads succeed", str(exc))
+        log.close()
+    return found
+
+
+def _place_in_flight(model: Model, present: dict[int, bytes]) -> None:
+    """Batches whose append had not returned when the run ended may be in the log at any
+    offset: where one is, it counts as written there, at the time it was handed over."""
+    if not model.in_flight:
+        return
+    for offset, data in present.items():
+        if model.written.get(offset) == data:
+            continue
+        for raw, (appended_ms, restart) in list(model.in_flight.items()):
+            if stamped(raw, offset) == data:
+                model.written[offset] = data
+                model.append_ms[offset] = appended_ms
+                if restart:
+                    model.restarted_at.add(offset)
+                del model.in_flight[raw]
+                break
+
+
+def _stored_recovery_point(fs: FaultFileSystem) -> int:
+    store = fs.open_store(f"{DIRECTORY}/{METADATA_DIR}")
+    try:
+        return read_recovery_point(store).offset
+    finally:
+        store.close()
+
+
+def _bytes_from_recovery_point(fs: FaultFileSystem) -> int:
+    """Bytes in the segments from the one holding the recovery point on: all recovery may read."""
+    store = fs.open_store(f"{DIRECTORY}/{METADATA_DIR}")
+    try:
+        point = read_recovery_point(store)
+    finally:
+        store.close()
+    total = 0
+    if not fs.exists(DIRECTORY):
+        return total
+    bases = [
+        int(name[:20]) for name in fs.listdir(DIRECTORY) if name.endswith(".log") and name[:20].isdigit()
+    ]
+    first = max([base for base in bases if base <= point.offset], default=0)
+    for base in bases:
+        if base >= first:
+            handle = fs.open(f"{DIRECTORY}/{base:020d}.log", writable=False)
+            total += handle.size()
+            handle.close()
+    return total
+
+
+def _check_log_start(start: int, end: int, model: Model, violation: Callable[[str, str], None]) -> None:
+    """The start is the one the last completed delete_records / retention left, or the one an
+    interrupted one moves to; a crash that cut the log end below it leaves the end."""
+    allowed = {min(model.log_start, end)}
+    if model.pending_start is not None:
+        allowed.add(min(model.pending_start, end))
+    if start not in allowed:
+        violation(
+            "the log start is the old or the new one",
+            f"recovered start {start}, expected one of {sorted(allowed)} (log end {end})",
+        )
+
+
+def _history_below(model: Model, offset: int) -> list[RecordBatch]:
+    """What the workload wrote below `offset` (the first batch the recovered log serves)."""
+    return [RecordBatch(model.written[base]) for base in sorted(model.written) if base < offset]
+
+
+def _check_log_contents(
+    batches: Sequence[RecordBatch],
+    present: dict[int, bytes],
+    start: int,
+    end: int,
+    model: Model,
+    fault: str,
+    violation: Callable[[str, str], None],
+) -> None:
+    # Reads serve whole batches: the first one holds the start.
+    expected = batches[0].base_offset if batches and batches[0].base_offset <= start else start
+    seen: set[tuple[int, int, int]] = set()
+    for batch in batches:
+        offset = batch.base_offset
+        if offset != expected:
+            violation("no holes", f"batch at {offset}, expected {expected}")
+        expected = batch.last_offset + 1
+        if model.written.get(offset) != present[offset]:
+            violation("prefix of what was written", f"batch at offset {offset} was never written")
+        if batch.is_control:
+            continue  # markers carry no sequence: a producer writes many at one epoch
+        key = (batch.producer_id, batch.producer_epoch, batch.base_sequence)
+        if key in seen:
+            violation("nothing twice", f"producer batch {key} appears twice")
+        seen.add(key)
+    if expected != end:
+        violation("no holes", f"batches end at {expected}, log end is {end}")
+    # After a kill (enospc runs end in one) the page cache survives: every ack must.
+    must_survive = model.acked if fault in ("kill", "enospc", "lost") else {}
+    for offset, data in model.acked.items():
+        last = RecordBatch(data).last_offset
+        if last < start or model.excused(last):
+            continue  # below the start (retention, delete_records), or cut by the interrupted truncation
+        durable = last < model.durable_end
+        if (durable or offset in must_survive) and present.get(offset) != data:
+            why = "durable" if durable else "acknowledged before a kill"
+            kind = "marker" if RecordBatch(data).is_control else "batch"
+            violation("acknowledged data survives", f"{why} {kind} at {offset} is missing or changed")
+
+
+def _full_replay(batches: Sequence[RecordBatch], forget_at: frozenset[int]) -> dict[int, ProducerStateEntry]:
+    """Every producer's state after the loader's own replay of `batches` from offset 0, with
+    nothing expired, except that a producer is forgotten just before each offset in
+    `forget_at` (where the run saw it expire and restart)."""
+    replayed = ProducerStateManager(CONFIG.producer_capacity, CONFIG.producer_expiration_ms)
+    replay = ReplayBuffer(replayed, now_ms=0)
+    for batch in batches:
+        if batch.producer_id < 0:
+            continue
+        if batch.is_control:
+            marker = decode_txn_marker(batch)
+            if marker is not None:
+                replay.replay_marker(
+                    batch.producer_id, batch.producer_epoch, batch.base_offset, batch.max_timestamp, marker
+                )
+            continue
+        if batch.base_offset in forget_at:
+            replay.flush()
+            replayed.retire([batch.producer_id])
+        replay.replay_batch(
+            batch.producer_id,
+            batch.producer_epoch,
+            batch.base_sequence,
+            batch.last_sequence,
+            batch.base_offset,
+            batch.last_offset,
+            batch.max_timestamp,
+            False,
+            batch.is_transactional,
+        )
+    replay.flush()
+    return {entry.producer_id: entry._replace(last_append_ms=0) for entry in replayed.entries()}
+
+
+def check_producer_state(
+    log: Log,
+    present: dict[int, bytes],
+    violation: Callable[[str, str], None],
+    batches: Sequence[RecordBatch] | None = None,
+    *,
+    now_ms: int | None = None,
+    model: Model | None = None,
+) -> None:
+    """Producer state (windows, epochs, coordinator epochs, open transactions) equals a full replay.
+
+    With the `model` (the engine's time each offset was written, where producers
+    restarted after expiring) and `now_ms` (the recovery's clock): producers idle past
+    the expiration may be missing; last append times lie between the newest batch's
+    append and now; and a producer that restarted after expiring may have its state
+    from either replay, with or without the expiry (recovery replays a tail over a
+    snapshot taken before or after it: they differ only in the coordinator epoch the
+    expiry forgot). Without it (process mode, on the wall clock with Kafka's default
+    expiration) every producer must be there, equal to the plain replay.
+    """
+    if batches is None:
+        batches = [RecordBatch(present[offset]) for offset in sorted(present)]
+    forget_at = frozenset(model.restarted_at) if model is not None else frozenset()
+    plain = _full_replay(batches, frozenset())
+    with_expiry = _full_replay(batches, forget_at) if forget_at else plain
+    ours = {entry.producer_id: entry for entry in log.producers()}
+    # The engine's time of each producer's newest batch or marker in the history.
+    newest_ms: dict[int, int] = {}
+    if model is not None:
+        for batch in batches:
+            if batch.producer_id >= 0 and batch.base_offset in model.append_ms:
+                newest_ms[batch.producer_id] = model.append_ms[batch.base_offset]
+    for pid in sorted(set(plain) - set(ours)):
+        idle_since = newest_ms.get(pid)
+        may_expire = (
+            now_ms is not None
+            and idle_since is not None
+            and now_ms - idle_since >= EXPIRATION_MS
+            and plain[pid].current_txn_first_offset < 0
+        )
+        if not may_expire:
+            violation(
+                "producers appended within the expiration are kept",
+                f"producer {pid} (newest batch appended at {idle_since}, recovered at {now_ms}) is missing",
+            )
+    for pid, entry in ours.items():
+        untimed = entry._replace(last_append_ms=0)
+        if untimed not in (plain.get(pid), with_expiry.get(pid)):
+            violation(
+                "producer state equals a full replay",
+                f"recovered {entry} != replayed {plain.get(pid)} "
+                f"(with the run's expiries {with_expiry.get(pid)})",
+            )
+        earliest = newest_ms.get(pid)
+        if (earliest is not None and entry.last_append_ms < earliest) or (
+            now_ms is not None and entry.last_append_ms > now_ms
+        ):
+            violation(
+                "a producer's last append time is between its newest batch's and now",
+                f"producer {pid}: {entry.last_append_ms}, newest batch appended at {earliest}, now {now_ms}",
+            )
+
+
+def _check_retries(
+    log: Log, present: dict[int, bytes], model: Model, violation: Callable[[str, str], None]
+) -> None:
+    for entry in list(log.producers()):
+        for meta in entry.batches:
+            data = present.get(meta.first_offset)
+            if data is None:
+                continue
+            result = log.append(data)
+            if not (result.duplicate and result.first_offset == meta.first_offset):
+                violation("retries are duplicates", f"retry of offset {meta.first_offset} gave {result}")
+
+
+def _check_second_crash(
+    log: Log,
+    fs: FaultFileSystem,
+    present: dict[int, bytes],
+    model: Model,
+    max_bytes: int,
+    violation: Callable[[str, str], None],
+    now_ms: int,
+) -> None:
+    # Recovery fsynced what it exposed, so even a power loss now must keep it.
+    again = fs.crash("drop")
+    try:
+        reopened = Log.open(DIRECTORY, CONFIG, fs=again, clock=lambda: now_ms)
+    except OncelogError as exc:
+        violation("a second crash loses nothing", f"reopen failed: {exc}")
+        return
+    survived = {batch.base_offset: batch.buffer.tobytes() for batch in read_all(reopened)}
+    lost = [offset for offset, data in present.items() if survived.get(offset) != data]
+    if lost:
+        violation("a second crash loses nothing", f"offsets {lost[:5]} lost after recovery exposed them")
+
+    def after_second_crash(invariant: str, detail: str) -> None:
+        violation(invariant, f"after a second crash: {detail}")
+
+    if reopened.log_start_offset != log.log_start_offset:
+        after_second_crash(
+            "the log start survives",
+            f"start {reopened.log_start_offset}, recovery exposed {log.log_start_offset}",
+        )
+    batches = [RecordBatch(survived[offset]) for offset in sorted(survived)]
+    history = _history_below(model, batches[0].base_offset if batches else reopened.log_end_offset)
+    check_read_committed(reopened, history + batches, max_bytes, after_second_crash)
+    reopened.close()
+    for risk in again.sigbus_risks[:3]:
+        after_second_crash(SIGBUS_INVARIANT, risk)
+
+
+def run_crash_state(seed: int, fault: str) -> list[Violation]:
+    """One workload, one crash of class `fault`, one recovery and check."""
+    if fault not in FAULTS:
+        raise ValueError(f"fault is one of {FAULTS}, got {fault!r}")
+    rng = random.Random(seed)
+    fs = FaultFileSystem(
+        seed,
+        write_error_rate=0.03 if fault == "enospc" else 0.0,
+        fsync_error_rate=0.15 if fault == "eio" else 0.0,
+    )
+    model = Model()
+    if fault == "kill":
+        fs.kill_at(rng.randint(1, MAX_KILL_POINT))
+    try:
+        run_workload(fs, rng, model, steps=rng.randint(10, 60))
+    except SimulatedCrash:
+        pass
+    except OnlineCheckFailed as exc:
+        return [Violation(seed, fault, exc.invariant, str(exc))]
+    except AssertionError as exc:
+        return [Violation(seed, fault, "retries are duplicates", str(exc))]
+    except Exception as exc:
+        return [Violation(seed, fault, "no unexpected error", f"workload: {type(exc).__name__}: {exc}")]
+    in_run = _sigbus_risks(fs, seed, fault)
+    mode = {"enospc": "kill", "eio": "drop"}.get(fault, fault)
+    if fault == "bitflip":
+        crashed = fs.crash("bitflip", target=lambda path: path.endswith(".log"))
+    elif fault == "lost":
+        crashed = fs.crash("lost", target=lambda path: path.endswith(LOSABLE_SUFFIXES))
+    else:
+        crashed = fs.crash(mode)  # type: ignore[arg-type]
+    # The disk is healthy again for recovery: the faults were in the run before the crash.
+    crashed.write_error_rate = crashed.fsync_error_rate = 0.0
+    try:
+        found = check_recovered(crashed, model, fault, seed)
+    except Exception as exc:  # an engine that misbehaves may raise anywhere: that is a finding too
+        found = [Violation(seed, fault, "no unexpected error", f"{type(exc).__name__}: {exc}")]
+    return in_run + found + _sigbus_risks(crashed, seed, fault)
+
+
+def _sigbus_risks(fs: FaultFileSystem, seed: int, fault: str) -> list[Violation]:
+    """Invariant 9: what the twin saw written through a mapping with no block reserved."""
+    return [Violation(seed, fault, SIGBUS_INVARIANT, risk) for risk in fs.sigbus_risks[:3]]
+
+
+class TortureSummary(NamedTuple):
+    crash_states: int
+    by_fault: dict[str, int]
+    violations: list[Violation]
+    seconds: float
+    seed: int
+
+
+def run_torture(
+    seed: int,
+    crashes: int,
+    faults: tuple[str, ...] = FAULTS,
+    progress: Callable[[int, int], None] | None = None,
+) -> TortureSummary:
+    started = time.perf_counter()
+    by_fault = dict.fromkeys(faults, 0)
+    violations: list[Violation] = []
+    for index in range(crashes):
+        fault = faults[index % len(faults)]
+        violations.extend(run_crash_state(crash_seed(seed, index) if crashes > 1 else seed, fault))
+        by_fault[fault] += 1
+        if progress is not None:
+            progress(index + 1, crashes)
+    return TortureSummary(crashes, by_fault, violations, time.perf_counter() - started, seed)

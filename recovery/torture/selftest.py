@@ -1,0 +1,264 @@
+"""`oncelog torture --self-test`: prove the harness notices bugs by planting them.
+
+Each planted bug is a context manager that patches one engine function for the
+duration of a bounded torture run and always restores it. They live only here:
+no production code path can turn one on. A bug counts as caught when the run
+reports at least one violation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from oncelog import append_rules, producer_replay, producer_state
+from oncelog import log as log_module
+from oncelog.errors import LogFailedError
+from oncelog.log import Log
+from oncelog.producer_state import BatchMetadata, ProducerStateManager, WorkingState
+from oncelog.recovery import snapshot as snapshots
+from oncelog.recovery.fs import FileSystem
+from oncelog.recovery.loader import LOG_START_KEY, LogLoader, write_offsets
+from oncelog.recovery.torture.harness import run_torture
+from oncelog.segments import index as index_module
+from oncelog.segments.batch import RecordBatch
+from oncelog.segments.segment import LogSegment
+
+CRASHES_PER_BUG = 90
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, replacement: Any) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def fsync_ignored() -> contextlib.AbstractContextManager[None]:
+    def flush(self: LogSegment) -> None:
+        self.unflushed = False  # reports durable, fsyncs nothing
+
+    return _patched(LogSegment, "flush", flush)
+
+
+class _NoDirectorySync:
+    """A filesystem whose directory fsync does nothing (for segment creation only)."""
+
+    def __init__(self, fs: FileSystem):
+        self._fs = fs
+
+    def fsync_dir(self, path: str) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+
+def directory_fsync_skipped_on_segment_create() -> contextlib.AbstractContextManager[None]:
+    original = LogSegment.open.__func__  # type: ignore[attr-defined]
+
+    def open_segment(cls: type[LogSegment], fs: FileSystem, *args: Any, **kwargs: Any) -> LogSegment:
+        segment: LogSegment = original(cls, _NoDirectorySync(fs), *args, **kwargs)
+        segment.fs = fs
+        return segment
+
+    return _patched(LogSegment, "open", classmethod(open_segment))
+
+
+def ack_before_data_fsync() -> contextlib.AbstractContextManager[None]:
+    def flush(self: Log) -> None:
+        # The recovery point moves (the flush is acknowledged) with no fsync first.
+        active, end = self.active_segment, self.log_end_offset
+        if end > self.recovery_point:
+            self._set_recovery_point(end, active.base_offset, active.size)
+        # Durable appenders are told so too (without it they would flush forever: a livelock,
+        # not the bug).
+        self._group_commit.mark_durable(end)
+
+    return _patched(Log, "_flush", flush)
+
+
+def flush_racing_a_truncation() -> contextlib.AbstractContextManager[None]:
+    # The flush before the fix: the log end captured under the append lock, the fsync
+    # outside it with nothing keeping a truncation out, then the recovery point moved to
+    # that end, whatever was cut meanwhile.
+    def flush(self: Log) -> None:
+        with self._lock:
+            if self._failure is not None:
+                raise LogFailedError(f"{self.directory} failed earlier: {self._failure}")
+            end, active = self.log_end_offset, self.active_segment
+            size, dirty = active.size, [segment for segment in self._segments if segment.unflushed]
+        for segment in dirty:
+            segment.flush()
+        if end > self.recovery_point:
+            self._set_recovery_point(end, active.base_offset, size)
+        self._group_commit.mark_durable(end)
+
+    return _patched(Log, "_flush", flush)
+
+
+def recovery_skipping_crc_check() -> contextlib.AbstractContextManager[None]:
+    # Recovery and the read path share one CRC comparison; skipping it skips both
+    # (skipping only recovery's is masked by the read path checking again).
+    def compute_crc(self: RecordBatch) -> int:
+        return self.crc
+
+    return _patched(RecordBatch, "compute_crc", compute_crc)
+
+
+def snapshot_written_in_place() -> contextlib.AbstractContextManager[None]:
+    def write_snapshot(fs: FileSystem, directory: str, offset: int, rows: np.ndarray) -> str:
+        path = os.path.join(directory, snapshots.snapshot_file_name(offset))
+        handle = fs.open(path, create=True)
+        handle.truncate(0)
+        handle.pwritev(snapshots.snapshot_buffers(offset, rows), 0)  # no fsync, no rename
+        handle.close()
+        return path
+
+    return _patched(snapshots, "write_snapshot", write_snapshot)
+
+
+def producer_state_not_restored_from_snapshot() -> contextlib.AbstractContextManager[None]:
+    def load_newest(
+        self: LogLoader, limit: int | None, names: list[str] | None = None
+    ) -> tuple[int | None, bool]:
+        listed = snapshots.list_snapshot_offsets(self.fs, self.directory, names)
+        offsets = [o for o in listed if limit is None or o <= limit]
+        return (offsets[-1], True) if offsets else (None, False)  # claims it, loads nothing
+
+    return _patched(LogLoader, "_load_newest_snapshot", load_newest)
+
+
+def last_stable_offset_not_restored() -> contextlib.AbstractContextManager[None]:
+    # The producer table keeps each open transaction's first offset, but the log's
+    # open-transaction map (the last stable offset) is not rebuilt from it on open.
+    def open_transactions(self: ProducerStateManager) -> dict[int, int]:
+        return {}
+
+    return _patched(ProducerStateManager, "open_transactions", open_transactions)
+
+
+def transaction_index_not_rebuilt_by_recovery() -> contextlib.AbstractContextManager[None]:
+    # Recovery rescans the tail segment and resets its .txnindex, but forgets to put
+    # back the ABORT markers it replays: their data is served to read_committed.
+    original = LogLoader._apply
+
+    def apply(
+        self: LogLoader, batch: RecordBatch, from_offset: int, rebuilding: LogSegment | None = None
+    ) -> None:
+        original(self, batch, from_offset, None)
+
+    return _patched(LogLoader, "_apply", apply)
+
+
+@contextlib.contextmanager
+def expiry_by_batch_timestamp() -> Iterator[None]:
+    # Kafka's rule: a producer counts as active when its newest batch was stamped, which
+    # is the client's clock. Producers stamping old times are forgotten while they still
+    # append; ones stamping ahead are never forgotten.
+    original = producer_state.apply_batch
+
+    def apply_batch(
+        w: WorkingState,
+        producer_epoch: int,
+        batch: BatchMetadata,
+        is_control: bool,
+        is_transactional: bool = False,
+        *,
+        append_ms: int,
+    ) -> None:
+        original(w, producer_epoch, batch, is_control, is_transactional, append_ms=batch.max_timestamp_ms)
+
+    # Both callers (the append rules and the replay) bound the name at import.
+    with (
+        _patched(append_rules, "apply_batch", apply_batch),
+        _patched(producer_replay, "apply_batch", apply_batch),
+    ):
+        yield
+
+
+def lost_segment_not_reported() -> contextlib.AbstractContextManager[None]:
+    # The loader takes the segments it finds for the whole log: a newest segment an
+    # operator deleted or emptied, fsynced data the recovery point covers, comes back
+    # as a shorter log, and the next appends reuse its offsets.
+    def accept(self: LogLoader, point: object, end: int) -> None:
+        pass
+
+    return _patched(LogLoader, "_fsynced_data_missing", accept)
+
+
+def log_start_not_persisted() -> contextlib.AbstractContextManager[None]:
+    # delete_records and retention move the start in memory and delete the files below it,
+    # but never write the start down: after a crash, records deleted mid-segment come back.
+    def write(store: Any, values: dict[str, int]) -> None:
+        kept = {key: value for key, value in values.items() if key != LOG_START_KEY}
+        if kept:
+            write_offsets(store, kept)
+
+    return _patched(log_module, "write_offsets", write)
+
+
+def index_mapped_over_sparse_space() -> contextlib.AbstractContextManager[None]:
+    # The active index is grown with ftruncate (a sparse file) and written through its
+    # mapping: on a full disk, the write to a page without a block is SIGBUS.
+    def reserve(self: Any, needed: int, limit: int) -> None:
+        self._map(limit, writable=True)
+
+    return _patched(index_module._MappedIndex, "_reserve", reserve)
+
+
+# Each bug with the fault classes that can expose it: a missing directory fsync
+# shows only when unsynced directory entries vanish, and so on.
+PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], tuple[str, ...]]] = {
+    "fsync ignored": (fsync_ignored, ("drop", "torn")),
+    "directory fsync skipped on segment create": (directory_fsync_skipped_on_segment_create, ("dirent",)),
+    "ack before the data fsync": (ack_before_data_fsync, ("drop", "torn")),
+    "a flush racing a truncation commits the log end it saw before the cut": (
+        flush_racing_a_truncation,
+        ("kill", "drop"),
+    ),
+    "recovery skipping the CRC check": (recovery_skipping_crc_check, ("torn", "bitflip", "misdirect")),
+    "snapshot written in place, non-atomically": (snapshot_written_in_place, ("drop", "torn", "kill")),
+    "producer state not restored from the snapshot": (
+        producer_state_not_restored_from_snapshot,
+        ("kill", "drop"),
+    ),
+    "last stable offset not restored on open": (last_stable_offset_not_restored, ("kill", "drop")),
+    "aborted transactions left out of the transaction index recovery rebuilds": (
+        transaction_index_not_rebuilt_by_recovery,
+        ("kill", "drop", "torn"),
+    ),
+    "log start offset not persisted by delete_records and retention": (
+        log_start_not_persisted,
+        ("kill", "drop"),
+    ),
+    "expiry by batch timestamp": (expiry_by_batch_timestamp, ("kill", "drop")),
+    "a lost segment not reported": (lost_segment_not_reported, ("lost",)),
+    "index mapped over sparse space": (index_mapped_over_sparse_space, ("enospc",)),
+}
+
+
+class SelfTestResult(NamedTuple):
+    planted: int
+    caught: int
+    missed: list[str]
+    violations: dict[str, int]
+
+
+def run_self_test(seed: int, progress: Callable[[int, int], None] | None = None) -> SelfTestResult:
+    violations: dict[str, int] = {}
+    for n, (name, (plant, faults)) in enumerate(PLANTED.items()):
+        with plant():
+            summary = run_torture(seed, CRASHES_PER_BUG, faults)
+        violations[name] = len(summary.violations)
+        if progress is not None:
+            progress(n + 1, len(PLANTED))
+    missed = [name for name, count in violations.items() if count == 0]
+    return SelfTestResult(len(PLANTED), len(PLANTED) - len(missed), missed, violations)

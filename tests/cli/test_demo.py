@@ -1,0 +1,63 @@
+"""The real `oncelog demo` (what `make demo` runs) passes its own checks and shows what it should."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from oncelog.cli.demo import run_demo
+
+
+@pytest.fixture(scope="module")
+def demo_output(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One run of the demo (it takes a few seconds), shared by the tests below."""
+    out = io.StringIO()
+    status = run_demo(str(tmp_path_factory.mktemp("demo") / "demo"), out)
+    text = out.getvalue()
+    assert status == 0, text
+    assert "FAILED" not in text
+    return text
+
+
+def test_the_demo_recovers_every_acknowledged_batch_and_answers_retries_as_duplicates(
+    demo_output: str,
+) -> None:
+    text = demo_output
+    assert "InvalidProducerEpochError" in text and "OutOfOrderSequenceError" in text
+    # A LogManager with a few topics: every partition recovers from its tail only.
+    assert "recovered 5 partitions" in text and "0 clean, 5 unclean" in text
+    for tp in ("orders-0", "orders-1", "orders-2", "payments-0", "rules-0"):
+        assert re.search(rf"   {tp}: clean=False segments=\d+ scanned=1 ", text), tp
+    assert "every acknowledged batch is at its offset: True" in text
+    assert text.count("duplicates at original offsets") == 9  # 3 producers x 3 partitions
+    assert ": False" not in text
+
+
+def test_the_demo_shows_an_open_an_aborted_and_a_committed_transaction(demo_output: str) -> None:
+    text = demo_output
+    # The child's transaction survives the SIGKILL: the LSO stays at its first offset.
+    opened = re.search(r"producer (\d+)'s transaction, opened at offset (\d+), was never committed", text)
+    assert opened is not None
+    pid, first = opened.groups()
+    assert f"payments-0: last stable offset {first}: the child's transaction is still open" in text
+    assert f"payments-0 producer {pid}: epoch 0, last seq 0 at offset {first}, " in text
+    assert f"transaction open since offset {first}" in text
+    assert "5. Transactions in payments-0" in text
+    assert "the coordinator aborts the child's transaction: ABORT marker at offset" in text
+    # Then another producer's transaction is aborted, and its next one committed.
+    txn = re.search(r"in a transaction at offsets (\d+)-(\d+): LSO (\d+) while it is open", text)
+    assert txn is not None
+    start, end, lso = (int(group) for group in txn.groups())
+    assert (end - start, lso) == (2, start)
+    assert f"ABORT (coordinator epoch 1) at offset {end + 1}; 2 more records at {end + 2}-{end + 3}, " in text
+    assert f"COMMIT at {end + 4}: LSO {end + 5} (= log end)" in text
+    committed = re.search(rf"read_committed from {start}: +(.*), aborted_transactions (.*)", text)
+    assert committed is not None
+    assert committed.group(1) == "['committed-0', 'committed-1']"
+    assert re.fullmatch(rf"\[\(\d+, {start}\)\]", committed.group(2))
+    everything = ["aborted-0", "aborted-1", "aborted-2", "committed-0", "committed-1"]
+    assert f"read_uncommitted from {start}: {everything}" in text
+    assert "all but the 4 aborted ones: True" in text
+    assert "tail -n 16   # the markers and the .txnindex" in text
