@@ -5,11 +5,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# mypy cannot follow setuptools' package-dir mapping, so it checks a tree of
-# symlinks laid out as the installed package would be.
+# mypy and import-linter cannot follow setuptools' package-dir mapping, so they
+# check a tree of symlinks laid out as the installed package would be.
 TYPECHECK_TREE := build/typecheck
 
-.PHONY: demo test lint typecheck java-check pytest bench torture clean
+.PHONY: demo test lint typecheck imports layout-tree java-check pytest bench torture clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +24,18 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP)
+layout-tree: $(STAMP)
 	rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/oncelog
 	for f in engine/*; do ln -s "$(CURDIR)/$$f" $(TYPECHECK_TREE)/oncelog/; done
 	ln -s "$(CURDIR)/segments" $(TYPECHECK_TREE)/oncelog/segments
 	ln -s "$(CURDIR)/recovery" $(TYPECHECK_TREE)/oncelog/recovery
+
+typecheck: layout-tree
 	cd $(TYPECHECK_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p oncelog
+
+# The layer contracts in pyproject.toml ([tool.importlinter]).
+imports: layout-tree
+	cd $(TYPECHECK_TREE) && PYTHONPATH=. $(CURDIR)/$(BIN)/lint-imports --config $(CURDIR)/pyproject.toml --no-cache
 
 # The Spark tests (tests/spark) start a JVM: PySpark 4 needs Java 17+ ($JAVA_HOME/bin/java, else PATH).
 java-check:
@@ -45,7 +51,7 @@ java-check:
 pytest: $(STAMP) java-check
 	$(BIN)/python -m pytest
 
-test: lint typecheck pytest
+test: lint typecheck imports pytest
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench --benchmark-only --benchmark-columns=median,ops,rounds

@@ -1,52 +1,122 @@
-"""oncelog: a durable on-disk log engine with Kafka v2 record batches."""
+"""oncelog: a durable on-disk log engine storing Apache Kafka v2 record batches.
 
-from oncelog import errors  # first: oncelog.segments imports it during package init
-from oncelog.config import LogConfig
-from oncelog.errors import (
-    CorruptLogError,
-    CorruptMetadataError,
-    CorruptRecordError,
-    CorruptSnapshotError,
-    InvalidProducerEpochError,
-    InvalidRecordError,
-    InvalidTxnStateError,
-    LockTimeoutError,
-    LogClosedError,
-    LogDirectoryError,
-    LogDirLockedError,
-    LogFailedError,
-    MetadataMissingError,
-    MetadataWriteError,
-    NotASegmentError,
-    OffsetOutOfRangeError,
-    OncelogError,
-    OutOfOrderSequenceError,
-    ProducerIdsExhaustedError,
-    ProducerStateFullError,
-    RecordTooLargeError,
-    RetriableError,
-    TransactionCoordinatorFencedError,
-    TruncatedBeforeDurableError,
-)
-from oncelog.layout import InvalidTopicError, TopicPartition
-from oncelog.log import Log
-from oncelog.log_manager import LogManager, PartitionRecoveryError, UnknownTopicOrPartitionError
-from oncelog.producer_ids import ProducerIdManager, ProducerLease
-from oncelog.producer_state import BatchMetadata, ProducerStateEntry
-from oncelog.recovery.loader import RecoveryReport
-from oncelog.recovery_progress import RecoverySummary
-from oncelog.results import AppendResult, FetchResult
-from oncelog.segments import Record, RecordBatch, encode_batch, iter_batches
-from oncelog.segments.index import TimestampOffset
+Start here. `Log` is one partition directory; `LogManager` is a root of them.
+Where each rule lives:
 
+- the producer sequence and epoch checks: `oncelog.append_rules.ProducerAppendInfo.check`
+- a snapshot of producer state on every segment roll: `oncelog.log.Log._roll_fsync_locked`
+- what recovery does with each kind of damage: `oncelog.recovery.plan` (the decision
+  table), carried out by `oncelog.recovery.loader.LogLoader`
+- producer expiry, the circular buffer: `oncelog.producer_state.ProducerStateManager.expire`
+
+Layers (checked by import-linter in `make test`): `oncelog.segments` (the pure
+codec and segment files) imports nothing else of oncelog; the core (this package's
+modules and `oncelog.recovery`) imports no `cli`, `tools`, `bench`, `spark` or
+`recovery.torture` module. Importing this package loads nothing: each name below is
+imported on first use, so `import oncelog.segments` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from oncelog import errors
+    from oncelog.config import LogConfig
+    from oncelog.errors import (
+        CorruptLogError,
+        CorruptMetadataError,
+        CorruptRecordError,
+        CorruptSnapshotError,
+        InvalidProducerEpochError,
+        InvalidRecordError,
+        InvalidTxnStateError,
+        LockTimeoutError,
+        LogClosedError,
+        LogDirectoryError,
+        LogDirLockedError,
+        LogFailedError,
+        MetadataMissingError,
+        MetadataWriteError,
+        NotASegmentError,
+        OffsetOutOfRangeError,
+        OncelogError,
+        OutOfOrderSequenceError,
+        ProducerIdsExhaustedError,
+        ProducerStateFullError,
+        RecordTooLargeError,
+        RetriableError,
+        TransactionCoordinatorFencedError,
+        TruncatedBeforeDurableError,
+    )
+    from oncelog.layout import InvalidTopicError, TopicPartition
+    from oncelog.log import Log
+    from oncelog.log_manager import LogManager, PartitionRecoveryError, UnknownTopicOrPartitionError
+    from oncelog.producer_ids import ProducerIdManager, ProducerLease
+    from oncelog.producer_state import BatchMetadata, ProducerStateEntry
+    from oncelog.recovery.loader import RecoveryReport
+    from oncelog.recovery_progress import RecoverySummary
+    from oncelog.results import AppendResult, FetchResult
+    from oncelog.segments import Record, RecordBatch, encode_batch, iter_batches
+    from oncelog.segments.index import TimestampOffset
+
+# name -> the module it is imported from on first use (the same imports as above).
+_HOME = {
+    "errors": "oncelog.errors",
+    "LogConfig": "oncelog.config",
+    **dict.fromkeys(
+        [
+            "CorruptLogError",
+            "CorruptMetadataError",
+            "CorruptRecordError",
+            "CorruptSnapshotError",
+            "InvalidProducerEpochError",
+            "InvalidRecordError",
+            "InvalidTxnStateError",
+            "LockTimeoutError",
+            "LogClosedError",
+            "LogDirectoryError",
+            "LogDirLockedError",
+            "LogFailedError",
+            "MetadataMissingError",
+            "MetadataWriteError",
+            "NotASegmentError",
+            "OffsetOutOfRangeError",
+            "OncelogError",
+            "OutOfOrderSequenceError",
+            "ProducerIdsExhaustedError",
+            "ProducerStateFullError",
+            "RecordTooLargeError",
+            "RetriableError",
+            "TransactionCoordinatorFencedError",
+            "TruncatedBeforeDurableError",
+        ],
+        "oncelog.errors",
+    ),
+    "InvalidTopicError": "oncelog.layout",
+    "TopicPartition": "oncelog.layout",
+    "Log": "oncelog.log",
+    "LogManager": "oncelog.log_manager",
+    "PartitionRecoveryError": "oncelog.log_manager",
+    "UnknownTopicOrPartitionError": "oncelog.log_manager",
+    "ProducerIdManager": "oncelog.producer_ids",
+    "ProducerLease": "oncelog.producer_ids",
+    "BatchMetadata": "oncelog.producer_state",
+    "ProducerStateEntry": "oncelog.producer_state",
+    "RecoveryReport": "oncelog.recovery.loader",
+    "RecoverySummary": "oncelog.recovery_progress",
+    "AppendResult": "oncelog.results",
+    "FetchResult": "oncelog.results",
+    "Record": "oncelog.segments",
+    "RecordBatch": "oncelog.segments",
+    "encode_batch": "oncelog.segments",
+    "iter_batches": "oncelog.segments",
+    "TimestampOffset": "oncelog.segments.index",
+}
+
+# Every name of _HOME (tests/engine/test_package.py checks both lists agree).
 __all__ = [
-    "LockTimeoutError",
-    "UnknownTopicOrPartitionError",
-    "TopicPartition",
-    "RecoverySummary",
-    "PartitionRecoveryError",
-    "LogManager",
-    "InvalidTopicError",
     "AppendResult",
     "BatchMetadata",
     "CorruptLogError",
@@ -56,33 +126,54 @@ __all__ = [
     "FetchResult",
     "InvalidProducerEpochError",
     "InvalidRecordError",
+    "InvalidTopicError",
     "InvalidTxnStateError",
+    "LockTimeoutError",
     "Log",
     "LogClosedError",
     "LogConfig",
-    "LogDirectoryError",
     "LogDirLockedError",
+    "LogDirectoryError",
+    "LogFailedError",
+    "LogManager",
     "MetadataMissingError",
     "MetadataWriteError",
-    "LogFailedError",
     "NotASegmentError",
     "OffsetOutOfRangeError",
     "OncelogError",
     "OutOfOrderSequenceError",
+    "PartitionRecoveryError",
     "ProducerIdManager",
+    "ProducerIdsExhaustedError",
     "ProducerLease",
     "ProducerStateEntry",
-    "ProducerIdsExhaustedError",
     "ProducerStateFullError",
     "Record",
     "RecordBatch",
     "RecordTooLargeError",
     "RecoveryReport",
+    "RecoverySummary",
     "RetriableError",
+    "TimestampOffset",
+    "TopicPartition",
     "TransactionCoordinatorFencedError",
     "TruncatedBeforeDurableError",
-    "TimestampOffset",
+    "UnknownTopicOrPartitionError",
     "encode_batch",
     "errors",
     "iter_batches",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'oncelog' has no attribute {name!r}")
+    module = importlib.import_module(home)
+    value = module if module.__name__ == f"oncelog.{name}" else getattr(module, name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

@@ -7,39 +7,15 @@ Errors about bytes carry the file and position when they are known.
 
 from __future__ import annotations
 
-
-class OncelogError(Exception):
-    """Base class of every error oncelog raises on purpose."""
+# The root of the hierarchy and the errors about bytes are declared with the codec.
+from oncelog.segments.errors import CorruptLogError as CorruptLogError
+from oncelog.segments.errors import CorruptRecordError as CorruptRecordError
+from oncelog.segments.errors import InvalidRecordError as InvalidRecordError
+from oncelog.segments.errors import OncelogError as OncelogError
 
 
 class RetriableError(OncelogError):
     """The same call may succeed later without any change by the caller."""
-
-
-class CorruptRecordError(OncelogError):
-    """Bytes that fail a checksum or cannot be parsed as a record batch.
-
-    `path` and `position` name where the bytes came from when they were read from
-    a file; both are None for a buffer handed in by a caller.
-    """
-
-    def __init__(self, message: str, *, path: str | None = None, position: int | None = None):
-        where = ""
-        if path is not None:
-            where = f"{path}"
-            if position is not None:
-                where += f" at position {position}"
-            where += ": "
-        elif position is not None:
-            where = f"at position {position}: "
-        super().__init__(where + message)
-        self.reason = message  # the message without the file and position
-        self.path = path
-        self.position = position
-
-
-class InvalidRecordError(OncelogError):
-    """A well-formed batch that breaks an append rule (e.g. a control batch from a client)."""
 
 
 class RecordTooLargeError(InvalidRecordError):
@@ -79,20 +55,6 @@ class LogDirLockedError(OncelogError):
 
 class LockTimeoutError(LogDirLockedError, TimeoutError):
     """A lock another process holds was waited for, and stayed held too long."""
-
-
-class CorruptLogError(OncelogError):
-    """Bad bytes below the recovery point: not a torn tail, real corruption.
-
-    Data below the recovery point was fsynced, so a checksum failure there means
-    the disk or something else changed it. oncelog refuses to serve it; opening
-    with `LogConfig(on_corruption="truncate")` cuts the log there instead.
-    """
-
-    def __init__(self, message: str, *, path: str, position: int):
-        super().__init__(f"{path} at position {position}: {message}")
-        self.path = path
-        self.position = position
 
 
 class LogDirectoryError(OncelogError):

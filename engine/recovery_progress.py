@@ -11,12 +11,14 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typing import TYPE_CHECKING
 
 from oncelog.layout import TopicPartition
+from oncelog.progress import partition_bar
 from oncelog.recovery.loader import RecoveryReport
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -98,23 +100,15 @@ class RecoveryProgress:
         self._bytes_scanned = 0
         self._progress: Progress | None = None
         if show and partitions:
-            self._progress = Progress(
-                TextColumn("recovering"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("partitions, {task.fields[scanned_mib]:.1f} MiB scanned"),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-                transient=False,
-            )
-            self._task = self._progress.add_task("recovery", total=partitions, scanned_mib=0.0)
+            self._progress = partition_bar("recovering", "scanned", stream=sys.stderr, transient=False)
+            self._task = self._progress.add_task("recovery", total=partitions, mib=0.0)
 
     def advance(self, report: RecoveryReport) -> None:
         if self._progress is None:
             return
         with self._lock:
             self._bytes_scanned += report.bytes_scanned
-            self._progress.update(self._task, advance=1, scanned_mib=self._bytes_scanned / 2**20)
+            self._progress.update(self._task, advance=1, mib=self._bytes_scanned / 2**20)
 
     def __enter__(self) -> RecoveryProgress:
         if self._progress is not None:

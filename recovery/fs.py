@@ -31,80 +31,17 @@ from typing import Protocol, TypeVar
 import lmdb
 
 from oncelog.errors import CorruptMetadataError
+from oncelog.segments.files import Buffer as Buffer
+from oncelog.segments.files import FileHandle as FileHandle
+from oncelog.segments.files import MappedRegion as MappedRegion
+from oncelog.segments.files import SegmentFileSystem
 
 T = TypeVar("T")
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
-Buffer = bytes | bytearray | memoryview
-
 # Linux caps one writev() at IOV_MAX (1024) buffers.
 _IOV_MAX = 1024
-
-
-class FileHandle(Protocol):
-    """An open file. Positions are explicit; there is no cursor."""
-
-    @property
-    def path(self) -> str: ...
-
-    def size(self) -> int: ...
-
-    def pread(self, size: int, offset: int) -> bytes:
-        """Up to `size` bytes at `offset`; fewer only at end of file."""
-        ...
-
-    def pread_into(self, buffer: memoryview, offset: int) -> int:
-        """Fill `buffer` from `offset` (no intermediate copy); fewer bytes only at end of file."""
-        ...
-
-    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
-        """Write every buffer back to back at `offset`; returns the bytes written.
-
-        Returns only when all bytes are in the OS page cache, so they survive a
-        kill -9 of the process (not a power loss: that needs fsync).
-        """
-        ...
-
-    def truncate(self, size: int) -> None: ...
-
-    def allocate(self, size: int, *, start: int = 0) -> None:
-        """Reserve disk blocks for bytes [start, size), growing the file to `size` if shorter.
-
-        Writes through a shared mapping have no error return: a page that cannot
-        get a block kills the process with SIGBUS. Reserving the blocks first turns
-        a full disk into an OSError here instead. Growing a file with `truncate`
-        reserves nothing (the file is sparse), and bytes already there are kept.
-        """
-        ...
-
-    def fsync(self) -> None:
-        """Data and metadata durable, bytes written through mappings included.
-
-        Raises OSError on failure (then fail closed).
-        """
-        ...
-
-    def fdatasync(self) -> None: ...
-
-    def mmap(self, size: int, *, writable: bool) -> MappedRegion:
-        """Map the first `size` bytes (the file must already be that long)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class MappedRegion(Protocol):
-    """A shared memory map: writes reach the page cache at once, like write()."""
-
-    @property
-    def buffer(self) -> memoryview: ...
-
-    def flush(self) -> None:
-        """msync: make the mapped bytes durable."""
-        ...
-
-    def close(self) -> None: ...
 
 
 class MetadataStore(Protocol):
@@ -148,8 +85,8 @@ class DirLock(Protocol):
     def release(self) -> None: ...
 
 
-class FileSystem(Protocol):
-    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle: ...
+class FileSystem(SegmentFileSystem, Protocol):
+    """The whole seam: segment files' part (open, exists, unlink, fsync_dir) and the rest."""
 
     def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
         """Open the metadata store kept in directory `path`, creating it if missing.
@@ -171,8 +108,6 @@ class FileSystem(Protocol):
         """Take an exclusive lock on the file `path`; BlockingIOError if already held."""
         ...
 
-    def exists(self, path: str) -> bool: ...
-
     def listdir(self, path: str) -> list[str]: ...
 
     def mkdir(self, path: str) -> None:
@@ -182,8 +117,6 @@ class FileSystem(Protocol):
     def rename(self, src: str, dst: str) -> None:
         """Atomic replace; durable only after fsync_dir of dst's directory."""
         ...
-
-    def unlink(self, path: str) -> None: ...
 
     def remove_dir(self, path: str) -> None:
         """Remove the empty directory `path`; durable only after fsync_dir of its parent."""
@@ -195,10 +128,6 @@ class FileSystem(Protocol):
         One journal commit for many directories, where an fsync of each would commit
         the journal once per directory.
         """
-        ...
-
-    def fsync_dir(self, path: str) -> None:
-        """Make the directory's entries (creates, renames, unlinks) durable."""
         ...
 
 

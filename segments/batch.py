@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 import crc32c
 
-from oncelog.errors import CorruptRecordError
 from oncelog.segments import format as fmt
 from oncelog.segments.compression import MAX_DECOMPRESSED_BYTES, compress, decompress
+from oncelog.segments.errors import CorruptRecordError
 from oncelog.segments.records import (
     Buffer,
     Record,

@@ -21,7 +21,7 @@ import cramjam
 import lz4.frame
 import zstandard
 
-from oncelog.errors import CorruptRecordError
+from oncelog.segments.errors import CorruptRecordError
 from oncelog.segments.format import (
     COMPRESSION_GZIP,
     COMPRESSION_LZ4,

@@ -19,6 +19,18 @@ CONTROL_KEY = struct.Struct(">hh")  # version, type
 END_TXN_MARKER_VALUE = struct.Struct(">hi")  # version, coordinatorEpoch
 CONTROL_RECORD_VERSION = 0
 
+# Kafka's ControlRecordType, by number. Only ABORT and COMMIT are transaction markers;
+# the others are KRaft's (__cluster_metadata) and carry no producer.
+CONTROL_TYPE_NAMES = {
+    fmt.CONTROL_TYPE_ABORT: "ABORT",
+    fmt.CONTROL_TYPE_COMMIT: "COMMIT",
+    2: "LEADER_CHANGE",
+    3: "SNAPSHOT_HEADER",
+    4: "SNAPSHOT_FOOTER",
+    5: "KRAFT_VERSION",
+    6: "KRAFT_VOTERS",
+}
+
 
 class TxnMarker(NamedTuple):
     commit: bool

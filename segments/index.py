@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from oncelog.recovery.fs import FileHandle, FileSystem, MappedRegion
+from oncelog.segments.files import FileHandle, MappedRegion, SegmentFileSystem
 from oncelog.segments.reservation import next_reservation
 
 # An active index's file is reserved in steps (see reservation): the first one page,
@@ -48,7 +48,9 @@ class IndexFullError(Exception):
 class _MappedIndex:
     ENTRY = struct.Struct(">ii")
 
-    def __init__(self, fs: FileSystem, path: str, base_offset: int, max_index_bytes: int, *, sealed: bool):
+    def __init__(
+        self, fs: SegmentFileSystem, path: str, base_offset: int, max_index_bytes: int, *, sealed: bool
+    ):
         """Open (creating) an index file.
 
         An active segment's index is mapped writable over reserved blocks, and grows

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
-from oncelog.errors import CorruptRecordError, InvalidRecordError
+from oncelog.segments.errors import CorruptRecordError, InvalidRecordError
 
 Header = tuple[str, bytes | None]
 Buffer = bytes | bytearray | memoryview

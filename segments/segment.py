@@ -14,10 +14,10 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
-from oncelog.errors import CorruptLogError, CorruptRecordError
-from oncelog.recovery.fs import Buffer, FileHandle, FileSystem, MappedRegion
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, batch_size_at
+from oncelog.segments.errors import CorruptLogError, CorruptRecordError
+from oncelog.segments.files import Buffer, FileHandle, MappedRegion, SegmentFileSystem
 from oncelog.segments.index import OffsetIndex, TimeIndex, TimestampOffset
 from oncelog.segments.reservation import next_reservation
 from oncelog.segments.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
@@ -158,7 +158,7 @@ def check_client_appended(batch: RecordBatch, previous_last_offset: int | None) 
 class LogSegment:
     def __init__(
         self,
-        fs: FileSystem,
+        fs: SegmentFileSystem,
         directory: str,
         base_offset: int,
         handle: FileHandle,
@@ -208,7 +208,7 @@ class LogSegment:
     @classmethod
     def open(
         cls,
-        fs: FileSystem,
+        fs: SegmentFileSystem,
         directory: str,
         base_offset: int,
         *,

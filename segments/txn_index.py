@@ -32,8 +32,8 @@ import os
 import struct
 from typing import NamedTuple
 
-from oncelog.errors import CorruptRecordError
-from oncelog.recovery.fs import FileHandle, FileSystem
+from oncelog.segments.errors import CorruptRecordError
+from oncelog.segments.files import FileHandle, SegmentFileSystem
 
 TXN_INDEX_SUFFIX = ".txnindex"
 ENTRY = struct.Struct(">hqqqq")  # version, producerId, firstOffset, lastOffset, lastStableOffset
@@ -56,7 +56,7 @@ class TxnIndexSearch(NamedTuple):
 
 
 class TransactionIndex:
-    def __init__(self, fs: FileSystem, path: str, base_offset: int) -> None:
+    def __init__(self, fs: SegmentFileSystem, path: str, base_offset: int) -> None:
         self.path = path
         self.base_offset = base_offset
         self._fs = fs

@@ -9,6 +9,7 @@ read_committed read returns aborted data or misses committed data.
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import shutil
@@ -17,9 +18,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import NamedTuple, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from oncelog import producer_ids
+from oncelog.cli.exits import EXIT_BAD_INPUT, PROG
 from oncelog.config import LogConfig
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from oncelog.layout import parse_partition_dir_name
@@ -365,3 +367,37 @@ def _transactions(
     )
     if not ok:
         failures.append("read_committed over the whole log returned aborted data or missed committed data")
+
+
+DEMO_DESCRIPTION = """\
+Run the oncelog demo: create a log in DATA_DIR, append to it, crash-recover it
+and read it back, printing what happens along the way."""
+
+DEMO_EPILOG = """\
+example:
+  oncelog demo --data-dir ./data/demo"""
+
+
+def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    parser = commands.add_parser(
+        "demo",
+        help="run the end-to-end demo in a scratch data directory",
+        description=DEMO_DESCRIPTION,
+        epilog=DEMO_EPILOG,
+        formatter_class=formatter,
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=os.path.join(".", "data", "demo"),
+        help="where the demo keeps its log (default: %(default)s); it is deleted first, so it must be "
+        "missing, empty, or an earlier demo's",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    why = unusable_data_dir(args.data_dir)
+    if why is not None:
+        print(f"{PROG} demo: {why}", file=err)
+        return EXIT_BAD_INPUT
+    return int(run_demo(args.data_dir))

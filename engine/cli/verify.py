@@ -8,11 +8,15 @@ each problem as one line naming the file and the byte position in it.
 from __future__ import annotations
 
 import argparse
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from oncelog.progress import partition_bar
 from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.tools.partition_dirs import BadInputError, find_partitions, root_store_error
 from oncelog.tools.verify_partition import CORRUPT, PartitionVerifier, Problem
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 EXIT_OK, EXIT_CORRUPT, EXIT_BAD_INPUT = 0, 1, 2
 _REDRAW_BYTES = 1 << 20  # the progress bar is redrawn once this many more bytes are checked
@@ -114,22 +118,11 @@ class _ProgressBar:
 
     def __init__(self, out: TextIO, err: TextIO, partitions: int, *, show: bool):
         self._out = out
-        self._progress: Any = None
+        self._progress: Progress | None = None
         self._checked = self._shown = 0
         if not show:
             return
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self._progress = Progress(
-            TextColumn("verify"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("partitions, {task.fields[mib]:.1f} MiB checked"),
-            TimeElapsedColumn(),
-            console=Console(file=err),
-            transient=True,
-        )
+        self._progress = partition_bar("verify", "checked", stream=err, transient=True)
         self._task = self._progress.add_task("verify", total=partitions, mib=0.0)
 
     def __enter__(self) -> _ProgressBar:

@@ -12,12 +12,13 @@ import shutil
 import struct
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import crc32c
 import pytest
 
+from oncelog.cli import demo as cli_demo
+from oncelog.cli import dump as cli_dump
 from oncelog.cli import main as cli
 from oncelog.config import LogConfig
 from oncelog.log import Log
@@ -570,7 +571,7 @@ def test_dump_is_read_only(
     path = write_segment(tmp_path, *batches)
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
     fs = RecordingFs()
-    monkeypatch.setattr(cli, "DEFAULT_FS", fs)
+    monkeypatch.setattr(cli_dump, "DEFAULT_FS", fs)
 
     status, lines, _ = run(capsys, "dump", "--records", str(tmp_path))
 
@@ -592,7 +593,7 @@ def test_streams_in_bounded_reads(
     size = path.stat().st_size
     assert size > SCAN_CHUNK_BYTES
     fs = RecordingFs()
-    monkeypatch.setattr(cli, "DEFAULT_FS", fs)
+    monkeypatch.setattr(cli_dump, "DEFAULT_FS", fs)
 
     status, lines, _ = run(capsys, "dump", str(path))
 
@@ -688,10 +689,8 @@ def test_demo_runs_run_demo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         calls.append(data_dir)
         return 7
 
-    fake = types.ModuleType("oncelog.cli.demo")
-    fake.run_demo = run_demo  # type: ignore[attr-defined]
-    fake.unusable_data_dir = lambda data_dir: None  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "oncelog.cli.demo", fake)
+    monkeypatch.setattr(cli_demo, "run_demo", run_demo)
+    monkeypatch.setattr(cli_demo, "unusable_data_dir", lambda data_dir: None)
 
     assert cli.main(["demo", "--data-dir", str(tmp_path / "d")]) == 7
     assert cli.main(["demo"]) == 7
@@ -895,7 +894,7 @@ def test_dump_of_txn_index_is_read_only(
     write_transactional_log(tmp_path)
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir() if p.is_file()}
     fs = RecordingFs()
-    monkeypatch.setattr(cli, "DEFAULT_FS", fs)
+    monkeypatch.setattr(cli_dump, "DEFAULT_FS", fs)
 
     status, lines, err = run(capsys, "dump", str(tmp_path))
 

@@ -1,0 +1,453 @@
+"""`oncelog dump`: print segments, transaction indexes, offset/time indexes and snapshots.
+
+Modelled on Kafka's `kafka-dump-log.sh` (DumpLogSegments): one line per batch with
+every header field, and with `--records` one line per record; a transaction index
+(`.txnindex`) is dumped one line per aborted transaction. Strictly read-only: files
+are opened through the filesystem seam with `writable=False` and segments are
+streamed with `scan_file`, so memory stays bounded whatever the segment size and
+nothing on disk is created or changed. It never opens a `Log` (which would take
+the directory lock and recover).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from oncelog.cli.exits import EXIT_BAD_INPUT, EXIT_OK, PROG
+from oncelog.errors import CorruptRecordError
+from oncelog.recovery.fs import DEFAULT_FS, FileSystem, ReadOnlyFileSystem
+from oncelog.recovery.snapshot import SNAPSHOT_SUFFIX
+from oncelog.segments import format as fmt
+from oncelog.segments.batch import RecordBatch, TruncatedBatchError, UnwrittenSpaceError
+from oncelog.segments.control import CONTROL_KEY, CONTROL_TYPE_NAMES, END_TXN_MARKER_VALUE
+from oncelog.segments.records import Record
+from oncelog.segments.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    parse_segment_file_name,
+    scan_file,
+    zeros_to_end,
+)
+from oncelog.segments.txn_index import ENTRY, ENTRY_SIZE, TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex
+from oncelog.segments.txn_index import VERSION as TXN_INDEX_VERSION
+from oncelog.tools import dump_state
+
+# Key and payload are shown up to this many characters.
+MAX_SHOWN_CHARS = 200
+
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+DUMP_DESCRIPTION = """\
+Print the record batches of a segment file (%020d.log) or of every segment of a
+partition directory (in offset order), one line per batch, like Kafka's
+kafka-dump-log.sh (DumpLogSegments). Strictly read-only: nothing is created or
+modified and the log is not opened (no lock taken), so it is safe on a live or
+damaged log.
+
+Each batch line shows its header: baseOffset, lastOffset, count, producer id,
+epoch and sequences, partitionLeaderEpoch, isTransactional, isControl, its byte
+position in the file, its max timestamp (CreateTime or LogAppendTime), size,
+compression codec, stored CRC and whether it is valid (CRC-32C and structure).
+With --records, a transaction marker (a control record) is shown as
+`endTxnMarker: COMMIT|ABORT coordinatorEpoch: N`. A summary line ends each file.
+
+A transaction index (%020d.txnindex: the aborted transactions whose ABORT marker
+is in that segment) is dumped one line per entry, as Kafka does:
+`version: 0 producerId: P firstOffset: F lastOffset: L lastStableOffset: S`.
+For a directory, each segment's index (if it has one) follows its batches. A
+partial entry at the end (a crash mid-append leaves one) is ignored, as the
+engine ignores it. The last stable offset of the log itself is not shown: that
+needs the producer state, which only opening the log recovers.
+
+Exit status is 2 if PATH does not exist, holds no segments, or a file is not a
+segment (an empty file is one only if named %020d.log), has an impossible batch
+header or ends in the middle of a batch, or a transaction index has an entry
+with a bad version or out of order, a snapshot is corrupt (bad CRC, length or
+header) or an index has entries out of order; what was readable is printed
+first and the error (file and byte position) goes to stderr. A batch whose CRC
+does not match is shown with `isvalid: false` and does not change the exit
+status."""
+
+DUMP_EPILOG = """\
+examples:
+  oncelog dump data/orders-0/00000000000000000000.log
+  oncelog dump data/orders-0                    # every segment, in offset order
+  oncelog dump --records data/orders-0 | head   # records too (key, payload, headers)
+  oncelog dump data/orders-0/00000000000000000000.txnindex   # aborted transactions
+  oncelog dump --producers --indexes data/orders-0   # + newest snapshot, offset/time indexes
+  oncelog dump --snapshot data/orders-0/00000000000000000042.snapshot"""
+
+
+def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    parser = commands.add_parser(
+        "dump",
+        help="print the record batches (and optionally records) of segment files",
+        description=DUMP_DESCRIPTION,
+        epilog=DUMP_EPILOG,
+        formatter_class=formatter,
+    )
+    parser.add_argument(
+        "path",
+        metavar="PATH",
+        nargs="?",
+        help="a segment file (%%020d.log), a transaction index (%%020d.txnindex), an offset or time "
+        "index (.index, .timeindex), a producer snapshot (%%020d.snapshot) or a partition directory",
+    )
+    parser.add_argument(
+        "--snapshot",
+        metavar="FILE",
+        help="print the producer-state snapshot FILE (oncelog's or Kafka's): one line per producer "
+        "(id, epoch, coordinator epoch, open transaction, newest batch); oncelog's snapshots keep "
+        "up to 5 batches per producer, printed indented after it",
+    )
+    parser.add_argument(
+        "--producers",
+        action="store_true",
+        help="after the segments, print the newest producer snapshot of the directory the same way",
+    )
+    parser.add_argument(
+        "--indexes",
+        action="store_true",
+        help="after each segment, print its offset index (`offset: N position: P`) and time index "
+        "(`timestamp: T offset: N`) entries, up to any zero-filled tail",
+    )
+    parser.add_argument(
+        "--records",
+        action="store_true",
+        help="after each batch, print one line per record: offset, timestamp, key and value "
+        "sizes, sequence, header keys, key and payload (UTF-8, escaped, truncated to "
+        f"{MAX_SHOWN_CHARS} characters); control records are decoded as transaction markers",
+    )
+    parser.add_argument(
+        "--no-validate",
+        dest="validate",
+        action="store_false",
+        help="skip the CRC-32C and structure check of each batch (faster on big segments); "
+        "the batch lines then have no isvalid field",
+    )
+    parser.set_defaults(handler=run)
+
+
+@dataclass
+class _FileSummary:
+    batches: int = 0
+    records: int = 0
+    bytes: int = 0
+    last_offset: int | None = None
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    path: str | None = args.path
+    if path is None and args.snapshot is None:
+        print(f"{PROG} dump: give a PATH or --snapshot FILE (see --help)", file=err)
+        return EXIT_BAD_INPUT
+    status = EXIT_OK if path is None else _dump_path(path, args, out, err)
+    if args.snapshot is not None and not dump_state.dump_snapshot(args.snapshot, out, err):
+        status = EXIT_BAD_INPUT
+    return status
+
+
+def _dump_path(path: str, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if path.endswith(SNAPSHOT_SUFFIX) and not os.path.isdir(path):
+        return EXIT_OK if dump_state.dump_snapshot(path, out, err) else EXIT_BAD_INPUT
+    if path.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX)) and os.path.isfile(path):
+        return EXIT_OK if dump_state.dump_index(path, out, err) else EXIT_BAD_INPUT
+    files = _segment_files(path, err)
+    if files is None:
+        return EXIT_BAD_INPUT
+    status = EXIT_OK
+    for file_path in files:
+        if file_path.endswith(TXN_INDEX_SUFFIX):
+            ok = dump_txn_index(file_path, out, err, fs=DEFAULT_FS)
+        else:
+            ok = dump_file(
+                file_path,
+                out,
+                err,
+                records=args.records,
+                validate=args.validate,
+                fs=DEFAULT_FS,
+            )
+            if args.indexes and not dump_state.dump_segment_indexes(file_path, out, err):
+                ok = False
+        if not ok:
+            status = EXIT_BAD_INPUT
+    if args.producers:
+        directory = path if os.path.isdir(path) else os.path.dirname(path) or "."
+        if not dump_state.dump_newest_snapshot(directory, out, err):
+            status = EXIT_BAD_INPUT
+    return status
+
+
+def _segment_files(path: str, err: TextIO) -> list[str] | None:
+    """The files to dump for PATH, or None (after printing why) if there are none.
+
+    For a directory: its segments in offset order, each followed by its transaction
+    index if it has one.
+    """
+    if os.path.isdir(path):
+        try:
+            names = DEFAULT_FS.listdir(path)
+        except OSError as exc:
+            print(f"{PROG} dump: cannot list {path}: {exc.strerror or exc}", file=err)
+            return None
+        if not any(name.endswith(LOG_SUFFIX) for name in names):
+            print(f"{PROG} dump: no {LOG_SUFFIX} segment files in directory {path}", file=err)
+            return None
+        kinds = (LOG_SUFFIX, TXN_INDEX_SUFFIX)
+        wanted = [name for name in names if name.endswith(kinds)]
+
+        def order(name: str) -> tuple[int, int, int, str]:
+            kind = 0 if name.endswith(LOG_SUFFIX) else 1
+            base = parse_segment_file_name(name, kinds[kind])
+            return (0, base, kind, name) if base is not None else (1, 0, kind, name)
+
+        return [os.path.join(path, name) for name in sorted(wanted, key=order)]
+    if not os.path.exists(path):
+        print(f"{PROG} dump: no such file or directory: {path}", file=err)
+        return None
+    # Any other file given explicitly is attempted: if it is not a segment, the scan says so.
+    return [path]
+
+
+def dump_file(
+    path: str,
+    out: TextIO,
+    err: TextIO,
+    *,
+    records: bool = False,
+    validate: bool = True,
+    fs: FileSystem = DEFAULT_FS,
+) -> bool:
+    """Dump one segment file to `out`; returns False (after reporting to `err`) on error."""
+    try:
+        handle = fs.open(path, writable=False)
+    except OSError as exc:
+        print(f"{PROG} dump: cannot open {path}: {exc.strerror or exc}", file=err)
+        return False
+    summary = _FileSummary()
+    try:
+        base = parse_segment_file_name(os.path.basename(path), LOG_SUFFIX)
+        print(f"Dumping {path}", file=out)
+        print(f"Log starting offset: {'unknown' if base is None else base}", file=out)
+        size = handle.size()
+        try:
+            for position, batch in scan_file(handle, 0, size):
+                print(_batch_line(batch, position, validate), file=out)
+                summary.batches += 1
+                summary.bytes = position + batch.size
+                summary.last_offset = batch.last_offset
+                if records:
+                    summary.records += _dump_records(batch, out)
+        except CorruptRecordError as exc:
+            start = exc.position or 0
+            if isinstance(exc, UnwrittenSpaceError) and zeros_to_end(handle, start, size):
+                # A live log's pre-allocated space, or what a crash left of it: the data ends here.
+                print(_summary_line(summary, records), file=out)
+                print(f"{size - start} bytes of unwritten space follow the last batch", file=out)
+                return True
+            print(_summary_line(summary, records), file=out)
+            out.flush()
+            print(f"{PROG} dump: {_describe_error(exc, path, size, summary)}", file=err)
+            return False
+        except OSError as exc:
+            print(_summary_line(summary, records), file=out)
+            out.flush()
+            print(f"{PROG} dump: cannot read {path}: {exc.strerror or exc}", file=err)
+            return False
+    finally:
+        handle.close()
+    print(_summary_line(summary, records), file=out)
+    if size == 0 and base is None:
+        # An empty segment is a fresh active one; an empty file by any other name is no segment.
+        print(f"{PROG} dump: not a Kafka v2 segment: {path} is empty and not named %020d.log", file=err)
+        return False
+    return True
+
+
+def dump_txn_index(path: str, out: TextIO, err: TextIO, *, fs: FileSystem = DEFAULT_FS) -> bool:
+    """Dump one transaction index (`.txnindex`) to `out`, one line per aborted transaction.
+
+    Returns False (after reporting to `err`) if it cannot be read or an entry is corrupt;
+    the entries before the corrupt one are printed first.
+    """
+    try:
+        handle = fs.open(path, writable=False)
+    except OSError as exc:
+        print(f"{PROG} dump: cannot open {path}: {exc.strerror or exc}", file=err)
+        return False
+    print(f"Dumping {path}", file=out)
+    base = parse_segment_file_name(os.path.basename(path), TXN_INDEX_SUFFIX)
+    # An unconventional name has no base offset to check entries against: use 0.
+    index = TransactionIndex(ReadOnlyFileSystem(fs), path, 0 if base is None else base)
+    try:
+        size = handle.size()
+        try:
+            entries = index.entries()
+        except CorruptRecordError as exc:
+            # The entries before the bad one passed the same checks: show them.
+            good = handle.pread(exc.position or 0, 0)
+            shown = [AbortedTxn(*fields[1:]) for fields in ENTRY.iter_unpack(good)]
+            for txn in shown:
+                print(_txn_line(txn), file=out)
+            print(_txn_summary_line(len(shown), len(good), size), file=out)
+            out.flush()
+            print(f"{PROG} dump: corrupt transaction index: {exc}", file=err)
+            return False
+    except OSError as exc:
+        out.flush()
+        print(f"{PROG} dump: cannot read {path}: {exc.strerror or exc}", file=err)
+        return False
+    finally:
+        index.close()
+        handle.close()
+    for txn in entries:
+        print(_txn_line(txn), file=out)
+    print(_txn_summary_line(len(entries), len(entries) * ENTRY_SIZE, size), file=out)
+    return True
+
+
+def _txn_line(txn: AbortedTxn) -> str:
+    # Kafka's DumpLogSegments format; every entry the engine accepts is version 0.
+    return (
+        f"version: {TXN_INDEX_VERSION} producerId: {txn.producer_id} firstOffset: {txn.first_offset}"
+        f" lastOffset: {txn.last_offset} lastStableOffset: {txn.last_stable_offset}"
+    )
+
+
+def _txn_summary_line(entries: int, entry_bytes: int, file_size: int) -> str:
+    line = f"Summary: {entries} aborted transactions, {entry_bytes} bytes"
+    partial = file_size % ENTRY_SIZE
+    if partial and entry_bytes == file_size - partial:
+        line += f" (a partial entry of {partial} bytes at the end is ignored, as a crash mid-append leaves)"
+    return line
+
+
+def _describe_error(
+    exc: CorruptRecordError,
+    path: str,
+    file_size: int,
+    summary: _FileSummary,
+) -> str:
+    where = str(exc)
+    if exc.path is None:  # scan_file names the file; be safe if it ever does not
+        where = f"{path} at position {summary.bytes}: {where}"
+    truncated = isinstance(exc, TruncatedBatchError)
+    # At the very start, the wrong magic or too few bytes to hold a size and magic
+    # means this is no segment at all (a torn first batch still has both).
+    at_start = summary.batches == 0 and (exc.position or 0) == 0
+    if at_start and (not truncated or file_size < fmt.SIZE_AND_MAGIC_BYTES):
+        return f"not a Kafka v2 segment: {where}"
+    if truncated:
+        return f"file ends in the middle of a batch: {where}"
+    return f"corrupt batch header: {where}"
+
+
+def _summary_line(summary: _FileSummary, records: bool) -> str:
+    counted = f"{summary.records} records, " if records else ""
+    last = "none" if summary.last_offset is None else str(summary.last_offset)
+    return f"Summary: {summary.batches} batches, {counted}{summary.bytes} bytes, last offset {last}"
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _batch_line(batch: RecordBatch, position: int, validate: bool) -> str:
+    line = (
+        f"baseOffset: {batch.base_offset} lastOffset: {batch.last_offset}"
+        f" count: {batch.records_count}"
+        f" baseSequence: {batch.base_sequence} lastSequence: {batch.last_sequence}"
+        f" producerId: {batch.producer_id} producerEpoch: {batch.producer_epoch}"
+        f" partitionLeaderEpoch: {batch.partition_leader_epoch}"
+        f" isTransactional: {_bool(batch.is_transactional)}"
+        f" isControl: {_bool(batch.is_control)}"
+        f" position: {position} {batch.timestamp_type}: {batch.max_timestamp}"
+        f" size: {batch.size} magic: {batch.magic} compresscodec: {batch.compression_name}"
+        f" crc: {batch.crc}"  # unpacked as u32: unsigned decimal, like Kafka
+    )
+    if validate:
+        line += f" isvalid: {_bool(batch.is_valid())}"
+    return line
+
+
+def _dump_records(batch: RecordBatch, out: TextIO) -> int:
+    """Print the batch's records; returns how many were decoded."""
+    count = 0
+    try:
+        for record in batch.records():
+            print(_record_line(batch, record), file=out)
+            count += 1
+    except CorruptRecordError as exc:
+        print(f"| corrupt records: {exc}", file=out)
+    return count
+
+
+def _record_line(batch: RecordBatch, record: Record) -> str:
+    if batch.base_sequence >= 0:
+        delta = record.offset - batch.base_offset
+        sequence = (batch.base_sequence + delta) % (fmt.INT32_MAX + 1)
+    else:
+        sequence = fmt.NO_SEQUENCE
+    header_keys = ", ".join(_shown(key.encode("utf-8")) for key, _ in record.headers)
+    prefix = (
+        f"| offset: {record.offset} {batch.timestamp_type}: {record.timestamp_ms}"
+        f" keySize: {_size(record.key)} valueSize: {_size(record.value)}"
+        f" sequence: {sequence} headerKeys: [{header_keys}]"
+    )
+    if batch.is_control:
+        marker = _control_fields(record)
+        if marker.startswith("endTxnMarker"):
+            return f"{prefix} {marker}"
+        if marker:
+            prefix += f" {marker}"
+    return f"{prefix} key: {_shown(record.key)} payload: {_shown(record.value)}"
+
+
+def _control_fields(record: Record) -> str:
+    """`endTxnMarker: ... coordinatorEpoch: N` for a decodable transaction marker,
+    `controlType: N (NAME)` for another control record, "" if the key is unreadable."""
+    key = record.key
+    if key is None or len(key) < CONTROL_KEY.size:
+        return ""
+    _, control_type = CONTROL_KEY.unpack_from(key)
+    value = record.value
+    is_marker = control_type in (fmt.CONTROL_TYPE_ABORT, fmt.CONTROL_TYPE_COMMIT)
+    if is_marker and value is not None and len(value) >= END_TXN_MARKER_VALUE.size:
+        _, coordinator_epoch = END_TXN_MARKER_VALUE.unpack_from(value)
+        name = CONTROL_TYPE_NAMES[control_type]
+        return f"endTxnMarker: {name} coordinatorEpoch: {coordinator_epoch}"
+    name = CONTROL_TYPE_NAMES.get(control_type, "UNKNOWN")
+    return f"controlType: {control_type} ({name})"
+
+
+def _size(data: bytes | None) -> int:
+    return -1 if data is None else len(data)
+
+
+def _shown(data: bytes | None) -> str:
+    """UTF-8 text on one line: bad bytes and non-printable characters escaped, truncated."""
+    if data is None:
+        return "null"
+    # A character is at most 4 bytes, so this slice holds more than enough to show.
+    text = bytes(data[: 4 * MAX_SHOWN_CHARS + 4]).decode("utf-8", errors="backslashreplace")
+    shown = "".join(c if c.isprintable() else _escape(c) for c in text[:MAX_SHOWN_CHARS])
+    if len(text) > MAX_SHOWN_CHARS:
+        shown += "..."
+    return shown
+
+
+def _escape(char: str) -> str:
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"

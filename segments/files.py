@@ -1,0 +1,94 @@
+"""The part of the filesystem seam that segment files use.
+
+Segment, index and transaction-index files reach the disk only through these
+protocols, so the fault-injecting twin (`oncelog.recovery.torture.faultfs`) can
+stand in for the OS. `oncelog.recovery.fs.FileSystem` extends `SegmentFileSystem`
+with the rest of the seam (metadata stores, renames, locks) and implements both.
+Declared here, below everything else, so that segments import nothing else of oncelog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+Buffer = bytes | bytearray | memoryview
+
+
+class FileHandle(Protocol):
+    """An open file. Positions are explicit; there is no cursor."""
+
+    @property
+    def path(self) -> str: ...
+
+    def size(self) -> int: ...
+
+    def pread(self, size: int, offset: int) -> bytes:
+        """Up to `size` bytes at `offset`; fewer only at end of file."""
+        ...
+
+    def pread_into(self, buffer: memoryview, offset: int) -> int:
+        """Fill `buffer` from `offset` (no intermediate copy); fewer bytes only at end of file."""
+        ...
+
+    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+        """Write every buffer back to back at `offset`; returns the bytes written.
+
+        Returns only when all bytes are in the OS page cache, so they survive a
+        kill -9 of the process (not a power loss: that needs fsync).
+        """
+        ...
+
+    def truncate(self, size: int) -> None: ...
+
+    def allocate(self, size: int, *, start: int = 0) -> None:
+        """Reserve disk blocks for bytes [start, size), growing the file to `size` if shorter.
+
+        Writes through a shared mapping have no error return: a page that cannot
+        get a block kills the process with SIGBUS. Reserving the blocks first turns
+        a full disk into an OSError here instead. Growing a file with `truncate`
+        reserves nothing (the file is sparse), and bytes already there are kept.
+        """
+        ...
+
+    def fsync(self) -> None:
+        """Data and metadata durable, bytes written through mappings included.
+
+        Raises OSError on failure (then fail closed).
+        """
+        ...
+
+    def fdatasync(self) -> None: ...
+
+    def mmap(self, size: int, *, writable: bool) -> MappedRegion:
+        """Map the first `size` bytes (the file must already be that long)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class MappedRegion(Protocol):
+    """A shared memory map: writes reach the page cache at once, like write()."""
+
+    @property
+    def buffer(self) -> memoryview: ...
+
+    def flush(self) -> None:
+        """msync: make the mapped bytes durable."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SegmentFileSystem(Protocol):
+    """What a segment and its indexes need: files, their existence, and durable directory entries."""
+
+    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def unlink(self, path: str) -> None: ...
+
+    def fsync_dir(self, path: str) -> None:
+        """Make the directory's entries (creates, renames, unlinks) durable."""
+        ...
