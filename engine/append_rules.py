@@ -1,4 +1,4 @@
-"""Kafka's append rules for idempotent producers (brief §4), checked on copies.
+"""Kafka's append rules for idempotent producers, checked on copies.
 
 `ProducerAppendInfo` reads each producer's row once per request, checks every batch
 against the epoch and the 5-batch window, and returns the state each batch leaves;

@@ -1,4 +1,4 @@
-"""GroupCommit: appenders waiting for durability share one flush (brief §5).
+"""GroupCommit: appenders waiting for durability share one flush (Kafka's group commit).
 
 One waiter at a time is the leader: it runs the flush (the log's fsyncs and the
 recovery point's commit) with this object's lock released, so other threads

@@ -1,4 +1,4 @@
-"""ProducerIdManager: hands out producer ids and bumps epochs (brief §7).
+"""ProducerIdManager: hands out producer ids and bumps epochs.
 
 PIDs come from blocks reserved durably in the metadata store before any PID in
 them is issued: after a crash the manager starts at the next unreserved block,

@@ -1,8 +1,8 @@
-"""Producer state: each idempotent producer's epoch and its last 5 batches (brief §4).
+"""Producer state: each idempotent producer's epoch and its last 5 batches.
 
 The table is a fixed-capacity numpy structured array (one 160-byte row per
 producer) with a pid -> slot dict. Rows are handed out in ring order, so the
-oldest producer sits at the head: expiry (issue 4) pops from there. Snapshots
+oldest producer sits at the head: expiry pops from there. Snapshots
 write and load the array directly, so loading a million producers builds no
 per-producer Python objects beyond the slot map.
 
@@ -172,7 +172,7 @@ class WorkingState:
 
 
 class ProducerStateManager:
-    """The producer table, a ring in insertion order with second-chance expiry (brief §6).
+    """The producer table, a ring in insertion order with second-chance expiry.
 
     The expiry rule: a producer expires once `now - last_append_ms >=
     expiration_ms` and it has no open transaction. Both times are the engine's

@@ -1,4 +1,4 @@
-"""The checks a batch must pass before the log accepts it (brief §4, "Batch validation").
+"""The checks a batch must pass before the log accepts it, as Kafka's LogValidator checks them.
 
 Every record is checked too, on both append paths (segments.batch.check_batch_records,
 Kafka's LogValidator): a batch with a right CRC over a body that does not hold its

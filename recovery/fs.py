@@ -1,6 +1,6 @@
 """The filesystem seam: every byte oncelog persists goes through `FileSystem`.
 
-`OsFileSystem` is the real thing. The fault-injecting twin (brief §9) implements the
+`OsFileSystem` is the real thing. The fault-injecting twin (`oncelog.recovery.torture.faultfs`) implements the
 same two protocols and keeps unsynced state in memory, so it can materialise any
 crash state a Linux filesystem may legally leave. For that to be possible the
 engine must never touch `os`, `open()` or `mmap` for persistent data directly.

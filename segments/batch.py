@@ -76,7 +76,7 @@ def batch_size_at(buffer: Buffer, position: int = 0) -> int:
 
 
 class BatchHeader(NamedTuple):
-    """The 61-byte v2 header, field by field (brief §3).
+    """The 61-byte v2 header, field by field.
 
     A NamedTuple, so hot loops (recovery replays thousands of batches) read fields
     at C speed instead of through RecordBatch's properties.

@@ -1,4 +1,4 @@
-"""Transaction markers: the COMMIT and ABORT control batches (brief §3, §8).
+"""Transaction markers: the COMMIT and ABORT control batches.
 
 Pure: no I/O. A marker is a control batch (attributes: transactional | control)
 holding one record whose key is (version i16, type i16) and whose value is

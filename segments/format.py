@@ -1,4 +1,4 @@
-"""Constants of Kafka's record batch v2 layout (brief §3), shared by codec and readers.
+"""Constants of Kafka's record batch v2 layout, shared by codec and readers.
 
 All multi-byte fields are big-endian. The CRC (CRC-32C) covers bytes
 [ATTRIBUTES_OFFSET, end), so baseOffset, batchLength, partitionLeaderEpoch and

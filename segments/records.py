@@ -1,4 +1,4 @@
-"""Records inside a v2 batch: zigzag varints and the record layout (brief §3).
+"""Records inside a v2 batch: zigzag varints and the record layout.
 
 Pure functions over bytes; no I/O. Decoding bounds every length by the bytes that
 are actually there, so malformed input raises CorruptRecordError, never IndexError

@@ -167,7 +167,7 @@ def _decode_group(
     # LogAppendTime: every record has the batch's max timestamp, the broker's append time.
     timestamps = np.where(append_time, per_batch[batch_of, 3], per_batch[batch_of, 2] + ts_delta)
     base_sequence = per_batch[batch_of, 6]
-    # A record's sequence is its batch's base plus its offset delta, wrapping after Int.MAX (brief §3).
+    # A record's sequence is its batch's base plus its offset delta, wrapping after Int.MAX.
     sequence = np.where(base_sequence < 0, fmt.NO_SEQUENCE, (base_sequence + offset_delta) % _SEQUENCE_MOD)
     buf = np.frombuffer(joined, dtype=np.uint8)
     n = len(offsets)

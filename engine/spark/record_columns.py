@@ -8,7 +8,7 @@ loops over records in Python, except to finish a few long batches:
    previous one's length says), but batches are independent, so the walk goes in
    lockstep, one record of every batch per numpy step.
 2. Fields: once every record's start is known, each field of every record is
-   read at once, one vectorised varint read per field (brief §3 record layout).
+   read at once, one vectorised varint read per field (Kafka's v2 record layout).
 3. Keys, values, header keys and values stay (start, length) ranges into the
    joined bodies; `gather` cuts many ranges out with one boolean mask.
 

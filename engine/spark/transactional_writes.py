@@ -1,6 +1,6 @@
 """Exactly-once writes from many processes: one transaction per task attempt, one decision.
 
-How tasks share a partition (issue 9). A partition has one writer at a time: the
+How tasks share a partition. A partition has one writer at a time: the
 `Log`'s directory lock. A task attempt therefore never holds a partition while it
 reads its input. It encodes its rows into transactional batches per partition in
 memory (bounded by `max_pending_bytes`) and, when that fills or its input ends, takes

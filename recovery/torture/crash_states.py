@@ -11,7 +11,7 @@ Modelling decisions (each one says why):
 - Data operations are positional writes and truncates, replayed in order onto the
   durable bytes. An fsync replays the pending list rather than copying the volatile
   bytes, so data whose fsync failed (and was dropped, "fsyncgate") stays lost.
-- Unsynced data writes may reach the disk in any subset (the brief's worst case;
+- Unsynced data writes may reach the disk in any subset (the worst case;
   Linux writeback gives no order between dirty pages), so "drop" picks a prefix,
   a prefix with one operation omitted (ALICE) or an arbitrary subset.
 - Directory operations are kept as a per-directory list of atomic steps and a

@@ -1,4 +1,4 @@
-"""FaultFileSystem: the fault-injecting, in-memory twin of the filesystem seam (brief §9).
+"""FaultFileSystem: the fault-injecting, in-memory twin of the filesystem seam.
 
 It implements `FileSystem`, `FileHandle`, `MappedRegion`, `MetadataStore` and `DirLock`
 with no disk I/O, on the model of `crash_states`: durable and volatile bytes per file,

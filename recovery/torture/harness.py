@@ -3,8 +3,8 @@
 One crash state: idempotent producers append (with retries, epoch bumps, flushes,
 rolls and clean reopens) to a Log on the fault-injecting twin, interleaved with
 transactional producers that open transactions, send 1-3 transactional batches and
-commit or abort them (brief §8), sometimes leaving one open across flushes, rolls,
-reopens and the crash; the twin then crashes in one fault class (brief §9); the log
+commit or abort them, sometimes leaving one open across flushes, rolls,
+reopens and the crash; the twin then crashes in one fault class; the log
 is reopened on what the crash left; the checker enforces every invariant:
 
 1. every acknowledged-durable batch is present, at its offset, byte for byte (after
@@ -177,7 +177,7 @@ def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) ->
         # its history: producer state and transactions are checked against all of it.
         history = _history_below(model, batches[0].base_offset if batches else end) + batches
         scanned = log.recovery_report.bytes_scanned
-        # Brief §5: recovery cost follows the tail. Only faults that cannot damage fsynced
+        # Recovery cost follows the tail. Only faults that cannot damage fsynced
         # snapshots or indexes are held to it (a bit flip or misdirected write may).
         if fault not in ("bitflip", "misdirect", "lost") and scanned > tail_bytes + TAIL_SLACK_BYTES:
             violation("recovery reads only the tail", f"scanned {scanned} bytes, the tail holds {tail_bytes}")
