@@ -384,12 +384,11 @@ def encode_batch(
         raw = encode_records(triples, stamps, base_ts)
     if min_ts != base_ts or max_ts != base_ts:
         # Records with timestamps of their own: each is stored as a varlong delta from the base.
-        for name, value in (
-            ("the earliest record timestamp", min_ts),
-            ("the earliest record timestamp's delta from the first record's", min_ts - base_ts),
-            ("the latest record timestamp's delta from the first record's", max_ts - base_ts),
-        ):
-            fmt.check_int(name, value, "i64")
+        _raise_field_out_of_range(
+            ("the earliest record timestamp", min_ts, "i64"),
+            ("the earliest record timestamp's delta from the first record's", min_ts - base_ts, "i64"),
+            ("the latest record timestamp's delta from the first record's", max_ts - base_ts, "i64"),
+        )
     codec = _codec(compression)
     body = compress(codec, raw)
     attributes = (
@@ -409,26 +408,27 @@ def encode_batch(
         )
         prefix = fmt.SIZE_AND_MAGIC_STRUCT.pack(base_offset, length, partition_leader_epoch, fmt.MAGIC_V2)
     except struct.error:
-        fields = (
+        first_name = (
+            "timestamp_ms" if plain is not None or timestamp_ms is not None else "the first record timestamp"
+        )
+        _raise_field_out_of_range(
             ("base_offset", base_offset, "i64"),
             ("producer_id", producer_id, "i64"),
             ("producer_epoch", producer_epoch, "i16"),
             ("base_sequence", base_sequence, "i32"),
             ("partition_leader_epoch", partition_leader_epoch, "i32"),
-            (
-                "timestamp_ms"
-                if plain is not None or timestamp_ms is not None
-                else "the first record timestamp",
-                base_ts,
-                "i64",
-            ),
+            (first_name, base_ts, "i64"),
             ("the latest record timestamp", max_ts, "i64"),
         )
-        for name, value, width in fields:
-            fmt.check_int(name, value, width)
         raise
     crc = crc32c.crc32c(body, crc32c.crc32c(covered))
     return b"".join((prefix, fmt.UINT32.pack(crc), covered, body))
+
+
+def _raise_field_out_of_range(*fields: tuple[str, int, str]) -> None:
+    """ValueError (TypeError for a non-integer) naming the first field that does not fit its width."""
+    for name, value, width in fields:
+        fmt.check_int(name, value, width)
 
 
 def _codec(compression: str | int | None) -> int:

@@ -147,6 +147,37 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
     with LogManager.open(data_dir, DEMO_CONFIG, progress=False) as manager:
         _append_rules(manager.log(RULES, 0), manager.producer_ids, say, failures)
 
+    acks, open_pid, open_first = _run_child_and_kill_it(data_dir, say)
+
+    say("3. Reopening the LogManager after the crash: every partition recovers in parallel")
+    with LogManager.open(data_dir, DEMO_CONFIG) as manager:
+        payments, orders = _recover(manager, acks, open_first, say, failures)
+
+        say("4. Each producer retries the 5 batches its recovered dedupe window holds, in each partition")
+        say("   (a batch written just before the kill may never have been acked: a real client retries it)")
+        for partition, log in enumerate(orders):
+            _retry_windows(
+                log, f"{ORDERS}-{partition}", [a for a in acks if a.partition == partition], say, failures
+            )
+        say("   (* written but not acknowledged before the kill)")
+
+        say(
+            f"5. Transactions in {PAYMENTS}-0: read_committed reads stop at the last stable offset (LSO)"
+            " and skip aborted data"
+        )
+        _transactions(payments, manager.producer_ids, open_pid, open_first, say, failures)
+    payments_dir = os.path.join(data_dir, f"{PAYMENTS}-0")
+    say()
+    say(f"Inspect it: oncelog stat {data_dir}")
+    say(f"            oncelog verify {data_dir}")
+    say(f"            oncelog dump --records {payments_dir} | tail -n 16   # the markers and the .txnindex")
+    for failure in failures:
+        say(f"FAILED: {failure}")
+    return 1 if failures else 0
+
+
+def _run_child_and_kill_it(data_dir: str, say: Callable[..., None]) -> tuple[list[Ack], int, int]:
+    """Step 2: a child appends and is SIGKILLed; its acks, and the transaction it left open."""
     say(f"2. A child process opens the LogManager and leases {PRODUCERS} producer ids; they append to")
     say(f"   {ORDERS}-0..{ORDER_PARTITIONS - 1} at random, retrying 10% of their batches; first a 4th")
     say(f"   producer opens a transaction in {PAYMENTS}-0 that it never ends; the child is killed")
@@ -179,63 +210,47 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
         f"   producer {open_pid}'s transaction, opened at offset {open_first}, was never committed or aborted"
     )
 
-    say("3. Reopening the LogManager after the crash: every partition recovers in parallel")
-    with LogManager.open(data_dir, DEMO_CONFIG) as manager:
-        for line in str(manager.recovery_summary).splitlines():
-            say(f"   {line}")
-        for tp, log in manager.logs().items():
-            report = log.recovery_report
-            say(
-                f"   {tp}: clean={report.clean} segments={len(log.segments)} "
-                f"scanned={report.segments_scanned} bytes_scanned={report.bytes_scanned} "
-                f"replayed={report.batches_replayed} "
-                f"snapshot_offset={report.snapshot_offset} truncated={report.truncated_bytes} "
-                f"log end {log.log_end_offset}"
-            )
-        payments = manager.log(PAYMENTS, 0, create=False)
-        lso = payments.last_stable_offset
-        committed_end = payments.read(0, max_bytes=1 << 20, isolation="read_committed").next_offset
-        say(
-            f"   {PAYMENTS}-0: last stable offset {lso}: the child's transaction is still open;"
-            " read_committed stops there"
-        )
-        if lso != open_first or committed_end > open_first:
-            failures.append(f"after recovery the last stable offset is {lso}, not {open_first}")
-        for entry in payments.producers():
-            txn = entry.current_txn_first_offset
-            say(
-                f"   {PAYMENTS}-0 producer {entry.producer_id}: epoch {entry.producer_epoch}, "
-                f"last seq {entry.last_sequence} at offset {entry.last_offset}"
-                + (f", transaction open since offset {txn}" if txn >= 0 else "")
-            )
-        orders = [manager.log(ORDERS, p, create=False) for p in range(ORDER_PARTITIONS)]
-        for ack in acks:
-            batch = orders[ack.partition].read(ack.offset, max_bytes=1).batches[0]
-            if (batch.base_offset, batch.producer_id, batch.base_sequence) != (ack.offset, ack.pid, ack.seq):
-                failures.append(f"acknowledged batch {ack} is not at its offset")
-        say(f"   every acknowledged batch is at its offset: {not failures}")
+    return acks, open_pid, open_first
 
-        say("4. Each producer retries the 5 batches its recovered dedupe window holds, in each partition")
-        say("   (a batch written just before the kill may never have been acked: a real client retries it)")
-        for partition, log in enumerate(orders):
-            _retry_windows(
-                log, f"{ORDERS}-{partition}", [a for a in acks if a.partition == partition], say, failures
-            )
-        say("   (* written but not acknowledged before the kill)")
 
+def _recover(
+    manager: LogManager, acks: list[Ack], open_first: int, say: Callable[..., None], failures: list[str]
+) -> tuple[Log, list[Log]]:
+    """Step 3: what recovery found, the open transaction, and every ack at its offset."""
+    for line in str(manager.recovery_summary).splitlines():
+        say(f"   {line}")
+    for tp, log in manager.logs().items():
+        report = log.recovery_report
         say(
-            f"5. Transactions in {PAYMENTS}-0: read_committed reads stop at the last stable offset (LSO)"
-            " and skip aborted data"
+            f"   {tp}: clean={report.clean} segments={len(log.segments)} "
+            f"scanned={report.segments_scanned} bytes_scanned={report.bytes_scanned} "
+            f"replayed={report.batches_replayed} "
+            f"snapshot_offset={report.snapshot_offset} truncated={report.truncated_bytes} "
+            f"log end {log.log_end_offset}"
         )
-        _transactions(payments, manager.producer_ids, open_pid, open_first, say, failures)
-    payments_dir = os.path.join(data_dir, f"{PAYMENTS}-0")
-    say()
-    say(f"Inspect it: oncelog stat {data_dir}")
-    say(f"            oncelog verify {data_dir}")
-    say(f"            oncelog dump --records {payments_dir} | tail -n 16   # the markers and the .txnindex")
-    for failure in failures:
-        say(f"FAILED: {failure}")
-    return 1 if failures else 0
+    payments = manager.log(PAYMENTS, 0, create=False)
+    lso = payments.last_stable_offset
+    committed_end = payments.read(0, max_bytes=1 << 20, isolation="read_committed").next_offset
+    say(
+        f"   {PAYMENTS}-0: last stable offset {lso}: the child's transaction is still open;"
+        " read_committed stops there"
+    )
+    if lso != open_first or committed_end > open_first:
+        failures.append(f"after recovery the last stable offset is {lso}, not {open_first}")
+    for entry in payments.producers():
+        txn = entry.current_txn_first_offset
+        say(
+            f"   {PAYMENTS}-0 producer {entry.producer_id}: epoch {entry.producer_epoch}, "
+            f"last seq {entry.last_sequence} at offset {entry.last_offset}"
+            + (f", transaction open since offset {txn}" if txn >= 0 else "")
+        )
+    orders = [manager.log(ORDERS, p, create=False) for p in range(ORDER_PARTITIONS)]
+    for ack in acks:
+        batch = orders[ack.partition].read(ack.offset, max_bytes=1).batches[0]
+        if (batch.base_offset, batch.producer_id, batch.base_sequence) != (ack.offset, ack.pid, ack.seq):
+            failures.append(f"acknowledged batch {ack} is not at its offset")
+    say(f"   every acknowledged batch is at its offset: {not failures}")
+    return payments, orders
 
 
 class Ack(NamedTuple):

@@ -156,25 +156,8 @@ def crash_model(
     faults: list[AppliedFault] = []
     eligible = target or (lambda path: True)
 
-    # 1. Namespaces. Power-loss modes keep a prefix of each directory's pending steps;
-    #    "dirent" always loses at least the last one; the others see the volatile view.
-    namespaces: dict[str, dict[str, Inode]] = {}
-    for path in sorted(model.dirs):
-        directory = model.dirs[path]
-        steps = len(directory.pending)
-        if mode in ("drop", "torn") and steps:
-            keep = rng.randint(0, steps)
-        elif mode == "dirent" and steps:
-            keep = rng.randint(0, steps - 1)
-        else:
-            keep = steps
-        names = dict(directory.durable)
-        for step in directory.pending[:keep]:
-            _apply_dir_op(names, step)
-        if keep < steps:
-            lost = sorted({name for step in directory.pending[keep:] for name, _ in step})
-            faults.append(AppliedFault("dirent", path, detail=f"kept {keep}/{steps} steps; reverted {lost}"))
-        namespaces[path] = names
+    # 1. Namespaces: which creates, renames and unlinks survived.
+    namespaces = _crash_namespaces(model, mode, rng, faults)
 
     # 2. The inodes still reachable, each under its first name (sorted: deterministic).
     reachable: dict[int, tuple[str, Inode]] = {}
@@ -216,6 +199,41 @@ def crash_model(
         _lose_a_file([(p, i) for p, i in inodes if eligible(p)], namespaces, contents, rng, faults)
 
     # 4. The new model: every survivor is durable as it now stands on disk.
+    return _durable_model(model, namespaces, contents), faults
+
+
+def _crash_namespaces(
+    model: Model, mode: CrashMode, rng: random.Random, faults: list[AppliedFault]
+) -> dict[str, dict[str, Inode]]:
+    """Each directory's names after the crash.
+
+    Power-loss modes keep a prefix of each directory's pending steps; "dirent"
+    always loses at least the last one; the others see the volatile view.
+    """
+    namespaces: dict[str, dict[str, Inode]] = {}
+    for path in sorted(model.dirs):
+        directory = model.dirs[path]
+        steps = len(directory.pending)
+        if mode in ("drop", "torn") and steps:
+            keep = rng.randint(0, steps)
+        elif mode == "dirent" and steps:
+            keep = rng.randint(0, steps - 1)
+        else:
+            keep = steps
+        names = dict(directory.durable)
+        for step in directory.pending[:keep]:
+            _apply_dir_op(names, step)
+        if keep < steps:
+            lost = sorted({name for step in directory.pending[keep:] for name, _ in step})
+            faults.append(AppliedFault("dirent", path, detail=f"kept {keep}/{steps} steps; reverted {lost}"))
+        namespaces[path] = names
+    return namespaces
+
+
+def _durable_model(
+    model: Model, namespaces: dict[str, dict[str, Inode]], contents: dict[int, bytearray]
+) -> Model:
+    """A model in which every surviving name and byte is durable."""
     out = Model(stores={path: dict(values) for path, values in model.stores.items()})
     fresh: dict[int, Inode] = {}
     for path, names in namespaces.items():
@@ -225,7 +243,7 @@ def crash_model(
             if old.ino not in fresh:
                 fresh[old.ino] = out.new_inode(bytes(contents[old.ino]))
             directory.durable[name] = directory.volatile[name] = fresh[old.ino]
-    return out, faults
+    return out
 
 
 def _replay(durable: bytes | bytearray, ops: list[Op]) -> bytearray:
