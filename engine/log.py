@@ -6,7 +6,7 @@ and producer state changes only after the bytes are in the segment. Offsets are
 stamped by rewriting only the first 8 bytes (the CRC does not cover them): the
 body goes to the kernel as-is in a vectored write.
 
-Durability (brief §5): a roll fsyncs the old segment and writes the snapshot at
+Durability: a roll fsyncs the old segment and writes the snapshot at
 the new base before the recovery point (in the metadata store) moves there, so
 an unclean open validates only the active segment. A clean close leaves a marker
 that the next open deletes before loading, so a crash while loading is unclean.
@@ -39,19 +39,17 @@ from oncelog.log_dirs import create_dir, lock_dir, opening_failed, unnamed_os_er
 from oncelog.producer_state import BatchMetadata, ProducerStateEntry, WorkingState
 from oncelog.reads import read_log
 from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore
-from oncelog.recovery.loader import (
+from oncelog.recovery.checkpoint import (
     CLIENT_ONLY_KEY,
     LOG_START_KEY,
     RETIRED_PREFIX,
-    LoadedLog,
-    LogLoader,
-    RecoveryPoint,
-    RecoveryReport,
     forget_retired,
     write_offsets,
     write_recovery_point,
 )
+from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore
+from oncelog.recovery.loader import LoadedLog, LogLoader, RecoveryReport
+from oncelog.recovery.plan import RecoveryPoint
 from oncelog.results import ISOLATIONS, AppendResult, FetchResult, Isolation
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, encode_batch

@@ -13,7 +13,7 @@ until the partition's files are closed (or deleted), and waits a bounded time fo
 PID manager's lock.
 
 Opening recovers every partition in a bounded thread pool (each partition's own
-loader: tail-only recovery, brief §5); the pool overlaps the fsyncs and file opens
+loader: tail-only recovery); the pool overlaps the fsyncs and file opens
 that dominate a restart. `recovery_summary` says what it read and did.
 
 Deleting a partition is made crash-safe with a durable intent, not a directory
@@ -38,9 +38,15 @@ from typing import Any
 import msgpack
 
 from oncelog.config import LogConfig, OnCorruption
-from oncelog.errors import LogDirLockedError, LogFailedError, MetadataMissingError, OncelogError
+from oncelog.errors import (
+    LockTimeoutError,
+    LogDirLockedError,
+    LogFailedError,
+    MetadataMissingError,
+    OncelogError,
+)
 from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_topic_partition
-from oncelog.lock_wait import FIRST_PAUSE_S, MAX_PAUSE_S, wait_while_locked
+from oncelog.lock_wait import wait_while_locked
 from oncelog.log import LOCK_FILE, Log, take_clean_marker
 from oncelog.log_dirs import create_dir, lock_dir, opening_failed, unnamed_os_error
 from oncelog.metadata_values import committing, read_value
@@ -591,26 +597,7 @@ class LogManager:
             # partition in between could append and die, leaving a log trusted as clean.
             # A partition another process holds (a Spark task appending) is waited for, a
             # bounded time in all, then it fails the open.
-            deadline = time.monotonic() + self.lock_timeout_s
-            pause_s = FIRST_PAUSE_S
-            waiting = list(partitions)
-            while waiting:
-                still: list[TopicPartition] = []
-                for tp in waiting:
-                    try:
-                        locks[tp] = self._lock_partition(tp)
-                    except LogDirLockedError as lock_error:
-                        still.append(tp)
-                        failures[tp] = lock_error
-                    except (OSError, OncelogError) as lock_error:  # LogDirectoryError: .lock a directory
-                        failures[tp] = lock_error
-                    else:
-                        failures.pop(tp, None)
-                if not still or time.monotonic() >= deadline:
-                    break
-                time.sleep(pause_s)
-                pause_s = min(pause_s * 2, MAX_PAUSE_S)
-                waiting = still
+            self._lock_partitions(partitions, locks, failures)
             if failures:  # before any marker is taken: nothing on disk has changed
                 raise PartitionRecoveryError(self.root, failures)
             clean = {tp: take_clean_marker(self._fs, self._partition_path(tp)) for tp in partitions}
@@ -656,6 +643,43 @@ class LogManager:
         self.recovery_summary = RecoverySummary.of(
             reports, time.perf_counter() - started, self.recovery_threads
         )
+
+    def _lock_partitions(
+        self,
+        partitions: list[TopicPartition],
+        locks: dict[TopicPartition, _PartitionLock],
+        failures: dict[TopicPartition, BaseException],
+    ) -> None:
+        """Take every partition's lock, waiting (bounded, backing off) for ones another process holds.
+
+        Each partition still locked at the deadline fails with LockTimeoutError.
+        """
+        waiting = list(partitions)
+
+        def attempt() -> None:
+            nonlocal waiting
+            still: list[TopicPartition] = []
+            for tp in waiting:
+                try:
+                    locks[tp] = self._lock_partition(tp)
+                except LogDirLockedError as lock_error:
+                    still.append(tp)
+                    failures[tp] = lock_error
+                except (OSError, OncelogError) as lock_error:  # LogDirectoryError: .lock a directory
+                    failures[tp] = lock_error
+                else:
+                    failures.pop(tp, None)
+            waiting = still
+            if still:
+                raise failures[still[0]]
+
+        try:
+            wait_while_locked(f"partitions of {self.root}", attempt, self.lock_timeout_s)
+        except LockTimeoutError:
+            for tp in waiting:
+                failures[tp] = LockTimeoutError(
+                    f"{failures[tp]} (still locked after {self.lock_timeout_s:g} s)"
+                )
 
     def _finish_pending_deletes(self) -> None:
         failures: dict[TopicPartition, BaseException] = {}

@@ -1,4 +1,4 @@
-"""OpenTransactions: the log's open transactions, its last stable offset, its aborted ones (brief §8).
+"""OpenTransactions: the log's open transactions, its last stable offset, its aborted ones.
 
 Producer state holds each producer's open transaction (its first offset); this
 keeps the same facts by producer for the two questions reads ask: where does the
@@ -9,7 +9,7 @@ transactions does a fetch overlap (the segments' .txnindex files).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from oncelog.producer_state import CompletedTxn, WorkingState
 from oncelog.segments.segment import LogSegment
@@ -34,16 +34,23 @@ class OpenTransactions:
         """
         producer_id = state.producer_id
         if completed is not None and completed.aborted:
-            # Kafka's rule: the stable offset as of the marker, its own transaction closed.
             others = [first for pid, first in self._first_offsets.items() if pid != producer_id]
-            stable = min(others, default=completed.last_offset + 1)
-            segment.txn_index.append(
-                AbortedTxn(producer_id, completed.first_offset, completed.last_offset, stable)
-            )
+            segment.txn_index.append(aborted_txn_entry(completed, others))
         if state.txn_first_offset >= 0:
             self._first_offsets.setdefault(producer_id, state.txn_first_offset)
         else:
             self._first_offsets.pop(producer_id, None)
+
+
+def aborted_txn_entry(completed: CompletedTxn, other_open_first_offsets: Iterable[int]) -> AbortedTxn:
+    """The transaction index entry of an aborted transaction, as its ABORT marker is appended.
+
+    Kafka's rule: its last stable offset is the one as of the marker, with its own
+    transaction closed: the oldest other open transaction's first offset, else the
+    offset after the marker. The append path and recovery's index rebuild both use it.
+    """
+    stable = min(other_open_first_offsets, default=completed.last_offset + 1)
+    return AbortedTxn(completed.producer_id, completed.first_offset, completed.last_offset, stable)
 
 
 def aborted_between(

@@ -1,9 +1,12 @@
 """LogLoader: open a partition directory and restore the log and its producer state.
 
+It carries out the recovery decision of `oncelog.recovery.plan` (where validation
+starts, torn tail or corruption, missing data); this module does the I/O.
+
 Clean open (the shutdown marker was there): every segment's indexes are trusted
 after a sanity check, and the snapshot written at close holds the producer state.
 
-Unclean open (brief §5), in the order that keeps cost proportional to the tail:
+Unclean open, in the order that keeps cost proportional to the tail:
   1. Segments below the recovery point were fsynced and are trusted as above.
   2. From the segment holding the recovery point on, every batch is validated
      (size, magic, CRC, offsets increasing) and the indexes rebuilt. The first bad
@@ -25,10 +28,8 @@ Unclean open (brief §5), in the order that keeps cost proportional to the tail:
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
-import struct
 import time
 from typing import NamedTuple
 
@@ -39,94 +40,39 @@ from oncelog.errors import (
     CorruptSnapshotError,
     NotASegmentError,
 )
-from oncelog.metadata_values import read_value
 from oncelog.pid_map import DuplicateProducerError
 from oncelog.producer_replay import ReplayBuffer
 from oncelog.producer_state import ProducerStateManager, fit_rows
 from oncelog.recovery import snapshot as snapshots
+from oncelog.recovery.checkpoint import (
+    CLIENT_ONLY_KEY,
+    LOG_START_KEY,
+    forget_retired,
+    read_offset,
+    read_recovery_point,
+    read_retired,
+    recorded_log_start,
+    write_offsets,
+    write_recovery_point,
+)
 from oncelog.recovery.fs import FileSystem, MetadataStore
+from oncelog.recovery.plan import (
+    RecoveryPoint,
+    Verdict,
+    corruption,
+    first_validated,
+    judge_bad_batch,
+    judge_missing_data,
+    replay_starts_over,
+    snapshot_limit,
+)
 from oncelog.segments.batch import RecordBatch
 from oncelog.segments.control import decode_txn_marker
 from oncelog.segments.format import CONTROL_MASK, TRANSACTIONAL_MASK
 from oncelog.segments.segment import LOG_SUFFIX, LogSegment, parse_segment_file_name, segment_file_name
-from oncelog.segments.txn_index import AbortedTxn
+from oncelog.transactions import aborted_txn_entry
 
 log = logging.getLogger(__name__)
-
-RECOVERY_POINT_KEY = "recovery_point"
-# Where the recovery point falls in bytes: the segment holding it and the position
-# in that segment up to which everything was fsynced. A bad batch is judged by its
-# position, not by the offsets damaged bytes claim: a misdirected write can put a
-# valid batch from the tail over durable data.
-RECOVERY_SEGMENT_KEY = "recovery_point_segment"
-RECOVERY_POSITION_KEY = "recovery_point_position"
-# 1 while every batch came from a client append: offsets then follow each other
-# exactly and partitionLeaderEpoch is oncelog's stamp (-1). Recovery and reads check
-# both, which catches a valid batch moved by a misdirected write and bit flips in
-# the header fields no CRC covers (baseOffset, partitionLeaderEpoch). The first
-# replication append (a leader's offsets and epochs, perhaps with gaps) clears it.
-CLIENT_ONLY_KEY = "client_appends_only"
-# The first offset a read may ask for: moved by delete_records and retention, durable
-# before the segments below it are deleted.
-LOG_START_KEY = "log_start_offset"
-# RETIRED_PREFIX + producer id -> the log end when Log.retire_producers forgot it. Until
-# a snapshot written after it holds the table without them, recovery replaying the
-# tail must not bring them back (they would take slots). Removed once one is durable.
-RETIRED_PREFIX = "retired/"
-
-
-def read_retired(store: MetadataStore) -> dict[int, int]:
-    """Producer id -> the log end when it was retired, for retirements no snapshot holds yet."""
-    retired = {}
-    for key in store.keys(RETIRED_PREFIX):
-        offset = read_offset(store, key)
-        if offset is not None:
-            retired[int(key[len(RETIRED_PREFIX) :])] = offset
-    return retired
-
-
-def forget_retired(store: MetadataStore) -> None:
-    """A snapshot holding the retirements is durable: their records are no longer needed."""
-    keys = store.keys(RETIRED_PREFIX)
-    if keys:
-        store.delete(keys)
-
-
-class RecoveryPoint(NamedTuple):
-    offset: int
-    segment_base: int | None = None  # None in stores written before positions were kept
-    position: int = 0
-
-    def covers(self, segment_base: int, position: int) -> bool:
-        """Was the byte at `position` of segment `segment_base` fsynced before the crash?"""
-        if self.segment_base is None:
-            return False
-        return segment_base < self.segment_base or (
-            segment_base == self.segment_base and position < self.position
-        )
-
-
-def read_recovery_point(store: MetadataStore) -> RecoveryPoint:
-    offset = read_offset(store, RECOVERY_POINT_KEY) or 0
-    segment_base = read_offset(store, RECOVERY_SEGMENT_KEY)
-    position = read_offset(store, RECOVERY_POSITION_KEY) or 0
-    return RecoveryPoint(offset, segment_base, position)
-
-
-def write_recovery_point(store: MetadataStore, point: RecoveryPoint) -> None:
-    assert point.segment_base is not None and point.segment_base <= point.offset, point
-    # One atomic LMDB commit: the three values never disagree after a crash.
-    write_offsets(
-        store,
-        {
-            RECOVERY_POINT_KEY: point.offset,
-            RECOVERY_SEGMENT_KEY: point.segment_base,
-            RECOVERY_POSITION_KEY: point.position,
-        },
-    )
-
-
-_OFFSET = struct.Struct(">q")
 
 
 class RecoveryReport(NamedTuple):
@@ -161,32 +107,6 @@ class LoadedLog(NamedTuple):
     report: RecoveryReport
     client_only: bool
     log_start_offset: int
-
-
-def read_offset(store: MetadataStore, key: str) -> int | None:
-    """The offset stored at `key` (None if absent); CorruptMetadataError if it is not one."""
-    return read_value(store, key, _decode_offset)
-
-
-def recorded_log_start(store: MetadataStore) -> int | None:
-    """Where the store says the log starts; None if it cannot say (a Kafka directory, a lost store).
-
-    A log made here starts empty at 0 with its flag committed, and every deletion from
-    the front commits the new start before any file goes: so the first segment can
-    never start past this, unless a segment file was lost.
-    """
-    start = read_offset(store, LOG_START_KEY)
-    if start is None and read_offset(store, CLIENT_ONLY_KEY) is not None:
-        return 0
-    return start
-
-
-def _decode_offset(raw: bytes) -> int:
-    return int(_OFFSET.unpack(raw)[0])
-
-
-def write_offsets(store: MetadataStore, values: dict[str, int]) -> None:
-    store.put({key: _OFFSET.pack(value) for key, value in values.items()})
 
 
 def list_segment_bases(fs: FileSystem, directory: str, names: list[str] | None = None) -> list[int]:
@@ -235,6 +155,7 @@ class LogLoader:
         self._validated: list[LogSegment] = []
         self.client_only = False
         self.metadata_missing = False
+        self._truncate = config.on_corruption == "truncate"
 
     def load(self) -> LoadedLog:
         started = time.perf_counter()
@@ -325,7 +246,8 @@ class LogLoader:
         self.client_only = flag == 1
         point = read_recovery_point(self.store)
         # Unclean: validate from the segment holding the recovery point to the end.
-        first_unsafe = len(bases) if self.clean else max(bisect.bisect_right(bases, point.offset) - 1, 0)
+        first = first_validated(bases, point, clean=self.clean, store_found=not self.metadata_missing)
+        first_unsafe = len(bases) if first is None else first
         last = len(bases) - 1
         for n, base in enumerate(bases):
             if n < min(first_unsafe, last):
@@ -340,16 +262,13 @@ class LogLoader:
             self.clean = False
             first_unsafe = last
 
-        validated_from = bases[first_unsafe] if first_unsafe < len(bases) else None
-        # No newer than the first segment validated: rebuilding a segment's transaction
-        # index replays all of it, which needs the producers' state at its start.
+        validated_from = snapshot_limit(bases, first_unsafe)
         snapshot_offset, has_state = self._load_newest_snapshot(limit=validated_from, names=names)
         self._replay_trusted(snapshot_offset, until=validated_from)
         self._validate_tail(first_unsafe, point, snapshot_offset)
         self._flush_replay()
         end = self.segments[-1].next_offset
-        if has_state and snapshot_offset is not None and snapshot_offset > end:
-            # The snapshot describes data recovery cut away: start over from an older one.
+        if has_state and snapshot_offset is not None and replay_starts_over(snapshot_offset, end):
             log.warning("snapshot at %d is past the recovered log end %d; replaying", snapshot_offset, end)
             snapshots.delete_snapshot(self.fs, self.directory, snapshot_offset)
             self.producers.clear()
@@ -469,15 +388,25 @@ class LogLoader:
                 path=segment.path,
                 position=min(recovery_point.position, segment.size),
             )
-            self._corruption_below_recovery_point(segment, error, recovery_point)
+            self._corruption_below_recovery_point(
+                segment, error, recovery_point, corruption(truncate=self._truncate)
+            )
             return False
         if error is not None:
             # segment.size is where the bad batch starts.
-            durable = recovery_point.covers(segment.base_offset, segment.size)
-            if durable or segment.next_offset < recovery_point.offset:
-                self._corruption_below_recovery_point(segment, error, recovery_point)  # raises or cuts
-            else:
+            verdict = judge_bad_batch(
+                recovery_point,
+                segment.base_offset,
+                segment.size,
+                segment.next_offset,
+                truncate=self._truncate,
+            )
+            if verdict is Verdict.CUT_TORN_TAIL:
                 self._cut_tail(n, str(error))
+            else:
+                self._corruption_below_recovery_point(
+                    segment, error, recovery_point, verdict
+                )  # raises or cuts
             return False
         return True
 
@@ -498,7 +427,7 @@ class LogLoader:
             f"offsets {end} to {point.offset - 1} were fsynced (the recovery point is {point.offset}) "
             f"but the log found ends at {end}: a segment file is missing or was emptied"
         )
-        if self.config.on_corruption != "truncate":
+        if judge_missing_data(end, point.offset, truncate=self._truncate) is Verdict.REFUSE_CORRUPT:
             raise CorruptLogError(
                 f"{why}. Open with LogConfig(on_corruption='truncate') to accept the loss",
                 path=path,
@@ -517,7 +446,7 @@ class LogLoader:
             f"first segment file starts at {first_base} (a segment file was lost)"
         )
         path = os.path.join(self.directory, segment_file_name(start, LOG_SUFFIX))
-        if self.config.on_corruption != "truncate":
+        if judge_missing_data(start, first_base, truncate=self._truncate) is Verdict.REFUSE_CORRUPT:
             raise CorruptLogError(
                 f"{why}. Open with LogConfig(on_corruption='truncate') to accept the loss",
                 path=path,
@@ -528,10 +457,10 @@ class LogLoader:
         write_offsets(self.store, {LOG_START_KEY: first_base})
 
     def _corruption_below_recovery_point(
-        self, segment: LogSegment, error: Exception, recovery_point: RecoveryPoint
+        self, segment: LogSegment, error: Exception, recovery_point: RecoveryPoint, verdict: Verdict
     ) -> None:
         position = segment.size
-        if self.config.on_corruption != "truncate":
+        if verdict is Verdict.REFUSE_CORRUPT:
             raise CorruptLogError(
                 f"{getattr(error, 'reason', error)}; this data is below the recovery point "
                 f"{recovery_point.offset}, so it was fsynced "
@@ -579,12 +508,8 @@ class LogLoader:
                 h.producer_id, h.producer_epoch, h.base_offset, h.max_timestamp, marker
             )
             if completed is not None and completed.aborted and rebuilding is not None:
-                # Kafka's rule: the stable offset as of the marker, its own transaction closed.
-                stable = min(self._replay.open_transactions().values(), default=completed.last_offset + 1)
-                entry = AbortedTxn(
-                    completed.producer_id, completed.first_offset, completed.last_offset, stable
-                )
-                rebuilding.txn_index.append(entry)
+                others = self._replay.open_transactions().values()  # its own is closed now
+                rebuilding.txn_index.append(aborted_txn_entry(completed, others))
             return
         self._replay.replay_batch(
             h.producer_id,

@@ -20,15 +20,15 @@ from oncelog.errors import CorruptMetadataError, OncelogError
 from oncelog.layout import TopicPartition, is_pending_delete, parse_partition_dir_name
 from oncelog.log import CLEAN_SHUTDOWN_FILE, METADATA_DIR
 from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR
-from oncelog.recovery.fs import FileSystem
-from oncelog.recovery.loader import (
+from oncelog.recovery.checkpoint import (
     CLIENT_ONLY_KEY,
     RECOVERY_POINT_KEY,
-    RecoveryPoint,
     read_offset,
     read_recovery_point,
     recorded_log_start,
 )
+from oncelog.recovery.fs import FileSystem
+from oncelog.recovery.plan import RecoveryPoint
 from oncelog.segments.segment import LOG_SUFFIX, parse_segment_file_name
 
 KAFKA_CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"  # in each Kafka log.dir after a clean stop

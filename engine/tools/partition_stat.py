@@ -1,7 +1,8 @@
 """One partition's summary for `oncelog stat`: segments, bytes, offsets, producers, transactions.
 
 The end offset comes from a scan of the batch headers of the last segment.
-Producers and open transactions are rebuilt in memory as the loader rebuilds them:
+Producers and open transactions are rebuilt in memory as opening the log rebuilds them
+(the snapshot choice and the start-over rule are oncelog.recovery.plan's):
 the newest readable snapshot at or below the end (oncelog's or Kafka's v1), then the
 batch headers after it, through the engine's own rules (`apply_batch`,
 `apply_marker`). Expiry is not applied: the directory does not say its
@@ -25,6 +26,7 @@ from oncelog.producer_state import (
     apply_marker,
 )
 from oncelog.recovery.fs import FileSystem
+from oncelog.recovery.plan import replay_starts_over
 from oncelog.recovery.snapshot import list_snapshot_offsets, read_snapshot
 from oncelog.segments.batch import RecordBatch, UnwrittenSpaceError
 from oncelog.segments.control import decode_txn_marker
@@ -72,8 +74,8 @@ def stat_partition(
     bases, _ = segment_bases(names)
     meta = read_partition_meta(fs, directory)
     replay, scanned, sizes, errors = _replay_tail(fs, directory, names, bases, None)
-    if replay.start is not None and replay.start > scanned.end_offset:
-        # The snapshot describes data past the end (a cut tail): the loader starts over from an older one.
+    if replay.start is not None and replay_starts_over(replay.start, scanned.end_offset):
+        # The snapshot describes data past the end (a cut tail): as opening does, start over.
         replay, scanned, sizes, errors = _replay_tail(fs, directory, names, bases, scanned.end_offset)
     notes = ([meta.error] if meta.error else []) + errors
     end = scanned.end_offset if bases else (meta.log_start_offset or 0)

@@ -20,7 +20,6 @@ seam it is given, and never opens a `Log`.
 
 from __future__ import annotations
 
-import bisect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import numpy as np
 
 from oncelog.errors import CorruptRecordError, CorruptSnapshotError, InvalidRecordError
 from oncelog.recovery.fs import FileHandle, FileSystem, ReadOnlyFileSystem
-from oncelog.recovery.loader import RecoveryPoint
+from oncelog.recovery.plan import NO_RECOVERY_POINT, Verdict, first_validated, judge_bad_batch
 from oncelog.recovery.snapshot import list_snapshot_offsets, read_snapshot, snapshot_file_name
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, UnwrittenSpaceError
 from oncelog.segments.segment import (
@@ -121,24 +120,32 @@ def records_problem(batch: RecordBatch, strict: bool) -> str | None:
     return None
 
 
-def recovery_cuts(meta: PartitionMeta, base: int, position: int, next_offset: int, truncated: bool) -> bool:
-    """Would opening the log cut its last segment at `position` as a torn tail, rather than refuse?
+def recovery_cuts(
+    meta: PartitionMeta, base: int, position: int, next_offset: int, *, truncated: bool, is_last: bool
+) -> bool:
+    """Is damage at `position` of segment `base` a torn tail (a warning), rather than corruption?
 
-    The loader's rule: in an oncelog directory, damage the recovery point does not cover
-    (a missing point is 0); in a Kafka one, only a batch cut short by the end of the file.
+    In an oncelog directory, exactly what opening the log decides (the recovery
+    decision, oncelog.recovery.plan). A directory without a store (a Kafka one) says
+    nothing about what was fsynced: opening it would cut at any bad batch, but verify
+    is stricter and calls only a batch cut short at the end of the last segment torn.
     """
     if not meta.oncelog:
-        return truncated
-    point = meta.recovery_point or RecoveryPoint(0)
-    return not point.covers(base, position) and next_offset >= point.offset
+        return truncated and is_last
+    point = meta.recovery_point or NO_RECOVERY_POINT
+    return judge_bad_batch(point, base, position, next_offset, truncate=False) is Verdict.CUT_TORN_TAIL
 
 
 def first_rebuilt(meta: PartitionMeta, bases: list[int]) -> int | None:
-    """Base of the first segment an unclean open validates and re-indexes (the loader's rule)."""
-    if not meta.oncelog or meta.clean_shutdown or not bases:
+    """Base of the first segment an open validates and re-indexes (oncelog.recovery.plan).
+
+    None for a directory without a store: verify holds its indexes to account.
+    """
+    if not meta.oncelog:
         return None
-    point = meta.recovery_point.offset if meta.recovery_point is not None else 0
-    return bases[max(bisect.bisect_right(bases, point) - 1, 0)]
+    point = meta.recovery_point or NO_RECOVERY_POINT
+    first = first_validated(bases, point, clean=meta.clean_shutdown, store_found=True)
+    return None if first is None else bases[first]
 
 
 class SegmentScan(NamedTuple):
@@ -260,7 +267,7 @@ class PartitionVerifier:
             handles += [index] if index is not None else []
             entries = index_entries(index, base, time=False, flag=flag) if index is not None else iter(())
             walk = OffsetIndexWalk(entries, flag, exact=meta.oncelog)
-            scan = self._scan(handle, base, prev, meta, is_last, walk)
+            scan = self._scan(handle, base, prev, meta, walk, is_last=is_last, validated=rebuilt)
             if scan.complete:
                 walk.finish(scan.bytes)
             self._on_bytes(handle.size() - scan.bytes)  # zeros, or what follows the damage
@@ -289,8 +296,10 @@ class PartitionVerifier:
         base: int,
         prev: int | None,
         meta: PartitionMeta,
-        is_last: bool,
         walk: OffsetIndexWalk,
+        *,
+        is_last: bool,
+        validated: bool,
     ) -> SegmentScan:
         """Check every batch; report each problem, and go on while the headers allow."""
         path, size = handle.path, handle.size()
@@ -301,7 +310,8 @@ class PartitionVerifier:
                 problem = batch_problem(batch, position, base, last, meta.client_only)
                 if problem is not None:
                     after = base if last is None else last + 1
-                    if is_last and recovery_cuts(meta, base, position, after, truncated=False):
+                    cut = recovery_cuts(meta, base, position, after, truncated=False, is_last=is_last)
+                    if (validated or not meta.oncelog) and cut:
                         self.problem(WARNING, path, position, _cut(size - position, position, problem))
                         return SegmentScan(last, batches, end, False)
                     self.problem(CORRUPT, path, position, problem, batch.base_offset)
@@ -320,8 +330,11 @@ class PartitionVerifier:
                         WARNING, path, at, f"{size - at} bytes of zeros after a sealed segment's batches"
                     )
                 return SegmentScan(last, batches, end, True)
+            after = base if last is None else last + 1
             truncated = isinstance(exc, TruncatedBatchError)
-            if is_last and recovery_cuts(meta, base, at, base if last is None else last + 1, truncated):
+            if (validated or not meta.oncelog) and recovery_cuts(
+                meta, base, at, after, truncated=truncated, is_last=is_last
+            ):
                 self.problem(WARNING, path, at, _cut(size - at, at, exc.reason))
             else:
                 self.problem(CORRUPT, path, at, exc.reason)

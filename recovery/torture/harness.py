@@ -58,7 +58,7 @@ from oncelog.errors import CorruptLogError, CorruptRecordError, OncelogError
 from oncelog.log import METADATA_DIR, Log
 from oncelog.producer_replay import ReplayBuffer
 from oncelog.producer_state import ProducerStateEntry, ProducerStateManager
-from oncelog.recovery.loader import read_recovery_point
+from oncelog.recovery.checkpoint import read_recovery_point
 from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.recovery.torture.model import (
     ABORTED,

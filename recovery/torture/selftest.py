@@ -21,8 +21,9 @@ from oncelog.errors import LogFailedError
 from oncelog.log import Log
 from oncelog.producer_state import BatchMetadata, ProducerStateManager, WorkingState
 from oncelog.recovery import snapshot as snapshots
+from oncelog.recovery.checkpoint import LOG_START_KEY, write_offsets
 from oncelog.recovery.fs import FileSystem
-from oncelog.recovery.loader import LOG_START_KEY, LogLoader, write_offsets
+from oncelog.recovery.loader import LogLoader
 from oncelog.recovery.torture.harness import run_torture
 from oncelog.segments import index as index_module
 from oncelog.segments.batch import RecordBatch

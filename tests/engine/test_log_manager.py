@@ -25,6 +25,7 @@ import pytest
 
 from oncelog import (
     InvalidTopicError,
+    LockTimeoutError,
     Log,
     LogConfig,
     LogDirLockedError,
@@ -319,6 +320,24 @@ class TestRecovery:
         # Nothing the failed open took stays locked: the root and t-0, t-2 reopen.
         with open_manager(tmp_path) as manager:
             assert len(manager.logs()) == 3
+
+    def test_a_partition_still_locked_at_the_deadline_fails_with_lock_timeout_in_bounded_time(
+        self, tmp_path: Path
+    ) -> None:
+        with open_manager(tmp_path) as manager:
+            manager.log("t", 0).append(batch(1, 0))
+        squatter = Log.open(tmp_path / "t-0", CONFIG)
+        try:
+            started = time.monotonic()
+            with pytest.raises(PartitionRecoveryError) as caught:
+                open_manager(tmp_path, lock_timeout_s=0.25)
+            waited_s = time.monotonic() - started
+        finally:
+            squatter.close()
+        failure = caught.value.failures[TopicPartition("t", 0)]
+        assert isinstance(failure, LockTimeoutError)  # a LogDirLockedError and a TimeoutError
+        assert "still locked after 0.25 s" in str(failure)
+        assert 0.25 <= waited_s < 2.0  # bounded (tests/engine/test_lock_wait.py: exactly)
 
     def test_the_progress_bar_reports_partitions_on_stderr(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -19,6 +19,7 @@ from oncelog import CorruptLogError, Log, LogConfig, encode_batch
 from oncelog.producer_state import PRODUCER_DTYPE, ProducerStateEntry
 from oncelog.recovery import loader as loader_module
 from oncelog.recovery import snapshot as snapshots
+from oncelog.recovery.checkpoint import read_recovery_point
 from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.segments import format as fmt
 
@@ -297,7 +298,7 @@ def test_kafka_5829_the_recovery_point_never_passes_a_snapshot_that_is_not_durab
         why = f"killed at roll I/O call {n}/{count}; {crashed.describe()}"
         # The recovery point moved to the new segment only once its snapshot was durable.
         inspect = crashed.crash("kill")
-        point = loader_module.read_recovery_point(inspect.open_store(D + "/" + METADATA))
+        point = read_recovery_point(inspect.open_store(D + "/" + METADATA))
         if point.segment_base == new_base:
             moved += 1
             assert snapshots.read_snapshot(inspect, D, new_base) is not None, why

@@ -30,6 +30,7 @@ from oncelog.config import LogConfig
 from oncelog.errors import CorruptLogError, LogDirLockedError, LogFailedError
 from oncelog.log import Log
 from oncelog.recovery import snapshot as snapshots
+from oncelog.recovery.checkpoint import RECOVERY_POINT_KEY, read_offset
 from oncelog.recovery.fs import (
     DelegatingFileHandle,
     DelegatingFileSystem,
@@ -37,7 +38,6 @@ from oncelog.recovery.fs import (
     MetadataStore,
     OsFileSystem,
 )
-from oncelog.recovery.loader import RECOVERY_POINT_KEY, read_offset
 from oncelog.results import AppendResult
 from oncelog.segments import RecordBatch, encode_batch, iter_batches
 
