@@ -7,6 +7,7 @@ producers. Conventions (ratio, targets, medians) are those of oncelog.bench.harn
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import shutil
@@ -261,9 +262,7 @@ def producer_figures(
     for _ in range(settings.repeats):
         write_s.append(timed(lambda: snapshots.write_snapshot(fs, directory, 0, rows)))
         raw_write_s.append(timed(lambda: _write_and_fsync(raw_path, rows.data.cast("B"))))
-        load_s.append(
-            timed(lambda: manager.load_rows(snapshots.read_snapshot(fs, directory, 0, into=manager.table)))
-        )
+        load_s.append(timed(functools.partial(_load_snapshot, manager, fs, directory)))
         raw_read_s.append(
             timed(lambda: _read_whole(os.path.join(directory, snapshots.snapshot_file_name(0))))
         )
@@ -297,6 +296,14 @@ def producer_figures(
             Target(max_value=200),
         )
     )
+    _expiry_figure(settings, rows, label, results, progress)
+
+
+def _expiry_figure(
+    settings: BenchSettings, rows: np.ndarray, label: str, results: BenchResults, progress: Progress
+) -> None:
+    """Expiring 1% of the producers, against a full scan of the table."""
+    count = len(rows)
     progress(f"  expire 1% of {label} producers, {settings.repeats} x")
     manager = ProducerStateManager(count, EXPIRATION_MS)
     expire_s, scan_s = [], []
@@ -320,6 +327,10 @@ def producer_figures(
             Target(max_value=2.0),
         )
     )
+
+
+def _load_snapshot(manager: ProducerStateManager, fs: OsFileSystem, directory: str) -> None:
+    manager.load_rows(snapshots.read_snapshot(fs, directory, 0, into=manager.table))
 
 
 def _full_scan(table: np.ndarray) -> int:

@@ -101,7 +101,7 @@ def test_a_partition_held_by_another_log_fails_that_partition(tmp_path: Path) ->
     make_root(tmp_path, 2)
     with Log.open(tmp_path / "orders-0", CONFIG):
         status, _, err = run("recover", "--no-progress", "--lock-timeout", "0.1", str(tmp_path))
-    assert status == 1 and f"FAILED {TopicPartition('orders', 0)}: LogDirLockedError" in err
+    assert status == 1 and f"FAILED {TopicPartition('orders', 0)}: LockTimeoutError" in err
 
 
 def test_bad_input_exits_2_and_creates_nothing(tmp_path: Path) -> None:
