@@ -36,7 +36,7 @@ from oncelog.errors import (
 )
 from oncelog.group_commit import GroupCommit
 from oncelog.log_dirs import create_dir, lock_dir, opening_failed, unnamed_os_error
-from oncelog.producer_state import BatchMetadata, ProducerStateEntry, WorkingState
+from oncelog.producer_state import BatchMetadata, CompletedTxn, ProducerStateEntry, WorkingState
 from oncelog.reads import read_log
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.checkpoint import (
@@ -337,22 +337,23 @@ class Log:
             segment = self._segments[-1]
             base = segment.next_offset
             last = base + last_delta
-            segment_bytes = segment.size
-            # _should_roll, in its cheapest form: a roll goes to append_batches.
-            # (A segment holding bytes always has a first batch timestamp.)
-            if segment_bytes and (
-                segment_bytes + size > self._segment_bytes_limit
-                or max_ts - segment.first_batch_timestamp_ms > self._segment_ms
-                or last > segment.last_offset_limit
+            # A roll goes to the request path.
+            if roll_needed(
+                segment.size,
+                segment.first_batch_timestamp_ms,
+                size,
+                max_ts,
+                last,
+                segment.last_offset_limit,
+                self._segment_bytes_limit,
+                self._segment_ms,
             ):
                 return self.append_batches([buffer])[0]
             after: WorkingState | None = None
             now_ms = 0
             if pid >= 0:
                 now_ms = self._clock()
-                head_due_ms = self._producers.head_due_ms
-                if head_due_ms is not None and head_due_ms <= now_ms:
-                    self._producers.expire(now_ms)  # cheap: only when the oldest entry is due
+                self._producers.expire_due(now_ms)
                 epoch, first_sequence = header[10], header[11]
                 is_transactional = bool(header[5] & fmt.TRANSACTIONAL_MASK)
                 last_sequence = (first_sequence + last_delta) % (fmt.INT32_MAX + 1)
@@ -375,9 +376,7 @@ class Log:
                 self._failure = exc
                 raise LogFailedError(f"write to {segment.path} failed: {exc}") from exc
             if after is not None:
-                self._producers.put(after)
-                if after.txn_first_offset >= 0:
-                    self._transactions.opened(pid, after.txn_first_offset)
+                self._publish(after, None, segment)
             if self._has_flush_policy:
                 self._maybe_flush(header[12])
             return _new_result(AppendResult, (base, last, -1, False))
@@ -464,9 +463,7 @@ class Log:
         with self._lock:
             self._check_writable()
             now_ms = self._clock()
-            head_due_ms = self._producers.head_due_ms
-            if head_due_ms is not None and head_due_ms <= now_ms:
-                self._producers.expire(now_ms)  # cheap: only when the oldest entry is due
+            self._producers.expire_due(now_ms)
             try:
                 plan = self._plan(views, origin, now_ms)
             except ProducerStateFullError:
@@ -551,7 +548,17 @@ class Log:
             if p.duplicate:
                 results.append(AppendResult(p.base, p.last, p.max_ts if append_time else -1, True))
                 continue
-            if self._should_roll(segment_bytes, first_timestamp_ms, p.batch.size, p.max_ts, p.last):
+            active = self.active_segment
+            if roll_needed(
+                segment_bytes,
+                first_timestamp_ms,
+                p.batch.size,
+                p.max_ts,
+                p.last,
+                active.last_offset_limit,
+                self._segment_bytes_limit,
+                self._segment_ms,
+            ):
                 self._write_group(group)
                 group = []
                 self._roll(p.base)
@@ -579,39 +586,18 @@ class Log:
             raise LogFailedError(f"write to {self.active_segment.path} failed: {exc}") from exc
         for p in group:
             if p.producer_after is not None:
-                self._producers.put(p.producer_after)
-                try:
-                    self._transactions.track(p.producer_after, p.completed, self.active_segment)
-                except OSError as exc:
-                    # The marker is written but its index entry is not: fail closed. The next
-                    # open validates this segment and rebuilds its transaction index.
-                    self._failure = exc
-                    raise LogFailedError(
-                        f"transaction index write in {self.directory} failed: {exc}"
-                    ) from exc
+                self._publish(p.producer_after, p.completed, self.active_segment)
 
-    def _should_roll(
-        self,
-        segment_bytes: int,
-        first_timestamp_ms: int | None,
-        incoming_bytes: int,
-        max_timestamp_ms: int,
-        last_offset: int,
-    ) -> bool:
-        """Kafka's roll rules, for a segment of `segment_bytes` about to take one more batch."""
-        active = self.active_segment
-        # Index entries hold offsets relative to the base as i32: a batch past that range
-        # (a leader's, far ahead) needs a segment of its own, even after an empty one.
-        if last_offset - active.base_offset > fmt.INT32_MAX:
-            return True
-        if segment_bytes == 0:
-            return False  # an empty segment takes any batch, however large
-        if segment_bytes + incoming_bytes > self.config.segment_bytes:
-            return True
-        # segment_ms counts from the first batch's timestamp, so a restart does not reset it.
-        if first_timestamp_ms is not None and max_timestamp_ms - first_timestamp_ms > self.config.segment_ms:
-            return True
-        return active.indexes_full
+    def _publish(self, after: WorkingState, completed: CompletedTxn | None, segment: LogSegment) -> None:
+        """A producer's new state, once its batch or marker is in `segment`: both append paths."""
+        self._producers.put(after)
+        try:
+            self._transactions.track(after, completed, segment)
+        except OSError as exc:
+            # The marker is written but its index entry is not: fail closed. The next
+            # open validates this segment and rebuilds its transaction index.
+            self._failure = exc
+            raise LogFailedError(f"transaction index write in {self.directory} failed: {exc}") from exc
 
     # -- rolling and durability --------------------------------------------------------
     def roll(self) -> LogSegment:
@@ -1053,3 +1039,29 @@ class Log:
 
     def __repr__(self) -> str:
         return f"Log({self.directory}, start={self.log_start_offset}, end={self.log_end_offset})"
+
+
+def roll_needed(
+    segment_bytes: int,
+    first_timestamp_ms: int | None,
+    incoming_bytes: int,
+    max_timestamp_ms: int,
+    last_offset: int,
+    last_offset_limit: int,
+    max_segment_bytes: int,
+    segment_ms: int,
+) -> bool:
+    """Kafka's roll rules: must a segment of `segment_bytes` roll before taking this batch?
+
+    Both append paths call it. `last_offset_limit` is the segment's: past it the
+    relative offsets leave an index entry's i32, the indexes are full, or the log
+    end would pass the largest i64.
+    """
+    if last_offset > last_offset_limit:
+        return True  # even an empty segment: a leader's batch far ahead needs one of its own
+    if segment_bytes == 0:
+        return False  # an empty segment takes any batch, however large
+    if segment_bytes + incoming_bytes > max_segment_bytes:
+        return True
+    # segment_ms counts from the first batch's timestamp, so a restart does not reset it.
+    return first_timestamp_ms is not None and max_timestamp_ms - first_timestamp_ms > segment_ms

@@ -432,6 +432,13 @@ class ProducerStateManager:
         """When the oldest entry may expire; the append path expires only past it."""
         return int(self._due[self.head]) * 1000 if self.used else None
 
+    def expire_due(self, now_ms: int) -> int:
+        """The expiry every append triggers: a pass only once the oldest entry is due (else free)."""
+        due_ms = self.head_due_ms
+        if due_ms is not None and due_ms <= now_ms:
+            return self.expire(now_ms)
+        return 0
+
     def expire(self, now_ms: int, *, exhaustive: bool = False) -> int:
         """Remove producers idle for `expiration_ms` with no open transaction; returns how many.
 
