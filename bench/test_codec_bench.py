@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch
 from pytest_benchmark.fixture import BenchmarkFixture
 
+from oncelog.bench.references import kafka_python_batch
 from oncelog.segments import RecordBatch, encode_batch
 
 BATCHES_PER_ROUND = 200
@@ -36,18 +37,7 @@ def _ours(specs: list[Spec]) -> list[object]:
 
 
 def _kafka_python_build(specs: list[Spec]) -> bytes:
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    for offset, (key, value, headers) in enumerate(specs):
-        builder.append(offset, timestamp=TIMESTAMP_MS, key=key, value=value, headers=headers)
-    return bytes(builder.build())
+    return kafka_python_batch(specs, TIMESTAMP_MS)
 
 
 def _oncelog_build(records: list[object]) -> bytes:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+from oncelog.bench.references import kafka_python_batch
 from oncelog.config import LogConfig
 from oncelog.log import Log
 from oncelog.segments.batch import RecordBatch, encode_batch
@@ -320,7 +321,7 @@ def _reference_file(directory: str) -> Iterator[int]:
 
 def codec_figures(settings: BenchSettings, directory: str, results: BenchResults, progress: Progress) -> None:
     try:
-        from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+        from kafka.record.default_records import DefaultRecordBatch
     except ImportError:
         results.notes.append(
             "kafka-python is not installed (pip install -e '.[dev]'): the encode and decode rows are skipped"
@@ -335,18 +336,7 @@ def codec_figures(settings: BenchSettings, directory: str, results: BenchResults
         return encode_batch(records, timestamp_ms=stamp_ms)
 
     def kafka_encode() -> bytes:
-        builder = DefaultRecordBatchBuilder(
-            magic=2,
-            compression_type=0,
-            is_transactional=False,
-            producer_id=-1,
-            producer_epoch=-1,
-            base_sequence=-1,
-            batch_size=1 << 30,
-        )
-        for offset, (key, value) in enumerate(records):
-            builder.append(offset, timestamp=stamp_ms, key=key, value=value, headers=[])
-        return bytes(builder.build())
+        return kafka_python_batch(records, stamp_ms)
 
     encoded = ours_encode()
     # The same work on both sides: identical bytes after the leader epoch (Kafka's builder stamps 0).

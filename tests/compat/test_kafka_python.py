@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import decode_varint as kafka_decode_varint
 from kafka.record.util import encode_varint as kafka_encode_varint
 
+from oncelog.bench.references import kafka_python_batch
 from oncelog.segments.batch import RecordBatch, encode_batch, iter_batches
 from oncelog.segments.records import Record, decode_varint, encode_varint
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
-HUGE_BATCH = 1 << 30
 
 COMPAT_SETTINGS = settings(
     deadline=None,
@@ -101,18 +101,16 @@ def build_with_kafka_python(
     producer_epoch: int,
     base_sequence: int,
 ) -> bytes:
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=compression,
-        is_transactional=transactional,
+    assert len(specs) == len(stamps)
+    return kafka_python_batch(
+        specs,
+        stamps,
+        compression=compression,
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
-        batch_size=HUGE_BATCH,
+        transactional=transactional,
     )
-    for offset, ((key, value, headers), ts) in enumerate(zip(specs, stamps, strict=True)):
-        assert builder.append(offset, timestamp=ts, key=key, value=value, headers=headers)
-    return bytes(builder.build())
 
 
 # -- varints ----------------------------------------------------------------------------

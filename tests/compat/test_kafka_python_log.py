@@ -12,9 +12,10 @@ import tempfile
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch
 
 from oncelog import Log, LogConfig
+from oncelog.bench.references import kafka_python_batch
 from oncelog.segments import Record
 
 Header = tuple[str, bytes | None]
@@ -34,20 +35,15 @@ batch_specs = st.tuples(
 
 
 def build(specs: list[Spec], producer_id: int, epoch: int, sequence: int, base_offset: int) -> bytes:
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=producer_id,
-        producer_epoch=epoch if producer_id >= 0 else -1,
-        base_sequence=sequence if producer_id >= 0 else -1,
-        batch_size=1 << 30,
-    )
-    for delta, (key, value, headers) in enumerate(specs):
-        assert builder.append(
-            delta, timestamp=1_700_000_000_000 + delta, key=key, value=value, headers=headers
+    raw = bytearray(
+        kafka_python_batch(
+            specs,
+            [1_700_000_000_000 + delta for delta in range(len(specs))],
+            producer_id=producer_id,
+            producer_epoch=epoch if producer_id >= 0 else -1,
+            base_sequence=sequence if producer_id >= 0 else -1,
         )
-    raw = bytearray(builder.build())
+    )
     # A client's base offset is meaningless to the log: make it wrong on purpose.
     raw[0:8] = base_offset.to_bytes(8, "big")
     return bytes(raw)

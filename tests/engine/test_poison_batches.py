@@ -27,8 +27,9 @@ import crc32c
 import lz4.frame
 import pytest
 import zstandard
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch
 
+from oncelog.bench.references import Headers, ReferenceRecord, kafka_python_batch
 from oncelog.config import LogConfig
 from oncelog.errors import CorruptRecordError, InvalidRecordError
 from oncelog.log import Log
@@ -346,6 +347,7 @@ def gigabyte_bomb(codec: str) -> bytes:
 
 PEAK_MEMORY_SCRIPT = """
 import resource, sys, tempfile
+from oncelog.bench.references import Headers, ReferenceRecord, kafka_python_batch
 from oncelog.config import LogConfig
 from oncelog.errors import CorruptRecordError
 from oncelog.log import Log
@@ -473,22 +475,12 @@ def test_a_refused_replicated_batch_leaves_a_client_only_log_client_only(
 @pytest.mark.parametrize("codec", [0, GZIP, SNAPPY, LZ4, ZSTD])
 def test_kafka_python_batches_of_every_codec_pass_the_record_check(log_dir: Path, codec: int) -> None:
     """A real client's bytes (kafka-python's builder): the checks must not refuse what clients send."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=codec,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
+    records: list[ReferenceRecord] = []
     for delta in range(300):
-        headers = [("trace", b"t" * (delta % 5)), ("none", None)] if delta % 4 == 0 else []
+        headers: Headers = [("trace", b"t" * (delta % 5)), ("none", None)] if delta % 4 == 0 else []
         key = None if delta % 3 == 0 else b"key-%d" % delta
-        builder.append(
-            delta, timestamp=T0 + delta * 1000, key=key, value=b"v" * (delta % 200), headers=headers
-        )
-    sent = bytes(builder.build())
+        records.append((key, b"v" * (delta % 200), headers))
+    sent = kafka_python_batch(records, [T0 + delta * 1000 for delta in range(300)], compression=codec)
     with Log.open(log_dir, CONFIG) as log:
         assert (log.append(sent).first_offset, log.append_batches([sent])[0].first_offset) == (0, 300)
         ours = [(r.offset % 300, r.timestamp_ms, r.key, r.value, r.headers) for r in log.read(0).records()]

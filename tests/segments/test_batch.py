@@ -8,8 +8,9 @@ import crc32c
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch
 
+from oncelog.bench.references import kafka_python_batch
 from oncelog.errors import CorruptRecordError
 from oncelog.segments.batch import (
     RecordBatch,
@@ -675,21 +676,6 @@ def test_bad_records_raise_what_the_general_path_raises(
 
 
 # -- varint boundaries, against kafka-python ---------------------------------------------
-
-
-def kafka_python_batch(specs: list[tuple[bytes | None, bytes | None]], timestamp_ms: int) -> bytes:
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 30,
-    )
-    for offset, (key, value) in enumerate(specs):
-        builder.append(offset, timestamp=timestamp_ms, key=key, value=value, headers=[])
-    return bytes(builder.build())
 
 
 @pytest.mark.parametrize("size", [0, 55, 56, 57, 63, 64, 8183, 8184, 8191, 8192, 20_000])
