@@ -8,9 +8,7 @@ raw and decodes them with struct, independently of the engine.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
-import os
 import random
 import shutil
 import struct
@@ -19,6 +17,7 @@ from pathlib import Path
 
 import crc32c
 import pytest
+from doubles import FsyncFailingFileSystem
 
 from oncelog.config import LogConfig
 from oncelog.errors import (
@@ -32,7 +31,6 @@ from oncelog.errors import (
     RecordTooLargeError,
 )
 from oncelog.log import Log
-from oncelog.recovery.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle
 from oncelog.results import AppendResult, FetchResult
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.records import Record
@@ -1032,37 +1030,6 @@ class TestClosed:
         with pytest.raises(LogClosedError):
             managed.read(0)
         managed.close()
-
-
-class _FailingHandle(DelegatingFileHandle):
-    """An OsFile whose fsync fails with EIO once its file system says so."""
-
-    def __init__(self, inner: FileHandle, fs: FsyncFailingFileSystem) -> None:
-        super().__init__(inner)
-        self._fs = fs
-
-    def fsync(self) -> None:
-        self._fs.fsync_calls += 1
-        if self._fs.failing:
-            raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
-        self.inner.fsync()
-
-    def fdatasync(self) -> None:
-        if self._fs.failing:
-            raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
-        self.inner.fdatasync()
-
-
-class FsyncFailingFileSystem(DelegatingFileSystem):
-    """Delegates to the real OS; file handles' fsync fails while `failing` is set."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failing = False
-        self.fsync_calls = 0
-
-    def wrap(self, handle: FileHandle) -> FileHandle:
-        return _FailingHandle(handle, self)
 
 
 class TestFsyncFailureFailsClosed:

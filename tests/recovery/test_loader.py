@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from doubles import FsyncFailingFileSystem
 
 from oncelog.config import LogConfig
 from oncelog.errors import CorruptLogError, LogDirLockedError, LogFailedError
@@ -32,7 +33,6 @@ from oncelog.log import Log
 from oncelog.recovery import snapshot as snapshots
 from oncelog.recovery.checkpoint import RECOVERY_POINT_KEY, read_offset
 from oncelog.recovery.fs import (
-    DelegatingFileHandle,
     DelegatingFileSystem,
     FileHandle,
     MetadataStore,
@@ -1051,40 +1051,13 @@ class TestFlushPolicy:
 
 
 # -- fsync failure --------------------------------------------------------------------------
-class _FailingHandle(DelegatingFileHandle):
-    def __init__(self, inner: FileHandle, fs: _FsyncFailingFileSystem) -> None:
-        super().__init__(inner)
-        self._fs = fs
-
-    def fsync(self) -> None:
-        if self._fs.failing:
-            raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
-        self.inner.fsync()
-
-    def fdatasync(self) -> None:
-        if self._fs.failing:
-            raise OSError(errno.EIO, os.strerror(errno.EIO), self.path)
-        self.inner.fdatasync()
-
-
-class _FsyncFailingFileSystem(DelegatingFileSystem):
-    """The real OS; every file fsync fails while `failing` is set."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failing = False
-
-    def wrap(self, handle: FileHandle) -> FileHandle:
-        return _FailingHandle(handle, self)
-
-
 class TestFsyncFailure:
     @pytest.mark.parametrize("fail_in", ["flush", "roll"])
     def test_after_a_failed_fsync_appends_fail_until_reopen_which_recovers_everything(
         self, tmp_path: Path, fail_in: str
     ) -> None:
         directory = tmp_path / "t-0"
-        fs = _FsyncFailingFileSystem()
+        fs = FsyncFailingFileSystem()
         producers = Producers()
         log = Log.open(directory, CONFIG, fs=fs)
         try:
@@ -1118,7 +1091,7 @@ class TestFsyncFailure:
     def test_closing_a_failed_log_leaves_no_marker_and_releases_the_directory_while_fsync_still_fails(
         self, tmp_path: Path
     ) -> None:
-        fs = _FsyncFailingFileSystem()
+        fs = FsyncFailingFileSystem()
         log = Log.open(tmp_path / "t-0", CONFIG, fs=fs)
         Producers().append(log, 1)
         fs.failing = True
