@@ -1,4 +1,4 @@
-"""The comparative benchmark behind `oncelog bench` (brief §11, issue 6).
+"""The comparative benchmark behind `oncelog bench`: each figure against a same-process reference.
 
 Every figure is measured against a reference run in the same process, so the
 machine's noise cancels in the ratio; each number is the median of several
@@ -6,7 +6,7 @@ repeats, oncelog and reference interleaved.
 
 Ratio convention: `ratio = value / reference`, both in the row's unit. Rates
 (appends/s, GB/s, batches/s) are higher-is-better, so a ratio of 2 means twice the
-reference; times (ms, s) are lower-is-better. Figures that brief §11 gives no
+reference; times (ms, s) are lower-is-better. Figures that the targets give no
 reference for get the nearest raw operation on the same bytes (a read + CRC-32C,
 an os.write + fsync, one table row), so their ratio shows the engine's overhead.
 The target column says what is bounded: "ratio ≥ X", "≥ X <unit>" (the value)
@@ -172,7 +172,7 @@ Step = Callable[[BenchSettings, str, BenchResults, Progress], None]
 def run_benchmarks(
     settings: BenchSettings, directory: str, progress: Progress, *, spark: bool = False
 ) -> BenchResults:
-    """Measure every §11 figure in scratch directories under `directory` (removed after);
+    """Measure every performance figure in scratch directories under `directory` (removed after);
     `spark` adds the Spark read figure (needs the spark extra and Java 17+)."""
     # Imported here: the figure module imports this one for its types and helpers.
     from oncelog.bench import manager as bench_manager

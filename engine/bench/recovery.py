@@ -1,4 +1,4 @@
-"""The recovery and producer-table figures of `oncelog bench` (brief §11).
+"""The recovery and producer-table figures of `oncelog bench`.
 
 Unclean recovery at 10, 30 and 100 sealed segments with the same tail, the tail
 scan rate, snapshot write and load, memory per producer and expiry, all at 1M

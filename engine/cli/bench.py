@@ -1,4 +1,4 @@
-"""`oncelog bench`: the comparative benchmark report of brief §11."""
+"""`oncelog bench`: the comparative benchmark report, every figure against a same-process reference."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ SCALE_ENV = "ONCELOG_BENCH_SCALE"
 MEMORY_FILESYSTEMS = {"tmpfs", "ramfs"}
 
 DESCRIPTION = """\
-Measure the performance figures of brief §11, each against a reference measured
+Measure oncelog's performance figures, each against a reference measured
 in the same process run (so the machine's noise cancels in the ratio), and print
 one table: figure, oncelog, reference, ratio, target, result. Every number is the
 median of several repeats, oncelog and its reference interleaved. Progress goes
@@ -31,7 +31,7 @@ to stderr, the table to stdout. The exit status is 0 even when targets are misse
 Ratio = oncelog / reference, both in the row's unit: for rates (appends/s,
 GB/s, batches/s, records/s) higher is better, for times (ms, s) lower is better.
 The target column bounds the ratio ("ratio ≥ 2") or the oncelog value itself
-("≤ 2 ms"); "report" rows are informational. Where brief §11 names no
+("≤ 2 ms"); "report" rows are informational. Where a figure has no natural
 reference, the nearest raw operation on the same bytes is the reference, so the
 ratio shows the engine's overhead over it.
 
@@ -87,7 +87,7 @@ examples:
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     parser = commands.add_parser(
         "bench",
-        help="measure brief §11's performance figures against same-run references",
+        help="measure oncelog's performance figures against same-run references",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=formatter,
