@@ -13,6 +13,7 @@ from pathlib import Path
 import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from log_helpers import stored_batches
 
 from oncelog.config import LogConfig
 from oncelog.log import Log
@@ -79,15 +80,6 @@ def outcome(log: Log, data: bytes, fast: bool) -> object:
         return type(exc).__name__
 
 
-def stored(log: Log) -> list[bytes]:
-    out, offset = [], log.log_start_offset
-    while offset < log.log_end_offset:
-        fetched = log.read(offset)
-        out += [bytes(batch.buffer) for batch in fetched.batches]
-        offset = fetched.next_offset
-    return out
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(batch_specs, min_size=1, max_size=40))
 def test_append_and_append_batches_agree_on_every_outcome_byte_and_producer(
@@ -101,7 +93,7 @@ def test_append_and_append_batches_agree_on_every_outcome_byte_and_producer(
         for spec in specs:
             data = build(spec)
             assert outcome(fast, data, True) == outcome(slow, data, False), spec
-        assert stored(fast) == stored(slow)
+        assert stored_batches(fast) == stored_batches(slow)
         assert [s.base_offset for s in fast.segments] == [s.base_offset for s in slow.segments]
         assert list(fast.producers()) == list(slow.producers())
     finally:

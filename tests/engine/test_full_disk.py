@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from log_helpers import read_all
 
 from oncelog import Log, LogConfig, encode_batch
 from oncelog.errors import LogFailedError
@@ -127,17 +128,6 @@ def large_batch(n: int) -> bytes:
 def stored(offset: int, data: bytes) -> bytes:
     """The batch as the log keeps it: the base offset stamped, the rest as sent."""
     return offset.to_bytes(8, "big") + data[8:]
-
-
-def read_all(log: Log) -> list[tuple[int, bytes]]:
-    out: list[tuple[int, bytes]] = []
-    offset = log.log_start_offset
-    while offset < log.log_end_offset:
-        fetched = log.read(offset)
-        assert fetched.next_offset > offset, f"read({offset}) made no progress below the end of {log}"
-        out += [(batch.base_offset, bytes(batch.buffer)) for batch in fetched.batches]
-        offset = fetched.next_offset
-    return out
 
 
 def file_size(fs: FaultFileSystem, path: str) -> int:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from log_helpers import stored_batches
 
 from oncelog import (
     InvalidTopicError,
@@ -71,15 +72,6 @@ def locked(path: Path | str) -> bool:
     return False
 
 
-def contents(log: Log) -> list[bytes]:
-    out, offset = [], log.log_start_offset
-    while offset < log.log_end_offset:
-        fetched = log.read(offset)
-        out += [bytes(b.buffer) for b in fetched.batches]
-        offset = fetched.next_offset
-    return out
-
-
 class TestPartitions:
     def test_each_partition_is_a_topic_dash_partition_directory(self, tmp_path: Path) -> None:
         with open_manager(tmp_path) as manager:
@@ -95,11 +87,11 @@ class TestPartitions:
                 log = manager.log("t", p)
                 for seq in range(0, 20, 2):
                     log.append(batch(p + 1, seq))
-            before = {tp: contents(log) for tp, log in manager.logs().items()}
+            before = {tp: stored_batches(log) for tp, log in manager.logs().items()}
         with open_manager(tmp_path) as manager:
             logs = manager.logs()
             assert list(logs) == [TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("t", 2)]
-            assert {tp: contents(log) for tp, log in logs.items()} == before
+            assert {tp: stored_batches(log) for tp, log in logs.items()} == before
             state = logs[TopicPartition("t", 2)].producer_state(3)
             assert state is not None and state.last_sequence == 19
             summary = manager.recovery_summary
@@ -191,7 +183,7 @@ class TestDeleteLog:
                 log.append(batch(1, seq))
             manager.log("t", 1).append(batch(2, 0))
             manager.flush()
-            return manager, contents(log)
+            return manager, stored_batches(log)
 
         dry = FaultFileSystem(5)
         manager, _ = build(dry)
@@ -215,7 +207,7 @@ class TestDeleteLog:
                 logs = reopened.logs()
                 assert TopicPartition("t", 1) in logs, why
                 if TopicPartition("t", 0) in logs:
-                    assert contents(logs[TopicPartition("t", 0)]) == before, why
+                    assert stored_batches(logs[TopicPartition("t", 0)]) == before, why
                     outcomes.add("kept")
                 else:
                     assert not crashed.exists(f"{root}/t-0"), why
@@ -358,7 +350,7 @@ class TestRecovery:
             log = manager.log("t", p)
             for seq in range(0, 30, 2):
                 log.append(batch(p + 1, seq))
-        before = {tp: contents(log) for tp, log in manager.logs().items()}
+        before = {tp: stored_batches(log) for tp, log in manager.logs().items()}
         manager.close()
         dry = fs.crash("kill")
         start = dry.io_calls
@@ -378,7 +370,7 @@ class TestRecovery:
                 with LogManager.open(
                     root, CONFIG, fs=crashed, clock=clock, progress=False, recovery_threads=1
                 ) as reopened:
-                    assert {tp: contents(log) for tp, log in reopened.logs().items()} == before, why
+                    assert {tp: stored_batches(log) for tp, log in reopened.logs().items()} == before, why
 
 
 class TestRetention:
@@ -753,7 +745,7 @@ class TestDeleteAfterFailure:
             assert acknowledged.first_offset == 0
         with open_manager(tmp_path) as reopened:
             assert list(reopened.logs()) == [TopicPartition("t", 0), TopicPartition("t", 1)]
-            assert contents(reopened.log("t", 0)) == [batch(7, 0)]
+            assert stored_batches(reopened.log("t", 0)) == [batch(7, 0)]
 
     def test_a_failed_delete_is_finished_by_deleting_again(self, tmp_path: Path) -> None:
         manager, _ = self.fail_a_delete(tmp_path)

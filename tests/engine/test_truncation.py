@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from log_helpers import stored_batches
 
 from oncelog import threads
 from oncelog.config import LogConfig
@@ -56,15 +57,6 @@ def fill(log: Log, rounds: int) -> dict[int, int]:
     return sequences
 
 
-def stored(log: Log) -> list[bytes]:
-    out, offset = [], log.log_start_offset
-    while offset < log.log_end_offset:
-        fetched = log.read(offset)
-        out += [bytes(b.buffer) for b in fetched.batches]
-        offset = fetched.next_offset
-    return out
-
-
 def state(log: Log) -> list[ProducerStateEntry]:
     return sorted(log.producers())
 
@@ -86,11 +78,11 @@ class TestTruncateTo:
         with Log.open(tmp_path / "t-0", CONFIG, clock=clock) as log:
             fill(log, 20)
             assert len(log.segments) > 3
-            before = stored(log)
+            before = stored_batches(log)
             cut = log.segments[2].base_offset + 2  # a batch boundary inside the third segment
             assert log.truncate_to(cut) == cut
             assert log.log_end_offset == cut
-            assert stored(log) == [b for b in before if int.from_bytes(b[:8], "big") < cut]
+            assert stored_batches(log) == [b for b in before if int.from_bytes(b[:8], "big") < cut]
             assert all(s.base_offset <= cut for s in log.segments)
             assert not [p for p in (tmp_path / "t-0").glob("*.log") if int(p.stem) > cut]
             assert all(int(p.stem) <= cut for p in (tmp_path / "t-0").glob("*.snapshot"))
@@ -170,7 +162,7 @@ class TestTruncationCrashes:
             log = Log.open(directory, CONFIG, fs=fs, clock=clock)
             fill(log, 12)
             log.flush()
-            return log, stored(log), log.segments[1].base_offset + 2
+            return log, stored_batches(log), log.segments[1].base_offset + 2
 
         dry = FaultFileSystem(3)
         log, before, cut = build(dry)
@@ -188,7 +180,7 @@ class TestTruncationCrashes:
                 crashed = fs.crash(mode)  # type: ignore[arg-type]
                 why = f"killed at truncation I/O call {n}/{calls}, {mode}; {crashed.describe()}"
                 reopened = Log.open(directory, CONFIG, fs=crashed, clock=clock)
-                got = stored(reopened)
+                got = stored_batches(reopened)
                 assert got == before[: len(got)], why
                 assert len(got) >= len([b for b in before if int.from_bytes(b[:8], "big") < cut]), why
                 reopened.close()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from log_helpers import read_all
 
 from oncelog import CorruptLogError, Log, LogConfig, encode_batch
 from oncelog.producer_state import PRODUCER_DTYPE, ProducerStateEntry
@@ -69,17 +70,6 @@ def append(log: Log, data: bytes, written: list[tuple[int, bytes]]) -> None:
     result = log.append(data)
     assert not result.duplicate
     written.append((result.first_offset, struct.pack(">q", result.first_offset) + data[8:]))
-
-
-def read_all(log: Log) -> list[tuple[int, bytes]]:
-    out: list[tuple[int, bytes]] = []
-    offset = log.log_start_offset
-    while offset < log.log_end_offset:
-        fetched = log.read(offset)
-        assert fetched.next_offset > offset, f"read({offset}) made no progress below the end of {log}"
-        out += [(batch.base_offset, bytes(batch.buffer)) for batch in fetched.batches]
-        offset = fetched.next_offset
-    return out
 
 
 def producer_state(log: Log) -> dict[int, ProducerStateEntry]:

@@ -14,6 +14,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from log_helpers import read_all
 
 from oncelog import Log, LogConfig, encode_batch
 from oncelog.errors import LogFailedError
@@ -37,17 +38,6 @@ def append_some(log: Log, count: int, tag: int = 0) -> list[tuple[int, bytes]]:
         result = log.append(data)
         written.append((result.first_offset, struct.pack(">q", result.first_offset) + data[8:]))
     return written
-
-
-def read_all(log: Log) -> list[tuple[int, bytes]]:
-    out: list[tuple[int, bytes]] = []
-    offset = log.log_start_offset
-    while offset < log.log_end_offset:
-        fetched = log.read(offset)
-        assert fetched.next_offset > offset, f"read({offset}) made no progress below the end of {log}"
-        out += [(batch.base_offset, bytes(batch.buffer)) for batch in fetched.batches]
-        offset = fetched.next_offset
-    return out
 
 
 def segment_file(directory: Path, base: int) -> Path:

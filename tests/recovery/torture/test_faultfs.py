@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from log_helpers import read_all
 
 from oncelog import CorruptLogError, Log, LogConfig, encode_batch
 from oncelog.errors import CorruptMetadataError, CorruptRecordError
@@ -528,17 +529,6 @@ class Workload:
         if close:
             self.log.close()
             self.durable = len(self.written)
-
-
-def read_all(log: Log) -> list[tuple[int, bytes]]:
-    out: list[tuple[int, bytes]] = []
-    offset = log.log_start_offset
-    while offset < log.log_end_offset:
-        fetched = log.read(offset)
-        assert fetched.next_offset > offset, f"read({offset}) made no progress below the end {log}"
-        out += [(batch.base_offset, bytes(batch.buffer)) for batch in fetched.batches]
-        offset = fetched.next_offset
-    return out
 
 
 def check_recovered(crashed: FaultFileSystem, work: Workload, *, everything: bool) -> None:
