@@ -259,8 +259,10 @@ class LogLoader:
                 self.segments.append(self._open(base, sealed=n != last))
         if first_unsafe == len(bases) and not self._load_active_cleanly(self.segments[last]):
             # The marker said clean but the active segment disagrees: validate it.
+            first = first_validated(bases, point, clean=True, store_found=True, active_tail_ok=False)
+            assert first == last, (first, last)
             self.clean = False
-            first_unsafe = last
+            first_unsafe = first
 
         validated_from = snapshot_limit(bases, first_unsafe)
         snapshot_offset, has_state = self._load_newest_snapshot(limit=validated_from, names=names)

@@ -14,9 +14,10 @@ facts exactly once and that the functions below give each row's outcome.
 
 The rules:
 - A clean open with its metadata trusts every segment (indexes sanity-checked on
-  first use); an unclean one validates from the segment holding the recovery point
-  to the end. A log whose store is missing (a Kafka directory, a lost store) has no
-  recovery point: every segment is validated.
+  first use), except an active segment whose tail fails its check; an unclean one
+  validates from the segment holding the recovery point to the end. A log whose
+  store is missing (a Kafka directory, a lost store) has no recovery point: every
+  segment is validated.
 - A bad batch whose bytes the recovery point covers was fsynced: it cannot be a torn
   write, so it is corruption. So is a bad batch that leaves the log ending below the
   recovery point. Anything else is a torn tail: the log is cut at it.
@@ -66,15 +67,24 @@ class Verdict(enum.Enum):
 
 
 def first_validated(
-    bases: Sequence[int], point: RecoveryPoint, *, clean: bool, store_found: bool
+    bases: Sequence[int],
+    point: RecoveryPoint,
+    *,
+    clean: bool,
+    store_found: bool,
+    active_tail_ok: bool = True,
 ) -> int | None:
     """Index in `bases` of the first segment an open validates and re-indexes; None: none.
 
-    A clean open of a log with its store trusts everything (the loader still
-    validates the active segment if its indexes fail their sanity check).
+    A clean open of a log with its store trusts everything, unless the active
+    segment fails its sanity check (`active_tail_ok` False: its indexes, or the
+    batches after its last offset index entry, which a clean open reads): then
+    that segment is validated.
     """
-    if not bases or (clean and store_found):
+    if not bases:
         return None
+    if clean and store_found:
+        return None if active_tail_ok else len(bases) - 1
     if not store_found:
         return 0
     return max(bisect.bisect_right(bases, point.offset) - 1, 0)
@@ -188,15 +198,19 @@ class Row(NamedTuple):
 
 _V, _S = True, False  # validated, skipped
 DECISION_TABLE: tuple[Row, ...] = (
-    # A clean open with its store reads nothing: damage there is found by the reads' CRC checks.
-    Row(Shutdown.CLEAN, Store.FOUND, ANY, ANY, ANY, Outcome(_S, None), "clean: every segment trusted"),
-    # Sealed segments below the recovery point's segment were fsynced at their roll.
-    Row(Shutdown.UNCLEAN, Store.FOUND, Place.BELOW, ANY, ANY, Outcome(_S, None), "fsynced at the roll"),
-    # From the recovery point's segment on, every batch is validated.
+    # Sealed segments below the recovery point's segment were fsynced at their roll: trusted
+    # (damage there is found by the reads' CRC checks, and by verify).
+    Row(ANY, Store.FOUND, Place.BELOW, ANY, ANY, Outcome(_S, None), "fsynced at the roll: trusted"),
+    # A clean close leaves the recovery point in the last segment: trusted when its tail is sound.
+    Row(Shutdown.CLEAN, Store.FOUND, Place.HOLDS_POINT, Damage.NONE, ANY, Outcome(_S, None), "clean"),
+    # Unclean: from the recovery point's segment on, every batch is validated.
     Row(Shutdown.UNCLEAN, Store.FOUND, Place.HOLDS_POINT, Damage.NONE, ANY, Outcome(_V, None), "valid tail"),
     Row(Shutdown.UNCLEAN, Store.FOUND, Place.ABOVE, Damage.NONE, ANY, Outcome(_V, None), "valid tail"),
+    # Damage in the recovery point's segment: an unclean open validates it, and a clean one
+    # does once the damage fails the active segment's tail check (the batches after its last
+    # offset index entry). Damage a clean open does not read is refused by reads instead.
     Row(
-        Shutdown.UNCLEAN, Store.FOUND, Place.HOLDS_POINT, Damage.UNSYNCED, ANY,
+        ANY, Store.FOUND, Place.HOLDS_POINT, Damage.UNSYNCED, ANY,
         Outcome(_V, Verdict.CUT_TORN_TAIL), "never fsynced: a torn write",
     ),
     Row(
@@ -204,15 +218,15 @@ DECISION_TABLE: tuple[Row, ...] = (
         Outcome(_V, Verdict.CUT_TORN_TAIL), "never fsynced: a torn write",
     ),
     Row(
-        Shutdown.UNCLEAN, Store.FOUND, Place.HOLDS_POINT, Damage.FSYNCED, OnCorruption.RAISE,
+        ANY, Store.FOUND, Place.HOLDS_POINT, Damage.FSYNCED, OnCorruption.RAISE,
         Outcome(_V, Verdict.REFUSE_CORRUPT), "fsynced bytes do not tear",
     ),
     Row(
-        Shutdown.UNCLEAN, Store.FOUND, Place.HOLDS_POINT, Damage.FSYNCED, OnCorruption.TRUNCATE,
+        ANY, Store.FOUND, Place.HOLDS_POINT, Damage.FSYNCED, OnCorruption.TRUNCATE,
         Outcome(_V, Verdict.CUT_CORRUPT), "fsynced bytes do not tear; cut as asked",
     ),
     Row(
-        Shutdown.UNCLEAN, Store.FOUND, Place.HOLDS_POINT, Damage.SHORT, OnCorruption.RAISE,
+        ANY, Store.FOUND, Place.HOLDS_POINT, Damage.SHORT, OnCorruption.RAISE,
         Outcome(_V, Verdict.REFUSE_CORRUPT), "fsynced offsets would be lost",
     ),
     Row(
@@ -220,7 +234,7 @@ DECISION_TABLE: tuple[Row, ...] = (
         Outcome(_V, Verdict.REFUSE_CORRUPT), "fsynced offsets would be lost",
     ),
     Row(
-        Shutdown.UNCLEAN, Store.FOUND, Place.HOLDS_POINT, Damage.SHORT, OnCorruption.TRUNCATE,
+        ANY, Store.FOUND, Place.HOLDS_POINT, Damage.SHORT, OnCorruption.TRUNCATE,
         Outcome(_V, Verdict.CUT_CORRUPT), "fsynced offsets lost; cut as asked",
     ),
     Row(
@@ -243,6 +257,8 @@ def impossible(case: Case) -> str | None:
         return "without a store there is no recovery point: nothing is covered or short of it"
     if case.store is Store.FOUND and case.place is Place.ABOVE and case.damage is Damage.FSYNCED:
         return "the recovery point covers no byte of a segment after its own"
+    if case.shutdown is Shutdown.CLEAN and case.store is Store.FOUND and case.place is Place.ABOVE:
+        return "a clean close leaves the recovery point in the last segment"
     return None
 
 

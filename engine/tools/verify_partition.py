@@ -206,7 +206,10 @@ class PartitionVerifier:
         prev: int | None = None
         for n, base in enumerate(bases):
             rebuilt = rebuilt_from is not None and base >= rebuilt_from
-            prev = self._segment(directory, base, prev, meta, is_last=n == len(bases) - 1, rebuilt=rebuilt)
+            is_last = n == len(bases) - 1
+            # Damage in a clean log's active segment fails its tail check: an open validates it then.
+            judged = rebuilt or (is_last and meta.oncelog)
+            prev = self._segment(directory, base, prev, meta, is_last=is_last, rebuilt=rebuilt, judged=judged)
         self._fsynced_data_present(directory, bases, prev, meta)
         self._snapshots(directory, names)
 
@@ -244,6 +247,7 @@ class PartitionVerifier:
         *,
         is_last: bool,
         rebuilt: bool,
+        judged: bool,
     ) -> int | None:
         """Check one segment and its indexes; returns the last offset so far."""
         self.totals.segments += 1
@@ -267,7 +271,7 @@ class PartitionVerifier:
             handles += [index] if index is not None else []
             entries = index_entries(index, base, time=False, flag=flag) if index is not None else iter(())
             walk = OffsetIndexWalk(entries, flag, exact=meta.oncelog)
-            scan = self._scan(handle, base, prev, meta, walk, is_last=is_last, validated=rebuilt)
+            scan = self._scan(handle, base, prev, meta, walk, is_last=is_last, validated=judged)
             if scan.complete:
                 walk.finish(scan.bytes)
             self._on_bytes(handle.size() - scan.bytes)  # zeros, or what follows the damage

@@ -65,7 +65,8 @@ def test_the_cases_are_every_combination_of_the_facts() -> None:
     assert len(cases) == len(Shutdown) * len(Store) * len(Place) * len(Damage) * len(OnCorruption)
 
 
-# Segments at 0, 100 and 200; the recovery point is offset 150, 50 bytes into segment 100.
+# Segments at 0, 100 and 200; the recovery point is offset 150, 50 bytes into segment 100
+# (in a clean case, segment 200 does not exist and 100 is the active one).
 BASES = [0, 100, 200]
 POINT = RecoveryPoint(150, 100, 50)
 SEGMENT_OF = {Place.BELOW: 0, Place.HOLDS_POINT: 1, Place.ABOVE: 2}
@@ -75,7 +76,11 @@ def _by_the_functions(case: Case) -> Outcome:
     """What the functions the loader, verify and stat call decide for `case`."""
     store_found = case.store is Store.FOUND
     point = POINT if store_found else NO_RECOVERY_POINT
-    first = first_validated(BASES, point, clean=case.shutdown is Shutdown.CLEAN, store_found=store_found)
+    bases = BASES[:2] if case.shutdown is Shutdown.CLEAN and store_found else BASES
+    # A clean open reads the active segment's tail: damage in the point's segment fails that check.
+    tail_ok = case.place is not Place.HOLDS_POINT or case.damage is Damage.NONE
+    clean = case.shutdown is Shutdown.CLEAN
+    first = first_validated(bases, point, clean=clean, store_found=store_found, active_tail_ok=tail_ok)
     n = SEGMENT_OF[case.place]
     validated = first is not None and n >= first
     if not validated or case.damage is Damage.NONE:
@@ -226,5 +231,55 @@ def test_an_undamaged_crash_image_needs_nothing_from_any_of_the_three(
     try:
         assert opened.recovery_report.tail_error is None
         assert opened.log_end_offset == stat_end == 30
+    finally:
+        opened.close()
+
+
+def test_garbage_after_a_clean_close_is_cut_as_a_torn_tail_by_all_three(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    image, base, data_end = _crash_image(tmp_path, flush=True)
+    with Log.open(image, CONFIG, clock=lambda: T0):
+        pass  # a clean close: the marker is written, the recovery point is the end
+    path = image / f"{base:020d}.log"
+    path.write_bytes(path.read_bytes()[:data_end] + b"\xab" * 40)  # bytes behind the close's back
+    assert _verify(image, capsys) == ["WARNING"]
+    stat_end = _stat_end(image)
+    opened = _open(image, "raise")
+    assert isinstance(opened, Log)
+    try:
+        assert not opened.recovery_report.clean  # the active segment failed its tail check
+        assert opened.log_end_offset == stat_end == 30
+    finally:
+        opened.close()
+
+
+def test_a_bit_flip_in_a_clean_logs_active_tail_is_corruption_to_open_and_verify(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    image, base, data_end = _crash_image(tmp_path, flush=True)
+    with Log.open(image, CONFIG, clock=lambda: T0):
+        pass
+    last_batch = data_end - len(
+        encode_batch([(b"k", b"v" * 100)], producer_id=1, base_sequence=0, timestamp_ms=T0)
+    )
+    _damage(image, base, last_batch + 30, b"\xff")  # past the last index entry: the tail check reads it
+    assert _verify(image, capsys)[0] == "CORRUPT"
+    assert isinstance(_open(image, "raise"), CorruptLogError)
+
+
+def test_a_bit_flip_a_clean_open_does_not_read_is_corruption_to_verify_and_never_served(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    image, base, _ = _crash_image(tmp_path, flush=True)
+    with Log.open(image, CONFIG, clock=lambda: T0):
+        pass
+    _damage(image, base, 30, b"\xff")  # the active segment's first batch, before its index entries
+    assert _verify(image, capsys)[0] == "CORRUPT"
+    opened = _open(image, "raise")
+    assert isinstance(opened, Log)  # trusted: a clean open reads only the tail
+    try:
+        with pytest.raises(CorruptLogError, match="CRC mismatch"):
+            opened.read(base)
     finally:
         opened.close()
