@@ -163,32 +163,28 @@ class _Scanned(NamedTuple):
 
 
 def _scan(fs: FileSystem, path: str, base: int, replay: _Replay) -> _Scanned:
-    """Replay a segment's batch headers; stop at pre-allocated zeros or the first bad header.
+    """Replay a segment's batch headers; stop at pre-allocated zeros or the first bad batch.
 
-    The last batch is counted only if its CRC holds: on a live log it may be the one
-    a writer is copying in right now (a reader planning up to it would fail its CRC).
+    A batch is counted only if its CRC holds, as opening the log validates the tail: on
+    a live log the last one may be the one a writer is copying in right now.
     """
     end_offset, data = base, 0
-    last: tuple[int, RecordBatch] | None = None
     error: str | None = None
     handle = fs.open(path, writable=False)
     try:
         for position, batch in scan_file(handle, 0, handle.size()):
-            if last is not None:
-                replay.apply(last[1])
-                end_offset, data = last[1].last_offset + 1, last[0] + last[1].size
-            last = (position, batch)
+            if not batch.is_valid():
+                # Where opening the log would cut (a torn tail) or refuse (corruption): the
+                # end is before it either way. On a live log it may be the batch being written.
+                error = f"the batch at position {position} fails its CRC: being written, torn or corrupt"
+                break
+            replay.apply(batch)
+            end_offset, data = batch.last_offset + 1, position + batch.size
     except CorruptRecordError as exc:
         if not isinstance(exc, UnwrittenSpaceError):
             error = str(exc)
     finally:
         handle.close()
-    if last is not None:
-        if last[1].is_valid():
-            replay.apply(last[1])
-            end_offset, data = last[1].last_offset + 1, last[0] + last[1].size
-        elif error is None:
-            error = f"the last batch (at position {last[0]}) fails its CRC: being written, or torn"
     return _Scanned(end_offset, data, error)
 
 

@@ -283,3 +283,21 @@ def test_a_bit_flip_a_clean_open_does_not_read_is_corruption_to_verify_and_never
             opened.read(base)
     finally:
         opened.close()
+
+
+def test_a_bit_flip_in_the_unsynced_tail_ends_the_log_there_for_all_three(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Found by fuzzing the three against each other: stat used to count every batch whose
+    # header parsed, so its end offset ran past where opening cuts a CRC-damaged tail.
+    image, base, data_end = _crash_image(tmp_path, flush=False)
+    one = encode_batch([(b"k", b"v" * 100)], producer_id=1, base_sequence=0, timestamp_ms=T0)
+    _damage(image, base, data_end - 3 * len(one) + 30, b"\xff")  # the third batch from the end
+    assert _verify(image, capsys) == ["WARNING"]
+    stat_end = _stat_end(image)
+    opened = _open(image, "raise")
+    assert isinstance(opened, Log)
+    try:
+        assert opened.log_end_offset == stat_end == 27
+    finally:
+        opened.close()
