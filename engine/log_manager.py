@@ -62,6 +62,8 @@ ROOT_CONFIG_KEY = "root-config"
 ROOT_CREATED_KEY = "root-created"
 TOPIC_CONFIG_PREFIX = "topic-config/"
 DELETE_INTENT_PREFIX = "delete/"
+# Values a front end keeps with the root (`root_value`): the wire server's cluster id.
+ROOT_VALUE_PREFIX = "root-value/"
 # A Spark task holds the root's producer_ids.lock for the few milliseconds of one lease.
 PRODUCER_IDS_LOCK_TIMEOUT_S = 10.0
 # How long an open waits for partitions other processes hold (writers append for ms-s).
@@ -454,6 +456,22 @@ class LogManager:
             finally:
                 if held is not None:
                     held.release()
+
+    def root_value(self, name: str, initial: bytes) -> bytes:
+        """The value stored under `name` in the root, storing `initial` durably if none is.
+
+        For what must outlive a restart but is no partition's: a Kafka cluster id, say.
+        """
+        if not name or len(name) > 200:
+            raise ValueError(f"a root value name is 1..200 characters, got {name!r}")
+        key = ROOT_VALUE_PREFIX + name
+        with self._lock:
+            self._check_open()
+            stored = self._store.get(key)
+            if stored is not None:
+                return stored
+            self._store.put({key: initial})  # a durable commit: the value never changes once read
+            return initial
 
     # -- per-topic config ------------------------------------------------------------------
     def topic_overrides(self, topic: str) -> dict[str, Any]:

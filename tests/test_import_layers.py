@@ -7,9 +7,8 @@ without a layer.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where each folder's modules live in the installed package (pyproject's package-dir).

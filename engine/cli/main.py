@@ -1,7 +1,7 @@
 """The `oncelog` command line: parse the arguments and dispatch to a subcommand.
 
 Each subcommand is one module of this package (`dump`, `verify`, `stat`, `recover`,
-`torture`, `bench`, `demo`) with an `add_parser` and a `run`. Here: the shared
+`torture`, `bench`, `demo`, `serve`) with an `add_parser` and a `run`. Here: the shared
 handling of errors, broken pipes and exit statuses (0 ok, 2 bad input or damage).
 A command never prints a traceback for an error oncelog raises on purpose.
 """
@@ -20,6 +20,7 @@ from typing import TextIO
 from oncelog.cli import bench as bench_cli
 from oncelog.cli import demo, dump
 from oncelog.cli import recover as cli_recover
+from oncelog.cli import serve as cli_serve
 from oncelog.cli import stat as cli_stat
 from oncelog.cli import torture as torture_cli
 from oncelog.cli import verify as cli_verify
@@ -37,6 +38,7 @@ examples:
   oncelog dump --records /var/lib/kafka/orders-0 | head -50
   oncelog dump data/orders-0/00000000000000000000.txnindex
   oncelog demo --data-dir ./data/demo
+  oncelog serve ./data --listen 127.0.0.1:9092
 
 Run `oncelog <command> --help` for the options of a command."""
 
@@ -55,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_verify.add_parser(commands, formatter)
     cli_stat.add_parser(commands, formatter)
     cli_recover.add_parser(commands, formatter)
+    cli_serve.add_parser(commands, formatter)
     return parser
 
 

@@ -1,0 +1,134 @@
+"""`oncelog serve ROOT`: a single-node Kafka broker over a LogManager root."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, TextIO
+
+from oncelog.cli.exits import EXIT_BAD_INPUT, EXIT_OK
+from oncelog.errors import LogDirLockedError
+from oncelog.log_manager import LogManager, PartitionRecoveryError
+from oncelog.server.app import run_server
+from oncelog.server.broker import MAX_PARTITIONS_PER_TOPIC, ServeConfig
+
+DESCRIPTION = """\
+Serve ROOT to unmodified Kafka clients (librdkafka/confluent-kafka, kafka-python,
+aiokafka, kcat) over Kafka's wire protocol, as a single-node cluster (node id 0).
+
+Clients produce idempotently (enable.idempotence=true) and fetch, in both isolation
+levels; ListOffsets, Metadata, FindCoordinator, CreateTopics and InitProducerId are
+served. Consumer groups (offset commits) and transactions over the wire are not served
+yet: consume with assign() and enable.auto.commit=false.
+
+Topics are created on first use with --partitions partitions (Kafka's
+auto.create.topics.enable). On start every partition is recovered in parallel (crash
+recovery after a kill) and a summary is printed before the port opens. SIGTERM or
+Ctrl-C answers the requests in hand, closes every log cleanly and exits 0.
+
+When an acknowledgement is sent: acks=1 and acks=all once the batch is in the page
+cache (it survives kill -9 of the server); with --fsync-acks, acks=all once it is
+fsynced (it survives power loss). acks=0 gets no response."""
+
+EPILOG = """\
+exit status:
+  0  stopped by SIGTERM or SIGINT, every log closed cleanly
+  1  a partition failed to recover (each is named, with the file and position)
+  2  bad input: a bad address, ROOT in use by another process
+
+examples:
+  oncelog serve /var/lib/oncelog
+  oncelog serve data --listen 0.0.0.0:9092 --advertise broker1.example.com:9092
+  oncelog serve data --partitions 6 --fsync-acks"""
+
+EXIT_FAILED = 1
+
+
+def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    parser = commands.add_parser(
+        "serve",
+        help="serve a root to Kafka clients over the Kafka wire protocol",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=formatter,
+    )
+    parser.add_argument("root", metavar="ROOT", help="the LogManager root to serve (created if missing)")
+    parser.add_argument(
+        "--listen",
+        default="127.0.0.1:9092",
+        metavar="HOST:PORT",
+        help="where to accept connections (default: %(default)s; port 0 picks a free one)",
+    )
+    parser.add_argument(
+        "--advertise",
+        default=None,
+        metavar="HOST:PORT",
+        help="the address Metadata tells clients to connect to (default: the --listen address)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        help=f"partitions of a topic created on first use (1..{MAX_PARTITIONS_PER_TOPIC}; "
+        "default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-auto-create",
+        action="store_true",
+        help="answer UNKNOWN_TOPIC_OR_PARTITION for a topic that does not exist instead of creating it",
+    )
+    parser.add_argument(
+        "--fsync-acks",
+        action="store_true",
+        help="answer acks=all only once the batch is fsynced (a group commit), so it survives power loss",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="partitions recovered at once on start")
+    parser.add_argument("--no-progress", action="store_true", help="no recovery progress bar on stderr")
+    parser.set_defaults(handler=run)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """HOST:PORT (or [IPv6]:PORT) as (host, port); ValueError saying what is wrong."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"expected HOST:PORT with a port in 0..65535, got {text!r}")
+    return host.strip("[]"), int(port_text)
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        listen_host, listen_port = parse_address(args.listen)
+        advertise_host, advertise_port = parse_address(args.advertise) if args.advertise else (None, None)
+        config = ServeConfig(
+            listen_host=listen_host,
+            listen_port=listen_port,
+            advertise_host=advertise_host,
+            advertise_port=advertise_port,
+            partitions=args.partitions,
+            auto_create_topics=not args.no_auto_create,
+            fsync_acks=args.fsync_acks,
+        )
+    except ValueError as exc:
+        print(f"oncelog serve: {exc}", file=err)
+        return EXIT_BAD_INPUT
+    try:
+        manager = LogManager.open(
+            args.root, recovery_threads=args.threads, progress=False if args.no_progress else None
+        )
+    except LogDirLockedError as exc:
+        print(f"oncelog serve: {exc}; is another server using it?", file=err)
+        return EXIT_BAD_INPUT
+    except PartitionRecoveryError as exc:
+        for tp, failure in sorted(exc.failures.items()):
+            print(f"FAILED {tp}: {type(failure).__name__}: {failure}", file=err)
+        print(
+            f"oncelog serve: {len(exc.failures)} partition(s) failed to recover; see `oncelog recover`",
+            file=err,
+        )
+        return EXIT_FAILED
+    print(manager.recovery_summary, file=out, flush=True)
+    try:
+        run_server(manager, config, out)
+    except OSError as exc:  # the port is taken, say
+        print(f"oncelog serve: cannot listen on {args.listen}: {exc.strerror or exc}", file=err)
+        return EXIT_BAD_INPUT
+    return EXIT_OK

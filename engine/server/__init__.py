@@ -1,0 +1,13 @@
+"""`oncelog serve`: a single-node Kafka wire-protocol front end over a LogManager root.
+
+Unmodified Kafka clients (librdkafka, kafka-python, aiokafka) produce idempotently
+into it and fetch from it. Requests and responses are encoded by kio, which is
+generated from Kafka's JSON message specs; record batches pass through as the bytes
+the client sent and the bytes stored on disk.
+
+- `protocol`: the API table (advertised and served versions), framing, header and body codec
+- `broker`: the state behind the APIs (the LogManager, topics, the cluster id, append wake-ups)
+- `handlers`: one function per API, from a decoded request to a response entity
+- `connection`: one client connection: bounded reads, requests answered in order
+- `app`: the asyncio server, SIGTERM draining and the recovery summary
+"""

@@ -1,0 +1,124 @@
+"""The server process: open the root, listen, answer, and drain on SIGTERM.
+
+Start: LogManager.open recovers every partition (in parallel; after a SIGKILL this is
+crash recovery) and its summary is printed before the listener opens, so no client
+is answered from a log that is still being checked.
+
+Stop (SIGTERM or SIGINT): the listener closes, waiting fetches return what they have,
+every request being handled is answered, then every log is closed cleanly (flushed,
+snapshotted, clean-shutdown marker written) and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from typing import Final, TextIO
+
+from oncelog.log_manager import LogManager
+from oncelog.server.broker import Broker, ServeConfig
+from oncelog.server.connection import Connection
+
+log = logging.getLogger("oncelog.serve")
+# How long a draining shutdown waits for requests being handled before closing anyway.
+DRAIN_TIMEOUT_S: Final = 10.0
+
+
+class Server:
+    def __init__(self, manager: LogManager, config: ServeConfig):
+        self.broker = Broker(manager, config)
+        self.config = config
+        self._connections: set[Connection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._listener: asyncio.Server | None = None
+        self.port = config.listen_port
+
+    async def start(self) -> None:
+        self._listener = await asyncio.start_server(
+            self._accept,
+            self.config.listen_host,
+            self.config.listen_port,
+            reuse_address=True,
+            limit=64 * 1024,
+        )
+        sockets = self._listener.sockets
+        self.port = sockets[0].getsockname()[1] if sockets else self.config.listen_port
+        if self.config.listen_port == 0 and self.config.advertise_port is None:
+            # An ephemeral port (tests): advertise the one the kernel chose.
+            self.broker.config = _with_port(self.config, self.port)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.broker.stopping or len(self._connections) >= self.config.max_connections:
+            log.warning(
+                "refusing a connection: %d open (limit %d)",
+                len(self._connections),
+                self.config.max_connections,
+            )
+            writer.close()
+            return
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection = Connection(self.broker, reader, writer)
+        self._connections.add(connection)
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await connection.run()
+        finally:
+            self._connections.discard(connection)
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def stop(self) -> None:
+        """Stop accepting, answer what is in hand, close every connection."""
+        self.broker.stop()
+        if self._listener is not None:
+            self._listener.close()
+        deadline = asyncio.get_running_loop().time() + DRAIN_TIMEOUT_S
+        while any(c.busy for c in self._connections) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        for connection in list(self._connections):
+            connection.writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _with_port(config: ServeConfig, port: int) -> ServeConfig:
+    from dataclasses import replace
+
+    return replace(config, listen_port=port)
+
+
+async def serve_until_signalled(manager: LogManager, config: ServeConfig, out: TextIO) -> None:
+    server = Server(manager, config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    host, port = server.broker.config.advertised
+    print(
+        f"oncelog serve: listening on {config.listen_host}:{server.port}, advertising {host}:{port}, "
+        f"cluster id {server.broker.cluster_id}",
+        file=out,
+        flush=True,
+    )
+    await stop.wait()
+    print("oncelog serve: draining and closing every log", file=out, flush=True)
+    await server.stop()
+
+
+def run_server(manager: LogManager, config: ServeConfig, out: TextIO) -> None:
+    """Serve `manager` until SIGTERM, then close it cleanly."""
+    try:
+        asyncio.run(serve_until_signalled(manager, config, out))
+    finally:
+        manager.close()
+    print("oncelog serve: every log closed cleanly", file=out, flush=True)

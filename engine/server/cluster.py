@@ -1,0 +1,134 @@
+"""The cluster-level APIs: ApiVersions (18), Metadata (3), FindCoordinator (10), CreateTopics (19).
+
+One node (id 0) leads every partition and is every coordinator. Leader epochs are
+reported as -1 (unknown), so clients skip the epoch validation (KIP-320) that a
+single node with no leader changes has no use for.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.errors import OncelogError
+from oncelog.layout import InvalidTopicError
+from oncelog.server.broker import NODE_ID, Broker, InvalidPartitionsError, TopicExistsError
+from oncelog.server.errors import error_code_for
+from oncelog.server.protocol import API_VERSIONS_KEY, APIS, Request, build, nested, response_type
+
+log = logging.getLogger("oncelog.serve")
+_NO_THROTTLE = datetime.timedelta(0)
+
+
+async def handle_api_versions(broker: Broker, request: Request) -> Any:
+    """Every advertised range; a version this server does not know gets a v0 body with error 35."""
+    version = request.api_version if request.body is not None else 0
+    code = ErrorCode.none if request.body is not None else ErrorCode.unsupported_version
+    response = response_type(API_VERSIONS_KEY, version)
+    key_type = nested(response, "api_keys")
+    keys = tuple(
+        build(key_type, api_key=spec.key, min_version=spec.advertised[0], max_version=spec.advertised[1])
+        for spec in APIS.values()
+    )
+    return build(response, error_code=code, api_keys=keys, throttle_time=_NO_THROTTLE)
+
+
+async def handle_metadata(broker: Broker, request: Request) -> Any:
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
+    broker_type = nested(response, "brokers")
+    topic_type = nested(response, "topics")
+    partition_type = nested(topic_type, "partitions")
+    host, port = broker.config.advertised
+    # v0 asks for every topic with an empty list; v1+ with null.
+    if body.topics is None or (request.api_version == 0 and not body.topics):
+        names = list(broker.topics())
+        auto_create = False
+    else:
+        names = [wanted.name for wanted in body.topics]
+        auto_create = getattr(body, "allow_auto_topic_creation", True)
+    topics = []
+    for name in names:
+        try:
+            count = broker.partition_count(name, auto_create=auto_create)
+            code = ErrorCode.none if count is not None else ErrorCode.unknown_topic_or_partition
+        except InvalidTopicError:
+            count, code = None, ErrorCode.invalid_topic_exception
+        except OncelogError as exc:
+            log.warning("metadata: creating topic %r failed: %s", name, exc)
+            count, code = None, error_code_for(exc)
+        partitions = tuple(
+            build(
+                partition_type,
+                error_code=ErrorCode.none,
+                partition_index=index,
+                leader_id=NODE_ID,
+                leader_epoch=-1,
+                replica_nodes=(NODE_ID,),
+                isr_nodes=(NODE_ID,),
+                offline_replicas=(),
+            )
+            for index in range(count or 0)
+        )
+        topics.append(build(topic_type, error_code=code, name=name, is_internal=False, partitions=partitions))
+    return build(
+        response,
+        throttle_time=_NO_THROTTLE,
+        brokers=(build(broker_type, node_id=NODE_ID, host=host, port=port, rack=None),),
+        cluster_id=broker.cluster_id,
+        controller_id=NODE_ID,
+        topics=tuple(topics),
+    )
+
+
+async def handle_find_coordinator(broker: Broker, request: Request) -> Any:
+    """This node coordinates every group and transactional id."""
+    host, port = broker.config.advertised
+    return build(
+        response_type(request.api_key, request.api_version),
+        throttle_time=_NO_THROTTLE,
+        error_code=ErrorCode.none,
+        error_message=None,
+        node_id=NODE_ID,
+        host=host,
+        port=port,
+    )
+
+
+async def handle_create_topics(broker: Broker, request: Request) -> Any:
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
+    topic_type = nested(response, "topics")
+    topics = []
+    for wanted in body.topics:
+        count = wanted.num_partitions
+        if count == -1:
+            count = len(wanted.assignments) or broker.config.partitions
+        code, message = ErrorCode.none, None
+        if wanted.replication_factor not in (-1, 1):
+            code = ErrorCode.invalid_replication_factor
+            message = f"replication factor {wanted.replication_factor} on a single node; use 1 or -1"
+        elif wanted.configs:
+            code = ErrorCode.invalid_config
+            message = "topic configs are not supported yet; create the topic without them"
+        else:
+            try:
+                broker.create_topic(wanted.name, count, validate_only=body.validate_only)
+            except (TopicExistsError, InvalidPartitionsError, InvalidTopicError, OncelogError) as exc:
+                code, message = error_code_for(exc), str(exc)
+        ok = code == ErrorCode.none
+        topics.append(
+            build(
+                topic_type,
+                name=wanted.name,
+                error_code=code,
+                error_message=message,
+                num_partitions=count if ok else -1,
+                replication_factor=1 if ok else -1,
+                configs=() if ok else None,
+            )
+        )
+    return build(response, throttle_time=_NO_THROTTLE, topics=tuple(topics))

@@ -1,0 +1,108 @@
+"""One client connection: frames in, responses out, in request order.
+
+Requests on a connection are handled one at a time, as a Kafka broker does (it
+mutes a connection until its response is sent). Responses therefore leave in
+request order, and a pipelining client's further requests wait in the socket's
+buffers, which bounds what a connection holds in memory to one request
+(MAX_REQUEST_BYTES) plus the kernel's buffers.
+
+A frame that cannot be answered (an absurd size, a truncated frame, garbage, an
+unknown API key, a version neither served nor advertised) closes the connection
+with one log line. The engine has not been called for it, so nothing is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from oncelog.server.broker import Broker
+from oncelog.server.cluster import (
+    handle_api_versions,
+    handle_create_topics,
+    handle_find_coordinator,
+    handle_metadata,
+)
+from oncelog.server.fetch import handle_fetch
+from oncelog.server.offsets import handle_init_producer_id, handle_list_offsets
+from oncelog.server.produce import handle_produce
+from oncelog.server.protocol import (
+    API_VERSIONS_KEY,
+    SIZE,
+    MalformedRequestError,
+    Request,
+    decode_request,
+    encode_response,
+    frame_size,
+)
+
+log = logging.getLogger("oncelog.serve")
+
+Handler = Callable[[Broker, Request], Awaitable[Any]]
+HANDLERS: dict[int, Handler] = {
+    0: handle_produce,
+    1: handle_fetch,
+    2: handle_list_offsets,
+    3: handle_metadata,
+    10: handle_find_coordinator,
+    18: handle_api_versions,
+    19: handle_create_topics,
+    22: handle_init_producer_id,
+}
+
+
+class Connection:
+    def __init__(self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.broker = broker
+        self.reader = reader
+        self.writer = writer
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        # True while a request is being handled: a draining shutdown waits for these.
+        self.busy = False
+
+    async def run(self) -> None:
+        try:
+            await self._serve()
+        except MalformedRequestError as exc:
+            log.warning("closing connection from %s: %s", self.peer, exc)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                log.warning(
+                    "closing connection from %s: a frame was cut after %d bytes", self.peer, len(exc.partial)
+                )
+        except TimeoutError:
+            log.info("closing idle connection from %s", self.peer)
+        except (ConnectionError, OSError):
+            pass  # the client went away
+        finally:
+            self.busy = False
+            self.writer.close()
+
+    async def _serve(self) -> None:
+        config = self.broker.config
+        while not self.broker.stopping:
+            prefix = await asyncio.wait_for(self.reader.readexactly(SIZE.size), config.idle_ms / 1000)
+            size = frame_size(prefix)
+            frame = await asyncio.wait_for(self.reader.readexactly(size), config.frame_read_ms / 1000)
+            request = decode_request(frame)
+            self.busy = True
+            response = await self._answer(request)
+            if response is not None:
+                self.writer.write(response)
+                await self.writer.drain()
+            self.busy = False
+
+    async def _answer(self, request: Request) -> bytes | None:
+        if request.body is None and request.api_key != API_VERSIONS_KEY:
+            raise MalformedRequestError(
+                f"{request.spec.name} v{request.api_version} is advertised (for old clients' version "
+                f"overlap) but not served; this server serves "
+                f"v{request.spec.served[0]}-{request.spec.served[1]}"
+            )
+        body = await HANDLERS[request.api_key](self.broker, request)
+        if body is None:
+            return None  # acks=0
+        return encode_response(request, body)

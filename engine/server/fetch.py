@@ -1,0 +1,136 @@
+"""Fetch (API 1, v4-12): stored batches, as they are on disk, with no fetch sessions.
+
+Every response lists every requested partition (session id 0: no incremental
+fetches). The response waits up to max_wait_ms for min_bytes, woken by appends.
+Limits are Kafka's (KIP-74): partition_max_bytes per partition, max_bytes in all,
+but the first partition with data returns at least one whole batch, so a batch
+larger than the limits never stalls a consumer.
+
+read_committed stops at the last stable offset and lists the aborted transactions
+the returned batches overlap; the consumer drops their records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.errors import OncelogError
+from oncelog.layout import InvalidTopicError
+from oncelog.results import Isolation
+from oncelog.server.broker import Broker
+from oncelog.server.errors import error_code_for
+from oncelog.server.protocol import Request, build, nested, response_type
+
+_READ_COMMITTED = 1
+
+
+async def handle_fetch(broker: Broker, request: Request) -> Any:
+    body = request.body
+    isolation: Isolation = "read_committed" if body.isolation_level == _READ_COMMITTED else "read_uncommitted"
+    wait_s = min(body.max_wait.total_seconds(), broker.config.max_fetch_wait_ms / 1000)
+    deadline = time.monotonic() + max(wait_s, 0.0)
+    while True:
+        event = broker.append_event()  # taken before reading: an append after the read sets it
+        topics, total_bytes, failed = _read_all(broker, request, isolation)
+        remaining = deadline - time.monotonic()
+        if total_bytes >= body.min_bytes or failed or remaining <= 0 or broker.stopping:
+            break
+        try:
+            await asyncio.wait_for(event.wait(), remaining)
+        except TimeoutError:
+            topics, total_bytes, failed = _read_all(broker, request, isolation)
+            break
+    response = response_type(request.api_key, request.api_version)
+    return build(
+        response,
+        throttle_time=datetime.timedelta(0),
+        error_code=ErrorCode.none,
+        session_id=0,
+        responses=tuple(topics),
+    )
+
+
+def _read_all(broker: Broker, request: Request, isolation: Isolation) -> tuple[list[Any], int, bool]:
+    """(topic responses, bytes of records, whether any partition has an error)."""
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
+    topic_type = nested(response, "responses")
+    partition_type = nested(topic_type, "partitions")
+    aborted_type = nested(partition_type, "aborted_transactions")
+    budget = max(body.max_bytes, 0)
+    total = 0
+    failed = False
+    topics = []
+    for topic in body.topics:
+        partitions = []
+        for wanted in topic.partitions:
+            limit = min(max(wanted.partition_max_bytes, 0), budget - total)
+            # KIP-74: the first partition with data returns one whole batch whatever the limits.
+            fields = _read_one(
+                broker, topic.topic, wanted.partition, wanted.fetch_offset, limit, total, isolation
+            )
+            records = fields.get("records") or b""
+            total += len(records)
+            failed = failed or fields["error_code"] != ErrorCode.none
+            aborted = fields.pop("aborted", None)
+            partitions.append(
+                build(
+                    partition_type,
+                    partition_index=wanted.partition,
+                    aborted_transactions=(
+                        tuple(
+                            build(aborted_type, producer_id=pid, first_offset=first) for pid, first in aborted
+                        )
+                        if aborted is not None
+                        else None
+                    ),
+                    **fields,
+                )
+            )
+        topics.append(build(topic_type, topic=topic.topic, partitions=tuple(partitions)))
+    return topics, total, failed
+
+
+def _read_one(
+    broker: Broker,
+    topic: str,
+    partition: int,
+    fetch_offset: int,
+    limit: int,
+    sent_so_far: int,
+    isolation: Isolation,
+) -> dict[str, Any]:
+    """The fields of one partition's response (plus "aborted": (pid, first offset) pairs)."""
+    try:
+        target = broker.log(topic, partition)
+        high_watermark = target.log_end_offset
+        stable = target.last_stable_offset
+        start = target.log_start_offset
+    except (OncelogError, InvalidTopicError) as exc:
+        return {"error_code": error_code_for(exc), "high_watermark": -1, "records": b""}
+    fields: dict[str, Any] = {
+        "error_code": ErrorCode.none,
+        "high_watermark": high_watermark,
+        "last_stable_offset": stable,
+        "log_start_offset": start,
+        "records": b"",
+        "aborted": [] if isolation == "read_committed" else None,
+    }
+    if limit <= 0 and sent_so_far > 0:
+        return fields
+    try:
+        fetched = target.read(fetch_offset, max(limit, 1), isolation=isolation)
+    except OncelogError as exc:
+        fields["error_code"] = error_code_for(exc)
+        fields["aborted"] = None
+        return fields
+    if fetched.batches:
+        fields["records"] = b"".join(batch.buffer for batch in fetched.batches)
+    if isolation == "read_committed":
+        fields["aborted"] = list(fetched.aborted_transactions)
+    return fields

@@ -1,0 +1,103 @@
+"""ListOffsets (API 2, v1-7) and InitProducerId (API 22, v0-4).
+
+ListOffsets answers Kafka's special timestamps: -2 the log start, -1 the end (the
+last stable offset under read_committed), -3 the record with the largest timestamp
+(v7); any other timestamp gives the first offset whose timestamp is at or after it.
+
+InitProducerId hands out producer ids from the root's ProducerIdManager, durably
+reserved in blocks so a crash never reissues one. An idempotent producer gets a new
+id at epoch 0 on every call (Kafka does the same); a transactional id gets its
+stored id with the epoch bumped, which fences the previous incarnation.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.errors import OncelogError
+from oncelog.layout import InvalidTopicError
+from oncelog.log import Log
+from oncelog.server.broker import Broker
+from oncelog.server.errors import error_code_for
+from oncelog.server.protocol import Request, build, nested, response_type
+
+EARLIEST = -2
+LATEST = -1
+MAX_TIMESTAMP = -3
+_READ_COMMITTED = 1
+_NO_THROTTLE = datetime.timedelta(0)
+
+
+async def handle_list_offsets(broker: Broker, request: Request) -> Any:
+    body = request.body
+    committed = getattr(body, "isolation_level", 0) == _READ_COMMITTED
+    response = response_type(request.api_key, request.api_version)
+    topic_type = nested(response, "topics")
+    partition_type = nested(topic_type, "partitions")
+    topics = []
+    for topic in body.topics:
+        partitions = []
+        for wanted in topic.partitions:
+            try:
+                code = ErrorCode.none
+                timestamp, offset = lookup_offset(
+                    broker.log(topic.name, wanted.partition_index), wanted.timestamp, committed
+                )
+            except (OncelogError, InvalidTopicError) as exc:
+                code, timestamp, offset = error_code_for(exc), -1, -1
+            partitions.append(
+                build(
+                    partition_type,
+                    partition_index=wanted.partition_index,
+                    error_code=code,
+                    timestamp=timestamp,
+                    offset=offset,
+                    leader_epoch=-1,
+                )
+            )
+        topics.append(build(topic_type, name=topic.name, partitions=tuple(partitions)))
+    return build(response, throttle_time=_NO_THROTTLE, topics=tuple(topics))
+
+
+def lookup_offset(log: Log, timestamp: int, committed: bool) -> tuple[int, int]:
+    """(timestamp, offset) answering a ListOffsets query; (-1, -1) when nothing matches."""
+    end = log.last_stable_offset if committed else log.log_end_offset
+    if timestamp == EARLIEST:
+        return -1, log.log_start_offset
+    if timestamp == LATEST:
+        return -1, end
+    if timestamp == MAX_TIMESTAMP:
+        found = max(
+            ((s.max_timestamp_ms, s.offset_of_max_timestamp) for s in log.segments if s.size > 0),
+            key=lambda pair: pair[0],
+            default=None,
+        )
+        if found is None or found[0] < 0 or found[1] >= end:
+            return -1, -1
+        return found
+    if timestamp < 0:
+        return -1, -1
+    hit = log.offset_for_timestamp(timestamp)
+    if hit is None or hit.offset >= end:
+        return -1, -1
+    return hit.timestamp_ms, hit.offset
+
+
+async def handle_init_producer_id(broker: Broker, request: Request) -> Any:
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
+    try:
+        if body.transactional_id is None:
+            lease = broker.manager.producer_ids.lease()
+            producer_id, epoch = lease.producer_id, lease.producer_epoch
+        else:
+            producer_id, epoch = broker.manager.producer_ids.init_producer_id(body.transactional_id)
+        code = ErrorCode.none
+    except OncelogError as exc:
+        producer_id, epoch, code = -1, -1, error_code_for(exc)
+    return build(
+        response, throttle_time=_NO_THROTTLE, error_code=code, producer_id=producer_id, producer_epoch=epoch
+    )

@@ -1,0 +1,201 @@
+"""Kafka's wire protocol as `oncelog serve` speaks it: the API table, framing and the codec.
+
+A frame is an i32 size followed by that many bytes. A request starts with
+api_key i16, api_version i16, correlation_id i32 (every header version agrees on
+these), then the rest of its header and its body; a response starts with the
+correlation id. Which header version a message uses (flexible or not) follows from
+its API and version, as the generated schema classes record.
+
+kio, generated from Kafka's JSON message specs, encodes and decodes every header
+and body; nothing here hand-writes a struct. Record batches stay the bytes on the
+wire: kio reads a `records` field as bytes, and a fetch response writes stored bytes.
+
+What the caller decides: a frame that is malformed, or of an API or version this
+table neither serves nor advertises, raises MalformedRequestError and the
+connection closes (Kafka closes it too); nothing has been touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import struct
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+
+# Kafka's socket.request.max.bytes: the largest request a broker reads.
+MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024
+SIZE = struct.Struct(">i")
+_HEADER_PREFIX = struct.Struct(">hhi")  # api_key, api_version, correlation_id
+API_VERSIONS_KEY: Final = 18
+
+
+class MalformedRequestError(Exception):
+    """A frame this server cannot answer; the connection that sent it is closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSpec:
+    key: int
+    name: str
+    # What ApiVersions advertises: always from 0, since librdkafka before 2.11.1 enables
+    # features by exact-version overlap (KAFKA-18659).
+    advertised: tuple[int, int]
+    # What is decoded and answered; an advertised version outside it gets UNSUPPORTED_VERSION.
+    served: tuple[int, int]
+
+    def serves(self, version: int) -> bool:
+        return self.served[0] <= version <= self.served[1]
+
+    def advertises(self, version: int) -> bool:
+        return self.advertised[0] <= version <= self.advertised[1]
+
+
+def _spec(key: int, name: str, advertised_max: int, served_min: int) -> ApiSpec:
+    return ApiSpec(key, name, (0, advertised_max), (served_min, advertised_max))
+
+
+# The APIs served, by key. kio's specs start Produce at v3, Fetch at v4, ListOffsets at
+# v1 and CreateTopics at v2 (Kafka 4 dropped the older versions).
+APIS: Final[Mapping[int, ApiSpec]] = {
+    spec.key: spec
+    for spec in (
+        _spec(0, "Produce", 9, 3),
+        _spec(1, "Fetch", 12, 4),
+        _spec(2, "ListOffsets", 7, 1),
+        _spec(3, "Metadata", 9, 0),
+        _spec(10, "FindCoordinator", 3, 0),
+        _spec(18, "ApiVersions", 4, 0),
+        _spec(19, "CreateTopics", 5, 2),
+        _spec(22, "InitProducerId", 4, 0),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    # The decoded body; None for a version advertised but not served (and for an
+    # ApiVersions request at a version this table does not know).
+    body: Any
+    size_bytes: int
+
+    @property
+    def spec(self) -> ApiSpec:
+        return APIS[self.api_key]
+
+
+def frame_size(prefix: bytes) -> int:
+    """The size a 4-byte frame prefix announces; MalformedRequestError if absurd."""
+    assert len(prefix) == SIZE.size
+    size: int = SIZE.unpack(prefix)[0]
+    if not _HEADER_PREFIX.size <= size <= MAX_REQUEST_BYTES:
+        raise MalformedRequestError(
+            f"frame size {size} is outside [{_HEADER_PREFIX.size}, {MAX_REQUEST_BYTES}]"
+        )
+    return size
+
+
+def decode_request(frame: bytes) -> Request:
+    """One request frame (without its size prefix), decoded."""
+    if len(frame) < _HEADER_PREFIX.size:
+        raise MalformedRequestError(f"a {len(frame)}-byte frame is shorter than a request header")
+    api_key, api_version, correlation_id = _HEADER_PREFIX.unpack_from(frame)
+    spec = APIS.get(api_key)
+    if spec is None:
+        raise MalformedRequestError(f"unknown or unserved API key {api_key}")
+    if not spec.serves(api_version):
+        if api_key == API_VERSIONS_KEY or spec.advertises(api_version):
+            # Answered without decoding: the header past the prefix may be in a layout
+            # this codec does not know. ApiVersions answers in v0 (Kafka's rule).
+            return Request(api_key, api_version, correlation_id, None, None, len(frame))
+        raise MalformedRequestError(f"{spec.name} v{api_version} is neither served nor advertised")
+    request_type = _request_type(api_key, api_version)
+    try:
+        header, offset = entity_reader(request_type.__header_schema__)(frame, 0)
+        body, size = entity_reader(request_type)(frame, offset)
+    except Exception as exc:  # kio raises several kinds on a short or garbled body
+        raise MalformedRequestError(f"{spec.name} v{api_version} does not decode: {exc!r}") from exc
+    if offset + size != len(frame):
+        raise MalformedRequestError(
+            f"{spec.name} v{api_version} leaves {len(frame) - offset - size} bytes of its frame unread"
+        )
+    return Request(api_key, api_version, correlation_id, header.client_id, body, len(frame))
+
+
+def encode_response(request: Request, body: Any) -> bytes:
+    """The response frame, size prefix included, answering `request` with `body`."""
+    header_type: type[Any] = type(body).__header_schema__
+    buffer = io.BytesIO()
+    buffer.write(b"\0\0\0\0")
+    entity_writer(header_type)(buffer, header_type(correlation_id=request.correlation_id))
+    entity_writer(type(body))(buffer, body)
+    frame = buffer.getbuffer()
+    SIZE.pack_into(frame, 0, len(frame) - SIZE.size)
+    del frame  # release the export before getvalue()
+    return buffer.getvalue()
+
+
+def response_type(api_key: int, api_version: int) -> type[Any]:
+    """The generated response class of one API version."""
+    return _response_type(api_key, api_version)
+
+
+@functools.cache
+def _request_type(api_key: int, api_version: int) -> type[Any]:
+    return load_request_schema(api_key, api_version)
+
+
+@functools.cache
+def _response_type(api_key: int, api_version: int) -> type[Any]:
+    return load_response_schema(api_key, api_version)
+
+
+# -- building entities whatever the version --------------------------------------------
+# A version's class has only the fields that version has; handlers pass every value
+# they know and `build` keeps the ones this class holds, so one handler serves all
+# versions. Absent values take the spec's defaults.
+
+
+def build(entity_type: Any, **values: Any) -> Any:
+    """An instance of a generated class from the values among `values` that it has."""
+    names = _field_names(entity_type)
+    return entity_type(**{name: value for name, value in values.items() if name in names})
+
+
+def nested(entity_type: Any, field_name: str) -> type[Any]:
+    """The generated class of a nested field (a struct or an array of structs)."""
+    return _nested_types(entity_type)[field_name]
+
+
+@functools.cache
+def _field_names(entity_type: Any) -> frozenset[str]:
+    return frozenset(field.name for field in dataclasses.fields(entity_type))
+
+
+@functools.cache
+def _nested_types(entity_type: Any) -> dict[str, type[Any]]:
+    found: dict[str, type[Any]] = {}
+    for name, hint in typing.get_type_hints(entity_type).items():
+        candidates = [hint, *typing.get_args(hint)]
+        for candidate in list(candidates):
+            candidates.extend(typing.get_args(candidate))
+        for candidate in candidates:
+            if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
+                found[name] = candidate
+                break
+    return found
+
+
+def error_code(code: int) -> ErrorCode:
+    return ErrorCode(code)
