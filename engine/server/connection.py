@@ -26,6 +26,7 @@ from oncelog.server.cluster import (
     handle_metadata,
 )
 from oncelog.server.fetch import handle_fetch
+from oncelog.server.legacy import unsupported_version_response
 from oncelog.server.offsets import handle_init_producer_id, handle_list_offsets
 from oncelog.server.produce import handle_produce
 from oncelog.server.protocol import (
@@ -89,19 +90,22 @@ class Connection:
             frame = await asyncio.wait_for(self.reader.readexactly(size), config.frame_read_ms / 1000)
             request = decode_request(frame)
             self.busy = True
-            response = await self._answer(request)
+            response = await self._answer(request, frame)
             if response is not None:
                 self.writer.write(response)
                 await self.writer.drain()
             self.busy = False
 
-    async def _answer(self, request: Request) -> bytes | None:
+    async def _answer(self, request: Request, frame: bytes) -> bytes | None:
         if request.body is None and request.api_key != API_VERSIONS_KEY:
-            raise MalformedRequestError(
-                f"{request.spec.name} v{request.api_version} is advertised (for old clients' version "
-                f"overlap) but not served; this server serves "
-                f"v{request.spec.served[0]}-{request.spec.served[1]}"
+            log.info(
+                "%s v%d from %s: advertised but not served (v%d-%d); answering UNSUPPORTED_VERSION",
+                request.spec.name,
+                request.api_version,
+                self.peer,
+                *request.spec.served,
             )
+            return unsupported_version_response(request.api_key, request.api_version, frame)
         body = await HANDLERS[request.api_key](self.broker, request)
         if body is None:
             return None  # acks=0

@@ -1,0 +1,124 @@
+"""Versions advertised but not served, answered with UNSUPPORTED_VERSION (35) in every entry.
+
+ApiVersions advertises every API from v0 because librdkafka before 2.11.1 enables
+features by exact-version overlap (KAFKA-18659). kio's specs begin where Kafka 4
+does (Produce v3, Fetch v4, ListOffsets v1, CreateTopics v2), so a client that
+still sends an older version is answered through kafka-python's classes, generated
+from the same JSON specs and reaching back to v0: the request is decoded, and the
+response names every topic and partition it asked for, each with error 35. Nothing
+is read from or written to a log.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
+from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+from oncelog.server.protocol import MalformedRequestError
+
+UNSUPPORTED_VERSION: Final = 35
+
+
+def unsupported_version_response(api_key: int, api_version: int, frame: bytes) -> bytes:
+    """The framed response (size prefix included) refusing `frame`'s version entry by entry."""
+    try:
+        answer = _ANSWERS[api_key]
+    except KeyError:
+        raise MalformedRequestError(f"API {api_key} v{api_version} has no legacy answer") from None
+    try:
+        request = answer.request[api_version].decode(frame, header=True)
+    except Exception as exc:  # kafka-python raises several kinds on a garbled body
+        raise MalformedRequestError(f"API {api_key} v{api_version} does not decode: {exc!r}") from exc
+    response = answer.build(answer.response[api_version], request)
+    response.with_header(correlation_id=request.header.correlation_id)
+    return bytes(response.encode(header=True, framed=True))
+
+
+def _produce(response: Any, request: Any) -> Any:
+    topic = response.TopicProduceResponse
+    partition = topic.PartitionProduceResponse
+    return response(
+        responses=[
+            topic(
+                name=t.name,
+                partition_responses=[
+                    partition(index=p.index, error_code=UNSUPPORTED_VERSION, base_offset=-1)
+                    for p in t.partition_data
+                ],
+            )
+            for t in request.topic_data
+        ],
+        throttle_time_ms=0,
+    )
+
+
+def _fetch(response: Any, request: Any) -> Any:
+    topic = response.FetchableTopicResponse
+    partition = topic.PartitionData
+    return response(
+        throttle_time_ms=0,
+        responses=[
+            topic(
+                topic=t.topic,
+                partitions=[
+                    partition(
+                        partition_index=p.partition,
+                        error_code=UNSUPPORTED_VERSION,
+                        high_watermark=-1,
+                        records=b"",
+                    )
+                    for p in t.partitions
+                ],
+            )
+            for t in request.topics
+        ],
+    )
+
+
+def _list_offsets(response: Any, request: Any) -> Any:
+    topic = response.ListOffsetsTopicResponse
+    partition = topic.ListOffsetsPartitionResponse
+    return response(
+        topics=[
+            topic(
+                name=t.name,
+                partitions=[
+                    partition(
+                        partition_index=p.partition_index,
+                        error_code=UNSUPPORTED_VERSION,
+                        old_style_offsets=[],
+                    )
+                    for p in t.partitions
+                ],
+            )
+            for t in request.topics
+        ],
+    )
+
+
+def _create_topics(response: Any, request: Any) -> Any:
+    result = response.CreatableTopicResult
+    return response(
+        topics=[
+            result(name=t.name, error_code=UNSUPPORTED_VERSION, error_message="use CreateTopics v2 or later")
+            for t in request.topics
+        ],
+    )
+
+
+class _Answer:
+    def __init__(self, request: Any, response: Any, build: Any):
+        self.request = request
+        self.response = response
+        self.build = build
+
+
+_ANSWERS: Final[dict[int, _Answer]] = {
+    0: _Answer(ProduceRequest, ProduceResponse, _produce),
+    1: _Answer(FetchRequest, FetchResponse, _fetch),
+    2: _Answer(ListOffsetsRequest, ListOffsetsResponse, _list_offsets),
+    19: _Answer(CreateTopicsRequest, CreateTopicsResponse, _create_topics),
+}
