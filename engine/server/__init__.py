@@ -6,8 +6,10 @@ generated from Kafka's JSON message specs; record batches pass through as the by
 the client sent and the bytes stored on disk.
 
 - `protocol`: the API table (advertised and served versions), framing, header and body codec
+- `fallback`: what kio cannot do (unknown tagged fields, versions older than its specs), by kafka-python
 - `broker`: the state behind the APIs (the LogManager, topics, the cluster id, append wake-ups)
-- `handlers`: one function per API, from a decoded request to a response entity
+- `cluster`, `produce`, `fetch`, `offsets`: one handler per API, from a decoded request to a response
+- `errors`: oncelog's exceptions as Kafka error codes
 - `connection`: one client connection: bounded reads, requests answered in order
 - `app`: the asyncio server, SIGTERM draining and the recovery summary
 """

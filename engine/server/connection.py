@@ -25,8 +25,8 @@ from oncelog.server.cluster import (
     handle_find_coordinator,
     handle_metadata,
 )
+from oncelog.server.fallback import FallbackDecodeError, unsupported_version_response
 from oncelog.server.fetch import handle_fetch
-from oncelog.server.legacy import unsupported_version_response
 from oncelog.server.offsets import handle_init_producer_id, handle_list_offsets
 from oncelog.server.produce import handle_produce
 from oncelog.server.protocol import (
@@ -105,7 +105,10 @@ class Connection:
                 self.peer,
                 *request.spec.served,
             )
-            return unsupported_version_response(request.api_key, request.api_version, frame)
+            try:
+                return unsupported_version_response(request.api_key, request.api_version, frame)
+            except FallbackDecodeError as exc:
+                raise MalformedRequestError(str(exc)) from exc
         body = await HANDLERS[request.api_key](self.broker, request)
         if body is None:
             return None  # acks=0

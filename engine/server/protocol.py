@@ -30,6 +30,8 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
+from oncelog.server.fallback import without_unknown_tags
+
 # Kafka's socket.request.max.bytes: the largest request a broker reads.
 MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024
 SIZE = struct.Struct(">i")
@@ -122,15 +124,35 @@ def decode_request(frame: bytes) -> Request:
         raise MalformedRequestError(f"{spec.name} v{api_version} is neither served nor advertised")
     request_type = _request_type(api_key, api_version)
     try:
-        header, offset = entity_reader(request_type.__header_schema__)(frame, 0)
-        body, size = entity_reader(request_type)(frame, offset)
-    except Exception as exc:  # kio raises several kinds on a short or garbled body
-        raise MalformedRequestError(f"{spec.name} v{api_version} does not decode: {exc!r}") from exc
+        header, offset, body, size = _kio_decode(request_type, frame)
+    except KeyError as exc:
+        if "tagged field" not in str(exc):
+            raise _undecodable(spec, api_version, frame, exc) from exc
+        # Tagged fields kio's spec lacks, which Kafka ignores: drop them and decode again.
+        try:
+            frame = without_unknown_tags(api_key, api_version, frame)
+            header, offset, body, size = _kio_decode(request_type, frame)
+        except Exception as again:  # kio raises several kinds on a short or garbled body
+            raise _undecodable(spec, api_version, frame, again) from again
+    except Exception as exc:
+        raise _undecodable(spec, api_version, frame, exc) from exc
     if offset + size != len(frame):
         raise MalformedRequestError(
             f"{spec.name} v{api_version} leaves {len(frame) - offset - size} bytes of its frame unread"
         )
     return Request(api_key, api_version, correlation_id, header.client_id, body, len(frame))
+
+
+def _kio_decode(request_type: type[Any], frame: bytes) -> tuple[Any, int, Any, int]:
+    header, offset = entity_reader(request_type.__header_schema__)(frame, 0)
+    body, size = entity_reader(request_type)(frame, offset)
+    return header, offset, body, size
+
+
+def _undecodable(spec: ApiSpec, api_version: int, frame: bytes, exc: BaseException) -> MalformedRequestError:
+    return MalformedRequestError(
+        f"{spec.name} v{api_version} does not decode: {exc!r} (frame starts {frame[:48].hex()})"
+    )
 
 
 def encode_response(request: Request, body: Any) -> bytes:

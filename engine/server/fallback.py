@@ -1,6 +1,13 @@
-"""Versions advertised but not served, answered with UNSUPPORTED_VERSION (35) in every entry.
+"""What kio cannot do, done with kafka-python's classes generated from the same JSON specs.
 
-ApiVersions advertises every API from v0 because librdkafka before 2.11.1 enables
+Two cases, both rare, neither touching a record batch's bytes:
+
+1. Unknown tagged fields. A flexible request may carry tagged fields its receiver
+   does not know, and Kafka ignores them; librdkafka 2.x sends one (tag 0) in
+   Metadata v9. kio refuses such a request, so it is decoded here, its unknown tags
+   dropped, and re-encoded at the same version for kio to decode.
+2. Versions advertised but not served, answered with UNSUPPORTED_VERSION (35) in
+   every entry. ApiVersions advertises every API from v0 because librdkafka before 2.11.1 enables
 features by exact-version overlap (KAFKA-18659). kio's specs begin where Kafka 4
 does (Produce v3, Fetch v4, ListOffsets v1, CreateTopics v2), so a client that
 still sends an older version is answered through kafka-python's classes, generated
@@ -15,23 +22,49 @@ from typing import Any, Final
 
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
-from kafka.protocol.producer import ProduceRequest, ProduceResponse
-
-from oncelog.server.protocol import MalformedRequestError
+from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
+from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest, ProduceResponse
 
 UNSUPPORTED_VERSION: Final = 35
 
 
+class FallbackDecodeError(Exception):
+    """kafka-python could not decode the frame either: it is malformed."""
+
+
+def without_unknown_tags(api_key: int, api_version: int, frame: bytes) -> bytes:
+    """`frame` (header and body, no size prefix) re-encoded without tagged fields its spec lacks."""
+    request_type = _REQUEST_TYPES.get(api_key)
+    if request_type is None:
+        raise FallbackDecodeError(f"API {api_key} has no fallback decoder")
+    try:
+        request = request_type[api_version].decode(frame, header=True)
+        _drop_unknown_tags(request)
+        _drop_unknown_tags(request.header)
+        return bytes(request.encode(header=True))
+    except Exception as exc:  # kafka-python raises several kinds on a garbled frame
+        raise FallbackDecodeError(f"API {api_key} v{api_version} does not decode: {exc!r}") from exc
+
+
+def _drop_unknown_tags(entity: Any) -> None:
+    if getattr(entity, "unknown_tags", None):
+        entity.unknown_tags = {}
+    for name in getattr(entity, "fields", ()) or ():
+        value = getattr(entity, name, None)
+        for item in value if isinstance(value, list) else [value]:
+            if hasattr(item, "unknown_tags"):
+                _drop_unknown_tags(item)
+
+
 def unsupported_version_response(api_key: int, api_version: int, frame: bytes) -> bytes:
     """The framed response (size prefix included) refusing `frame`'s version entry by entry."""
-    try:
-        answer = _ANSWERS[api_key]
-    except KeyError:
-        raise MalformedRequestError(f"API {api_key} v{api_version} has no legacy answer") from None
+    answer = _ANSWERS.get(api_key)
+    if answer is None:
+        raise FallbackDecodeError(f"API {api_key} v{api_version} has no UNSUPPORTED_VERSION answer")
     try:
         request = answer.request[api_version].decode(frame, header=True)
     except Exception as exc:  # kafka-python raises several kinds on a garbled body
-        raise MalformedRequestError(f"API {api_key} v{api_version} does not decode: {exc!r}") from exc
+        raise FallbackDecodeError(f"API {api_key} v{api_version} does not decode: {exc!r}") from exc
     response = answer.build(answer.response[api_version], request)
     response.with_header(correlation_id=request.header.correlation_id)
     return bytes(response.encode(header=True, framed=True))
@@ -121,4 +154,16 @@ _ANSWERS: Final[dict[int, _Answer]] = {
     1: _Answer(FetchRequest, FetchResponse, _fetch),
     2: _Answer(ListOffsetsRequest, ListOffsetsResponse, _list_offsets),
     19: _Answer(CreateTopicsRequest, CreateTopicsResponse, _create_topics),
+}
+
+
+_REQUEST_TYPES: Final[dict[int, Any]] = {
+    0: ProduceRequest,
+    1: FetchRequest,
+    2: ListOffsetsRequest,
+    3: MetadataRequest,
+    10: FindCoordinatorRequest,
+    18: ApiVersionsRequest,
+    19: CreateTopicsRequest,
+    22: InitProducerIdRequest,
 }
