@@ -27,6 +27,8 @@ from oncelog.server.errors import error_code_for
 from oncelog.server.protocol import Request, build, nested, response_type
 
 _READ_COMMITTED = 1
+# The most one fetch response carries, whatever the client asks: Kafka's fetch.max.bytes.
+MAX_FETCH_BYTES = 55 * 1024 * 1024
 
 
 async def handle_fetch(broker: Broker, request: Request) -> Any:
@@ -62,7 +64,7 @@ def _read_all(broker: Broker, request: Request, isolation: Isolation) -> tuple[l
     topic_type = nested(response, "responses")
     partition_type = nested(topic_type, "partitions")
     aborted_type = nested(partition_type, "aborted_transactions")
-    budget = max(body.max_bytes, 0)
+    budget = min(max(body.max_bytes, 0), MAX_FETCH_BYTES)
     total = 0
     failed = False
     topics = []
