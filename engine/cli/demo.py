@@ -1,5 +1,6 @@
 """`oncelog demo`: a LogManager with a few topics, idempotent producers, a SIGKILL,
-parallel recovery, retries after it, and transactions.
+parallel recovery, retries after it, transactions, and a Kafka client through
+`oncelog serve` across SIGKILLs (`demo_wire`).
 
 Self-checking: it exits non-zero if any acknowledged batch is missing or moved,
 if a retry after recovery is not recognised as a duplicate, if the transaction
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, TextIO
 
 from oncelog import producer_ids
+from oncelog.cli.demo_wire import WIRE_DIR, run_wire_step
 from oncelog.cli.exits import EXIT_BAD_INPUT, PROG
 from oncelog.config import LogConfig
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError
@@ -108,7 +110,13 @@ def _child(data_dir: str, seed: int) -> None:
 
 
 # What a demo run leaves in its data directory, and nothing else may be there.
-_DEMO_ROOT_ENTRIES = {ROOT_LOCK_FILE, ROOT_METADATA_DIR, producer_ids.LOCK_FILE, producer_ids.STORE_DIR}
+_DEMO_ROOT_ENTRIES = {
+    ROOT_LOCK_FILE,
+    ROOT_METADATA_DIR,
+    producer_ids.LOCK_FILE,
+    producer_ids.STORE_DIR,
+    WIRE_DIR,
+}
 
 
 def unusable_data_dir(data_dir: str) -> str | None:
@@ -166,6 +174,12 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
             " and skip aborted data"
         )
         _transactions(payments, manager.producer_ids, open_pid, open_first, say, failures)
+
+    say(
+        "6. Kafka clients over the wire: an unmodified confluent-kafka idempotent producer streams into "
+        "`oncelog serve`, which is SIGKILLed and restarted twice"
+    )
+    run_wire_step(data_dir, say, failures)
     payments_dir = os.path.join(data_dir, f"{PAYMENTS}-0")
     say()
     say(f"Inspect it: oncelog stat {data_dir}")
@@ -386,7 +400,9 @@ def _transactions(
 
 DEMO_DESCRIPTION = """\
 Run the oncelog demo: create a log in DATA_DIR, append to it, crash-recover it
-and read it back, printing what happens along the way."""
+and read it back, printing what happens along the way. The last step serves DATA_DIR/wire
+with `oncelog serve` to a confluent-kafka producer and consumer, SIGKILLing the server
+twice mid-stream, and counts duplicates and loss (both must be 0)."""
 
 DEMO_EPILOG = """\
 example:

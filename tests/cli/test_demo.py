@@ -61,3 +61,16 @@ def test_the_demo_shows_an_open_an_aborted_and_a_committed_transaction(demo_outp
     assert f"read_uncommitted from {start}: {everything}" in text
     assert "all but the 4 aborted ones: True" in text
     assert "tail -n 16   # the markers and the .txnindex" in text
+
+
+def test_the_demo_streams_a_kafka_client_through_serve_across_sigkills_with_no_loss_or_duplicates(
+    demo_output: str,
+) -> None:
+    text = demo_output
+    assert "6. Kafka clients over the wire" in text
+    kills = re.findall(r"SIGKILL with (\d+) acknowledged and (\d+) in flight", text)
+    assert len(kills) == 2 and all(int(in_flight) > 0 for _, in_flight in kills), kills
+    assert text.count("restarted on the same port: recovered 1 partitions") == 2
+    assert "producer: 20000 sent, 20000 acknowledged, 0 failed, 0 in flight" in text
+    assert "consumer (assign, from offset 0): 20000 records; duplicates 0, lost 0" in text
+    assert "exited 0" in text
