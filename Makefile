@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # check a tree of symlinks laid out as the installed package would be.
 TYPECHECK_TREE := build/typecheck
 
-.PHONY: demo test lint typecheck imports layout-tree java-check pytest bench torture clean
+.PHONY: demo test lint typecheck imports layout-tree java-check pytest bench torture serve-soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ bench: $(STAMP)
 # A long soak of the crash torture harness (the bounded run is part of `make test`).
 torture: $(STAMP)
 	$(BIN)/oncelog torture --seed $${SEED:-$$(date +%s)} --crashes $${CRASHES:-20000}
+
+# A long soak of the kill -9 end-to-end test of `oncelog serve` (the short run is part of `make test`);
+# ONCELOG_KILL9_SEED=... replays the kill moments of a printed seed.
+serve-soak: $(STAMP)
+	ONCELOG_KILL9_MESSAGES=20000 ONCELOG_KILL9_KILLS=8 $(BIN)/python -m pytest tests/server/test_kill9_end_to_end.py -q -s
 
 clean:
 	rm -rf $(VENV) build data .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks
