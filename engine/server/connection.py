@@ -78,6 +78,10 @@ class Connection:
             log.info("closing idle connection from %s", self.peer)
         except (ConnectionError, OSError):
             pass  # the client went away
+        except Exception:
+            # A bug here, not the client's: say so once, with the traceback, and drop only this
+            # connection. The engine refused or finished the append before any answer was built.
+            log.exception("closing connection from %s after an internal error", self.peer)
         finally:
             self.busy = False
             self.writer.close()
