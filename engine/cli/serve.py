@@ -117,6 +117,9 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except LogDirLockedError as exc:
         print(f"oncelog serve: {exc}; is another server using it?", file=err)
         return EXIT_BAD_INPUT
+    except ValueError as exc:  # --threads out of range
+        print(f"oncelog serve: {exc}", file=err)
+        return EXIT_BAD_INPUT
     except PartitionRecoveryError as exc:
         for tp, failure in sorted(exc.failures.items()):
             print(f"FAILED {tp}: {type(failure).__name__}: {failure}", file=err)

@@ -1,0 +1,70 @@
+"""`oncelog serve` refuses bad input with one line and exit 2, and its --help explains itself."""
+
+from __future__ import annotations
+
+import io
+import socket
+from pathlib import Path
+
+import pytest
+
+from oncelog.cli.main import main
+from oncelog.cli.serve import parse_address
+
+
+def _run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = main(["serve", *argv], out=out, err=err)
+    return status, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--listen", "nohost"], "expected HOST:PORT"),
+        (["--listen", "127.0.0.1:70000"], "expected HOST:PORT"),
+        (["--advertise", "host:"], "expected HOST:PORT"),
+        (["--partitions", "0"], "partitions must be 1..10000"),
+        (["--threads", "0"], "recovery_threads must be 1..64"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line_and_create_nothing(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    root = tmp_path / "root"
+    status, _, err = _run(str(root), *args)
+    assert status == 2
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_port_in_use_exits_2_naming_the_address(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, _, err = _run(str(tmp_path / "root"), "--listen", f"127.0.0.1:{port}", "--no-progress")
+    assert status == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+
+
+def test_help_says_what_is_served_what_is_not_and_when_an_ack_is_sent(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, _, _ = _run("--help")
+    out = capsys.readouterr().out  # argparse prints --help to sys.stdout
+    assert status == 0
+    for words in (
+        "idempotence",
+        "assign()",
+        "not served",
+        "--fsync-acks",
+        "SIGTERM",
+        "kill -9",
+        "exit status",
+    ):
+        assert words in out, words
+
+
+def test_addresses_parse_with_ipv6_brackets() -> None:
+    assert parse_address("[::1]:9092") == ("::1", 9092)
+    assert parse_address("0.0.0.0:0") == ("0.0.0.0", 0)
