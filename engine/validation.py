@@ -77,8 +77,29 @@ def validate_batch(
         raise InvalidRecordError("clients may not append control batches")
     if batch.producer_id >= 0 and batch.base_sequence < 0:
         raise InvalidRecordError(f"producer {batch.producer_id} sent baseSequence {batch.base_sequence}")
-    batch.check_records(exact=True, max_decompressed_bytes=max_decompressed_bytes)
+    max_ts_delta = batch.check_records(exact=True, max_decompressed_bytes=max_decompressed_bytes)
+    check_max_timestamp(batch.attributes, batch.base_timestamp, batch.max_timestamp, max_ts_delta)
     return batch
+
+
+def check_max_timestamp(
+    attributes: int, base_timestamp_ms: int, max_timestamp_ms: int, max_ts_delta: int
+) -> None:
+    """A client's header maxTimestamp must be its records' largest timestamp.
+
+    Time lookups (ListOffsets by time, the time index) and time-based rolls and
+    retention trust the header; every Kafka client writes the records' largest
+    timestamp there (Kafka's broker rewrites the field; oncelog keeps the client's
+    bytes, so it refuses a batch whose field lies). A LogAppendTime batch's field is
+    the append time, not the records'.
+    """
+    if attributes & fmt.TIMESTAMP_TYPE_MASK:
+        return
+    if base_timestamp_ms + max_ts_delta != max_timestamp_ms:
+        raise InvalidRecordError(
+            f"maxTimestamp {max_timestamp_ms} in the header is not the records' largest timestamp "
+            f"{base_timestamp_ms + max_ts_delta}"
+        )
 
 
 # Attribute bits a client batch may not set: the control bit, and compression codes
@@ -116,7 +137,7 @@ def client_batch_header(buffer: Buffer, max_batch_bytes: int, max_decompressed_b
             == crc
         ):
             if attributes & fmt.COMPRESSION_MASK:
-                check_batch_records(
+                max_ts_delta = check_batch_records(
                     buffer,
                     attributes,
                     last_delta,
@@ -126,7 +147,8 @@ def client_batch_header(buffer: Buffer, max_batch_bytes: int, max_decompressed_b
                 )
             else:
                 # What check_batch_records does for an uncompressed body, one call less.
-                check_records(buffer, fmt.HEADER_SIZE, count, last_delta, exact=True)
-            return header
+                max_ts_delta = check_records(buffer, fmt.HEADER_SIZE, count, last_delta, exact=True)
+            if header[7] + max_ts_delta == header[8] or attributes & fmt.TIMESTAMP_TYPE_MASK:
+                return header  # (base, max) timestamps agree with the records, as check_max_timestamp asks
     validate_batch(buffer, "client", max_batch_bytes, max_decompressed_bytes)
     raise AssertionError(f"validate_batch accepted a batch the fast check refused: {bytes(buffer[:61])!r}")

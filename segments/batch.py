@@ -256,10 +256,10 @@ class RecordBatch:
         if h.attributes & fmt.COMPRESSION_MASK not in fmt.COMPRESSION_NAMES:
             raise CorruptRecordError(f"unknown compression codec {h.attributes & fmt.COMPRESSION_MASK}")
 
-    def check_records(self, *, exact: bool, max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES) -> None:
-        """Check that every record decodes (see check_batch_records); raises, returns nothing."""
+    def check_records(self, *, exact: bool, max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES) -> int:
+        """Check that every record decodes (see check_batch_records); the largest timestamp delta."""
         h = self._header
-        check_batch_records(
+        return check_batch_records(
             self._buffer,
             h.attributes,
             h.last_offset_delta,
@@ -297,7 +297,7 @@ def check_batch_records(
     *,
     exact: bool,
     max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
-) -> None:
+) -> int:
     """Check that the records of the batch in `buffer` decode: what a reader will do to them.
 
     A batch's CRC only says the bytes are the ones the client sent; a client can
@@ -308,15 +308,14 @@ def check_batch_records(
     `exact`: offset deltas 0..count-1, as a client's must be). An uncompressed body
     is walked in place, without a copy.
 
-    Raises CorruptRecordError for a body that does not decode, InvalidRecordError for
-    records that break the offset-delta rule.
+    Returns the records' largest timestamp delta. Raises CorruptRecordError for a body
+    that does not decode, InvalidRecordError for records that break the offset-delta rule.
     """
     codec = attributes & fmt.COMPRESSION_MASK
     if codec == fmt.COMPRESSION_NONE:
-        check_records(buffer, fmt.HEADER_SIZE, records_count, last_offset_delta, exact=exact)
-        return
+        return check_records(buffer, fmt.HEADER_SIZE, records_count, last_offset_delta, exact=exact)
     body = decompress(codec, bytes(buffer[fmt.HEADER_SIZE :]), max_decompressed_bytes)
-    check_records(body, 0, records_count, last_offset_delta, exact=exact)
+    return check_records(body, 0, records_count, last_offset_delta, exact=exact)
 
 
 def iter_batches(

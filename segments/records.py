@@ -383,8 +383,12 @@ def decode_records(  # noqa: C901, PLR0915
 
 
 # Past the size gates on purpose: the append path's hot loop, inlined.
-def check_records(data: Buffer, start: int, count: int, last_offset_delta: int, *, exact: bool) -> None:  # noqa: C901, PLR0915
+def check_records(data: Buffer, start: int, count: int, last_offset_delta: int, *, exact: bool) -> int:  # noqa: C901, PLR0915
     """Check that data[start:] holds exactly `count` records that decode_records can read.
+
+    Returns the largest timestamp delta of the records (-1 for none), which the
+    caller holds the header's maxTimestamp to: a reader looking up an offset by time
+    trusts that field.
 
     The append path's record check (Kafka's LogValidator walks every record the
     same way): every record's framing is walked (length, attributes, timestamp
@@ -409,6 +413,7 @@ def check_records(data: Buffer, start: int, count: int, last_offset_delta: int, 
     one_byte, two_byte = _ONE_BYTE_VALUE, _TWO_BYTE_VALUE
     pos = start
     previous_delta = -1
+    max_ts_delta = -1 if count == 0 else -(2**63)
     bad_delta: tuple[int, int] | None = None
     index = 0
     try:
@@ -425,11 +430,14 @@ def check_records(data: Buffer, start: int, count: int, last_offset_delta: int, 
             else:
                 length, pos = decode_varint(data, pos, 5)
                 end = pos + length
-            # The attributes byte (unused), then the timestamp delta: a varlong, only skipped.
-            if data[pos + 1] < 0x80:
+            # The attributes byte (unused), then the timestamp delta: a varlong.
+            if (second := data[pos + 1]) < 0x80:
+                ts_delta = one_byte[second]
                 pos += 2
             else:
-                pos = decode_varint(data, pos + 1, 10)[1]
+                ts_delta, pos = decode_varint(data, pos + 1, 10)
+            if ts_delta > max_ts_delta:
+                max_ts_delta = ts_delta
             first = data[pos]
             if first < 0x80:
                 delta = one_byte[first]
@@ -486,6 +494,7 @@ def check_records(data: Buffer, start: int, count: int, last_offset_delta: int, 
         raise CorruptRecordError(f"{size - pos} bytes after the last of recordsCount {count} records")
     if bad_delta is not None:
         raise InvalidRecordError(_bad_delta(*bad_delta, count, last_offset_delta, exact))
+    return max_ts_delta
 
 
 def _bad_delta(index: int, delta: int, count: int, last_offset_delta: int, exact: bool) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pytest
 from serve_process import ServeProcess
 from wire_client import WireSocket, decode_response, encode_request, one_batch, request_body
@@ -111,7 +112,15 @@ def _flip(data: bytes, position: int) -> bytes:
     return data[:position] + bytes([data[position] ^ 0x40]) + data[position + 1 :]
 
 
+def _lying_max_timestamp() -> bytes:
+    data = bytearray(one_batch())
+    struct.pack_into(">q", data, 35, 0)  # maxTimestamp 0 over a record at 2023-11-14
+    struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[21:])))
+    return bytes(data)
+
+
 BAD_BATCHES: dict[str, tuple[bytes, int]] = {
+    "a batch whose header maxTimestamp lies": (_lying_max_timestamp(), 87),
     "a batch whose CRC fails": (_flip(one_batch(), 70), 2),  # CORRUPT_MESSAGE
     "two batches in one partition": (one_batch() + one_batch(), 87),  # INVALID_RECORD
     "a batch shorter than it says": (one_batch()[:-3], 87),
