@@ -473,6 +473,17 @@ class LogManager:
             self._store.put({key: initial})  # a durable commit: the value never changes once read
             return initial
 
+    def root_values(self, prefix: str) -> dict[str, bytes]:
+        """Every value `root_value` stored under a name starting with `prefix`, by name."""
+        with self._lock:
+            self._check_open()
+            found: dict[str, bytes] = {}
+            for key in self._store.keys(ROOT_VALUE_PREFIX + prefix):
+                value = self._store.get(key)
+                if value is not None:
+                    found[key[len(ROOT_VALUE_PREFIX) :]] = value
+            return found
+
     # -- per-topic config ------------------------------------------------------------------
     def topic_overrides(self, topic: str) -> dict[str, Any]:
         validate_topic_partition(topic, 0)

@@ -6,10 +6,15 @@ import argparse
 from typing import Any, TextIO
 
 from oncelog.cli.exits import EXIT_BAD_INPUT, EXIT_OK
-from oncelog.errors import LogDirLockedError
+from oncelog.errors import LogDirLockedError, OncelogError
 from oncelog.log_manager import LogManager, PartitionRecoveryError
 from oncelog.server.app import run_server
-from oncelog.server.broker import MAX_PARTITIONS_PER_TOPIC, ServeConfig
+from oncelog.server.broker import (
+    MAX_PARTITIONS_PER_TOPIC,
+    ServeConfig,
+    max_partitions_for,
+    raise_open_files_limit,
+)
 
 DESCRIPTION = """\
 Serve ROOT to unmodified Kafka clients (librdkafka/confluent-kafka, kafka-python,
@@ -32,7 +37,8 @@ fsynced (it survives power loss). acks=0 gets no response."""
 EPILOG = """\
 exit status:
   0  stopped by SIGTERM or SIGINT, every log closed cleanly
-  1  a partition failed to recover (each is named, with the file and position)
+  1  a partition failed to recover (each is named, with the file and position), or a
+     log failed while serving (an fsync, say) and could not be closed cleanly
   2  bad input: a bad address, ROOT in use by another process
 
 examples:
@@ -110,6 +116,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except ValueError as exc:
         print(f"oncelog serve: {exc}", file=err)
         return EXIT_BAD_INPUT
+    # Recovery and every partition's files need descriptors: take what the hard limit allows.
+    open_files = raise_open_files_limit()
     try:
         manager = LogManager.open(
             args.root, recovery_threads=args.threads, progress=False if args.no_progress else None
@@ -130,7 +138,12 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_FAILED
     print(manager.recovery_summary, file=out, flush=True)
     try:
-        run_server(manager, config, out)
+        run_server(
+            manager, config, out, max_partitions=max_partitions_for(open_files, config.max_connections)
+        )
+    except OncelogError as exc:  # a log failed (an fsync, say) and could not close cleanly
+        print(f"oncelog serve: closing failed: {type(exc).__name__}: {exc}", file=err)
+        return EXIT_FAILED
     except OSError as exc:  # the port is taken, say
         print(f"oncelog serve: cannot listen on {args.listen}: {exc.strerror or exc}", file=err)
         return EXIT_BAD_INPUT

@@ -12,7 +12,6 @@ snapshotted, clean-shutdown marker written) and the process exits 0.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
@@ -28,9 +27,10 @@ DRAIN_TIMEOUT_S: Final = 10.0
 
 
 class Server:
-    def __init__(self, manager: LogManager, config: ServeConfig):
-        self.broker = Broker(manager, config)
+    def __init__(self, manager: LogManager, config: ServeConfig, *, max_partitions: int | None = None):
+        self.broker = Broker(manager, config, max_partitions=max_partitions)
         self.config = config
+        self._retention: asyncio.Task[None] | None = None
         self._connections: set[Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._listener: asyncio.Server | None = None
@@ -49,6 +49,19 @@ class Server:
         if self.config.listen_port == 0 and self.config.advertise_port is None:
             # An ephemeral port (tests): advertise the one the kernel chose.
             self.broker.config = _with_port(self.config, self.port)
+        self._retention = asyncio.create_task(self._apply_retention_periodically())
+
+    async def _apply_retention_periodically(self) -> None:
+        """Delete whole segments past retention_ms / retention_bytes, as Kafka's log cleaner does."""
+        while True:
+            await asyncio.sleep(self.config.retention_check_ms / 1000)
+            try:
+                deleted = await self.broker.in_thread(self.broker.manager.apply_retention)
+            except Exception:
+                log.exception("retention failed; trying again in %d ms", self.config.retention_check_ms)
+                continue
+            if deleted:
+                log.info("retention deleted %d segments", deleted)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.broker.stopping or len(self._connections) >= self.config.max_connections:
@@ -79,15 +92,18 @@ class Server:
         self.broker.stop()
         if self._listener is not None:
             self._listener.close()
-        deadline = asyncio.get_running_loop().time() + DRAIN_TIMEOUT_S
-        while any(c.busy for c in self._connections) and asyncio.get_running_loop().time() < deadline:
+        if self._retention is not None:
+            self._retention.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_TIMEOUT_S
+        while any(c.busy for c in self._connections) and loop.time() < deadline:
             await asyncio.sleep(0.01)
         for connection in list(self._connections):
-            connection.writer.close()
+            connection.writer.close()  # each connection's loop then ends on its own
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=max(deadline - loop.time(), 1.0))
         for task in list(self._tasks):
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            task.cancel()  # only a connection stuck past the drain deadline
 
 
 def _with_port(config: ServeConfig, port: int) -> ServeConfig:
@@ -96,8 +112,10 @@ def _with_port(config: ServeConfig, port: int) -> ServeConfig:
     return replace(config, listen_port=port)
 
 
-async def serve_until_signalled(manager: LogManager, config: ServeConfig, out: TextIO) -> None:
-    server = Server(manager, config)
+async def serve_until_signalled(
+    manager: LogManager, config: ServeConfig, out: TextIO, max_partitions: int | None = None
+) -> None:
+    server = Server(manager, config, max_partitions=max_partitions)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -115,10 +133,12 @@ async def serve_until_signalled(manager: LogManager, config: ServeConfig, out: T
     await server.stop()
 
 
-def run_server(manager: LogManager, config: ServeConfig, out: TextIO) -> None:
+def run_server(
+    manager: LogManager, config: ServeConfig, out: TextIO, *, max_partitions: int | None = None
+) -> None:
     """Serve `manager` until SIGTERM, then close it cleanly."""
     try:
-        asyncio.run(serve_until_signalled(manager, config, out))
+        asyncio.run(serve_until_signalled(manager, config, out, max_partitions))
     finally:
         manager.close()
     print("oncelog serve: every log closed cleanly", file=out, flush=True)

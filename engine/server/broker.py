@@ -1,33 +1,45 @@
 """The state behind the wire APIs: one LogManager root seen as a single-node Kafka cluster.
 
 Topics are the root's partition directories: a topic with N partitions has
-directories 0..N-1. Topics are created whole (every partition, each directory
-fsynced by LogManager.log) on first use or by CreateTopics. The cluster id is kept in
-the root's metadata store so clients see the same cluster after a restart.
+directories 0..N-1. Creating a topic first stores its partition count durably in
+the root, then creates the directories; a crash in between is finished at the next
+start (every recorded topic gets its missing partitions), so a topic never comes
+back with fewer partitions than it was created with. Creation runs off the event
+loop, one creation per topic at a time.
 
-Appends wake long-polling fetches through one asyncio.Event that is replaced on
-every append: a fetch waits on the event current when it last read.
+The cluster id is kept in the root's metadata store, so clients see the same
+cluster after a restart.
+
+Appends wake long-polling fetches per partition: a fetch registers an event on the
+partitions it reads, and an append sets the events of the partitions it wrote.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import resource
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from oncelog.layout import MAX_PARTITION, validate_topic_partition
+from oncelog.layout import InvalidTopicError, TopicPartition, validate_topic_partition
 from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
 
 _T = TypeVar("_T")
 NODE_ID: Final = 0
 CLUSTER_ID_NAME: Final = "kafka-cluster-id"
-# CreateTopics and auto-creation refuse more partitions than this per topic: each is a
-# directory with open files and mappings.
+# Where each topic's partition count is kept in the root (root_value names).
+TOPIC_PARTITIONS_PREFIX: Final = "kafka-topic-partitions/"
 MAX_PARTITIONS_PER_TOPIC: Final = 10_000
+# File descriptors one partition holds open (segment, indexes, transaction index, locks)
+# with room for a few segments, and those kept for connections and the process itself:
+# what bounds the partitions a server may create (max_partitions_for).
+FDS_PER_PARTITION: Final = 16
+FDS_RESERVED: Final = 1024
 
 
 class TopicExistsError(Exception):
@@ -35,7 +47,25 @@ class TopicExistsError(Exception):
 
 
 class InvalidPartitionsError(Exception):
-    """A partition count outside 1..MAX_PARTITIONS_PER_TOPIC (INVALID_PARTITIONS)."""
+    """A partition count out of 1..MAX_PARTITIONS_PER_TOPIC or past the server budget (INVALID_PARTITIONS)."""
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (as Kafka's docs ask); the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # keep the soft limit; max_partitions_for budgets within it
+    return soft
+
+
+def max_partitions_for(open_files_limit: int, max_connections: int) -> int:
+    """How many partitions fit the file descriptors left after connections and the process's own."""
+    return max((open_files_limit - FDS_RESERVED - max_connections) // FDS_PER_PARTITION, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,21 +81,28 @@ class ServeConfig:
     auto_create_topics: bool = True
     # acks=all is answered only once the batch is fsynced (group commit) when set.
     fsync_acks: bool = False
-    max_connections: int = 1000
+    max_connections: int = 4096
     # Kafka's connections.max.idle.ms.
     idle_ms: int = 600_000
     # A request's bytes must arrive within this once its size prefix has.
     frame_read_ms: int = 30_000
+    # A response must be taken by the client within this, or the connection is closed.
+    write_timeout_ms: int = 60_000
     # Kafka's fetch.max.wait upper bound; a client asking longer waits this long.
     max_fetch_wait_ms: int = 30_000
+    # Partitions in all (None: as many as the open-files limit allows, max_partitions_for).
+    max_partitions: int | None = None
+    # How often retention (retention_ms, retention_bytes) runs: Kafka's log.retention.check.interval.ms.
+    retention_check_ms: int = 300_000
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= MAX_PARTITIONS_PER_TOPIC:
             raise ValueError(f"partitions must be 1..{MAX_PARTITIONS_PER_TOPIC}, got {self.partitions}")
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listen port must be 0..65535, got {self.listen_port}")
-        if self.max_connections < 1 or self.idle_ms <= 0 or self.frame_read_ms <= 0:
-            raise ValueError("max_connections, idle_ms and frame_read_ms must be positive")
+        positive = (self.max_connections, self.idle_ms, self.frame_read_ms, self.write_timeout_ms)
+        if min(positive) <= 0 or self.retention_check_ms <= 0:
+            raise ValueError("connection limits, timeouts and the retention interval must be positive")
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -80,22 +117,44 @@ def new_cluster_id() -> str:
 
 
 class Broker:
-    def __init__(self, manager: LogManager, config: ServeConfig):
+    def __init__(self, manager: LogManager, config: ServeConfig, *, max_partitions: int | None = None):
         self.manager = manager
         self.config = config
+        self.max_partitions = max_partitions or config.max_partitions or 1_000_000
         self.cluster_id = manager.root_value(CLUSTER_ID_NAME, new_cluster_id().encode()).decode("ascii")
         self._partitions: dict[str, int] = {}
-        for tp in manager.logs():
-            self._partitions[tp.topic] = max(self._partitions.get(tp.topic, 0), tp.partition + 1)
-        self._appended = asyncio.Event()
+        self._logs: dict[TopicPartition, Log] = {}
+        self._creating: dict[str, asyncio.Future[None]] = {}
+        self._watchers: dict[TopicPartition, set[asyncio.Event]] = {}
         self.stopping = False
+        # Response bytes written to connections whose clients have not read them yet.
+        self.bytes_unsent = 0
+        self._finish_creations()
+
+    def _finish_creations(self) -> None:
+        """Load every topic; give a recorded topic the partitions a crash kept it from creating."""
+        on_disk: dict[str, int] = {}
+        for tp in self.manager.logs():
+            on_disk[tp.topic] = max(on_disk.get(tp.topic, 0), tp.partition + 1)
+        recorded = {
+            name[len(TOPIC_PARTITIONS_PREFIX) :]: int(value)
+            for name, value in self.manager.root_values(TOPIC_PARTITIONS_PREFIX).items()
+        }
+        for topic in sorted(set(on_disk) | set(recorded)):
+            count = max(recorded.get(topic, 0), on_disk.get(topic, 0))
+            for partition in range(count):
+                self.manager.log(topic, partition, create=True)
+            self._partitions[topic] = count
 
     # -- topics ----------------------------------------------------------------------------
     def topics(self) -> dict[str, int]:
         """Every topic and its partition count."""
         return dict(sorted(self._partitions.items()))
 
-    def partition_count(self, topic: str, *, auto_create: bool) -> int | None:
+    def total_partitions(self) -> int:
+        return sum(self._partitions.values())
+
+    async def partition_count(self, topic: str, *, auto_create: bool) -> int | None:
         """`topic`'s partition count, creating it with the default count if allowed; None if absent.
 
         InvalidTopicError for a name no partition directory can have.
@@ -106,48 +165,98 @@ class Broker:
         validate_topic_partition(topic, 0)
         if not (auto_create and self.config.auto_create_topics):
             return None
-        self.create_topic(topic, self.config.partitions)
-        return self.config.partitions
+        with contextlib.suppress(TopicExistsError):  # created meanwhile by another request
+            await self.create_topic(topic, self.config.partitions)
+        return self._partitions.get(topic)
 
-    def create_topic(self, topic: str, partitions: int, *, validate_only: bool = False) -> None:
+    async def create_topic(self, topic: str, partitions: int, *, validate_only: bool = False) -> None:
+        """Create `topic` with `partitions` partitions off the event loop; raises what CreateTopics says."""
+        pending = self._creating.get(topic)
+        if pending is not None:
+            await asyncio.shield(pending)
+        self._check_new_topic(topic, partitions)
+        if validate_only:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._creating[topic] = done
+        try:
+            self._partitions[topic] = await self.in_thread(lambda: self._create_partitions(topic, partitions))
+        finally:
+            del self._creating[topic]
+            done.set_result(None)
+
+    def _check_new_topic(self, topic: str, partitions: int) -> None:
         validate_topic_partition(topic, 0)
         if topic in self._partitions:
             raise TopicExistsError(
                 f"topic {topic!r} already exists with {self._partitions[topic]} partitions"
             )
-        if not 1 <= partitions <= min(MAX_PARTITIONS_PER_TOPIC, MAX_PARTITION + 1):
+        if not 1 <= partitions <= MAX_PARTITIONS_PER_TOPIC:
             raise InvalidPartitionsError(
                 f"partitions must be 1..{MAX_PARTITIONS_PER_TOPIC}, got {partitions}"
             )
-        if validate_only:
-            return
-        for partition in range(partitions):
+        if self.total_partitions() + partitions > self.max_partitions:
+            raise InvalidPartitionsError(
+                f"{partitions} more partitions would pass this server's {self.max_partitions} "
+                f"(its open-files limit); {self.total_partitions()} exist"
+            )
+        # Kafka refuses names that differ only by '.' and '_' (they collide in its metrics).
+        collides = topic.replace(".", "_")
+        for existing in self._partitions:
+            if existing != topic and existing.replace(".", "_") == collides:
+                raise InvalidTopicError(f"topic {topic!r} collides with existing topic {existing!r}")
+
+    def _create_partitions(self, topic: str, partitions: int) -> int:
+        """Create the partitions; the count created (a failed earlier attempt's, if one was recorded)."""
+        # The count first, durably: a crash part way leaves a topic the next start finishes.
+        count = int(self.manager.root_value(TOPIC_PARTITIONS_PREFIX + topic, str(partitions).encode()))
+        for partition in range(count):
             self.manager.log(topic, partition, create=True)
-        self._partitions[topic] = partitions
+        return count
 
     def log(self, topic: str, partition: int) -> Log:
         """The log of an existing partition; UnknownTopicOrPartitionError otherwise."""
+        tp = TopicPartition(topic, partition)
+        found = self._logs.get(tp)
+        if found is not None:
+            return found
         count = self._partitions.get(topic)
         if count is None or not 0 <= partition < count:
             raise UnknownTopicOrPartitionError(f"no partition {topic}-{partition}")
-        return self.manager.log(topic, partition, create=False)
+        found = self._logs[tp] = self.manager.log(topic, partition, create=False)
+        return found
 
     # -- fetch wake-ups --------------------------------------------------------------------
-    def appended(self) -> None:
-        """Wake every fetch waiting for data."""
-        if not self._appended.is_set():
-            self._appended.set()
-            self._appended = asyncio.Event()
+    def watch(self, partitions: Iterable[TopicPartition]) -> asyncio.Event:
+        """An event that the next append to any of `partitions` sets; unwatch it when done."""
+        event = asyncio.Event()
+        if self.stopping:
+            event.set()
+        for tp in partitions:
+            self._watchers.setdefault(tp, set()).add(event)
+        return event
 
-    def append_event(self) -> asyncio.Event:
-        """The event the next append sets; take it before reading, wait on it after."""
-        return self._appended
+    def unwatch(self, partitions: Iterable[TopicPartition], event: asyncio.Event) -> None:
+        for tp in partitions:
+            watchers = self._watchers.get(tp)
+            if watchers is not None:
+                watchers.discard(event)
+                if not watchers:
+                    del self._watchers[tp]
+
+    def appended(self, partitions: Iterable[TopicPartition]) -> None:
+        """Wake the fetches waiting on `partitions`."""
+        for tp in partitions:
+            for event in self._watchers.get(tp, ()):
+                event.set()
 
     def stop(self) -> None:
         """Begin a shutdown: waiting fetches return at once with what they have."""
         self.stopping = True
-        self.appended()
+        for watchers in self._watchers.values():
+            for event in watchers:
+                event.set()
 
     async def in_thread(self, call: Callable[[], _T]) -> _T:
-        """Run a blocking engine call (an fsync wait) off the event loop."""
+        """Run blocking engine work (appends, topic creation, an fsync wait) off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(None, call)

@@ -53,7 +53,7 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
     topics = []
     for name in names:
         try:
-            count = broker.partition_count(name, auto_create=auto_create)
+            count = await broker.partition_count(name, auto_create=auto_create)
             code = ErrorCode.none if count is not None else ErrorCode.unknown_topic_or_partition
         except InvalidTopicError:
             count, code = None, ErrorCode.invalid_topic_exception
@@ -103,7 +103,21 @@ async def handle_create_topics(broker: Broker, request: Request) -> Any:
     response = response_type(request.api_key, request.api_version)
     topic_type = nested(response, "topics")
     topics = []
+    names = [wanted.name for wanted in body.topics]
     for wanted in body.topics:
+        if names.count(wanted.name) > 1:
+            topics.append(
+                build(
+                    topic_type,
+                    name=wanted.name,
+                    error_code=ErrorCode.invalid_request,
+                    error_message=f"the request names topic {wanted.name!r} more than once",
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    configs=None,
+                )
+            )
+            continue
         count = wanted.num_partitions
         if count == -1:
             count = len(wanted.assignments) or broker.config.partitions
@@ -116,7 +130,7 @@ async def handle_create_topics(broker: Broker, request: Request) -> Any:
             message = "topic configs are not supported yet; create the topic without them"
         else:
             try:
-                broker.create_topic(wanted.name, count, validate_only=body.validate_only)
+                await broker.create_topic(wanted.name, count, validate_only=body.validate_only)
             except (TopicExistsError, InvalidPartitionsError, InvalidTopicError, OncelogError) as exc:
                 code, message = error_code_for(exc), str(exc)
         ok = code == ErrorCode.none

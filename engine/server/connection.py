@@ -14,7 +14,10 @@ with one log line. The engine has not been called for it, so nothing is written.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -40,6 +43,7 @@ from oncelog.server.protocol import (
 )
 
 log = logging.getLogger("oncelog.serve")
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 
 Handler = Callable[[Broker, Request], Awaitable[Any]]
 HANDLERS: dict[int, Handler] = {
@@ -96,9 +100,33 @@ class Connection:
             self.busy = True
             response = await self._answer(request, frame)
             if response is not None:
-                self.writer.write(response)
-                await self.writer.drain()
+                await self._send(response)
             self.busy = False
+
+    async def _send(self, response: bytes) -> None:
+        """Write a response; a client that does not take it within write_timeout_ms is dropped."""
+        self.broker.bytes_unsent += len(response)
+        try:
+            self.writer.write(response)
+            await asyncio.wait_for(self.writer.drain(), self.broker.config.write_timeout_ms / 1000)
+        except TimeoutError as exc:
+            self._reset()
+            raise ConnectionError(
+                f"{self.peer} took no response for {self.broker.config.write_timeout_ms} ms"
+            ) from exc
+        finally:
+            self.broker.bytes_unsent -= len(response)
+
+    def _reset(self) -> None:
+        """Drop the connection with a TCP reset: what is buffered for it, ours and the kernel's, is freed.
+
+        A plain close would first deliver every buffered byte to a client that is not reading.
+        """
+        sock = self.writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        self.writer.transport.abort()
 
     async def _answer(self, request: Request, frame: bytes) -> bytes | None:
         if request.body is None and request.api_key != API_VERSIONS_KEY:

@@ -98,6 +98,8 @@ async def handle_init_producer_id(broker: Broker, request: Request) -> Any:
         code = ErrorCode.none
     except OncelogError as exc:
         producer_id, epoch, code = -1, -1, error_code_for(exc)
+    except ValueError:  # a transactional id the store cannot key (empty, too long)
+        producer_id, epoch, code = -1, -1, ErrorCode.invalid_request
     return build(
         response, throttle_time=_NO_THROTTLE, error_code=code, producer_id=producer_id, producer_epoch=epoch
     )

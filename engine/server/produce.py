@@ -1,14 +1,22 @@
 """Produce (API 0, v3-9): a client's record batch, as sent, into Log.append_batches.
 
-Kafka's rules for the request: from v3 each partition carries exactly one v2 batch
-(INVALID_RECORD otherwise); acks=0 gets no response. Every check of the batch and of
-its producer's sequence and epoch is the engine's (`Log.append_batches`). A
-duplicate (a retry of one of the producer's last 5 batches) is answered as Kafka
-answers it: success, with the offsets of the original append.
+Kafka's rules for the request: acks is -1, 0 or 1 (INVALID_REQUIRED_ACKS otherwise,
+nothing written); from v3 each partition carries exactly one v2 batch (INVALID_RECORD
+otherwise); a partition named twice is appended once, with the last of its entries
+(Kafka keys the request by partition); acks=0 gets no response. Every check of the
+batch and of its producer's sequence and epoch is the engine's. A duplicate (a retry
+of one of the producer's last 5 batches) is answered as Kafka answers it: success,
+with the offsets of the original append.
 
-When the answer is sent: acks=1 and acks=all once the batch is in the page cache
-(it survives a kill -9 of the server); with --fsync-acks, acks=all once a group
-commit has fsynced it (it survives power loss).
+Transactional batches are refused with INVALID_TXN_STATE until the transaction
+coordinator is served (AddPartitionsToTxn, EndTxn): stored without one, a batch
+would hold the partition's last stable offset forever (Kafka's partition
+verification, KIP-890, refuses it likewise).
+
+The appends run off the event loop (validation walks every record), one thread call
+per request. When the answer is sent: acks=1 and acks=all once the batch is in the
+page cache (it survives a kill -9 of the server); with --fsync-acks, acks=all once a
+group commit has fsynced it (it survives power loss).
 """
 
 from __future__ import annotations
@@ -17,21 +25,24 @@ import datetime
 import logging
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
-from oncelog.layout import InvalidTopicError
+from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.log import Log
+from oncelog.segments import format as fmt
 from oncelog.server.broker import Broker
 from oncelog.server.errors import error_code_for
 from oncelog.server.protocol import Request, build, nested, response_type
 
 log = logging.getLogger("oncelog.serve")
 _BATCH_LENGTH = struct.Struct(">i")  # at offset 8; the batch is 12 bytes longer
-_ACKS_NONE = 0
-_ACKS_ALL = -1
+_ATTRIBUTES = struct.Struct(">h")
+ACKS_NONE: Final = 0
+ACKS_LEADER: Final = 1
+ACKS_ALL: Final = -1
 
 
 def one_batch_error(records: bytes | None) -> str | None:
@@ -46,52 +57,17 @@ def one_batch_error(records: bytes | None) -> str | None:
     return None
 
 
-async def handle_produce(broker: Broker, request: Request) -> Any:
-    body = request.body
-    outcomes: list[tuple[str, list[_Outcome]]] = []
-    for topic in body.topic_data:
-        outcomes.append(
-            (
-                topic.name,
-                [_append_one(broker, topic.name, data.index, data.records) for data in topic.partition_data],
-            )
-        )
-    if any(outcome.written for _, partitions in outcomes for outcome in partitions):
-        broker.appended()
-    if broker.config.fsync_acks and body.acks == _ACKS_ALL:
-        await _wait_durable(broker, [outcome for _, partitions in outcomes for outcome in partitions])
-    if body.acks == _ACKS_NONE:
-        return None
-    response = response_type(request.api_key, request.api_version)
-    topic_type = nested(response, "responses")
-    partition_type = nested(topic_type, "partition_responses")
-    topics = tuple(
-        build(
-            topic_type,
-            name=name,
-            partition_responses=tuple(
-                build(
-                    partition_type,
-                    index=outcome.partition,
-                    error_code=outcome.code,
-                    base_offset=outcome.base_offset,
-                    log_append_time=_timestamp(outcome.log_append_time_ms),
-                    log_start_offset=outcome.log_start_offset,
-                    record_errors=(),
-                    error_message=None,
-                )
-                for outcome in partitions
-            ),
-        )
-        for name, partitions in outcomes
-    )
-    return build(response, responses=topics, throttle_time=datetime.timedelta(0))
+def is_transactional(records: bytes) -> bool:
+    if len(records) < fmt.HEADER_SIZE:
+        return False  # the engine names what is wrong with it
+    return bool(_ATTRIBUTES.unpack_from(records, fmt.ATTRIBUTES_OFFSET)[0] & fmt.TRANSACTIONAL_MASK)
 
 
 @dataclass(slots=True)
 class _Outcome:
     partition: int
     code: ErrorCode
+    records: bytes | None = None
     base_offset: int = -1
     log_append_time_ms: int = -1
     log_start_offset: int = -1
@@ -101,34 +77,68 @@ class _Outcome:
     written: bool = False
 
 
-def _append_one(broker: Broker, topic: str, partition: int, records: bytes | None) -> _Outcome:
+async def handle_produce(broker: Broker, request: Request) -> Any:
+    body = request.body
+    topics: dict[str, dict[int, _Outcome]] = {}
+    for topic in body.topic_data:
+        entries = topics.setdefault(topic.name, {})
+        for data in topic.partition_data:
+            entries[data.index] = _Outcome(data.index, ErrorCode.none, data.records)  # the last entry wins
+    if body.acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
+        for entries in topics.values():
+            for outcome in entries.values():
+                outcome.code = ErrorCode.invalid_required_acks
+    else:
+        for name, entries in topics.items():
+            await _check_partitions(broker, name, entries)
+        pending = [(name, o) for name, entries in topics.items() for o in entries.values() if o.code == 0]
+        if pending:
+            await broker.in_thread(lambda: _append_all(broker, pending))
+            broker.appended(TopicPartition(name, o.partition) for name, o in pending if o.written)
+        if broker.config.fsync_acks and body.acks == ACKS_ALL:
+            await _wait_durable(broker, [outcome for _, outcome in pending])
+    if body.acks == ACKS_NONE:
+        return None
+    return _response(request, topics)
+
+
+async def _check_partitions(broker: Broker, topic: str, entries: dict[int, _Outcome]) -> None:
+    """Set the error of each entry that cannot be appended: topic, partition, batch shape."""
+    code = ErrorCode.none
     try:
-        count = broker.partition_count(topic, auto_create=True)
+        count = await broker.partition_count(topic, auto_create=True)
     except InvalidTopicError:
-        return _Outcome(partition, ErrorCode.invalid_topic_exception)
+        count, code = None, ErrorCode.invalid_topic_exception
     except OncelogError as exc:
         log.warning("produce: creating topic %r failed: %s", topic, exc)
-        return _Outcome(partition, error_code_for(exc))
-    if count is None or not 0 <= partition < count:
-        return _Outcome(partition, ErrorCode.unknown_topic_or_partition)
-    if one_batch_error(records) is not None:
-        return _Outcome(partition, ErrorCode.invalid_record)
-    assert records is not None
-    try:
-        target = broker.log(topic, partition)
-        (result,) = target.append_batches([records])
-    except OncelogError as exc:
-        return _Outcome(partition, error_code_for(exc))
-    return _Outcome(
-        partition,
-        ErrorCode.none,
-        result.first_offset,
-        result.log_append_time_ms,
-        target.log_start_offset,
-        target,
-        result.last_offset + 1,
-        written=not result.duplicate,
-    )
+        count, code = None, error_code_for(exc)
+    for outcome in entries.values():
+        if code != ErrorCode.none:
+            outcome.code = code
+        elif count is None or not 0 <= outcome.partition < count:
+            outcome.code = ErrorCode.unknown_topic_or_partition
+        elif one_batch_error(outcome.records) is not None:
+            outcome.code = ErrorCode.invalid_record
+        elif is_transactional(outcome.records or b""):
+            outcome.code = ErrorCode.invalid_txn_state
+
+
+def _append_all(broker: Broker, pending: list[tuple[str, _Outcome]]) -> None:
+    """Append each entry's batch (in a worker thread); fills in the outcomes."""
+    for topic, outcome in pending:
+        assert outcome.records is not None
+        try:
+            target = broker.log(topic, outcome.partition)
+            (result,) = target.append_batches([outcome.records])
+        except OncelogError as exc:
+            outcome.code = error_code_for(exc)
+            continue
+        outcome.base_offset = result.first_offset
+        outcome.log_append_time_ms = result.log_append_time_ms
+        outcome.log_start_offset = target.log_start_offset
+        outcome.log = target
+        outcome.end_offset = result.last_offset + 1
+        outcome.written = not result.duplicate
 
 
 async def _wait_durable(broker: Broker, outcomes: list[_Outcome]) -> None:
@@ -153,6 +163,33 @@ async def _wait_durable(broker: Broker, outcomes: list[_Outcome]) -> None:
         if outcome.log is not None and id(outcome.log) in failed:
             outcome.code = failed[id(outcome.log)]
             outcome.base_offset = -1
+
+
+def _response(request: Request, topics: dict[str, dict[int, _Outcome]]) -> Any:
+    response = response_type(request.api_key, request.api_version)
+    topic_type = nested(response, "responses")
+    partition_type = nested(topic_type, "partition_responses")
+    answers = tuple(
+        build(
+            topic_type,
+            name=name,
+            partition_responses=tuple(
+                build(
+                    partition_type,
+                    index=outcome.partition,
+                    error_code=outcome.code,
+                    base_offset=outcome.base_offset if outcome.code == ErrorCode.none else -1,
+                    log_append_time=_timestamp(outcome.log_append_time_ms),
+                    log_start_offset=outcome.log_start_offset,
+                    record_errors=(),
+                    error_message=None,
+                )
+                for outcome in entries.values()
+            ),
+        )
+        for name, entries in topics.items()
+    )
+    return build(response, responses=answers, throttle_time=datetime.timedelta(0))
 
 
 def _timestamp(ms: int) -> datetime.datetime | None:

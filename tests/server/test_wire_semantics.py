@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import socket
 import threading
 import time
 from pathlib import Path
@@ -194,3 +195,201 @@ def test_connections_past_the_limit_are_refused_and_the_others_keep_working(tmp_
         for n, sock in enumerate((first, second)):
             sock.send_raw(encode_request(18, 3, n, request_body(18, 3, TOPIC)))
             assert decode_response(18, 3, sock.read_frame())[0] == n
+
+
+def _produce_entries(sock: WireSocket, entries: list[tuple[int, bytes]], *, acks: int = -1) -> list[Any]:
+    """One Produce request naming partitions of TOPIC in this order; the answers in order."""
+    cls: Any = load_request_schema(0, 9)
+    topic_type = nested(cls, "topic_data")
+    partition_type = nested(topic_type, "partition_data")
+    body = build(
+        cls,
+        transactional_id=None,
+        acks=acks,
+        timeout=datetime.timedelta(seconds=5),
+        topic_data=(
+            build(
+                topic_type,
+                name=TOPIC,
+                partition_data=tuple(build(partition_type, index=p, records=r) for p, r in entries),
+            ),
+        ),
+    )
+    sock.send_raw(encode_request(0, 9, 5, body))
+    _, response = decode_response(0, 9, sock.read_frame())
+    return [p for t in response.responses for p in t.partition_responses]
+
+
+@pytest.mark.parametrize("acks", [5, -7, 2])
+def test_acks_other_than_minus_1_0_1_are_invalid_required_acks_and_write_nothing(
+    server: Any, acks: int
+) -> None:
+    with WireSocket(server.bootstrap) as sock:
+        (answer,) = _produce_entries(sock, [(0, _idempotent(9000, 0, 0))], acks=acks)
+    assert (answer.error_code, answer.base_offset) == (21, -1)  # INVALID_REQUIRED_ACKS
+    assert server.server.broker.topics().get(TOPIC) is None  # not even auto-created
+
+
+def test_a_partition_named_three_times_in_one_produce_is_appended_once_with_the_last_entry(
+    server: Any,
+) -> None:
+    entries = [(0, _idempotent(9100, 0, 0, value=b"first")), (0, _idempotent(9200, 0, 0, value=b"last"))]
+    with WireSocket(server.bootstrap) as sock:
+        answers = _produce_entries(sock, [entries[0], entries[0], entries[1]])
+    assert [(a.index, a.error_code, a.base_offset) for a in answers] == [(0, 0, 0)]
+    log = server.manager.log(TOPIC, 0)
+    assert log.log_end_offset == 1
+    assert [r.value for r in log.read(0).records()] == [b"last"]
+
+
+def test_a_transactional_batch_is_refused_until_transactions_are_served(server: Any) -> None:
+    transactional = encode_batch(
+        [(b"k", b"v")],
+        producer_id=9300,
+        producer_epoch=0,
+        base_sequence=0,
+        is_transactional=True,
+        timestamp_ms=1,
+    )
+    with WireSocket(server.bootstrap) as sock:
+        _produce(sock, _idempotent(9400, 0, 0))
+        answer = _produce(sock, transactional)
+    log = server.manager.log(TOPIC, 0)
+    assert (answer.error_code, answer.base_offset) == (48, -1)  # INVALID_TXN_STATE
+    assert (log.log_end_offset, log.last_stable_offset) == (1, 1)
+
+
+def _init_producer_id(sock: WireSocket, transactional_id: str | None) -> Any:
+    cls: Any = load_request_schema(22, 4)
+    body = build(
+        cls,
+        transactional_id=transactional_id,
+        transaction_timeout=datetime.timedelta(seconds=60),
+        producer_id=-1,
+        producer_epoch=-1,
+    )
+    sock.send_raw(encode_request(22, 4, 6, body))
+    return decode_response(22, 4, sock.read_frame())[1]
+
+
+def test_init_producer_id_fences_a_transactional_id_and_refuses_one_it_cannot_store(server: Any) -> None:
+    with WireSocket(server.bootstrap) as sock:
+        first = _init_producer_id(sock, "payments-writer")
+        second = _init_producer_id(sock, "payments-writer")
+        idempotent = _init_producer_id(sock, None)
+        empty = _init_producer_id(sock, "")
+    assert (second.producer_id, second.producer_epoch) == (first.producer_id, first.producer_epoch + 1)
+    assert idempotent.producer_id not in (-1, first.producer_id) and idempotent.producer_epoch == 0
+    assert (empty.error_code, empty.producer_id) == (42, -1)  # INVALID_REQUEST
+
+
+def _create_topics(sock: WireSocket, names: list[str], partitions: int = 1) -> list[tuple[str, int]]:
+    cls: Any = load_request_schema(19, 5)
+    creatable = nested(cls, "topics")
+    body = build(
+        cls,
+        topics=tuple(
+            build(
+                creatable, name=n, num_partitions=partitions, replication_factor=1, assignments=(), configs=()
+            )
+            for n in names
+        ),
+        timeout=datetime.timedelta(seconds=5),
+        validate_only=False,
+    )
+    sock.send_raw(encode_request(19, 5, 7, body))
+    return [(t.name, int(t.error_code)) for t in decode_response(19, 5, sock.read_frame())[1].topics]
+
+
+def test_create_topics_refuses_a_name_given_twice_and_names_that_collide_like_kafka(server: Any) -> None:
+    with WireSocket(server.bootstrap) as sock:
+        assert _create_topics(sock, ["twice", "twice"]) == [("twice", 42), ("twice", 42)]
+        assert _create_topics(sock, ["metrics.a"]) == [("metrics.a", 0)]
+        assert _create_topics(sock, ["metrics_a"]) == [("metrics_a", 17)]
+    assert "twice" not in server.server.broker.topics()
+
+
+def test_partitions_past_the_servers_file_budget_are_refused_and_nothing_is_created(tmp_path: Path) -> None:
+    running = InProcessServer(tmp_path / "root")
+    running.server.broker.max_partitions = 5
+    with running, WireSocket(running.bootstrap) as sock:
+        assert _create_topics(sock, ["small"], partitions=3) == [("small", 0)]
+        assert _create_topics(sock, ["big"], partitions=3) == [("big", 37)]  # INVALID_PARTITIONS
+    assert not (tmp_path / "root" / "big-0").exists()
+
+
+def test_a_topic_whose_creation_a_crash_cut_short_gets_all_its_partitions_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    from oncelog.log_manager import LogManager
+    from oncelog.server.broker import TOPIC_PARTITIONS_PREFIX
+
+    with LogManager.open(tmp_path / "root", progress=False) as manager:
+        # What a SIGKILL after two of five partitions leaves: the count recorded, two directories.
+        manager.root_value(TOPIC_PARTITIONS_PREFIX + "cut", b"5")
+        manager.log("cut", 0)
+        manager.log("cut", 1)
+    with InProcessServer(tmp_path / "root") as running:
+        assert running.server.broker.topics()["cut"] == 5
+    assert sorted(p.name for p in (tmp_path / "root").iterdir() if p.name.startswith("cut-")) == [
+        f"cut-{n}" for n in range(5)
+    ]
+
+
+def test_a_client_that_never_reads_its_responses_is_dropped_and_its_bytes_released(tmp_path: Path) -> None:
+    config = ServeConfig(listen_port=0, write_timeout_ms=500)
+    with InProcessServer(tmp_path / "root", config) as running:
+        with WireSocket(running.bootstrap) as sock:
+            for sequence in range(12):  # 12 batches of ~0.9 MB: more than the socket buffers hold
+                big = encode_batch(
+                    [(b"k", bytes([sequence]) * 900_000)],
+                    producer_id=9500,
+                    producer_epoch=0,
+                    base_sequence=sequence,
+                    timestamp_ms=1,
+                )
+                assert _produce(sock, big).error_code == 0
+        with WireSocket(running.bootstrap) as idle_reader:
+            idle_reader.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            for n in range(12):
+                body = _fetch_body(n, max_wait_ms=0, min_bytes=0)
+                idle_reader.send_raw(encode_request(1, 12, 100 + n, body))
+            deadline = time.monotonic() + 10
+            while running.server.broker.bytes_unsent == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert running.server.broker.bytes_unsent > 0  # a response is stuck in its socket
+            deadline = time.monotonic() + 10
+            while running.server.broker.bytes_unsent and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert running.server.broker.bytes_unsent == 0
+            assert idle_reader.closed_by_peer(timeout_s=5)
+
+
+def test_retention_runs_while_serving(tmp_path: Path) -> None:
+    config = ServeConfig(listen_port=0, retention_check_ms=100)
+    with InProcessServer(tmp_path / "root", config) as running:
+        running.manager.set_topic_config(TOPIC, segment_bytes=4096, retention_bytes=8192)
+        with WireSocket(running.bootstrap) as sock:
+            for sequence in range(40):
+                _produce(sock, _idempotent(9600, 0, sequence, value=b"x" * 1000))
+        log = running.manager.log(TOPIC, 0)
+        deadline = time.monotonic() + 10
+        while log.log_start_offset == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert log.log_start_offset > 0 and log.log_end_offset == 40
+
+
+def test_a_fetch_naming_a_partition_twice_reads_it_once_and_an_unknown_isolation_closes_the_connection(
+    server: Any,
+) -> None:
+    with WireSocket(server.bootstrap) as sock:
+        _produce(sock, _idempotent(9700, 0, 0))
+        body = _fetch_body(0, max_wait_ms=0, min_bytes=0)
+        topic = body.topics[0]
+        doubled = dataclasses.replace(topic, partitions=topic.partitions * 2)
+        twice = dataclasses.replace(body, topics=(doubled,))
+        sock.send_raw(encode_request(1, 12, 11, twice))
+        _, response = decode_response(1, 12, sock.read_frame())
+        assert [len(t.partitions) for t in response.responses] == [1]
+        sock.send_raw(encode_request(1, 12, 12, dataclasses.replace(body, isolation_level=5)))
+        assert sock.closed_by_peer(timeout_s=5)
