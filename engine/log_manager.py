@@ -64,6 +64,8 @@ TOPIC_CONFIG_PREFIX = "topic-config/"
 DELETE_INTENT_PREFIX = "delete/"
 # Values a front end keeps with the root (`root_value`): the wire server's cluster id.
 ROOT_VALUE_PREFIX = "root-value/"
+# Room for a prefix and a 249-character topic name; LMDB keys are at most 511 bytes.
+MAX_ROOT_VALUE_NAME = 400
 # A Spark task holds the root's producer_ids.lock for the few milliseconds of one lease.
 PRODUCER_IDS_LOCK_TIMEOUT_S = 10.0
 # How long an open waits for partitions other processes hold (writers append for ms-s).
@@ -462,8 +464,8 @@ class LogManager:
 
         For what must outlive a restart but is no partition's: a Kafka cluster id, say.
         """
-        if not name or len(name) > 200:
-            raise ValueError(f"a root value name is 1..200 characters, got {name!r}")
+        if not name or len(name) > MAX_ROOT_VALUE_NAME:
+            raise ValueError(f"a root value name is 1..{MAX_ROOT_VALUE_NAME} characters, got {name!r}")
         key = ROOT_VALUE_PREFIX + name
         with self._lock:
             self._check_open()

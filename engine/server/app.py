@@ -99,7 +99,7 @@ class Server:
         while any(c.busy for c in self._connections) and loop.time() < deadline:
             await asyncio.sleep(0.01)
         for connection in list(self._connections):
-            connection.writer.close()  # each connection's loop then ends on its own
+            connection.close()  # each connection's loop then ends on its own
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=max(deadline - loop.time(), 1.0))
         for task in list(self._tasks):

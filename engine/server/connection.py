@@ -99,9 +99,9 @@ class Connection:
             request = decode_request(frame)
             self.busy = True
             response = await self._answer(request, frame)
+            self.busy = False  # answered: a draining shutdown need not wait for the client to read it
             if response is not None:
                 await self._send(response)
-            self.busy = False
 
     async def _send(self, response: bytes) -> None:
         """Write a response; a client that does not take it within write_timeout_ms is dropped."""
@@ -116,6 +116,13 @@ class Connection:
             ) from exc
         finally:
             self.broker.bytes_unsent -= len(response)
+
+    def close(self) -> None:
+        """Close at shutdown: gracefully when idle, with a reset when a response is stuck unread."""
+        if self.broker.bytes_unsent and self.writer.transport.get_write_buffer_size():
+            self._reset()
+        else:
+            self.writer.close()
 
     def _reset(self) -> None:
         """Drop the connection with a TCP reset: what is buffered for it, ours and the kernel's, is freed.

@@ -306,6 +306,8 @@ def test_create_topics_refuses_a_name_given_twice_and_names_that_collide_like_ka
         assert _create_topics(sock, ["twice", "twice"]) == [("twice", 42), ("twice", 42)]
         assert _create_topics(sock, ["metrics.a"]) == [("metrics.a", 0)]
         assert _create_topics(sock, ["metrics_a"]) == [("metrics_a", 17)]
+        longest = "t" * 249  # Kafka's longest topic name
+        assert _create_topics(sock, [longest], partitions=2) == [(longest, 0)]
     assert "twice" not in server.server.broker.topics()
 
 
