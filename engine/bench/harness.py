@@ -107,6 +107,9 @@ class BenchSettings:
     partitions: int  # partitions a LogManager opens (bench_manager)
     partition_rounds: int
     spark_records: int = 1_000_000  # records the Spark figure reads (oncelog bench --spark)
+    wire_messages: int = 160_000  # messages each wire throughput repeat sends (oncelog bench --wire)
+    wire_repeats: int = 5  # wire repeats: each one starts clients and sends wire_messages
+    wire_latency_s: float = 3.0  # each wire latency measurement offers its fixed rate this long
 
     def scaled(self, scale: float) -> BenchSettings:
         if scale == 1:
@@ -125,6 +128,9 @@ class BenchSettings:
             partitions=max(10, int(self.partitions * scale)),
             partition_rounds=max(1, min(self.partition_rounds, round(self.partition_rounds * scale))),
             spark_records=max(10_000, int(self.spark_records * scale)),
+            wire_messages=max(4000, int(self.wire_messages * scale)),
+            wire_repeats=max(2, min(self.wire_repeats, round(self.wire_repeats * scale))),
+            wire_latency_s=max(0.5, self.wire_latency_s * scale),
         )
 
 
@@ -132,7 +138,21 @@ FULL = BenchSettings(
     "full", 7, (20_000, 20_000, 4096, 64), 500, 2 * MIB, 7, 64 * MIB, 1_000_000, 1.0, 1000, 3
 )
 QUICK = BenchSettings(
-    "quick", 3, (20_000, 10_000, 2048, 32), 150, 2 * MIB, 3, 32 * MIB, 1_000_000, 0.3, 200, 1, 200_000
+    "quick",
+    3,
+    (20_000, 10_000, 2048, 32),
+    150,
+    2 * MIB,
+    3,
+    32 * MIB,
+    1_000_000,
+    0.3,
+    200,
+    1,
+    200_000,
+    wire_messages=40_000,
+    wire_repeats=3,
+    wire_latency_s=1.5,
 )
 
 
@@ -170,10 +190,11 @@ Step = Callable[[BenchSettings, str, BenchResults, Progress], None]
 
 
 def run_benchmarks(
-    settings: BenchSettings, directory: str, progress: Progress, *, spark: bool = False
+    settings: BenchSettings, directory: str, progress: Progress, *, spark: bool = False, wire: bool = False
 ) -> BenchResults:
     """Measure every performance figure in scratch directories under `directory` (removed after);
-    `spark` adds the Spark read figure (needs the spark extra and Java 17+)."""
+    `spark` adds the Spark read figure (needs the spark extra and Java 17+), `wire` the Kafka wire
+    figures of `oncelog serve` against librdkafka's mock cluster (needs confluent-kafka)."""
     # Imported here: the figure module imports this one for its types and helpers.
     from oncelog.bench import manager as bench_manager
     from oncelog.bench import recovery as bench_recovery
@@ -191,6 +212,10 @@ def run_benchmarks(
         from oncelog.bench import spark as spark_bench
 
         steps.append(("Spark read vs parquet", spark_bench.spark_read_figures))
+    if wire:
+        from oncelog.bench import wire as wire_bench
+
+        steps.append(("Kafka wire: oncelog serve vs librdkafka's mock cluster", wire_bench.wire_figures))
     results = BenchResults(settings)
     started = time.perf_counter()
     for n, (label, step) in enumerate(steps, 1):

@@ -75,12 +75,32 @@ Figures, and the reference each is measured against:
   durable appends, 1 thread, vs raw os.write+fsync loop
       The one-thread figure above vs os.write + os.fsync per batch; reported.
 
-The full run takes a minute or two here; --quick under a minute (at most two)."""
+With --wire, the Kafka wire figures of `oncelog serve` (issue 17), each against
+librdkafka's built-in mock cluster (test.mock.num.brokers=1: an in-memory broker
+inside the bench process, no disk) with the same confluent-kafka client code.
+oncelog serve runs as a subprocess on a free port over a fresh root in --dir
+(acks=all answered from the page cache); both get 4-partition topics; 5 repeats
+(3 with --quick), each broker in turn:
+  wire: idempotent produce, N x 100 B, acks=all
+      enable.idempotence=true, acks=all, linger.ms=5; N messages (160k, 40k with
+      --quick) sent as fast as the client can, until flush() returns with every
+      delivery reported; messages/s, ratio ≥ 0.8. Also in MB/s of values.
+  wire: fetch N from offset 0 (assign)
+      A consumer assign()s every partition from offset 0 and reads all N;
+      messages/s, ratio ≥ 0.8.
+  wire: produce latency p50 / p99 at 10k messages/s
+      The same producer at a fixed offered rate of 10,000 messages/s for 3 s
+      (1.5 s with --quick): delivery-report time minus produce() time, so
+      linger.ms=5 is in it; reported.
+
+The full run takes a minute or two here; --quick under a minute (at most two);
+--wire adds about a minute (20 s with --quick)."""
 
 EPILOG = """\
 examples:
   oncelog bench --quick
   oncelog bench --json bench.json --plot bench/bench.png
+  oncelog bench --wire               # add oncelog serve vs librdkafka's mock
   oncelog bench --dir /mnt/data      # measure on that disk"""
 
 
@@ -124,6 +144,14 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="also read 1M records (200k with --quick) through the Spark data source on local[2] against "
         "spark.read.parquet of the same rows (needs the spark extra and Java 17+; adds about a minute)",
     )
+    parser.add_argument(
+        "--wire",
+        action="store_true",
+        help="also measure oncelog serve over Kafka's wire protocol (a subprocess on a free port) against "
+        "librdkafka's in-memory mock cluster with the same confluent-kafka client: idempotent produce and "
+        "fetch throughput (target ratio ≥ 0.8 each) and produce latency p50/p99 at 10,000 messages/s "
+        "(needs confluent-kafka, a dev extra; adds about a minute)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -140,6 +168,9 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 2
     if args.spark and importlib.util.find_spec("pyspark") is None:
         print("oncelog bench: --spark needs pyspark and pyarrow (pip install -e '.[spark]')", file=err)
+        return 2
+    if args.wire and importlib.util.find_spec("confluent_kafka") is None:
+        print("oncelog bench: --wire needs confluent-kafka (pip install -e '.[dev]')", file=err)
         return 2
     if args.dir is not None and not os.path.isdir(args.dir):
         print(f"oncelog bench: --dir {args.dir} is not a directory", file=err)
@@ -160,7 +191,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             for line in header:
                 print(f"bench: {line}", file=err)
             try:
-                results = run_benchmarks(settings, scratch, _progress(err), spark=args.spark)
+                results = run_benchmarks(settings, scratch, _progress(err), spark=args.spark, wire=args.wire)
             except Exception:
                 print("oncelog bench: a measurement failed:", file=err)
                 traceback.print_exc(file=err)

@@ -1,0 +1,453 @@
+"""The Kafka wire figures of `oncelog bench --wire`: `oncelog serve` against librdkafka's mock cluster.
+
+The same confluent-kafka (librdkafka) client code runs against two brokers in the
+same bench run, interleaved repeat by repeat:
+
+- oncelog: `python -m oncelog.cli serve ROOT --listen 127.0.0.1:PORT --no-progress
+  --partitions 4` as a subprocess, on a free port, over a fresh root in the bench's
+  scratch directory (on the disk of --dir; acks=all is answered once the batch is in
+  the page cache, as without --fsync-acks). The bench waits for its "listening on"
+  line and stops it with SIGTERM at the end (it must exit 0).
+- reference: librdkafka's built-in mock cluster, an in-memory broker that lives
+  inside a client. What works (pinned down with confluent-kafka 2.x): a Producer
+  created with {"test.mock.num.brokers": 1} starts the cluster and owns it for as
+  long as it lives; `owner.list_topics().brokers` names the mock broker's host and
+  port, a real TCP listener on 127.0.0.1, so every measuring client connects to it
+  through an ordinary "bootstrap.servers" exactly as it connects to oncelog serve.
+  (confluent-kafka exposes no mock-cluster API of its own, and an AdminClient's
+  CreateTopics against the mock times out waiting for a controller, so topics are
+  created on first use on both sides.) The mock auto-creates a topic with 4
+  partitions, hence --partitions 4 for oncelog serve.
+
+What is measured, each repeat on a fresh topic, messages sent to partition n % 4:
+
+1. idempotent produce throughput: a Producer with enable.idempotence=true,
+   acks=all, linger.ms=5 sends N messages of 100-byte values (no key) as fast as
+   it can, from the first produce() to flush() returning, every delivery report
+   checked; messages/s, and MB/s of values (10^6 bytes/s). The producer first
+   sends one message to each partition (connection, producer id, topic creation
+   and metadata stay out of the timed region).
+2. fetch throughput: a Consumer reads the watermarks, then assign()s every
+   partition from offset 0 and consume()s until it has read all N + 4 messages
+   (each value's length is summed and checked); messages/s.
+3. produce latency: the same producer configuration offers a fixed 10,000
+   messages/s for a few seconds; latency is the time the delivery report reaches
+   the application (the callback) minus the time produce() was called, so it
+   includes linger.ms=5. p50 and p99 per repeat.
+
+Throughput rows are medians over the repeats with target ratio oncelog / mock
+≥ 0.8; the latency rows are the medians of the per-repeat percentiles,
+informational. A note gives the CPU time oncelog serve itself used per message
+produced and fetched (from /proc/PID/stat), to tell its cost from the client's.
+
+The mock keeps at most 5 MiB of batches per partition (rd_kafka_mock_partition_init's
+max_size) and drops the oldest beyond it, so N is 160k in the full run (40k a
+partition, ~4.4 MB), not more, and a fetch checks that every partition still starts
+at offset 0. The mock runs in the bench's own process, so it shares the machine's
+CPUs with the client as oncelog serve does; it writes no disk and checks no record,
+so it is a fast floor to measure against, not a peer. With 100-byte values the
+client itself is the bottleneck on the mock side (its produce() loop); oncelog serve
+needs CPU of its own beside it, which a machine with few CPUs shows in the ratio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+
+from oncelog.bench.harness import BenchResults, BenchSettings, Progress, Target, count_label, make_row, median
+
+PARTITIONS: Final = 4  # what librdkafka's mock auto-creates a topic with
+VALUE_BYTES: Final = 100
+LINGER_MS: Final = 5
+LATENCY_RATE: Final = 10_000  # messages/s offered in the latency measurement
+MIN_RATIO: Final = 0.8
+MB: Final = 1e6
+# The mock drops a partition's oldest batches beyond this (rd_kafka_mock_partition_init's max_size).
+MOCK_PARTITION_BYTES: Final = 5 * 1024 * 1024
+# Bytes a 100-byte value takes in a batch, record framing included, rounded up.
+RECORD_BYTES: Final = 112
+START_TIMEOUT_S: Final = 60.0
+STOP_TIMEOUT_S: Final = 60.0
+DELIVERY_TIMEOUT_S: Final = 120.0
+WARM_UP_TIMEOUT_S: Final = 30.0
+METADATA_TIMEOUT_S: Final = 10.0
+# librdkafka logs errors only: disconnects when a client closes are not news.
+LOG_LEVEL: Final = 3
+
+
+@dataclass
+class Side:
+    """One broker's samples: seconds per produce and per fetch, latency percentiles per repeat."""
+
+    name: str
+    bootstrap: str
+    pid: int | None = None  # the broker's own process, whose CPU time is read (oncelog serve)
+    produce_s: list[float] = field(default_factory=list)
+    fetch_rates: list[float] = field(default_factory=list)
+    p50_ms: list[float] = field(default_factory=list)
+    p99_ms: list[float] = field(default_factory=list)
+    offered_rates: list[float] = field(default_factory=list)
+    produce_cpu_s: float = 0.0  # CPU seconds of process `pid` while producing, over every repeat
+    fetch_cpu_s: float = 0.0
+
+
+def wire_figures(settings: BenchSettings, directory: str, results: BenchResults, progress: Progress) -> None:
+    import confluent_kafka
+
+    count = settings.wire_messages
+    if count // PARTITIONS * RECORD_BYTES > MOCK_PARTITION_BYTES * 0.9:
+        raise ValueError(f"{count} messages would overflow the mock's {MOCK_PARTITION_BYTES} B per partition")
+    repeats = settings.wire_repeats
+    root = os.path.join(directory, "root")
+    with ServeProcess(root, "--partitions", str(PARTITIONS)) as server, mock_cluster(confluent_kafka) as mock:
+        progress(f"  oncelog serve (pid {server.pid}) on {server.bootstrap}, librdkafka's mock on {mock}")
+        sides = [Side("oncelog", server.bootstrap, server.pid), Side("mock", mock)]
+        progress(
+            f"  {repeats} x ({count:,} messages produced then fetched, "
+            f"{settings.wire_latency_s:g} s at {LATENCY_RATE:,} messages/s), each broker in turn"
+        )
+        try:
+            for repeat in range(repeats):
+                for side in sides:  # interleaved, so drift in the machine hits both alike
+                    _measure_once(confluent_kafka, side, f"bench-{repeat}", count, settings.wire_latency_s)
+                    progress(
+                        f"    {side.name:8} produce {count / side.produce_s[-1]:9,.0f}/s  "
+                        f"fetch {side.fetch_rates[-1]:9,.0f}/s  "
+                        f"latency p50 {side.p50_ms[-1]:6.2f} ms  p99 {side.p99_ms[-1]:6.2f} ms"
+                    )
+        except Exception as exc:
+            exc.add_note(f"oncelog serve's output:\n{server.log()}")
+            raise
+        status = server.stop()
+    if status != 0:
+        raise RuntimeError(f"oncelog serve exited {status} on SIGTERM:\n{server.log()}")
+    _add_rows(results, sides, count)
+    results.notes.append(
+        f"wire: reference is librdkafka {confluent_kafka.libversion()[0]}'s mock cluster "
+        "(test.mock.num.brokers=1: in memory, in the bench process, no disk); oncelog serve ran as a "
+        f"subprocess on a root in the scratch directory, acks on the page cache; {PARTITIONS} partitions"
+    )
+    ours, messages = sides[0], count * repeats
+    if ours.produce_cpu_s > 0:  # where /proc tells
+        results.notes.append(
+            f"wire: oncelog serve used {ours.produce_cpu_s / messages * 1e6:.2f} µs of CPU per message "
+            f"produced and {ours.fetch_cpu_s / messages * 1e6:.2f} µs per message fetched, on CPUs it "
+            f"shares with the client ({os.cpu_count()} here)"
+        )
+    for side in sides:
+        offered = median(side.offered_rates)
+        if offered < LATENCY_RATE * 0.95:
+            results.notes.append(
+                f"wire: the latency client offered {side.name} only {offered:,.0f} messages/s, "
+                f"not {LATENCY_RATE:,}: it could not keep up"
+            )
+
+
+def _measure_once(kafka: Any, side: Side, topic: str, count: int, latency_s: float) -> None:
+    cpu_before = process_cpu_s(side.pid)
+    side.produce_s.append(produce_seconds(kafka, side.bootstrap, topic, count))
+    cpu_between = process_cpu_s(side.pid)
+    read, fetch_s = fetch_seconds(kafka, side.bootstrap, topic)
+    side.produce_cpu_s += cpu_between - cpu_before
+    side.fetch_cpu_s += process_cpu_s(side.pid) - cpu_between
+    if read != count + PARTITIONS:
+        raise AssertionError(f"{side.name}: fetched {read} messages from {topic}, not {count + PARTITIONS}")
+    side.fetch_rates.append(read / fetch_s)
+    latencies_ms, offered = produce_latencies_ms(kafka, side.bootstrap, topic + "-latency", latency_s)
+    p50, p99 = np.percentile(latencies_ms, [50, 99])
+    side.p50_ms.append(float(p50))
+    side.p99_ms.append(float(p99))
+    side.offered_rates.append(offered)
+
+
+def _add_rows(results: BenchResults, sides: list[Side], count: int) -> None:
+    ours, mock = sides
+    label = count_label(count)
+    produce_rate, mock_produce_rate = count / median(ours.produce_s), count / median(mock.produce_s)
+    rows = results.rows
+    figure = f"wire: idempotent produce, {label} x {VALUE_BYTES} B, acks=all"
+    rows.append(make_row(figure, produce_rate, "messages/s", mock_produce_rate, Target(min_ratio=MIN_RATIO)))
+    mb = VALUE_BYTES / MB
+    figure = "wire: idempotent produce, MB/s of values"
+    rows.append(make_row(figure, produce_rate * mb, "MB/s", mock_produce_rate * mb, Target()))
+    figure = f"wire: fetch {label} from offset 0 (assign)"
+    fetch_target = Target(min_ratio=MIN_RATIO)
+    fetch_rate, mock_fetch_rate = median(ours.fetch_rates), median(mock.fetch_rates)
+    rows.append(make_row(figure, fetch_rate, "messages/s", mock_fetch_rate, fetch_target))
+    rate = count_label(LATENCY_RATE)
+    for name, ours_ms, mock_ms in (("p50", ours.p50_ms, mock.p50_ms), ("p99", ours.p99_ms, mock.p99_ms)):
+        figure = f"wire: produce latency {name} at {rate} messages/s"
+        rows.append(make_row(figure, median(ours_ms), "ms", median(mock_ms), Target()))
+
+
+# -- the clients -----------------------------------------------------------------------
+
+
+def producer_config(bootstrap: str) -> dict[str, object]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": LINGER_MS,
+        "log_level": LOG_LEVEL,
+    }
+
+
+class Deliveries:
+    """Counts delivery reports; keeps the first errors."""
+
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.errors: list[str] = []
+
+    def report(self, error: Any, message: Any) -> None:
+        if error is None:
+            self.delivered += 1
+        elif len(self.errors) < 5:
+            self.errors.append(str(error))
+
+    def check(self, expected: int, left: int, where: str) -> None:
+        if self.errors or left or self.delivered != expected:
+            raise RuntimeError(
+                f"{where}: {self.delivered} of {expected} messages delivered, {left} left undelivered, "
+                f"errors {self.errors}"
+            )
+
+
+def _warm_up(producer: Any, topic: str, bootstrap: str) -> None:
+    """One message to each partition, flushed: connection, producer id, topic and metadata are ready."""
+    deliveries = Deliveries()
+    for partition in range(PARTITIONS):
+        producer.produce(topic, b"w" * VALUE_BYTES, partition=partition, on_delivery=deliveries.report)
+    deliveries.check(PARTITIONS, producer.flush(WARM_UP_TIMEOUT_S), f"warming up {topic} on {bootstrap}")
+    partitions = len(producer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics[topic].partitions)
+    if partitions != PARTITIONS:
+        raise RuntimeError(f"{topic} on {bootstrap} has {partitions} partitions, not {PARTITIONS}")
+
+
+def produce_seconds(kafka: Any, bootstrap: str, topic: str, count: int) -> float:
+    """Seconds to send `count` messages and have every one acknowledged (after a warm-up)."""
+    producer = kafka.Producer(producer_config(bootstrap))
+    _warm_up(producer, topic, bootstrap)
+    deliveries = Deliveries()
+    produce, poll, report = producer.produce, producer.poll, deliveries.report
+    value = b"v" * VALUE_BYTES
+    gc.collect()
+    start = time.perf_counter()
+    for n in range(count):
+        while True:
+            try:
+                produce(topic, value, partition=n % PARTITIONS, on_delivery=report)
+                break
+            except BufferError:  # the client's queue is full: serve delivery reports, retry
+                poll(0.001)
+        if n % 1000 == 0:
+            poll(0)
+    left = producer.flush(DELIVERY_TIMEOUT_S)
+    elapsed_s = time.perf_counter() - start
+    deliveries.check(count, left, f"producing to {topic} on {bootstrap}")
+    return elapsed_s
+
+
+def fetch_seconds(kafka: Any, bootstrap: str, topic: str) -> tuple[int, float]:
+    """(messages read, seconds) for reading every partition of `topic` from offset 0 with assign()."""
+    consumer = kafka.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "oncelog-bench",
+            "enable.auto.commit": False,
+            "log_level": LOG_LEVEL,
+        }
+    )
+    try:
+        total = 0
+        for partition in range(PARTITIONS):
+            low, high = consumer.get_watermark_offsets(
+                kafka.TopicPartition(topic, partition), timeout=METADATA_TIMEOUT_S
+            )
+            if low != 0:
+                raise RuntimeError(
+                    f"{topic} [{partition}] on {bootstrap} starts at offset {low}, not 0: "
+                    "the broker dropped messages"
+                )
+            total += high
+        gc.collect()
+        start = time.perf_counter()
+        deadline = start + DELIVERY_TIMEOUT_S
+        consumer.assign([kafka.TopicPartition(topic, partition, 0) for partition in range(PARTITIONS)])
+        read = value_bytes = 0
+        while read < total and time.perf_counter() < deadline:
+            # No more than is left: consume() waits for as many as it is asked for, or the timeout.
+            for message in consumer.consume(min(10_000, total - read), 0.5):
+                if message.error() is not None:
+                    raise RuntimeError(f"fetching {topic} on {bootstrap}: {message.error()}")
+                value_bytes += len(message.value())
+                read += 1
+        elapsed_s = time.perf_counter() - start
+    finally:
+        consumer.close()
+    if value_bytes != read * VALUE_BYTES:
+        raise AssertionError(f"fetched {value_bytes} bytes of values in {read} messages from {topic}")
+    return read, elapsed_s
+
+
+def produce_latencies_ms(
+    kafka: Any, bootstrap: str, topic: str, window_s: float
+) -> tuple[list[float], float]:
+    """(Each message's delivery latency in ms, messages/s actually offered) at LATENCY_RATE for `window_s`."""
+    producer = kafka.Producer(producer_config(bootstrap))
+    _warm_up(producer, topic, bootstrap)
+    latencies_ms: list[float] = []
+    errors: list[str] = []
+    clock = time.perf_counter
+
+    def report(sent: float, error: Any, message: Any) -> None:
+        if error is None:
+            latencies_ms.append((clock() - sent) * 1000)
+        else:
+            errors.append(str(error))
+
+    produce, poll = producer.produce, producer.poll
+    value = b"l" * VALUE_BYTES
+    count = max(1, round(LATENCY_RATE * window_s))
+    gc.collect()
+    start = clock()
+    n = 0
+    while n < count:
+        due = min(count, int((clock() - start) * LATENCY_RATE) + 1)
+        while n < due:
+            produce(topic, value, partition=n % PARTITIONS, on_delivery=functools.partial(report, clock()))
+            n += 1
+        # Serve delivery reports until the next message is due.
+        poll(max(0.0, start + n / LATENCY_RATE - clock()))
+    offered = count / (clock() - start)
+    left = producer.flush(DELIVERY_TIMEOUT_S)
+    if errors or left or len(latencies_ms) != count:
+        raise RuntimeError(
+            f"latency run on {bootstrap}: {len(latencies_ms)} of {count} delivered, {left} left, "
+            f"errors {errors[:5]}"
+        )
+    return latencies_ms, offered
+
+
+# -- the two brokers -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def mock_cluster(kafka: Any) -> Iterator[str]:
+    """librdkafka's mock cluster, one broker; yields its bootstrap address (host:port)."""
+    owner = kafka.Producer({"test.mock.num.brokers": 1, "log_level": LOG_LEVEL})
+    try:
+        brokers = owner.list_topics(timeout=METADATA_TIMEOUT_S).brokers
+        broker = brokers[min(brokers)]
+        yield f"{broker.host}:{broker.port}"
+    finally:
+        owner.flush(METADATA_TIMEOUT_S)
+        del owner  # the cluster is destroyed with the client that owns it
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds process `pid` has used (Linux /proc); 0 without a pid or /proc."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            # The fields after the command name, which is in parentheses and may hold spaces.
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServeProcess:
+    """`python -m oncelog.cli serve ROOT` on a free port, its output kept; stopped with SIGTERM."""
+
+    def __init__(self, root: str, *args: str) -> None:
+        self.root = root
+        self.args = args
+        self.port = free_port()
+        self.proc: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+        self._listening = threading.Event()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        command = [sys.executable, "-m", "oncelog.cli", "serve", self.root, "--listen", self.bootstrap]
+        self.proc = subprocess.Popen(
+            [*command, "--no-progress", *self.args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._listening.wait(0.05):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"oncelog serve exited {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"oncelog serve did not start in {START_TIMEOUT_S:g} s:\n{self.log()}")
+
+    def _pump(self, proc: subprocess.Popen[str]) -> None:
+        """Keeps reading the output, so the server never blocks on a full pipe."""
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.output.append(line.rstrip("\n"))
+            if "listening on" in line:
+                self._listening.set()
+
+    def log(self) -> str:
+        return "\n".join(self.output[-50:])
+
+    def stop(self) -> int:
+        """SIGTERM (drain, close every log cleanly); the exit status."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(STOP_TIMEOUT_S)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(STOP_TIMEOUT_S)
+
+    def __enter__(self) -> ServeProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.stop()
+            except subprocess.TimeoutExpired:
+                self.kill()
