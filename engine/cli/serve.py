@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any, TextIO
 
 from oncelog.cli.exits import EXIT_BAD_INPUT, EXIT_OK
+from oncelog.cli.recover import directory_kind
 from oncelog.errors import LogDirLockedError, OncelogError
 from oncelog.log_manager import LogManager, PartitionRecoveryError
 from oncelog.server.app import run_server
@@ -39,7 +41,8 @@ exit status:
   0  stopped by SIGTERM or SIGINT, every log closed cleanly
   1  a partition failed to recover (each is named, with the file and position), or a
      log failed while serving (an fsync, say) and could not be closed cleanly
-  2  bad input: a bad address, ROOT in use by another process
+  2  bad input: a bad address, ROOT in use by another process, ROOT a file, a partition
+     directory or a non-empty directory that is not a root
 
 examples:
   oncelog serve /var/lib/oncelog
@@ -100,6 +103,24 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port_text)
 
 
+def unservable_root(root: str) -> str | None:
+    """Why ROOT cannot be served, or None: it must be missing, empty, or a LogManager root."""
+    if not os.path.lexists(root):
+        return None  # created
+    if not os.path.isdir(root):
+        return f"{root} is not a directory"
+    try:
+        kind = directory_kind(root)
+        empty = not os.listdir(root)
+    except OSError as exc:
+        return f"cannot list {root}: {exc.strerror or exc}"
+    if kind == "partition":
+        return f"{root} is a partition directory; serve the root that holds it"
+    if kind is None and not empty:
+        return f"{root} is neither a LogManager root nor empty (a typo?); give a root or a new directory"
+    return None
+
+
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         listen_host, listen_port = parse_address(args.listen)
@@ -115,6 +136,10 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
     except ValueError as exc:
         print(f"oncelog serve: {exc}", file=err)
+        return EXIT_BAD_INPUT
+    why = unservable_root(args.root)
+    if why is not None:
+        print(f"oncelog serve: {why}", file=err)
         return EXIT_BAD_INPUT
     # Recovery and every partition's files need descriptors: take what the hard limit allows.
     open_files = raise_open_files_limit()

@@ -7,7 +7,8 @@ for a partition that failed to recover (each is its documented way of reporting
 corruption). A few pairs are legitimately fine (exit 0), each with its reason below.
 
 Every command takes a path: dump (PATH, --snapshot FILE), verify, stat, recover
-(ROOT), demo (--data-dir), torture (--data-dir, process mode) and bench (--dir).
+(ROOT), demo (--data-dir), torture (--data-dir, process mode), bench (--dir) and serve
+(ROOT, which must be missing, empty or a root: a partition directory is refused).
 """
 
 from __future__ import annotations
@@ -183,6 +184,7 @@ COMMANDS: dict[str, Callable[[Hostile], list[str]]] = {
     "demo": lambda h: ["demo", "--data-dir", str(h.path)],
     "torture": lambda h: ["torture", "--mode", "process", "--crashes", "1", "--data-dir", str(h.path)],
     "bench": lambda h: ["bench", "--quick", "--dir", str(h.path)],
+    "serve": lambda h: ["serve", "--no-progress", "--listen", "127.0.0.1:0", str(h.path)],
 }
 
 # (command, input) pairs that are not bad input for that command, and why.
@@ -191,6 +193,7 @@ SCRATCH = "bench measures in a temporary subdirectory of any directory; it reads
 LEGITIMATE: dict[tuple[str, str], str] = {
     ("demo", "missing"): CREATES,
     ("torture", "missing"): CREATES,
+    ("serve", "missing"): "a missing ROOT is created and served (it would serve until SIGTERM)",
     **{("bench", name): SCRATCH for name in DIRECTORIES},
 }
 # Exit codes other than 2 that a command gives by design, and why.

@@ -68,3 +68,11 @@ def test_help_says_what_is_served_what_is_not_and_when_an_ack_is_sent(
 def test_addresses_parse_with_ipv6_brackets() -> None:
     assert parse_address("[::1]:9092") == ("::1", 9092)
     assert parse_address("0.0.0.0:0") == ("0.0.0.0", 0)
+
+
+def test_a_directory_that_is_neither_empty_nor_a_root_is_refused_as_a_likely_typo(tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "notes.txt").write_text("mine\n")
+    status, _, err = _run(str(tmp_path / "home"), "--listen", "127.0.0.1:0")
+    assert status == 2 and "neither a LogManager root nor empty" in err
+    assert sorted(p.name for p in (tmp_path / "home").iterdir()) == ["notes.txt"]  # nothing created
