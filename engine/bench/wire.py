@@ -56,11 +56,6 @@ import contextlib
 import functools
 import gc
 import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -69,6 +64,7 @@ from typing import Any, Final
 import numpy as np
 
 from oncelog.bench.harness import BenchResults, BenchSettings, Progress, Target, count_label, make_row, median
+from oncelog.bench.serve_process import ServeProcess
 
 PARTITIONS: Final = 4  # what librdkafka's mock auto-creates a topic with
 VALUE_BYTES: Final = 100
@@ -80,8 +76,6 @@ MB: Final = 1e6
 MOCK_PARTITION_BYTES: Final = 5 * 1024 * 1024
 # Bytes a 100-byte value takes in a batch, record framing included, rounded up.
 RECORD_BYTES: Final = 112
-START_TIMEOUT_S: Final = 60.0
-STOP_TIMEOUT_S: Final = 60.0
 DELIVERY_TIMEOUT_S: Final = 120.0
 WARM_UP_TIMEOUT_S: Final = 30.0
 METADATA_TIMEOUT_S: Final = 10.0
@@ -132,7 +126,7 @@ def wire_figures(settings: BenchSettings, directory: str, results: BenchResults,
         except Exception as exc:
             exc.add_note(f"oncelog serve's output:\n{server.log()}")
             raise
-        status = server.stop()
+        status = server.terminate()
     if status != 0:
         raise RuntimeError(f"oncelog serve exited {status} on SIGTERM:\n{server.log()}")
     _add_rows(results, sides, count)
@@ -371,83 +365,3 @@ def process_cpu_s(pid: int | None) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class ServeProcess:
-    """`python -m oncelog.cli serve ROOT` on a free port, its output kept; stopped with SIGTERM."""
-
-    def __init__(self, root: str, *args: str) -> None:
-        self.root = root
-        self.args = args
-        self.port = free_port()
-        self.proc: subprocess.Popen[str] | None = None
-        self.output: list[str] = []
-        self._listening = threading.Event()
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self) -> None:
-        command = [sys.executable, "-m", "oncelog.cli", "serve", self.root, "--listen", self.bootstrap]
-        self.proc = subprocess.Popen(
-            [*command, "--no-progress", *self.args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._listening.wait(0.05):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"oncelog serve exited {self.proc.returncode}:\n{self.log()}")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"oncelog serve did not start in {START_TIMEOUT_S:g} s:\n{self.log()}")
-
-    def _pump(self, proc: subprocess.Popen[str]) -> None:
-        """Keeps reading the output, so the server never blocks on a full pipe."""
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            self.output.append(line.rstrip("\n"))
-            if "listening on" in line:
-                self._listening.set()
-
-    def log(self) -> str:
-        return "\n".join(self.output[-50:])
-
-    def stop(self) -> int:
-        """SIGTERM (drain, close every log cleanly); the exit status."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(STOP_TIMEOUT_S)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(STOP_TIMEOUT_S)
-
-    def __enter__(self) -> ServeProcess:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.stop()
-            except subprocess.TimeoutExpired:
-                self.kill()

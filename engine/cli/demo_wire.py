@@ -11,15 +11,12 @@ whose delivery was reported, the ones missing (loss) and the ones stored twice
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
+
+from oncelog.bench.serve_process import ServeProcess
 
 MESSAGES = 20_000
 KILLS = 2
@@ -29,55 +26,6 @@ WIRE_DIR = "wire"
 # Messages sent but not yet acknowledged that the producer keeps in flight.
 _IN_FLIGHT = 5000
 _BURST = 1500
-_START_TIMEOUT_S = 60.0
-
-
-class _Server:
-    def __init__(self, root: str):
-        self.root = root
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port: int = sock.getsockname()[1]
-        self.proc: subprocess.Popen[str] | None = None
-        self.summary = ""
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        command = [sys.executable, "-m", "oncelog.cli", "serve", self.root, "--listen", self.bootstrap]
-        self.proc = subprocess.Popen(
-            [*command, "--no-progress"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        lines: list[str] = []
-        for line in self.proc.stdout:
-            lines.append(line.rstrip())
-            if "listening on" in line:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("oncelog serve did not start:\n" + "\n".join(lines))
-        else:
-            raise RuntimeError("oncelog serve exited:\n" + "\n".join(lines))
-        self.summary = next((line for line in lines if line.startswith("recovered")), "")
-        # Keep draining stdout so the server never blocks on a full pipe.
-        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-
-    def terminate(self) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
 
 
 def run_wire_step(data_dir: str, say: Callable[[str], None], failures: list[str]) -> None:
@@ -86,8 +34,7 @@ def run_wire_step(data_dir: str, say: Callable[[str], None], failures: list[str]
     except ImportError:
         failures.append("step 6 needs confluent-kafka (`make demo` installs it)")
         return
-    server = _Server(os.path.join(data_dir, WIRE_DIR))
-    server.start()
+    server = ServeProcess(os.path.join(data_dir, WIRE_DIR)).start()
     say(f"   oncelog serve {server.root} is listening on {server.bootstrap}")
     acked, errors, left = _produce_across_kills(confluent_kafka, server, say)
     say(f"   producer: {MESSAGES} sent, {len(acked)} acknowledged, {len(errors)} failed, {left} in flight")
@@ -106,7 +53,7 @@ def run_wire_step(data_dir: str, say: Callable[[str], None], failures: list[str]
 
 
 def _produce_across_kills(
-    kafka: Any, server: _Server, say: Callable[[str], None]
+    kafka: Any, server: ServeProcess, say: Callable[[str], None]
 ) -> tuple[list[int], list[str], int]:
     """(numbers acknowledged, delivery errors, messages still unacknowledged after the flush)."""
     acked: list[int] = []
@@ -147,7 +94,7 @@ def _produce_across_kills(
             say(f"   SIGKILL with {len(acked)} acknowledged and {in_flight} in flight; restarting")
             time.sleep(0.3)
             server.start()
-            say(f"   restarted on the same port: {server.summary}")
+            say(f"   restarted on the same port: {server.recovery_summary()}")
     left: int = producer.flush(120)
     return acked, errors, left
 

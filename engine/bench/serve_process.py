@@ -1,0 +1,123 @@
+"""`oncelog serve` as a subprocess, the way an operator runs it: start, SIGTERM, SIGKILL, restart.
+
+One implementation for everything that runs a real server process: the wire
+benchmark (`bench --wire`), the demo's last step and the tests. The server's output
+is read continuously (so it never blocks on a full pipe) and kept for error messages;
+`restart` keeps the port, as clients reconnecting to it expect.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Final
+
+START_TIMEOUT_S: Final = 60.0
+STOP_TIMEOUT_S: Final = 60.0
+_LISTENING = "listening on"
+_RECOVERED = "recovered "
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServeProcess:
+    """`python -m oncelog.cli serve ROOT --listen 127.0.0.1:PORT ARGS...`."""
+
+    def __init__(self, root: str | os.PathLike[str], *args: str, port: int | None = None):
+        self.root = root
+        self.args = args
+        self.port = port if port is not None else free_port()
+        self.proc: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+        self._listening = threading.Event()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> ServeProcess:
+        """Start it and wait until it listens (after its recovery); RuntimeError with its output if not."""
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self._listening.clear()
+        command = [
+            sys.executable,
+            "-m",
+            "oncelog.cli",
+            "serve",
+            os.fspath(self.root),
+            "--listen",
+            self.bootstrap,
+        ]
+        self.proc = subprocess.Popen(
+            [*command, "--no-progress", *self.args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._listening.wait(0.05):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"oncelog serve exited {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"oncelog serve did not start in {START_TIMEOUT_S:g} s:\n{self.log()}")
+        return self
+
+    def _pump(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.output.append(line.rstrip("\n"))
+            if _LISTENING in line:
+                self._listening.set()
+
+    def log(self, lines: int = 200) -> str:
+        return "\n".join(self.output[-lines:])
+
+    def recovery_summary(self) -> str:
+        """The first line of the latest start's recovery summary ("recovered N partitions ...")."""
+        return next((line for line in reversed(self.output) if line.startswith(_RECOVERED)), "")
+
+    def terminate(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM (drain, close every log cleanly); the exit status."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no clean close; the next start recovers."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(STOP_TIMEOUT_S)
+
+    def restart(self) -> ServeProcess:
+        """SIGKILL, then start again on the same port."""
+        self.kill()
+        return self.start()
+
+    def __enter__(self) -> ServeProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.terminate()
+            except subprocess.TimeoutExpired:
+                self.kill()
