@@ -395,3 +395,34 @@ def test_a_fetch_naming_a_partition_twice_reads_it_once_and_an_unknown_isolation
         assert [len(t.partitions) for t in response.responses] == [1]
         sock.send_raw(encode_request(1, 12, 12, dataclasses.replace(body, isolation_level=5)))
         assert sock.closed_by_peer(timeout_s=5)
+
+
+def _list_offsets(sock: WireSocket, timestamp: int, *, isolation: int = 0) -> tuple[int, int, int]:
+    cls: Any = load_request_schema(2, 7)
+    topic_type = nested(cls, "topics")
+    partition = build(nested(topic_type, "partitions"), partition_index=0, timestamp=timestamp)
+    body = build(
+        cls,
+        replica_id=-1,
+        isolation_level=isolation,
+        topics=(build(topic_type, name=TOPIC, partitions=(partition,)),),
+    )
+    sock.send_raw(encode_request(2, 7, 13, body))
+    answer = decode_response(2, 7, sock.read_frame())[1].topics[0].partitions[0]
+    return int(answer.error_code), answer.timestamp, answer.offset
+
+
+def test_list_offsets_answers_earliest_latest_max_timestamp_and_by_time(server: Any) -> None:
+    t0 = 1_700_000_000_000
+    with WireSocket(server.bootstrap) as sock:
+        for sequence, at in enumerate((t0, t0 + 30_000, t0 + 10_000)):
+            batch = encode_batch(
+                [(b"k", b"v")], producer_id=9800, producer_epoch=0, base_sequence=sequence, timestamp_ms=at
+            )
+            _produce(sock, batch)
+        assert _list_offsets(sock, -2) == (0, -1, 0)  # earliest
+        assert _list_offsets(sock, -1) == (0, -1, 3)  # latest
+        assert _list_offsets(sock, -1, isolation=1) == (0, -1, 3)  # latest stable: no open transaction
+        assert _list_offsets(sock, -3) == (0, t0 + 30_000, 1)  # the largest timestamp, and its offset
+        assert _list_offsets(sock, t0 + 5_000) == (0, t0 + 30_000, 1)  # the first record at or after
+        assert _list_offsets(sock, t0 + 60_000) == (0, -1, -1)  # none
