@@ -14,7 +14,6 @@ from oncelog.server.app import run_server
 from oncelog.server.broker import (
     MAX_PARTITIONS_PER_TOPIC,
     ServeConfig,
-    max_partitions_for,
     raise_open_files_limit,
 )
 
@@ -142,7 +141,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"oncelog serve: {why}", file=err)
         return EXIT_BAD_INPUT
     # Recovery and every partition's files need descriptors: take what the hard limit allows.
-    open_files = raise_open_files_limit()
+    raise_open_files_limit()
     try:
         manager = LogManager.open(
             args.root, recovery_threads=args.threads, progress=False if args.no_progress else None
@@ -163,9 +162,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_FAILED
     print(manager.recovery_summary, file=out, flush=True)
     try:
-        run_server(
-            manager, config, out, max_partitions=max_partitions_for(open_files, config.max_connections)
-        )
+        run_server(manager, config, out)
     except OncelogError as exc:  # a log failed (an fsync, say) and could not close cleanly
         print(f"oncelog serve: closing failed: {type(exc).__name__}: {exc}", file=err)
         return EXIT_FAILED

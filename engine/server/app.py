@@ -12,6 +12,7 @@ snapshotted, clean-shutdown marker written) and the process exits 0.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import socket
@@ -27,8 +28,8 @@ DRAIN_TIMEOUT_S: Final = 10.0
 
 
 class Server:
-    def __init__(self, manager: LogManager, config: ServeConfig, *, max_partitions: int | None = None):
-        self.broker = Broker(manager, config, max_partitions=max_partitions)
+    def __init__(self, manager: LogManager, config: ServeConfig):
+        self.broker = Broker(manager, config)
         self.config = config
         self._retention: asyncio.Task[None] | None = None
         self._connections: set[Connection] = set()
@@ -107,15 +108,11 @@ class Server:
 
 
 def _with_port(config: ServeConfig, port: int) -> ServeConfig:
-    from dataclasses import replace
-
-    return replace(config, listen_port=port)
+    return dataclasses.replace(config, listen_port=port)
 
 
-async def serve_until_signalled(
-    manager: LogManager, config: ServeConfig, out: TextIO, max_partitions: int | None = None
-) -> None:
-    server = Server(manager, config, max_partitions=max_partitions)
+async def serve_until_signalled(manager: LogManager, config: ServeConfig, out: TextIO) -> None:
+    server = Server(manager, config)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -133,12 +130,10 @@ async def serve_until_signalled(
     await server.stop()
 
 
-def run_server(
-    manager: LogManager, config: ServeConfig, out: TextIO, *, max_partitions: int | None = None
-) -> None:
+def run_server(manager: LogManager, config: ServeConfig, out: TextIO) -> None:
     """Serve `manager` until SIGTERM, then close it cleanly."""
     try:
-        asyncio.run(serve_until_signalled(manager, config, out, max_partitions))
+        asyncio.run(serve_until_signalled(manager, config, out))
     finally:
         manager.close()
     print("oncelog serve: every log closed cleanly", file=out, flush=True)

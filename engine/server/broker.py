@@ -90,8 +90,6 @@ class ServeConfig:
     write_timeout_ms: int = 60_000
     # Kafka's fetch.max.wait upper bound; a client asking longer waits this long.
     max_fetch_wait_ms: int = 30_000
-    # Partitions in all (None: as many as the open-files limit allows, max_partitions_for).
-    max_partitions: int | None = None
     # How often retention (retention_ms, retention_bytes) runs: Kafka's log.retention.check.interval.ms.
     retention_check_ms: int = 300_000
 
@@ -117,10 +115,12 @@ def new_cluster_id() -> str:
 
 
 class Broker:
-    def __init__(self, manager: LogManager, config: ServeConfig, *, max_partitions: int | None = None):
+    def __init__(self, manager: LogManager, config: ServeConfig):
         self.manager = manager
         self.config = config
-        self.max_partitions = max_partitions or config.max_partitions or 1_000_000
+        # Partitions in all: what the open-files limit leaves room for (raise it first).
+        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.max_partitions = max_partitions_for(soft_limit, config.max_connections)
         self.cluster_id = manager.root_value(CLUSTER_ID_NAME, new_cluster_id().encode()).decode("ascii")
         self._partitions: dict[str, int] = {}
         self._logs: dict[TopicPartition, Log] = {}

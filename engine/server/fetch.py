@@ -26,9 +26,15 @@ from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.results import Isolation
 from oncelog.server.broker import Broker
 from oncelog.server.errors import error_code_for
-from oncelog.server.protocol import MalformedRequestError, Request, build, nested, response_type
+from oncelog.server.protocol import (
+    READ_COMMITTED,
+    MalformedRequestError,
+    Request,
+    build,
+    nested,
+    response_type,
+)
 
-_READ_COMMITTED = 1
 # The most one fetch response carries, whatever the client asks: Kafka's fetch.max.bytes.
 MAX_FETCH_BYTES = 55 * 1024 * 1024
 # Response bytes all connections may hold that their clients have not yet read; past it a
@@ -38,9 +44,9 @@ MAX_RESPONSE_BYTES_IN_FLIGHT = 256 * 1024 * 1024
 
 async def handle_fetch(broker: Broker, request: Request) -> Any:
     body = request.body
-    if body.isolation_level not in (0, _READ_COMMITTED):
+    if body.isolation_level not in (0, READ_COMMITTED):
         raise MalformedRequestError(f"Fetch isolation_level {body.isolation_level} is neither 0 nor 1")
-    isolation: Isolation = "read_committed" if body.isolation_level == _READ_COMMITTED else "read_uncommitted"
+    isolation: Isolation = "read_committed" if body.isolation_level == READ_COMMITTED else "read_uncommitted"
     wanted = _wanted(body)
     partitions = list(wanted)
     wait_s = min(body.max_wait.total_seconds(), broker.config.max_fetch_wait_ms / 1000)

@@ -22,18 +22,17 @@ from oncelog.layout import InvalidTopicError
 from oncelog.log import Log
 from oncelog.server.broker import Broker
 from oncelog.server.errors import error_code_for
-from oncelog.server.protocol import Request, build, nested, response_type
+from oncelog.server.protocol import READ_COMMITTED, Request, build, nested, response_type
 
 EARLIEST = -2
 LATEST = -1
 MAX_TIMESTAMP = -3
-_READ_COMMITTED = 1
 _NO_THROTTLE = datetime.timedelta(0)
 
 
 async def handle_list_offsets(broker: Broker, request: Request) -> Any:
     body = request.body
-    committed = getattr(body, "isolation_level", 0) == _READ_COMMITTED
+    committed = getattr(body, "isolation_level", 0) == READ_COMMITTED
     response = response_type(request.api_key, request.api_version)
     topic_type = nested(response, "topics")
     partition_type = nested(topic_type, "partitions")

@@ -174,21 +174,20 @@ async def _wait_durable(broker: Broker, outcomes: list[_Outcome]) -> None:
     A duplicate waits too: its original may not be fsynced yet. A failed fsync turns
     the partition's answer into KAFKA_STORAGE_ERROR (the log now refuses appends).
     """
-    ends: dict[int, tuple[Log, int]] = {}
+    ends: dict[Log, int] = {}
     for outcome in outcomes:
         if outcome.log is not None:
-            held = ends.get(id(outcome.log))
-            ends[id(outcome.log)] = (outcome.log, max(outcome.end_offset, held[1] if held else 0))
-    failed: dict[int, ErrorCode] = {}
-    for key, (target, end) in ends.items():
+            ends[outcome.log] = max(outcome.end_offset, ends.get(outcome.log, 0))
+    failed: dict[Log, ErrorCode] = {}
+    for target, end in ends.items():
         try:
             await broker.in_thread(lambda target=target, end=end: target.wait_durable(end))  # type: ignore[misc]
         except OncelogError as exc:
             log.warning("produce: acks=all not durable in %s: %s", target.directory, exc)
-            failed[key] = error_code_for(exc)
+            failed[target] = error_code_for(exc)
     for outcome in outcomes:
-        if outcome.log is not None and id(outcome.log) in failed:
-            outcome.code = failed[id(outcome.log)]
+        if outcome.log is not None and outcome.log in failed:
+            outcome.code = failed[outcome.log]
             outcome.base_offset = -1
 
 

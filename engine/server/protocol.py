@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kio.index import load_request_schema, load_response_schema
-from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
 from oncelog.server.fallback import without_unknown_tags
@@ -37,6 +36,8 @@ MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024
 SIZE = struct.Struct(">i")
 _HEADER_PREFIX = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 API_VERSIONS_KEY: Final = 18
+# isolation_level in Fetch and ListOffsets: 0 read_uncommitted, 1 read_committed.
+READ_COMMITTED: Final = 1
 
 
 class MalformedRequestError(Exception):
@@ -217,7 +218,3 @@ def _nested_types(entity_type: Any) -> dict[str, type[Any]]:
                 found[name] = candidate
                 break
     return found
-
-
-def error_code(code: int) -> ErrorCode:
-    return ErrorCode(code)
