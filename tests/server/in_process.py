@@ -7,13 +7,14 @@ import threading
 from pathlib import Path
 
 from oncelog.log_manager import LogManager
+from oncelog.recovery.fs import FileSystem
 from oncelog.server.app import Server
 from oncelog.server.broker import ServeConfig
 
 
 class InProcessServer:
-    def __init__(self, root: Path, config: ServeConfig | None = None):
-        self.manager = LogManager.open(root, progress=False)
+    def __init__(self, root: Path, config: ServeConfig | None = None, *, fs: FileSystem | None = None):
+        self.manager = LogManager.open(root, progress=False, fs=fs)
         self.server = Server(self.manager, config or ServeConfig(listen_port=0))
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()

@@ -6,6 +6,7 @@ each test looks at the log itself as well as at the response.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import socket
@@ -426,3 +427,27 @@ def test_list_offsets_answers_earliest_latest_max_timestamp_and_by_time(server: 
         assert _list_offsets(sock, -3) == (0, t0 + 30_000, 1)  # the largest timestamp, and its offset
         assert _list_offsets(sock, t0 + 5_000) == (0, t0 + 30_000, 1)  # the first record at or after
         assert _list_offsets(sock, t0 + 60_000) == (0, -1, -1)  # none
+
+
+def test_a_failed_fsync_under_fsync_acks_is_a_storage_error_and_the_log_then_refuses_appends(
+    tmp_path: Path,
+) -> None:
+    from doubles import FsyncFailingFileSystem
+
+    from oncelog.errors import LogFailedError
+
+    fs = FsyncFailingFileSystem()
+    running = InProcessServer(tmp_path / "root", ServeConfig(listen_port=0, fsync_acks=True), fs=fs)
+    answers: list[tuple[int, int]] = []
+    with (
+        contextlib.suppress(LogFailedError),
+        running,
+        WireSocket(running.bootstrap) as sock,
+    ):  # close says so too
+        assert _produce(sock, _idempotent(9900, 0, 0)).error_code == 0
+        fs.failing = True  # the disk starts failing fsyncs (fsyncgate)
+        for sequence, acks in ((1, -1), (2, 1)):
+            answer = _produce(sock, _idempotent(9900, 0, sequence), acks=acks)
+            answers.append((answer.error_code, answer.base_offset))
+    # KAFKA_STORAGE_ERROR: the first is not acknowledged, and the log fails closed until reopened.
+    assert answers == [(56, -1), (56, -1)]
