@@ -459,6 +459,11 @@ class LogManager:
                 if held is not None:
                     held.release()
 
+    @property
+    def fs(self) -> FileSystem:
+        """The filesystem seam the root is opened through: for root-wide stores kept beside it."""
+        return self._fs
+
     def root_value(self, name: str, initial: bytes) -> bytes:
         """The value stored under `name` in the root, storing `initial` durably if none is.
 

@@ -32,12 +32,20 @@ class Server:
         self.broker = Broker(manager, config)
         self.config = config
         self._retention: asyncio.Task[None] | None = None
+        self._coordination: list[asyncio.Task[None]] = []
         self._connections: set[Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._listener: asyncio.Server | None = None
         self.port = config.listen_port
 
     async def start(self) -> None:
+        # Transactions a crash left decided but unfinished: their markers go out before any
+        # client is answered, so no read_committed reader waits on them.
+        for txn in self.broker.transactions.unfinished():
+            if not await self.broker.transactions.complete(txn):
+                log.warning(
+                    "transaction %r is still unfinished; retrying in the background", txn.transactional_id
+                )
         self._listener = await asyncio.start_server(
             self._accept,
             self.config.listen_host,
@@ -51,6 +59,10 @@ class Server:
             # An ephemeral port (tests): advertise the one the kernel chose.
             self.broker.config = _with_port(self.config, self.port)
         self._retention = asyncio.create_task(self._apply_retention_periodically())
+        self._coordination = [
+            asyncio.create_task(self.broker.groups.run_sweeper()),
+            asyncio.create_task(self.broker.transactions.run_timeouts()),
+        ]
 
     async def _apply_retention_periodically(self) -> None:
         """Delete whole segments past retention_ms / retention_bytes, as Kafka's log cleaner does."""
@@ -95,6 +107,8 @@ class Server:
             self._listener.close()
         if self._retention is not None:
             self._retention.cancel()
+        for task in self._coordination:
+            task.cancel()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + DRAIN_TIMEOUT_S
         while any(c.busy for c in self._connections) and loop.time() < deadline:
@@ -128,6 +142,7 @@ async def serve_until_signalled(manager: LogManager, config: ServeConfig, out: T
     await stop.wait()
     print("oncelog serve: draining and closing every log", file=out, flush=True)
     await server.stop()
+    server.broker.close()
 
 
 def run_server(manager: LogManager, config: ServeConfig, out: TextIO) -> None:

@@ -10,6 +10,9 @@ loop, one creation per topic at a time.
 The cluster id is kept in the root's metadata store, so clients see the same
 cluster after a restart.
 
+The group and transaction coordinators live here too, over one store in the root
+(`coordinator.lmdb`, see coordinator_store).
+
 Appends wake long-polling fetches per partition: a fetch registers an event on the
 partitions it reads, and an append sets the events of the partitions it wrote.
 """
@@ -22,12 +25,15 @@ import contextlib
 import resource
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from oncelog.layout import InvalidTopicError, TopicPartition, validate_topic_partition
 from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
+from oncelog.server.coordinator_store import CoordinatorStore
+from oncelog.server.groups import GroupCoordinator, GroupLimits
+from oncelog.server.txn_coordinator import TransactionCoordinator
 
 _T = TypeVar("_T")
 NODE_ID: Final = 0
@@ -92,6 +98,9 @@ class ServeConfig:
     max_fetch_wait_ms: int = 30_000
     # How often retention (retention_ms, retention_bytes) runs: Kafka's log.retention.check.interval.ms.
     retention_check_ms: int = 300_000
+    groups: GroupLimits = field(default_factory=GroupLimits)
+    # Kafka's transaction.max.timeout.ms: a producer asking for more gets INVALID_TRANSACTION_TIMEOUT.
+    transaction_max_timeout_ms: int = 900_000
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= MAX_PARTITIONS_PER_TOPIC:
@@ -99,7 +108,7 @@ class ServeConfig:
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listen port must be 0..65535, got {self.listen_port}")
         positive = (self.max_connections, self.idle_ms, self.frame_read_ms, self.write_timeout_ms)
-        if min(positive) <= 0 or self.retention_check_ms <= 0:
+        if min(positive) <= 0 or self.retention_check_ms <= 0 or self.transaction_max_timeout_ms <= 0:
             raise ValueError("connection limits, timeouts and the retention interval must be positive")
 
     @property
@@ -130,6 +139,17 @@ class Broker:
         # Response bytes written to connections whose clients have not read them yet.
         self.bytes_unsent = 0
         self._finish_creations()
+        self.coordinator_store = CoordinatorStore.open(manager.fs, manager.root)
+        self.groups = GroupCoordinator(self.coordinator_store, config.groups)
+        self.transactions = TransactionCoordinator(
+            self.coordinator_store,
+            manager.producer_ids,
+            self.groups,
+            self._write_marker,
+            self.in_thread,
+            self.appended,
+            max_timeout_ms=config.transaction_max_timeout_ms,
+        )
 
     def _finish_creations(self) -> None:
         """Load every topic; give a recorded topic the partitions a crash kept it from creating."""
@@ -150,6 +170,9 @@ class Broker:
     def topics(self) -> dict[str, int]:
         """Every topic and its partition count."""
         return dict(sorted(self._partitions.items()))
+
+    def has_partition(self, topic: str, partition: int) -> bool:
+        return 0 <= partition < self._partitions.get(topic, 0)
 
     def total_partitions(self) -> int:
         return sum(self._partitions.values())
@@ -226,6 +249,17 @@ class Broker:
         found = self._logs[tp] = self.manager.log(topic, partition, create=False)
         return found
 
+    def _write_marker(
+        self, tp: TopicPartition, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
+    ) -> None:
+        """Write a transaction marker to `tp` and fsync it (in a worker thread)."""
+        target = self.log(tp.topic, tp.partition)
+        target.write_txn_marker(
+            producer_id, producer_epoch, commit=commit, coordinator_epoch=coordinator_epoch
+        )
+        # The transaction is stored complete next: a crash after that must find this marker on disk.
+        target.flush()
+
     # -- fetch wake-ups --------------------------------------------------------------------
     def watch(self, partitions: Iterable[TopicPartition]) -> asyncio.Event:
         """An event that the next append to any of `partitions` sets; unwatch it when done."""
@@ -256,6 +290,10 @@ class Broker:
         for watchers in self._watchers.values():
             for event in watchers:
                 event.set()
+
+    def close(self) -> None:
+        """Close the coordinators' store (the logs are the LogManager's to close)."""
+        self.coordinator_store.close()
 
     async def in_thread(self, call: Callable[[], _T]) -> _T:
         """Run blocking engine work (appends, topic creation, an fsync wait) off the event loop."""

@@ -21,6 +21,8 @@ from oncelog.server.protocol import API_VERSIONS_KEY, APIS, Request, build, nest
 
 log = logging.getLogger("oncelog.serve")
 _NO_THROTTLE = datetime.timedelta(0)
+_GROUP_KEY = 0
+_TRANSACTION_KEY = 1
 
 
 async def handle_api_versions(broker: Broker, request: Request) -> Any:
@@ -85,17 +87,29 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
 
 
 async def handle_find_coordinator(broker: Broker, request: Request) -> Any:
-    """This node coordinates every group and transactional id."""
+    """This node coordinates every group (key type 0) and transactional id (1); v4+ asks for many keys."""
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
     host, port = broker.config.advertised
-    return build(
-        response_type(request.api_key, request.api_version),
-        throttle_time=_NO_THROTTLE,
-        error_code=ErrorCode.none,
-        error_message=None,
-        node_id=NODE_ID,
-        host=host,
-        port=port,
+    key_type = getattr(body, "key_type", _GROUP_KEY)
+    code = ErrorCode.none if key_type in (_GROUP_KEY, _TRANSACTION_KEY) else ErrorCode.invalid_request
+    message = (
+        None
+        if code == ErrorCode.none
+        else f"key type {key_type} is neither a group (0) nor a transaction (1)"
     )
+    found = {
+        "error_code": code,
+        "error_message": message,
+        "node_id": NODE_ID if code == ErrorCode.none else -1,
+        "host": host if code == ErrorCode.none else "",
+        "port": port if code == ErrorCode.none else -1,
+    }
+    if not hasattr(body, "coordinator_keys"):  # v0-3: one key
+        return build(response, throttle_time=_NO_THROTTLE, **found)
+    coordinator_type = nested(response, "coordinators")
+    coordinators = tuple(build(coordinator_type, key=key, **found) for key in body.coordinator_keys)
+    return build(response, throttle_time=_NO_THROTTLE, coordinators=coordinators)
 
 
 async def handle_create_topics(broker: Broker, request: Request) -> Any:

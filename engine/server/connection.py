@@ -30,7 +30,15 @@ from oncelog.server.cluster import (
 )
 from oncelog.server.fallback import FallbackDecodeError, unsupported_version_response
 from oncelog.server.fetch import handle_fetch
-from oncelog.server.offsets import handle_init_producer_id, handle_list_offsets
+from oncelog.server.group_apis import (
+    handle_heartbeat,
+    handle_join_group,
+    handle_leave_group,
+    handle_offset_commit,
+    handle_offset_fetch,
+    handle_sync_group,
+)
+from oncelog.server.offsets import handle_list_offsets
 from oncelog.server.produce import handle_produce
 from oncelog.server.protocol import (
     API_VERSIONS_KEY,
@@ -40,6 +48,13 @@ from oncelog.server.protocol import (
     decode_request,
     encode_response,
     frame_size,
+)
+from oncelog.server.txn_apis import (
+    handle_add_offsets_to_txn,
+    handle_add_partitions_to_txn,
+    handle_end_txn,
+    handle_init_producer_id,
+    handle_txn_offset_commit,
 )
 
 log = logging.getLogger("oncelog.serve")
@@ -55,6 +70,16 @@ HANDLERS: dict[int, Handler] = {
     18: handle_api_versions,
     19: handle_create_topics,
     22: handle_init_producer_id,
+    8: handle_offset_commit,
+    9: handle_offset_fetch,
+    11: handle_join_group,
+    12: handle_heartbeat,
+    13: handle_leave_group,
+    14: handle_sync_group,
+    24: handle_add_partitions_to_txn,
+    25: handle_add_offsets_to_txn,
+    26: handle_end_txn,
+    28: handle_txn_offset_commit,
 }
 
 

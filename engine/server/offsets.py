@@ -1,13 +1,8 @@
-"""ListOffsets (API 2, v1-7) and InitProducerId (API 22, v0-4).
+"""ListOffsets (API 2, v1-7).
 
 ListOffsets answers Kafka's special timestamps: -2 the log start, -1 the end (the
 last stable offset under read_committed), -3 the record with the largest timestamp
 (v7); any other timestamp gives the first offset whose timestamp is at or after it.
-
-InitProducerId hands out producer ids from the root's ProducerIdManager, durably
-reserved in blocks so a crash never reissues one. An idempotent producer gets a new
-id at epoch 0 on every call (Kafka does the same); a transactional id gets its
-stored id with the epoch bumped, which fences the previous incarnation.
 """
 
 from __future__ import annotations
@@ -83,22 +78,3 @@ def lookup_offset(log: Log, timestamp: int, committed: bool) -> tuple[int, int]:
     if hit is None or hit.offset >= end:
         return -1, -1
     return hit.timestamp_ms, hit.offset
-
-
-async def handle_init_producer_id(broker: Broker, request: Request) -> Any:
-    body = request.body
-    response = response_type(request.api_key, request.api_version)
-    try:
-        if body.transactional_id is None:
-            lease = broker.manager.producer_ids.lease()
-            producer_id, epoch = lease.producer_id, lease.producer_epoch
-        else:
-            producer_id, epoch = broker.manager.producer_ids.init_producer_id(body.transactional_id)
-        code = ErrorCode.none
-    except OncelogError as exc:
-        producer_id, epoch, code = -1, -1, error_code_for(exc)
-    except ValueError:  # a transactional id the store cannot key (empty, too long)
-        producer_id, epoch, code = -1, -1, ErrorCode.invalid_request
-    return build(
-        response, throttle_time=_NO_THROTTLE, error_code=code, producer_id=producer_id, producer_epoch=epoch
-    )

@@ -8,10 +8,12 @@ batch and of its producer's sequence and epoch is the engine's. A duplicate (a r
 of one of the producer's last 5 batches) is answered as Kafka answers it: success,
 with the offsets of the original append.
 
-Transactional batches are refused with INVALID_TXN_STATE until the transaction
-coordinator is served (AddPartitionsToTxn, EndTxn): stored without one, a batch
-would hold the partition's last stable offset forever (Kafka's partition
-verification, KIP-890, refuses it likewise).
+A transactional batch is appended only while its producer's transaction is open at
+its epoch and holds the partition (AddPartitionsToTxn), else INVALID_TXN_STATE: a
+batch stored outside a transaction its coordinator will end would hold the
+partition's last stable offset forever (Kafka's partition verification, KIP-890,
+refuses it likewise). The end of the transaction waits for such appends in flight, so
+none lands after its marker.
 
 Validation walks every record: a request of small uncompressed batches (at most
 INLINE_RECORDS records) is appended on the event loop, where it takes a few ms and a
@@ -45,6 +47,7 @@ log = logging.getLogger("oncelog.serve")
 _BATCH_LENGTH = struct.Struct(">i")  # at offset 8; the batch is 12 bytes longer
 _ATTRIBUTES = struct.Struct(">h")
 _COUNT = struct.Struct(">i")
+_PRODUCER = struct.Struct(">qh")  # producer id, epoch
 # Records in a Produce request validated on the event loop rather than in a thread (~10 ms).
 INLINE_RECORDS: Final = 20_000
 ACKS_NONE: Final = 0
@@ -82,6 +85,8 @@ class _Outcome:
     log: Log | None = None
     end_offset: int = 0
     written: bool = False
+    # The producer whose open transaction admitted this batch (released once appended).
+    transactional_pid: int = -1
 
 
 async def handle_produce(broker: Broker, request: Request) -> Any:
@@ -99,10 +104,15 @@ async def handle_produce(broker: Broker, request: Request) -> Any:
         for name, entries in topics.items():
             await _check_partitions(broker, name, entries)
         pending = [(name, o) for name, entries in topics.items() for o in entries.values() if o.code == 0]
-        if _cheap_to_validate(pending):
-            _append_all(broker, pending)  # a few ms at most: not worth a thread hop (~15% of the CPU)
-        else:
-            await broker.in_thread(lambda: _append_all(broker, pending))
+        try:
+            if _cheap_to_validate(pending):
+                _append_all(broker, pending)  # a few ms at most: not worth a thread hop (~15% of the CPU)
+            else:
+                await broker.in_thread(lambda: _append_all(broker, pending))
+        finally:
+            for _, outcome in pending:
+                if outcome.transactional_pid >= 0:
+                    broker.transactions.appended(outcome.transactional_pid)
         broker.appended(TopicPartition(name, o.partition) for name, o in pending if o.written)
         if broker.config.fsync_acks and body.acks == ACKS_ALL:
             await _wait_durable(broker, [outcome for _, outcome in pending])
@@ -129,7 +139,13 @@ async def _check_partitions(broker: Broker, topic: str, entries: dict[int, _Outc
         elif one_batch_error(outcome.records) is not None:
             outcome.code = ErrorCode.invalid_record
         elif is_transactional(outcome.records or b""):
-            outcome.code = ErrorCode.invalid_txn_state
+            assert outcome.records is not None
+            pid, epoch = _PRODUCER.unpack_from(outcome.records, fmt.PRODUCER_ID_OFFSET)
+            outcome.code = broker.transactions.admit_append(
+                pid, epoch, TopicPartition(topic, outcome.partition)
+            )
+            if outcome.code == ErrorCode.none:
+                outcome.transactional_pid = pid
 
 
 def _cheap_to_validate(pending: list[tuple[str, _Outcome]]) -> bool:

@@ -74,10 +74,20 @@ APIS: Final[Mapping[int, ApiSpec]] = {
         _spec(1, "Fetch", 12, 4),
         _spec(2, "ListOffsets", 7, 1),
         _spec(3, "Metadata", 9, 0),
-        _spec(10, "FindCoordinator", 3, 0),
+        _spec(8, "OffsetCommit", 9, 2),
+        _spec(9, "OffsetFetch", 9, 1),
+        _spec(10, "FindCoordinator", 6, 0),
+        _spec(11, "JoinGroup", 7, 0),
+        _spec(12, "Heartbeat", 4, 0),
+        _spec(13, "LeaveGroup", 5, 0),
+        _spec(14, "SyncGroup", 5, 0),
         _spec(18, "ApiVersions", 4, 0),
         _spec(19, "CreateTopics", 5, 2),
         _spec(22, "InitProducerId", 4, 0),
+        _spec(24, "AddPartitionsToTxn", 3, 0),
+        _spec(25, "AddOffsetsToTxn", 3, 0),
+        _spec(26, "EndTxn", 3, 0),
+        _spec(28, "TxnOffsetCommit", 3, 0),
     )
 }
 

@@ -40,4 +40,5 @@ class InProcessServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)
         self._loop.close()
+        self.server.broker.close()
         self.manager.close()

@@ -1,0 +1,104 @@
+"""What the group and transaction coordinators keep across restarts, in one LMDB store.
+
+`ROOT/coordinator.lmdb` (never a `<topic>-<n>` name, so no partition scan sees it) holds:
+
+- `epoch`: the coordinator epoch, bumped at every start, so transaction markers a
+  previous process was writing are fenced by the logs once this one writes its own;
+- `group/<id>`: a group's generation and committed offsets, one value per group, so a
+  load costs O(groups x partitions) whatever the commit history;
+- `txn/<id>`: a transactional id's producer id and epoch, state, partitions, and the
+  offsets its transaction will commit.
+
+Why LMDB and not a compacted `__consumer_offsets` log: every commit is one atomic,
+durable write of the whole value, so a load reads only the latest value of each key
+and needs no compaction or snapshot to stay bounded; and a transaction's Complete
+state and the offsets it commits land in the same commit, so a crash can never apply
+one without the other.
+
+Keys are ids up to MAX_PLAIN_ID_BYTES of UTF-8; longer ids (Kafka allows 32,767
+characters) are keyed by their SHA-256, since an LMDB key holds 511 bytes. The full
+id is always inside the value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+import msgpack
+
+from oncelog.metadata_values import committing, decode_value, read_value
+from oncelog.recovery.fs import FileSystem, MetadataStore
+
+STORE_DIR: Final = "coordinator.lmdb"
+EPOCH_KEY: Final = "epoch"
+GROUP_PREFIX: Final = "group/"
+TXN_PREFIX: Final = "txn/"
+MAX_PLAIN_ID_BYTES: Final = 400
+_EPOCH = struct.Struct(">i")
+MAX_COORDINATOR_EPOCH: Final = 2**31 - 1
+
+
+def store_key(prefix: str, ident: str) -> str:
+    """The key of `ident` under `prefix`: the id itself if short, else its SHA-256."""
+    raw = ident.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_PLAIN_ID_BYTES:
+        return prefix + ident
+    return prefix + "#" + hashlib.sha256(raw).hexdigest()
+
+
+def _unpack(raw: bytes) -> dict[str, Any]:
+    value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    if not isinstance(value, dict):
+        raise ValueError(f"a coordinator record is a map, got {type(value).__name__}")
+    return value
+
+
+class CoordinatorStore:
+    """Durable records of groups and transactional ids; every write is one atomic commit."""
+
+    def __init__(self, store: MetadataStore):
+        self._store = store
+        # LMDB serializes writers itself; this keeps a commit and the reads that build on it
+        # from interleaving between the event loop and a marker-writing thread.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, fs: FileSystem, root: str) -> CoordinatorStore:
+        return cls(fs.open_store(os.path.join(root, STORE_DIR)))
+
+    @property
+    def path(self) -> str:
+        return self._store.path
+
+    def next_epoch(self) -> int:
+        """Bump and return the coordinator epoch (durable before any marker uses it)."""
+        with self._lock:
+            stored = read_value(self._store, EPOCH_KEY, lambda raw: int(_EPOCH.unpack(raw)[0]))
+            epoch = 0 if stored is None else stored + 1
+            if epoch > MAX_COORDINATOR_EPOCH:
+                raise ValueError(f"the coordinator epoch in {self.path} is exhausted")
+            # Durable first: a crash after markers of this epoch must not reuse it.
+            with committing(self._store, f"storing coordinator epoch {epoch}"):
+                self._store.put({EPOCH_KEY: _EPOCH.pack(epoch)})
+            return epoch
+
+    def records(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """Every record stored under `prefix` (GROUP_PREFIX or TXN_PREFIX)."""
+        for key in self._store.keys(prefix):
+            raw = self._store.get(key)
+            if raw is not None:
+                yield decode_value(self._store, key, raw, _unpack)
+
+    def write(self, records: Mapping[str, dict[str, Any]], what: str) -> None:
+        """Store `records` (by key) in one atomic, durable commit."""
+        packed = {key: msgpack.packb(record, use_bin_type=True) for key, record in records.items()}
+        with self._lock, committing(self._store, what):
+            self._store.put(packed)
+
+    def close(self) -> None:
+        self._store.close()

@@ -1,0 +1,225 @@
+"""The group APIs on the wire: JoinGroup (11), SyncGroup (14), Heartbeat (12), LeaveGroup (13),
+OffsetCommit (8) and OffsetFetch (9), translated to and from the GroupCoordinator.
+
+Versions differ only in fields: `build` keeps the ones a version has. LeaveGroup v3+
+names many members (each answered on its own); OffsetFetch v8+ names many groups.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.server.broker import Broker
+from oncelog.server.groups import CommittedOffset
+from oncelog.server.protocol import Request, build, nested, response_type
+
+_NO_THROTTLE = datetime.timedelta(0)
+# JoinGroup v4+ hands a new member its id with MEMBER_ID_REQUIRED and expects it back (KIP-394).
+_MEMBER_ID_REQUIRED_FROM = 4
+
+
+def milliseconds(delta: datetime.timedelta) -> int:
+    return int(delta / datetime.timedelta(milliseconds=1))
+
+
+async def handle_join_group(broker: Broker, request: Request) -> Any:
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
+    session_ms = milliseconds(body.session_timeout)
+    # v0 has no rebalance timeout: the session timeout stands in for it, as in Kafka.
+    rebalance_ms = milliseconds(getattr(body, "rebalance_timeout", body.session_timeout))
+    result = await broker.groups.join(
+        body.group_id,
+        body.member_id,
+        getattr(body, "group_instance_id", None),
+        request.client_id or "",
+        session_ms,
+        rebalance_ms,
+        body.protocol_type,
+        [(protocol.name, protocol.metadata) for protocol in body.protocols],
+        member_id_required=request.api_version >= _MEMBER_ID_REQUIRED_FROM,
+    )
+    member_type = nested(response, "members")
+    return build(
+        response,
+        throttle_time=_NO_THROTTLE,
+        error_code=result.error,
+        generation_id=result.generation,
+        protocol_type=result.protocol_type,
+        # Before v7 a null protocol name is written as "" (Kafka's rule).
+        protocol_name=result.protocol_name if request.api_version >= 7 else (result.protocol_name or ""),
+        leader=result.leader,
+        member_id=result.member_id,
+        members=tuple(
+            build(member_type, member_id=member_id, group_instance_id=instance_id, metadata=metadata)
+            for member_id, instance_id, metadata in result.members
+        ),
+    )
+
+
+async def handle_sync_group(broker: Broker, request: Request) -> Any:
+    body = request.body
+    result = await broker.groups.sync(
+        body.group_id,
+        body.generation_id,
+        body.member_id,
+        getattr(body, "protocol_type", None),
+        getattr(body, "protocol_name", None),
+        [(each.member_id, each.assignment) for each in body.assignments],
+    )
+    return build(
+        response_type(request.api_key, request.api_version),
+        throttle_time=_NO_THROTTLE,
+        error_code=result.error,
+        protocol_type=result.protocol_type,
+        protocol_name=result.protocol_name,
+        assignment=result.assignment,
+    )
+
+
+async def handle_heartbeat(broker: Broker, request: Request) -> Any:
+    body = request.body
+    code = broker.groups.heartbeat(body.group_id, body.generation_id, body.member_id)
+    return build(
+        response_type(request.api_key, request.api_version), throttle_time=_NO_THROTTLE, error_code=code
+    )
+
+
+async def handle_leave_group(broker: Broker, request: Request) -> Any:
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
+    if not hasattr(body, "members"):  # v0-2: one member
+        code = broker.groups.leave(body.group_id, body.member_id, None)
+        return build(response, throttle_time=_NO_THROTTLE, error_code=code)
+    member_type = nested(response, "members")
+    answers = []
+    for each in body.members:
+        code = broker.groups.leave(body.group_id, each.member_id, each.group_instance_id)
+        answers.append(
+            build(
+                member_type,
+                member_id=each.member_id,
+                group_instance_id=each.group_instance_id,
+                error_code=code,
+            )
+        )
+    return build(response, throttle_time=_NO_THROTTLE, error_code=ErrorCode.none, members=tuple(answers))
+
+
+def offsets_of(
+    broker: Broker, topics: Any
+) -> tuple[list[tuple[str, int, CommittedOffset]], dict[tuple[str, int], ErrorCode]]:
+    """The offsets a commit request carries, and the partitions refused on their own.
+
+    A partition that does not exist gets UNKNOWN_TOPIC_OR_PARTITION and metadata past
+    offset.metadata.max.bytes OFFSET_METADATA_TOO_LARGE; the others are committed (Kafka's rule).
+    """
+    max_metadata_bytes = broker.groups.limits.offset_metadata_max_bytes
+    now_ms = int(time.time() * 1000)
+    accepted: list[tuple[str, int, CommittedOffset]] = []
+    refused: dict[tuple[str, int], ErrorCode] = {}
+    for topic in topics:
+        for each in topic.partitions:
+            metadata = each.committed_metadata or ""
+            if not broker.has_partition(topic.name, each.partition_index):
+                refused[(topic.name, each.partition_index)] = ErrorCode.unknown_topic_or_partition
+            elif len(metadata.encode("utf-8", "surrogatepass")) > max_metadata_bytes:
+                refused[(topic.name, each.partition_index)] = ErrorCode.offset_metadata_too_large
+            else:
+                epoch = getattr(each, "committed_leader_epoch", -1)
+                committed = CommittedOffset(each.committed_offset, epoch, metadata, now_ms)
+                accepted.append((topic.name, each.partition_index, committed))
+    return accepted, refused
+
+
+def partition_answers(
+    response: Any, topics: Any, code: ErrorCode, refused: dict[tuple[str, int], ErrorCode]
+) -> Any:
+    """Per-partition answers to a commit: `code`, or the partition's own refusal."""
+    topic_type = nested(response, "topics")
+    partition_type = nested(topic_type, "partitions")
+    return tuple(
+        build(
+            topic_type,
+            name=topic.name,
+            partitions=tuple(
+                build(
+                    partition_type,
+                    partition_index=each.partition_index,
+                    error_code=refused.get((topic.name, each.partition_index), code),
+                )
+                for each in topic.partitions
+            ),
+        )
+        for topic in topics
+    )
+
+
+async def handle_offset_commit(broker: Broker, request: Request) -> Any:
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
+    generation = getattr(body, "generation_id_or_member_epoch", getattr(body, "generation_id", -1))
+    code = broker.groups.check_commit(body.group_id, generation, body.member_id)
+    offsets, refused = offsets_of(broker, body.topics)
+    if code == ErrorCode.none and offsets:
+        broker.groups.commit(body.group_id, offsets)
+    return build(
+        response, throttle_time=_NO_THROTTLE, topics=partition_answers(response, body.topics, code, refused)
+    )
+
+
+async def handle_offset_fetch(broker: Broker, request: Request) -> Any:
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
+    stable = getattr(body, "require_stable", False)
+    if not hasattr(body, "groups"):  # v1-7: one group
+        topics = _fetched(broker, body.group_id, body.topics, stable, nested(response, "topics"))
+        return build(response, throttle_time=_NO_THROTTLE, topics=topics, error_code=ErrorCode.none)
+    group_type = nested(response, "groups")
+    groups = tuple(
+        build(
+            group_type,
+            group_id=group.group_id,
+            topics=_fetched(broker, group.group_id, group.topics, stable, nested(group_type, "topics")),
+            error_code=ErrorCode.none,
+        )
+        for group in body.groups
+    )
+    return build(response, throttle_time=_NO_THROTTLE, groups=groups)
+
+
+def _fetched(broker: Broker, group_id: str, topics: Any, stable: bool, topic_type: Any) -> Any:
+    """The committed offsets of `topics` (every committed partition if None)."""
+    committed = broker.groups.committed(group_id)
+    wanted: dict[str, list[int]] = {}
+    if topics is None:
+        for topic, partition in sorted(committed):
+            wanted.setdefault(topic, []).append(partition)
+    else:
+        for topic in topics:
+            wanted.setdefault(topic.name, []).extend(topic.partition_indexes)
+    partition_type = nested(topic_type, "partitions")
+    answers = []
+    for name, partitions in wanted.items():
+        entries = []
+        for partition in partitions:
+            found = committed.get((name, partition))
+            code = ErrorCode.none
+            if stable and broker.groups.pending_transactional(group_id, name, partition):
+                code, found = ErrorCode.unstable_offset_commit, None
+            entries.append(
+                build(
+                    partition_type,
+                    partition_index=partition,
+                    committed_offset=found.offset if found else -1,
+                    committed_leader_epoch=found.leader_epoch if found else -1,
+                    metadata=found.metadata if found else "",
+                    error_code=code,
+                )
+            )
+        answers.append(build(topic_type, name=name, partitions=tuple(entries)))
+    return tuple(answers)

@@ -1,0 +1,478 @@
+"""The classic consumer-group protocol: membership, rebalances and generation-fenced offsets.
+
+A group moves Empty -> PreparingRebalance -> CompletingRebalance -> Stable, and back to
+PreparingRebalance whenever a member joins, leaves, changes its protocols or misses
+its session timeout. A rebalance completes when every member has rejoined, or when the
+longest rebalance timeout passes (members that did not rejoin are dropped); each one
+bumps the generation. The leader receives every member's metadata and hands back the
+assignment through SyncGroup.
+
+Offsets are fenced by generation: a commit names its generation and member id, and one
+from a member the group no longer has (evicted, left) or from an older generation is
+refused, so a consumer that lost its partitions cannot move their offsets. Generation
+-1 with an empty member id is a simple (assign-mode) commit, allowed while the group
+has no members, as in Kafka.
+
+Everything runs on the event loop; a group's generation and committed offsets are
+written to the CoordinatorStore before they are answered. Membership is not stored: a
+restarted server starts every group Empty at its stored generation, members rejoin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, NamedTuple
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.server.coordinator_store import GROUP_PREFIX, CoordinatorStore, store_key
+
+# A member's session is checked this often.
+SWEEP_INTERVAL_S: Final = 0.2
+MAX_PROTOCOLS: Final = 64
+
+
+class GroupState(enum.Enum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLimits:
+    """Kafka's group.* broker settings."""
+
+    min_session_timeout_ms: int = 6_000
+    max_session_timeout_ms: int = 1_800_000
+    initial_rebalance_delay_ms: int = 3_000
+    max_size: int = 1_000
+    offset_metadata_max_bytes: int = 4_096
+
+
+class CommittedOffset(NamedTuple):
+    offset: int
+    leader_epoch: int
+    metadata: str
+    commit_ms: int
+
+
+class JoinResult(NamedTuple):
+    error: ErrorCode
+    generation: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    member_id: str = ""
+    # (member id, group instance id, metadata) for the leader; empty for the others.
+    members: tuple[tuple[str, str | None, bytes], ...] = ()
+
+
+class SyncResult(NamedTuple):
+    error: ErrorCode
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    assignment: bytes = b""
+
+
+@dataclass(eq=False)
+class Member:
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: tuple[tuple[str, bytes], ...]
+    assignment: bytes = b""
+    deadline_s: float = 0.0
+    joining: asyncio.Future[JoinResult] | None = None
+    syncing: asyncio.Future[SyncResult] | None = None
+
+    def metadata_for(self, protocol: str) -> bytes:
+        return next(metadata for name, metadata in self.protocols if name == protocol)
+
+
+@dataclass(eq=False)
+class Group:
+    group_id: str
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    state: GroupState = GroupState.EMPTY
+    members: dict[str, Member] = field(default_factory=dict)
+    # Member ids handed out with MEMBER_ID_REQUIRED (JoinGroup v4+), by their deadline.
+    pending: dict[str, float] = field(default_factory=dict)
+    offsets: dict[tuple[str, int], CommittedOffset] = field(default_factory=dict)
+    # PreparingRebalance: when the join phase ends; CompletingRebalance: when members that
+    # have not sent SyncGroup are dropped.
+    rebalance_deadline_s: float = 0.0
+    # During the initial delay of an empty group the rebalance waits for the timer only.
+    initial_delay: bool = False
+
+    def record(self) -> dict[str, Any]:
+        """What the store keeps: the generation and the committed offsets."""
+        return {
+            "group": self.group_id,
+            "generation": self.generation,
+            "protocol_type": self.protocol_type,
+            "offsets": [
+                [topic, partition, *committed] for (topic, partition), committed in self.offsets.items()
+            ],
+        }
+
+    def choose_protocol(self) -> str:
+        """The protocol every member supports that the most members list first (Kafka's vote)."""
+        members = list(self.members.values())
+        common = set(name for name, _ in members[0].protocols)
+        for member in members[1:]:
+            common &= {name for name, _ in member.protocols}
+        votes = {name: 0 for name in common}
+        for member in members:
+            preferred = next(name for name, _ in member.protocols if name in common)
+            votes[preferred] += 1
+        return max(sorted(votes), key=lambda name: votes[name])
+
+    def supports(self, protocol_type: str, protocols: Sequence[tuple[str, bytes]]) -> bool:
+        """Whether a member with these protocols may join: same type, one protocol common to all."""
+        if not self.members:
+            return True
+        if protocol_type != self.protocol_type:
+            return False
+        common = {name for name, _ in protocols}
+        for member in self.members.values():
+            common &= {name for name, _ in member.protocols}
+        return bool(common)
+
+
+class GroupCoordinator:
+    def __init__(
+        self,
+        store: CoordinatorStore,
+        limits: GroupLimits,
+        clock_s: Callable[[], float] = time.monotonic,
+    ):
+        self.store = store
+        self.limits = limits
+        self._clock_s = clock_s
+        self.groups: dict[str, Group] = {}
+        for record in store.records(GROUP_PREFIX):
+            group = Group(record["group"], record["generation"], record["protocol_type"])
+            for topic, partition, *committed in record["offsets"]:
+                group.offsets[(topic, partition)] = CommittedOffset(*committed)
+            self.groups[group.group_id] = group
+        # Whether a transaction holds uncommitted offsets for (group, topic, partition).
+        self.pending_transactional: Callable[[str, str, int], bool] = lambda group, topic, partition: False
+
+    # -- membership ---------------------------------------------------------------------
+    async def join(
+        self,
+        group_id: str,
+        member_id: str,
+        instance_id: str | None,
+        client_id: str,
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        protocol_type: str,
+        protocols: Sequence[tuple[str, bytes]],
+        *,
+        member_id_required: bool,
+    ) -> JoinResult:
+        refusal = self._join_refusal(group_id, member_id, session_timeout_ms, protocol_type, protocols)
+        if refusal is not None:
+            return JoinResult(refusal, member_id=member_id)
+        group = self.groups.setdefault(group_id, Group(group_id))
+        now = self._clock_s()
+        if not member_id:
+            member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+            if len(group.members) + len(group.pending) >= self.limits.max_size:
+                return JoinResult(ErrorCode.group_max_size_reached, member_id=member_id)
+            if member_id_required:  # KIP-394: the client rejoins with this id
+                group.pending[member_id] = now + session_timeout_ms / 1000
+                return JoinResult(ErrorCode.member_id_required, member_id=member_id)
+        elif member_id in group.pending:
+            del group.pending[member_id]
+        elif member_id not in group.members:
+            return JoinResult(ErrorCode.unknown_member_id, member_id=member_id)
+        if not group.members:
+            group.protocol_type = protocol_type
+        member = group.members.get(member_id)
+        changed = member is None or member.protocols != tuple(protocols)
+        if member is None:
+            member = group.members[member_id] = Member(
+                member_id, instance_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocol_type, ()
+            )
+        member.protocols = tuple(protocols)
+        member.session_timeout_ms = session_timeout_ms
+        member.rebalance_timeout_ms = rebalance_timeout_ms
+        member.deadline_s = now + session_timeout_ms / 1000
+        settled = group.state is GroupState.COMPLETING_REBALANCE or (
+            group.state is GroupState.STABLE and member_id != group.leader
+        )
+        if settled and not changed:
+            return self._join_result(group, member)  # a retry of the join that completed
+        if member.joining is not None and not member.joining.done():
+            member.joining.set_result(JoinResult(ErrorCode.rebalance_in_progress, member_id=member_id))
+        joined = member.joining = asyncio.get_running_loop().create_future()
+        if group.state is not GroupState.PREPARING_REBALANCE:
+            self._prepare_rebalance(group)
+        self._try_complete_join(group)
+        return await joined
+
+    def _join_refusal(
+        self,
+        group_id: str,
+        member_id: str,
+        session_timeout_ms: int,
+        protocol_type: str,
+        protocols: Sequence[tuple[str, bytes]],
+    ) -> ErrorCode | None:
+        """Why a JoinGroup is refused before it touches the group, or None."""
+        limits = self.limits
+        if not group_id:
+            return ErrorCode.invalid_group_id
+        if not limits.min_session_timeout_ms <= session_timeout_ms <= limits.max_session_timeout_ms:
+            return ErrorCode.invalid_session_timeout
+        if not protocol_type or not protocols or len(protocols) > MAX_PROTOCOLS:
+            return ErrorCode.inconsistent_group_protocol
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.unknown_member_id if member_id else None
+        if not group.supports(protocol_type, protocols):
+            return ErrorCode.inconsistent_group_protocol
+        return None
+
+    def _join_result(self, group: Group, member: Member) -> JoinResult:
+        members: tuple[tuple[str, str | None, bytes], ...] = ()
+        assert group.protocol_name is not None
+        if member.member_id == group.leader:
+            members = tuple(
+                (m.member_id, m.instance_id, m.metadata_for(group.protocol_name))
+                for m in group.members.values()
+            )
+        return JoinResult(
+            ErrorCode.none,
+            group.generation,
+            group.protocol_type,
+            group.protocol_name,
+            group.leader,
+            member.member_id,
+            members,
+        )
+
+    async def sync(
+        self,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        protocol_type: str | None,
+        protocol_name: str | None,
+        assignments: Iterable[tuple[str, bytes]],
+    ) -> SyncResult:
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.members:
+            return SyncResult(ErrorCode.unknown_member_id)
+        if generation != group.generation:
+            return SyncResult(ErrorCode.illegal_generation)
+        if (protocol_type is not None and protocol_type != group.protocol_type) or (
+            protocol_name is not None and protocol_name != group.protocol_name
+        ):
+            return SyncResult(ErrorCode.inconsistent_group_protocol)
+        member = group.members[member_id]
+        if group.state is GroupState.PREPARING_REBALANCE:
+            return SyncResult(ErrorCode.rebalance_in_progress)
+        if group.state is GroupState.STABLE:
+            return SyncResult(ErrorCode.none, group.protocol_type, group.protocol_name, member.assignment)
+        assert group.state is GroupState.COMPLETING_REBALANCE
+        member.deadline_s = self._clock_s() + member.session_timeout_ms / 1000
+        if member.syncing is not None and not member.syncing.done():
+            member.syncing.set_result(SyncResult(ErrorCode.rebalance_in_progress))
+        synced = member.syncing = asyncio.get_running_loop().create_future()
+        if member_id == group.leader:
+            given = dict(assignments)
+            for each in group.members.values():
+                each.assignment = given.get(each.member_id, b"")
+            group.state = GroupState.STABLE
+            for each in group.members.values():
+                if each.syncing is not None and not each.syncing.done():
+                    each.syncing.set_result(
+                        SyncResult(ErrorCode.none, group.protocol_type, group.protocol_name, each.assignment)
+                    )
+        return await synced
+
+    def heartbeat(self, group_id: str, generation: int, member_id: str) -> ErrorCode:
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.members:
+            return ErrorCode.unknown_member_id
+        if generation != group.generation:
+            return ErrorCode.illegal_generation
+        member = group.members[member_id]
+        member.deadline_s = self._clock_s() + member.session_timeout_ms / 1000
+        if group.state is GroupState.PREPARING_REBALANCE:
+            return ErrorCode.rebalance_in_progress  # the member must rejoin
+        return ErrorCode.none
+
+    def leave(self, group_id: str, member_id: str, instance_id: str | None) -> ErrorCode:
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.unknown_member_id
+        if not member_id and instance_id is not None:
+            member_id = next(
+                (m.member_id for m in group.members.values() if m.instance_id == instance_id), ""
+            )
+        if group.pending.pop(member_id, None) is not None:
+            return ErrorCode.none
+        if member_id not in group.members:
+            return ErrorCode.unknown_member_id
+        self._remove_member(group, group.members[member_id])
+        return ErrorCode.none
+
+    def _remove_member(self, group: Group, member: Member) -> None:
+        del group.members[member.member_id]
+        if member.joining is not None and not member.joining.done():
+            member.joining.set_result(JoinResult(ErrorCode.unknown_member_id))
+        if member.syncing is not None and not member.syncing.done():
+            member.syncing.set_result(SyncResult(ErrorCode.unknown_member_id))
+        if group.state is not GroupState.PREPARING_REBALANCE:
+            self._prepare_rebalance(group)
+        self._try_complete_join(group)
+
+    # -- rebalances -----------------------------------------------------------------------
+    def _prepare_rebalance(self, group: Group) -> None:
+        if group.state is GroupState.COMPLETING_REBALANCE:
+            for member in group.members.values():
+                member.assignment = b""
+                if member.syncing is not None and not member.syncing.done():
+                    member.syncing.set_result(SyncResult(ErrorCode.rebalance_in_progress))
+        now = self._clock_s()
+        longest_s = max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000
+        group.initial_delay = group.state is GroupState.EMPTY and self.limits.initial_rebalance_delay_ms > 0
+        if group.initial_delay:
+            group.rebalance_deadline_s = now + min(self.limits.initial_rebalance_delay_ms / 1000, longest_s)
+        else:
+            group.rebalance_deadline_s = now + longest_s
+        group.state = GroupState.PREPARING_REBALANCE
+
+    def _try_complete_join(self, group: Group) -> None:
+        if group.state is not GroupState.PREPARING_REBALANCE or group.initial_delay:
+            return
+        if all(m.joining is not None and not m.joining.done() for m in group.members.values()):
+            self._complete_join(group)
+
+    def _complete_join(self, group: Group) -> None:
+        for member in [m for m in group.members.values() if m.joining is None or m.joining.done()]:
+            del group.members[member.member_id]  # did not rejoin in time
+        group.generation += 1
+        group.initial_delay = False
+        if not group.members:
+            group.state, group.protocol_name, group.leader = GroupState.EMPTY, None, ""
+            self._store_group(group, "an emptied group's generation")
+            return
+        first = next(iter(group.members.values()))
+        group.protocol_type = first.protocol_type
+        group.protocol_name = group.choose_protocol()
+        if group.leader not in group.members:
+            group.leader = first.member_id
+        group.state = GroupState.COMPLETING_REBALANCE
+        self._store_group(group, f"generation {group.generation} of group {group.group_id!r}")
+        now = self._clock_s()
+        group.rebalance_deadline_s = now + max(m.rebalance_timeout_ms for m in group.members.values()) / 1000
+        for member in group.members.values():
+            member.syncing = None
+            member.deadline_s = now + member.session_timeout_ms / 1000
+            assert member.joining is not None
+            member.joining.set_result(self._join_result(group, member))
+            member.joining = None
+
+    def sweep(self) -> None:
+        """Drop members past their session timeout, and finish rebalances past their deadline."""
+        now = self._clock_s()
+        for group in list(self.groups.values()):
+            for member_id, deadline in list(group.pending.items()):
+                if deadline < now:
+                    del group.pending[member_id]
+            for member in list(group.members.values()):
+                waiting = member.joining is not None or (
+                    member.syncing is not None and not member.syncing.done()
+                )
+                if member.deadline_s < now and not waiting and member.member_id in group.members:
+                    self._remove_member(group, member)
+            if group.rebalance_deadline_s > now:
+                continue
+            if group.state is GroupState.PREPARING_REBALANCE:
+                self._complete_join(group)
+            elif group.state is GroupState.COMPLETING_REBALANCE:
+                # The leader never sent its assignment (or members never asked): start over without
+                # the members that did not sync, as Kafka does.
+                for member in [m for m in group.members.values() if m.syncing is None]:
+                    self._remove_member(group, member)
+
+    async def run_sweeper(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            self.sweep()
+
+    # -- offsets ---------------------------------------------------------------------------
+    def check_commit(self, group_id: str, generation: int, member_id: str) -> ErrorCode:
+        """Whether a commit naming `generation` and `member_id` may move the group's offsets."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.none if generation < 0 else ErrorCode.illegal_generation
+        if generation < 0 and group.state is GroupState.EMPTY:
+            return ErrorCode.none  # a simple (assign-mode) commit to a group with no members
+        if member_id not in group.members:
+            return ErrorCode.unknown_member_id
+        if generation != group.generation:
+            return ErrorCode.illegal_generation
+        if group.state is GroupState.COMPLETING_REBALANCE:
+            return ErrorCode.rebalance_in_progress  # the assignment is not known yet
+        # Kafka accepts a commit while the group prepares a rebalance (a member commits what it
+        # consumed before giving its partitions up), and counts it as a heartbeat.
+        member = group.members[member_id]
+        member.deadline_s = self._clock_s() + member.session_timeout_ms / 1000
+        return ErrorCode.none
+
+    def check_transactional_commit(self, group_id: str, generation: int, member_id: str) -> ErrorCode:
+        """TxnOffsetCommit's fence: checked only when it names a member or a generation (v3, KIP-447)."""
+        if not member_id and generation < 0:
+            return ErrorCode.none
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.members:
+            return ErrorCode.unknown_member_id
+        if generation != group.generation:
+            return ErrorCode.illegal_generation
+        return ErrorCode.none
+
+    def commit(self, group_id: str, offsets: Iterable[tuple[str, int, CommittedOffset]]) -> None:
+        """Store `offsets` durably, then make them visible; the group is created if new."""
+        self.store.write(self.commit_records(group_id, offsets), f"committing offsets of group {group_id!r}")
+        self.apply_commit(group_id, offsets)
+
+    def commit_records(
+        self, group_id: str, offsets: Iterable[tuple[str, int, CommittedOffset]]
+    ) -> dict[str, dict[str, Any]]:
+        """The store record of `group_id` with `offsets` applied (written by the caller)."""
+        group = self.groups.get(group_id) or Group(group_id)
+        record = group.record()
+        merged = {(t, p): c for t, p, *c in record["offsets"]}
+        merged.update({(topic, partition): list(committed) for topic, partition, committed in offsets})
+        record["offsets"] = [[t, p, *c] for (t, p), c in merged.items()]
+        return {store_key(GROUP_PREFIX, group_id): record}
+
+    def apply_commit(self, group_id: str, offsets: Iterable[tuple[str, int, CommittedOffset]]) -> None:
+        group = self.groups.setdefault(group_id, Group(group_id))
+        for topic, partition, committed in offsets:
+            group.offsets[(topic, partition)] = committed
+
+    def committed(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
+        group = self.groups.get(group_id)
+        return {} if group is None else group.offsets
+
+    def _store_group(self, group: Group, what: str) -> None:
+        self.store.write({store_key(GROUP_PREFIX, group.group_id): group.record()}, f"storing {what}")

@@ -1,0 +1,412 @@
+"""The transaction coordinator: transactional ids, their epochs, and the two-phase end of a transaction.
+
+A transactional id's record moves Empty -> Ongoing -> PrepareCommit | PrepareAbort ->
+CompleteCommit | CompleteAbort -> Ongoing ... Each transition is durable before it is
+answered. Ending a transaction:
+
+1. stores Prepare* (from here on the outcome is decided: a crash finishes it);
+2. waits for the producer's appends in flight, then writes a COMMIT or ABORT marker to
+   every partition of the transaction and fsyncs it (a crash after step 3 must find
+   the markers on disk, or read_committed readers would wait on the partition forever);
+3. stores Complete* together with the group offsets the transaction committed, in one
+   commit (a crash can never apply the offsets without the markers, or the reverse).
+
+Crash cases, by what the store holds at the next start:
+
+| stored state | what the start does |
+|---|---|
+| Empty, Complete* | nothing |
+| Ongoing | keeps it; the producer carries on, or the timeout aborts it |
+| Prepare* | writes the markers again (a second marker completes nothing) and completes |
+
+Every start bumps the coordinator epoch, so a marker a killed process was still
+writing is fenced by the logs once this process has written its own.
+
+`InitProducerId(transactional_id)` fences the previous incarnation: it aborts the open
+transaction, bumps the epoch (a new producer id when it would overflow i16) and keeps
+the producer id. A transaction open past its timeout is aborted the same way, so a
+late batch of the timed-out epoch is refused rather than opening a transaction no one
+will end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.errors import InvalidProducerEpochError, OncelogError
+from oncelog.layout import TopicPartition
+from oncelog.log_manager import UnknownTopicOrPartitionError
+from oncelog.producer_ids import ProducerIdManager
+from oncelog.server.coordinator_store import TXN_PREFIX, CoordinatorStore, store_key
+from oncelog.server.groups import CommittedOffset, GroupCoordinator
+
+log = logging.getLogger("oncelog.serve")
+MAX_EPOCH: Final = 2**15 - 1
+# How often transactions are checked against their timeouts, and unfinished ends retried.
+CHECK_INTERVAL_S: Final = 0.5
+MAX_TXN_PARTITIONS: Final = 100_000
+
+
+class TxnState(enum.Enum):
+    EMPTY = "Empty"
+    ONGOING = "Ongoing"
+    PREPARE_COMMIT = "PrepareCommit"
+    PREPARE_ABORT = "PrepareAbort"
+    COMPLETE_COMMIT = "CompleteCommit"
+    COMPLETE_ABORT = "CompleteAbort"
+
+    @property
+    def preparing(self) -> bool:
+        return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
+
+
+class TxnError(Exception):
+    """A transactional request refused with `code`."""
+
+    def __init__(self, code: ErrorCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(eq=False)
+class Transaction:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: TxnState = TxnState.EMPTY
+    # The epoch before the last bump a producer asked for by presenting it (KIP-360), so
+    # a retry of that InitProducerId gets the same epoch; -1 after a bump that fences.
+    last_epoch: int = -1
+    partitions: set[TopicPartition] = field(default_factory=set)
+    groups: set[str] = field(default_factory=set)
+    offsets: dict[tuple[str, str, int], CommittedOffset] = field(default_factory=dict)
+    started_ms: int = 0
+    # Not stored: appends of this transaction in flight, and who waits for them to finish.
+    appends_in_flight: int = 0
+    drained: asyncio.Event | None = None
+    # True while an end is being carried out (prepared, markers being written).
+    ending: bool = False
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "id": self.transactional_id,
+            "pid": self.producer_id,
+            "epoch": self.producer_epoch,
+            "last_epoch": self.last_epoch,
+            "timeout_ms": self.timeout_ms,
+            "state": self.state.value,
+            "partitions": sorted([tp.topic, tp.partition] for tp in self.partitions),
+            "groups": sorted(self.groups),
+            "offsets": [[g, t, p, *c] for (g, t, p), c in self.offsets.items()],
+            "started_ms": self.started_ms,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Transaction:
+        return cls(
+            record["id"],
+            record["pid"],
+            record["epoch"],
+            record["timeout_ms"],
+            TxnState(record["state"]),
+            record["last_epoch"],
+            {TopicPartition(t, p) for t, p in record["partitions"]},
+            set(record["groups"]),
+            {(g, t, p): CommittedOffset(*c) for g, t, p, *c in record["offsets"]},
+            record["started_ms"],
+        )
+
+
+# Writes one marker to a partition and makes it durable: (partition, producer id, epoch,
+# commit, coordinator epoch). Runs in a worker thread.
+MarkerWriter = Callable[[TopicPartition, int, int, bool, int], None]
+
+
+class TransactionCoordinator:
+    def __init__(
+        self,
+        store: CoordinatorStore,
+        producer_ids: ProducerIdManager,
+        groups: GroupCoordinator,
+        write_marker: MarkerWriter,
+        in_thread: Callable[[Callable[[], None]], Any],
+        wake: Callable[[Iterable[TopicPartition]], None],
+        *,
+        max_timeout_ms: int,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ):
+        self.store = store
+        self.producer_ids = producer_ids
+        self.groups = groups
+        self.max_timeout_ms = max_timeout_ms
+        self._write_marker = write_marker
+        self._in_thread = in_thread
+        self._wake = wake
+        self._clock_ms = clock_ms
+        self.coordinator_epoch = store.next_epoch()
+        self.transactions: dict[str, Transaction] = {}
+        self._by_producer: dict[int, Transaction] = {}
+        for record in store.records(TXN_PREFIX):
+            txn = Transaction.from_record(record)
+            self.transactions[txn.transactional_id] = txn
+            self._by_producer[txn.producer_id] = txn
+        groups.pending_transactional = self._holds_offsets
+
+    def unfinished(self) -> list[Transaction]:
+        """Transactions whose end was decided but not completed (a crash in between)."""
+        return [txn for txn in self.transactions.values() if txn.state.preparing]
+
+    # -- the producer's requests ---------------------------------------------------------
+    async def init_producer_id(
+        self, transactional_id: str, timeout_ms: int, producer_id: int, producer_epoch: int
+    ) -> tuple[int, int]:
+        """(producer id, epoch) for a new incarnation of `transactional_id`; TxnError if refused."""
+        if not 1 <= timeout_ms <= self.max_timeout_ms:
+            raise TxnError(
+                ErrorCode.invalid_transaction_timeout,
+                f"transaction timeout {timeout_ms} ms is outside 1..{self.max_timeout_ms}",
+            )
+        if (producer_id == -1) != (producer_epoch == -1):
+            raise TxnError(ErrorCode.invalid_request, "give both the producer id and the epoch, or neither")
+        txn = self.transactions.get(transactional_id)
+        if txn is None:
+            txn = Transaction(transactional_id, self.producer_ids.lease().producer_id, -1, timeout_ms)
+        elif txn.ending or txn.state.preparing:
+            raise TxnError(ErrorCode.concurrent_transactions, "the previous transaction is still ending")
+        elif producer_id not in (-1, txn.producer_id):
+            raise TxnError(ErrorCode.producer_fenced, "a newer incarnation holds this transactional id")
+        expected = producer_epoch if producer_id != -1 and txn.producer_epoch != -1 else None
+        if txn.state is TxnState.ONGOING:
+            await self._end(txn, commit=False, bump=True)
+            if txn.state.preparing:  # a marker could not be written yet; retried in the background
+                raise TxnError(ErrorCode.concurrent_transactions, "the previous transaction is still ending")
+            expected = None
+        if expected is not None and expected == txn.last_epoch:
+            return txn.producer_id, txn.producer_epoch  # a retry of the bump this producer asked for
+        if expected is not None and expected != txn.producer_epoch:
+            raise TxnError(ErrorCode.producer_fenced, f"epoch {expected} is not the current one")
+        # KIP-360: a producer that asked for this bump may retry it and get the same epoch back.
+        txn.last_epoch = txn.producer_epoch if expected is not None else -1
+        self._bump(txn)
+        txn.timeout_ms = timeout_ms
+        txn.state = TxnState.EMPTY
+        txn.partitions, txn.groups, txn.offsets = set(), set(), {}
+        self._store(txn, f"epoch {txn.producer_epoch} of transactional id {transactional_id!r}")
+        self.transactions[transactional_id] = txn
+        self._by_producer[txn.producer_id] = txn
+        return txn.producer_id, txn.producer_epoch
+
+    def add_partitions(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Iterable[TopicPartition],
+    ) -> None:
+        txn = self._current(transactional_id, producer_id, producer_epoch)
+        wanted = set(partitions)
+        if txn.state is TxnState.ONGOING and wanted <= txn.partitions:
+            return  # a retry
+        if len(txn.partitions | wanted) > MAX_TXN_PARTITIONS:
+            raise TxnError(
+                ErrorCode.invalid_request, f"a transaction spans at most {MAX_TXN_PARTITIONS} partitions"
+            )
+        self._begin(txn)
+        txn.partitions |= wanted
+        self._store(txn, f"adding partitions to transaction {transactional_id!r}")
+
+    def add_offsets(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str
+    ) -> None:
+        txn = self._current(transactional_id, producer_id, producer_epoch)
+        if txn.state is TxnState.ONGOING and group_id in txn.groups:
+            return
+        self._begin(txn)
+        txn.groups.add(group_id)
+        self._store(txn, f"adding group {group_id!r} to transaction {transactional_id!r}")
+
+    def commit_offsets(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        group_id: str,
+        offsets: Iterable[tuple[str, int, CommittedOffset]],
+    ) -> None:
+        """TxnOffsetCommit: the offsets become the group's when the transaction commits."""
+        txn = self._current(transactional_id, producer_id, producer_epoch)
+        if txn.state is not TxnState.ONGOING or group_id not in txn.groups:
+            raise TxnError(
+                ErrorCode.invalid_txn_state, f"group {group_id!r} was not added to the transaction"
+            )
+        for topic, partition, committed in offsets:
+            txn.offsets[(group_id, topic, partition)] = committed
+        self._store(txn, f"offsets of transaction {transactional_id!r}")
+
+    async def end(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> None:
+        ending = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        txn = self.transactions.get(transactional_id)
+        if txn is not None and txn.state.preparing and txn.state is not ending:
+            raise TxnError(ErrorCode.invalid_txn_state, f"the transaction is already in {txn.state.value}")
+        txn = self._current(transactional_id, producer_id, producer_epoch)
+        done = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        if txn.state is done:
+            return  # a retry of the end that completed
+        if txn.state is not TxnState.ONGOING:
+            raise TxnError(
+                ErrorCode.invalid_txn_state, f"cannot end a transaction in state {txn.state.value}"
+            )
+        await self._end(txn, commit=commit, bump=False)
+
+    def _current(self, transactional_id: str, producer_id: int, producer_epoch: int) -> Transaction:
+        txn = self.transactions.get(transactional_id)
+        if txn is None or txn.producer_id != producer_id:
+            raise TxnError(ErrorCode.invalid_producer_id_mapping, f"no producer {producer_id} for this id")
+        if producer_epoch != txn.producer_epoch:
+            raise TxnError(ErrorCode.producer_fenced, f"epoch {producer_epoch} is not the current one")
+        if txn.state.preparing:
+            raise TxnError(ErrorCode.concurrent_transactions, "the previous transaction is still ending")
+        return txn
+
+    def _begin(self, txn: Transaction) -> None:
+        if txn.state is not TxnState.ONGOING:
+            txn.state = TxnState.ONGOING
+            txn.partitions, txn.groups, txn.offsets = set(), set(), {}
+            txn.started_ms = self._clock_ms()
+
+    def _bump(self, txn: Transaction) -> None:
+        # A new producer id one short of the last epoch, leaving room for a fencing bump (Kafka's rule).
+        if txn.producer_epoch >= MAX_EPOCH - 1:
+            del self._by_producer[txn.producer_id]
+            txn.producer_id, txn.producer_epoch = self.producer_ids.lease().producer_id, 0
+            self._by_producer[txn.producer_id] = txn
+        else:
+            txn.producer_epoch += 1
+
+    # -- produce admission -------------------------------------------------------------------
+    def admit_append(self, producer_id: int, producer_epoch: int, tp: TopicPartition) -> ErrorCode:
+        """Whether a transactional batch may be appended: its transaction is open and holds `tp`.
+
+        Admitted appends are counted until `appended` is called, and the end of their
+        transaction waits for them, so no batch lands after its transaction's marker.
+        """
+        txn = self._by_producer.get(producer_id)
+        if txn is None or txn.state is not TxnState.ONGOING or tp not in txn.partitions:
+            return ErrorCode.invalid_txn_state
+        if producer_epoch != txn.producer_epoch:
+            return ErrorCode.invalid_producer_epoch
+        txn.appends_in_flight += 1
+        return ErrorCode.none
+
+    def appended(self, producer_id: int) -> None:
+        txn = self._by_producer[producer_id]
+        txn.appends_in_flight -= 1
+        assert txn.appends_in_flight >= 0
+        if txn.appends_in_flight == 0 and txn.drained is not None:
+            txn.drained.set()
+
+    # -- ending ------------------------------------------------------------------------------
+    async def _end(self, txn: Transaction, *, commit: bool, bump: bool) -> None:
+        """Prepare durably, write the markers, complete durably (the module's steps 1-3)."""
+        marker_epoch = txn.producer_epoch
+        if bump:  # fences the incarnation whose transaction this is
+            txn.last_epoch = -1
+            if txn.producer_epoch < MAX_EPOCH:
+                txn.producer_epoch = marker_epoch = txn.producer_epoch + 1
+        txn.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        txn.ending = True
+        try:
+            self._store(txn, f"preparing the end of transaction {txn.transactional_id!r}")
+            while txn.appends_in_flight:
+                txn.drained = asyncio.Event()
+                await txn.drained.wait()
+            txn.drained = None
+            await self._complete(txn, marker_epoch)
+        finally:
+            txn.ending = False
+
+    async def complete(self, txn: Transaction) -> bool:
+        """Finish a prepared transaction no request is ending (after a crash, or a failed marker)."""
+        if txn.ending:
+            return False
+        txn.ending = True
+        try:
+            return await self._complete(txn, txn.producer_epoch)
+        finally:
+            txn.ending = False
+
+    async def _complete(self, txn: Transaction, marker_epoch: int) -> bool:
+        """Write the markers of a prepared transaction and store it complete; False if a marker failed."""
+        assert txn.state.preparing
+        commit = txn.state is TxnState.PREPARE_COMMIT
+        partitions = sorted(txn.partitions)
+        try:
+            await self._in_thread(
+                lambda: self._write_markers(partitions, txn.producer_id, marker_epoch, commit)
+            )
+        except (OncelogError, OSError) as exc:
+            log.warning("transaction %r: markers not all written, retrying: %s", txn.transactional_id, exc)
+            return False
+        records = {store_key(TXN_PREFIX, txn.transactional_id): txn.record()}
+        by_group: dict[str, list[tuple[str, int, CommittedOffset]]] = {}
+        if commit:
+            for (group_id, topic, partition), committed in txn.offsets.items():
+                by_group.setdefault(group_id, []).append((topic, partition, committed))
+            for group_id, offsets in by_group.items():
+                records.update(self.groups.commit_records(group_id, offsets))
+        txn.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        txn.offsets = {}
+        records[store_key(TXN_PREFIX, txn.transactional_id)] = txn.record()
+        # One commit: the offsets are the group's exactly when the transaction is complete.
+        self.store.write(records, f"completing transaction {txn.transactional_id!r}")
+        for group_id, offsets in by_group.items():
+            self.groups.apply_commit(group_id, offsets)
+        self._wake(partitions)  # read_committed fetches waiting on these partitions' stable offsets
+        return True
+
+    def _write_markers(
+        self, partitions: list[TopicPartition], producer_id: int, epoch: int, commit: bool
+    ) -> None:
+        for tp in partitions:
+            try:
+                self._write_marker(tp, producer_id, epoch, commit, self.coordinator_epoch)
+            except UnknownTopicOrPartitionError:
+                log.info("transaction marker to %s skipped: the partition is gone", tp)
+            except InvalidProducerEpochError as exc:
+                # A newer epoch already wrote to the partition, so this transaction's data there
+                # was closed by that epoch's marker or fencing: nothing is left to end.
+                log.info("transaction marker to %s skipped: %s", tp, exc)
+
+    async def run_timeouts(self) -> None:
+        """Abort transactions open past their timeout; retry ends whose markers failed."""
+        while True:
+            await asyncio.sleep(CHECK_INTERVAL_S)
+            await self.check_timeouts()
+
+    async def check_timeouts(self) -> None:
+        now = self._clock_ms()
+        for txn in list(self.transactions.values()):
+            if txn.state.preparing:
+                await self.complete(txn)
+            elif txn.state is TxnState.ONGOING and not txn.ending and now > txn.started_ms + txn.timeout_ms:
+                log.info(
+                    "aborting transaction %r: open past its %d ms timeout",
+                    txn.transactional_id,
+                    txn.timeout_ms,
+                )
+                await self._end(txn, commit=False, bump=True)
+
+    def _holds_offsets(self, group_id: str, topic: str, partition: int) -> bool:
+        return any((group_id, topic, partition) in txn.offsets for txn in self.transactions.values())
+
+    def _store(self, txn: Transaction, what: str) -> None:
+        self.store.write({store_key(TXN_PREFIX, txn.transactional_id): txn.record()}, f"storing {what}")

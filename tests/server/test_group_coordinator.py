@@ -1,0 +1,220 @@
+"""GroupCoordinator on its own: membership, rebalances, generation fencing and durable offsets.
+
+Driven directly (no sockets) on an event loop with a hand-moved clock, so every timeout
+is exact. The real-client behaviour is in test_groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.recovery.fs import DEFAULT_FS
+from oncelog.server.coordinator_store import CoordinatorStore
+from oncelog.server.groups import CommittedOffset, GroupCoordinator, GroupLimits, GroupState, JoinResult
+
+_T = TypeVar("_T")
+PROTOCOLS = [("range", b"range-meta"), ("roundrobin", b"rr-meta")]
+SESSION_MS = 10_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def run(test: Callable[[GroupCoordinator, Clock], Awaitable[_T]], root: Path, **limits: Any) -> _T:
+    clock = Clock()
+    store = CoordinatorStore.open(DEFAULT_FS, str(root))
+    try:
+        coordinator = GroupCoordinator(
+            store, GroupLimits(**{"initial_rebalance_delay_ms": 0, **limits}), clock
+        )
+        return asyncio.run(test(coordinator, clock))
+    finally:
+        store.close()
+
+
+def join(coordinator: GroupCoordinator, member_id: str = "", **kw: Any) -> asyncio.Task[JoinResult]:
+    return asyncio.ensure_future(
+        coordinator.join(
+            kw.get("group", "g"),
+            member_id,
+            None,
+            "client",
+            kw.get("session_ms", SESSION_MS),
+            kw.get("rebalance_ms", 30_000),
+            "consumer",
+            kw.get("protocols", PROTOCOLS),
+            member_id_required=False,
+        )
+    )
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def stable_pair(coordinator: GroupCoordinator) -> tuple[JoinResult, JoinResult]:
+    """Two members joined and synced: the leader assigned p0 to itself and p1 to the other."""
+    first = await join(coordinator)
+    assert first.error == ErrorCode.none and first.generation == 1
+    await coordinator.sync("g", 1, first.member_id, None, None, [(first.member_id, b"p0")])
+    second_task = join(coordinator)
+    await settle()
+    rejoin = join(coordinator, first.member_id)
+    leader, second = await rejoin, await second_task
+    assert leader.generation == second.generation == 2
+    assignments = [(leader.member_id, b"p0"), (second.member_id, b"p1")]
+    sync_second = asyncio.ensure_future(coordinator.sync("g", 2, second.member_id, None, None, []))
+    await settle()
+    assert (await coordinator.sync("g", 2, leader.member_id, None, None, assignments)).assignment == b"p0"
+    assert (await sync_second).assignment == b"p1"
+    return leader, second
+
+
+def test_a_lone_member_leads_generation_1_and_gets_its_own_metadata(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        result = await join(coordinator)
+        assert result.error == ErrorCode.none
+        assert result.generation == 1 and result.leader == result.member_id
+        assert result.protocol_name == "range"
+        assert result.members == ((result.member_id, None, b"range-meta"),)
+
+    run(scenario, tmp_path)
+
+
+def test_the_leader_sees_every_member_and_followers_see_none(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        leader, follower = await stable_pair(coordinator)
+        assert {m for m, _, _ in leader.members} == {leader.member_id, follower.member_id}
+        assert follower.members == ()
+        assert coordinator.groups["g"].state is GroupState.STABLE
+
+    run(scenario, tmp_path)
+
+
+def test_a_member_past_its_session_timeout_is_dropped_and_its_commit_refused(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        leader, follower = await stable_pair(coordinator)
+        clock.now_s += SESSION_MS / 1000 - 1
+        assert coordinator.heartbeat("g", 2, leader.member_id) == ErrorCode.none
+        clock.now_s += 2  # the follower stayed silent past its session
+        coordinator.sweep()
+        assert follower.member_id not in coordinator.groups["g"].members
+        assert coordinator.heartbeat("g", 2, leader.member_id) == ErrorCode.rebalance_in_progress
+        assert coordinator.check_commit("g", 2, follower.member_id) == ErrorCode.unknown_member_id
+        # The leader may still commit for generation 2 while the rebalance prepares (Kafka allows it).
+        assert coordinator.check_commit("g", 2, leader.member_id) == ErrorCode.none
+        rejoined = await join(coordinator, leader.member_id)
+        assert rejoined.generation == 3
+        assert coordinator.check_commit("g", 2, leader.member_id) == ErrorCode.illegal_generation
+        # Generation 3 is current, but its assignment is not known until the leader syncs.
+        assert coordinator.check_commit("g", 3, leader.member_id) == ErrorCode.rebalance_in_progress
+        await coordinator.sync("g", 3, leader.member_id, None, None, [])
+        assert coordinator.check_commit("g", 2, leader.member_id) == ErrorCode.illegal_generation
+        assert coordinator.check_commit("g", 3, leader.member_id) == ErrorCode.none
+
+    run(scenario, tmp_path)
+
+
+def test_a_member_that_does_not_rejoin_within_the_rebalance_timeout_is_dropped(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        leader, follower = await stable_pair(coordinator)
+        third = join(coordinator)
+        await settle()
+        rejoin = join(coordinator, leader.member_id)
+        # The follower keeps heartbeating (told REBALANCE_IN_PROGRESS) but never rejoins.
+        for _ in range(4):
+            clock.now_s += 8
+            coordinator.heartbeat("g", 2, follower.member_id)
+            coordinator.sweep()
+            await settle()
+        assert (await rejoin).generation == 3
+        assert (await third).generation == 3
+        assert follower.member_id not in coordinator.groups["g"].members
+
+    run(scenario, tmp_path)
+
+
+def test_simple_commits_need_an_empty_group(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        assert coordinator.check_commit("fresh", -1, "") == ErrorCode.none
+        assert coordinator.check_commit("fresh", 3, "somebody") == ErrorCode.illegal_generation
+        await stable_pair(coordinator)
+        assert coordinator.check_commit("g", -1, "") == ErrorCode.unknown_member_id
+
+    run(scenario, tmp_path)
+
+
+def test_join_v4_hands_out_a_member_id_first(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        first = await coordinator.join(
+            "g", "", None, "c", SESSION_MS, 30_000, "consumer", PROTOCOLS, member_id_required=True
+        )
+        assert first.error == ErrorCode.member_id_required and first.member_id
+        second = await coordinator.join(
+            "g",
+            first.member_id,
+            None,
+            "c",
+            SESSION_MS,
+            30_000,
+            "consumer",
+            PROTOCOLS,
+            member_id_required=True,
+        )
+        assert second.error == ErrorCode.none and second.member_id == first.member_id
+        unknown = await coordinator.join(
+            "g", "made-up", None, "c", SESSION_MS, 30_000, "consumer", PROTOCOLS, member_id_required=True
+        )
+        assert unknown.error == ErrorCode.unknown_member_id
+
+    run(scenario, tmp_path)
+
+
+def test_joins_outside_the_limits_are_refused_with_kafkas_codes(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        assert (await join(coordinator, session_ms=10)).error == ErrorCode.invalid_session_timeout
+        assert (await join(coordinator, group="")).error == ErrorCode.invalid_group_id
+        assert (await join(coordinator, protocols=[])).error == ErrorCode.inconsistent_group_protocol
+        await join(coordinator)
+        other = await join(coordinator, protocols=[("sticky", b"")])
+        assert other.error == ErrorCode.inconsistent_group_protocol
+
+    run(scenario, tmp_path)
+
+
+def test_offsets_and_generation_survive_a_reopen_of_the_store(tmp_path: Path) -> None:
+    async def first_life(coordinator: GroupCoordinator, clock: Clock) -> None:
+        await stable_pair(coordinator)
+        coordinator.commit("g", [("t", 0, CommittedOffset(42, -1, "meta", 7))])
+
+    async def second_life(coordinator: GroupCoordinator, clock: Clock) -> None:
+        group = coordinator.groups["g"]
+        assert group.generation == 2 and group.state is GroupState.EMPTY and not group.members
+        assert coordinator.committed("g")[("t", 0)] == CommittedOffset(42, -1, "meta", 7)
+        fresh = await join(coordinator)
+        assert fresh.generation == 3  # generations keep rising across restarts
+
+    run(first_life, tmp_path)
+    run(second_life, tmp_path)
+
+
+def test_leaving_hands_the_partitions_to_the_others(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        leader, follower = await stable_pair(coordinator)
+        assert coordinator.leave("g", leader.member_id, None) == ErrorCode.none
+        assert coordinator.leave("g", leader.member_id, None) == ErrorCode.unknown_member_id
+        rejoined = await join(coordinator, follower.member_id)
+        assert rejoined.generation == 3 and rejoined.leader == follower.member_id
+
+    run(scenario, tmp_path)

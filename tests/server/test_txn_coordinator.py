@@ -1,0 +1,287 @@
+"""TransactionCoordinator on its own: epochs, the two-phase end, crash completion and timeouts.
+
+Markers go to a recording writer (or one that fails on demand) instead of logs, and the
+clock is moved by hand. The real-client behaviour is in test_transactions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.layout import TopicPartition
+from oncelog.producer_ids import ProducerIdManager
+from oncelog.recovery.fs import DEFAULT_FS
+from oncelog.server.coordinator_store import CoordinatorStore
+from oncelog.server.groups import CommittedOffset, GroupCoordinator, GroupLimits
+from oncelog.server.txn_coordinator import MAX_EPOCH, TransactionCoordinator, TxnError, TxnState
+
+TP0 = TopicPartition("out", 0)
+TP1 = TopicPartition("out", 1)
+Marker = tuple[TopicPartition, int, int, bool, int]
+
+
+class Markers:
+    """Records every marker; raises OSError for markers while `failing` is set."""
+
+    def __init__(self) -> None:
+        self.written: list[Marker] = []
+        self.failing = False
+
+    def __call__(
+        self, tp: TopicPartition, pid: int, epoch: int, commit: bool, coordinator_epoch: int
+    ) -> None:
+        if self.failing:
+            raise OSError(5, "injected marker failure")
+        self.written.append((tp, pid, epoch, commit, coordinator_epoch))
+
+
+class World:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.now_ms = 1_000_000
+        self.markers = Markers()
+        self.woken: list[TopicPartition] = []
+
+    def open(self) -> tuple[TransactionCoordinator, Callable[[], None]]:
+        store = CoordinatorStore.open(DEFAULT_FS, str(self.root))
+        ids = ProducerIdManager.open(self.root / "ids")
+        groups = GroupCoordinator(store, GroupLimits())
+
+        async def in_thread(call: Callable[[], None]) -> None:
+            call()
+
+        def wake(partitions: Iterable[TopicPartition]) -> None:
+            self.woken.extend(partitions)
+
+        coordinator = TransactionCoordinator(
+            store,
+            ids,
+            groups,
+            self.markers,
+            in_thread,
+            wake,
+            max_timeout_ms=60_000,
+            clock_ms=lambda: self.now_ms,
+        )
+
+        def close() -> None:
+            store.close()
+            ids.close()
+
+        return coordinator, close
+
+    def run(self, scenario: Callable[[TransactionCoordinator], Any]) -> Any:
+        coordinator, close = self.open()
+        try:
+            return asyncio.run(scenario(coordinator))
+        finally:
+            close()
+
+
+class Refused:
+    """`with Refused(code):` the block raises TxnError with `code`."""
+
+    def __init__(self, code: ErrorCode) -> None:
+        self.code = code
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        assert isinstance(exc, TxnError), f"expected TxnError({self.code.name}), got {exc!r}"
+        assert exc.code == self.code, f"expected {self.code.name}, got {exc.code.name}: {exc}"
+        return True
+
+
+def test_each_init_keeps_the_producer_id_and_bumps_the_epoch(tmp_path: Path) -> None:
+    async def scenario(c: TransactionCoordinator) -> None:
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        assert epoch == 0
+        assert await c.init_producer_id("app", 10_000, -1, -1) == (pid, 1)
+        assert (await c.init_producer_id("other", 10_000, -1, -1))[0] != pid
+
+    World(tmp_path).run(scenario)
+
+
+def test_a_commit_writes_markers_then_applies_its_offsets_in_the_same_store_commit(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> int:
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0, TP1])
+        c.add_offsets("app", pid, epoch, "group")
+        c.commit_offsets("app", pid, epoch, "group", [("in", 0, CommittedOffset(17, -1, "", 5))])
+        assert c.groups.pending_transactional("group", "in", 0)
+        assert c.groups.committed("group") == {}
+        await c.end("app", pid, epoch, True)
+        assert world.markers.written == [(TP0, pid, epoch, True, 0), (TP1, pid, epoch, True, 0)]
+        assert c.groups.committed("group")[("in", 0)].offset == 17
+        assert not c.groups.pending_transactional("group", "in", 0)
+        assert set(world.woken) == {TP0, TP1}
+        await c.end("app", pid, epoch, True)  # a retry of the completed commit succeeds
+        with Refused(ErrorCode.invalid_txn_state):
+            await c.end("app", pid, epoch, False)
+        return pid
+
+    pid = world.run(scenario)
+
+    async def after_restart(c: TransactionCoordinator) -> None:
+        assert c.coordinator_epoch == 1
+        assert c.transactions["app"].state is TxnState.COMPLETE_COMMIT
+        assert c.groups.committed("group")[("in", 0)].offset == 17
+        assert c.transactions["app"].producer_id == pid
+
+    world.run(after_restart)
+
+
+def test_an_abort_discards_the_offsets(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_offsets("app", pid, epoch, "group")
+        c.commit_offsets("app", pid, epoch, "group", [("in", 0, CommittedOffset(17, -1, "", 5))])
+        await c.end("app", pid, epoch, False)
+        assert c.groups.committed("group") == {}
+        assert not c.groups.pending_transactional("group", "in", 0)
+
+    world.run(scenario)
+
+
+def test_a_new_incarnation_aborts_the_open_transaction_and_fences_the_old_one(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0])
+        assert c.admit_append(pid, epoch, TP0) == ErrorCode.none
+        c.appended(pid)
+        new_pid, new_epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        assert new_pid == pid and new_epoch > epoch + 1
+        # The abort marker carries an epoch above the zombie's, so its partition fences it too.
+        assert world.markers.written == [(TP0, pid, epoch + 1, False, 0)]
+        assert c.admit_append(pid, epoch, TP0) == ErrorCode.invalid_txn_state
+        with Refused(ErrorCode.producer_fenced):
+            c.add_partitions("app", pid, epoch, [TP0])
+        with Refused(ErrorCode.producer_fenced):
+            await c.end("app", pid, epoch, True)
+        with Refused(ErrorCode.invalid_producer_id_mapping):
+            c.add_partitions("app", pid + 1000, new_epoch, [TP0])
+
+    world.run(scenario)
+
+
+def test_a_crash_after_prepare_is_completed_by_the_next_start_with_a_newer_coordinator_epoch(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+
+    async def first_life(c: TransactionCoordinator) -> tuple[int, int]:
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0])
+        c.add_offsets("app", pid, epoch, "group")
+        c.commit_offsets("app", pid, epoch, "group", [("in", 3, CommittedOffset(99, -1, "", 5))])
+        world.markers.failing = True  # the process "dies" with the commit decided, no marker written
+        await c.end("app", pid, epoch, True)
+        assert c.transactions["app"].state is TxnState.PREPARE_COMMIT
+        with Refused(ErrorCode.concurrent_transactions):
+            c.add_partitions("app", pid, epoch, [TP1])
+        with Refused(ErrorCode.concurrent_transactions):
+            await c.init_producer_id("app", 10_000, -1, -1)
+        return pid, epoch
+
+    pid, epoch = world.run(first_life)
+    world.markers.failing = False
+
+    async def second_life(c: TransactionCoordinator) -> None:
+        (unfinished,) = c.unfinished()
+        assert unfinished.transactional_id == "app"
+        assert c.groups.committed("group") == {}
+        assert await c.complete(unfinished)
+        assert world.markers.written == [(TP0, pid, epoch, True, 1)]
+        assert c.transactions["app"].state is TxnState.COMPLETE_COMMIT
+        assert c.groups.committed("group")[("in", 3)].offset == 99
+
+    world.run(second_life)
+
+
+def test_a_transaction_open_past_its_timeout_is_aborted_and_its_epoch_fenced(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        pid, epoch = await c.init_producer_id("app", 5_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0])
+        world.now_ms += 4_000
+        await c.check_timeouts()
+        assert c.transactions["app"].state is TxnState.ONGOING
+        world.now_ms += 2_000
+        await c.check_timeouts()
+        assert c.transactions["app"].state is TxnState.COMPLETE_ABORT
+        assert world.markers.written == [(TP0, pid, epoch + 1, False, 0)]
+        assert c.admit_append(pid, epoch, TP0) == ErrorCode.invalid_txn_state
+        with Refused(ErrorCode.producer_fenced):
+            await c.end("app", pid, epoch, True)
+        # Kafka fences a timed-out producer: its epoch cannot be bumped, only a fresh init works.
+        with Refused(ErrorCode.producer_fenced):
+            await c.init_producer_id("app", 5_000, pid, epoch)
+        assert await c.init_producer_id("app", 5_000, -1, -1) == (pid, epoch + 2)
+
+    world.run(scenario)
+
+
+def test_an_epoch_bump_a_producer_asks_for_can_be_retried(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        pid, epoch = await c.init_producer_id("app", 5_000, -1, -1)
+        bumped = await c.init_producer_id("app", 5_000, pid, epoch)
+        assert bumped == (pid, epoch + 1)
+        assert await c.init_producer_id("app", 5_000, pid, epoch) == bumped  # the retry
+        with Refused(ErrorCode.producer_fenced):
+            await c.init_producer_id("app", 5_000, pid + 1, epoch)
+        with Refused(ErrorCode.invalid_request):
+            await c.init_producer_id("app", 5_000, pid, -1)
+
+    world.run(scenario)
+
+
+def test_the_end_waits_for_appends_in_flight(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0])
+        assert c.admit_append(pid, epoch, TP1) == ErrorCode.invalid_txn_state  # not added
+        assert c.admit_append(pid, epoch, TP0) == ErrorCode.none
+        ending = asyncio.ensure_future(c.end("app", pid, epoch, True))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not ending.done() and world.markers.written == []
+        assert c.admit_append(pid, epoch, TP0) == ErrorCode.invalid_txn_state  # no new appends once prepared
+        c.appended(pid)
+        await ending
+        assert world.markers.written == [(TP0, pid, epoch, True, 0)]
+
+    world.run(scenario)
+
+
+def test_timeouts_past_the_maximum_and_exhausted_epochs(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        with Refused(ErrorCode.invalid_transaction_timeout):
+            await c.init_producer_id("app", 60_001, -1, -1)
+        with Refused(ErrorCode.invalid_transaction_timeout):
+            await c.init_producer_id("app", 0, -1, -1)
+        pid, _ = await c.init_producer_id("app", 10_000, -1, -1)
+        c.transactions["app"].producer_epoch = MAX_EPOCH - 2
+        assert await c.init_producer_id("app", 10_000, -1, -1) == (pid, MAX_EPOCH - 1)
+        new_pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        assert new_pid != pid and epoch == 0
+
+    world.run(scenario)
