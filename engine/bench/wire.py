@@ -34,6 +34,8 @@ What is measured, each repeat on a fresh topic, messages sent to partition n % 4
    messages/s for a few seconds; latency is the time the delivery report reaches
    the application (the callback) minus the time produce() was called, so it
    includes linger.ms=5. p50 and p99 per repeat.
+4. transactional produce throughput and a consumer group's rebalance time (see
+   wire_groups).
 
 Throughput rows are medians over the repeats with target ratio oncelog / mock
 ≥ 0.8; the latency rows are the medians of the per-repeat percentiles,
@@ -63,6 +65,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from oncelog.bench import wire_groups
 from oncelog.bench.harness import BenchResults, BenchSettings, Progress, Target, count_label, make_row, median
 from oncelog.bench.serve_process import ServeProcess
 
@@ -95,6 +98,8 @@ class Side:
     p50_ms: list[float] = field(default_factory=list)
     p99_ms: list[float] = field(default_factory=list)
     offered_rates: list[float] = field(default_factory=list)
+    txn_s: list[float] = field(default_factory=list)
+    rebalance_s: list[float] = field(default_factory=list)
     produce_cpu_s: float = 0.0  # CPU seconds of process `pid` while producing, over every repeat
     fetch_cpu_s: float = 0.0
 
@@ -107,7 +112,9 @@ def wire_figures(settings: BenchSettings, directory: str, results: BenchResults,
         raise ValueError(f"{count} messages would overflow the mock's {MOCK_PARTITION_BYTES} B per partition")
     repeats = settings.wire_repeats
     root = os.path.join(directory, "root")
-    with ServeProcess(root, "--partitions", str(PARTITIONS)) as server, mock_cluster(confluent_kafka) as mock:
+    # No initial rebalance delay: the rebalance measured is of a non-empty group, which has none anyway.
+    serve_args = ("--partitions", str(PARTITIONS), "--group-initial-rebalance-delay-ms", "0")
+    with ServeProcess(root, *serve_args) as server, mock_cluster(confluent_kafka) as mock:
         progress(f"  oncelog serve (pid {server.pid}) on {server.bootstrap}, librdkafka's mock on {mock}")
         sides = [Side("oncelog", server.bootstrap, server.pid), Side("mock", mock)]
         progress(
@@ -118,10 +125,13 @@ def wire_figures(settings: BenchSettings, directory: str, results: BenchResults,
             for repeat in range(repeats):
                 for side in sides:  # interleaved, so drift in the machine hits both alike
                     _measure_once(confluent_kafka, side, f"bench-{repeat}", count, settings.wire_latency_s)
+                    _measure_groups_once(confluent_kafka, side, f"bench-{repeat}", count)
                     progress(
                         f"    {side.name:8} produce {count / side.produce_s[-1]:9,.0f}/s  "
                         f"fetch {side.fetch_rates[-1]:9,.0f}/s  "
-                        f"latency p50 {side.p50_ms[-1]:6.2f} ms  p99 {side.p99_ms[-1]:6.2f} ms"
+                        f"latency p50 {side.p50_ms[-1]:6.2f} ms  p99 {side.p99_ms[-1]:6.2f} ms  "
+                        f"transactional {count / side.txn_s[-1]:9,.0f}/s  "
+                        f"rebalance {side.rebalance_s[-1] * 1000:6.0f} ms"
                     )
         except Exception as exc:
             exc.add_note(f"oncelog serve's output:\n{server.log()}")
@@ -130,6 +140,8 @@ def wire_figures(settings: BenchSettings, directory: str, results: BenchResults,
     if status != 0:
         raise RuntimeError(f"oncelog serve exited {status} on SIGTERM:\n{server.log()}")
     _add_rows(results, sides, count)
+    ours, mock = sides
+    wire_groups.add_rows(results, count, (ours.txn_s, mock.txn_s), (ours.rebalance_s, mock.rebalance_s))
     results.notes.append(
         f"wire: reference is librdkafka {confluent_kafka.libversion()[0]}'s mock cluster "
         "(test.mock.num.brokers=1: in memory, in the bench process, no disk); oncelog serve ran as a "
@@ -166,6 +178,16 @@ def _measure_once(kafka: Any, side: Side, topic: str, count: int, latency_s: flo
     side.p50_ms.append(float(p50))
     side.p99_ms.append(float(p99))
     side.offered_rates.append(offered)
+
+
+def _measure_groups_once(kafka: Any, side: Side, topic: str, count: int) -> None:
+    seconds = wire_groups.transactional_produce_seconds(
+        kafka, side.bootstrap, topic + "-txn", count, PARTITIONS
+    )
+    side.txn_s.append(seconds)
+    side.rebalance_s.append(
+        wire_groups.rebalance_seconds(kafka, side.bootstrap, topic + "-group", PARTITIONS)
+    )
 
 
 def _add_rows(results: BenchResults, sides: list[Side], count: int) -> None:

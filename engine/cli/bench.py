@@ -92,9 +92,16 @@ oncelog serve runs as a subprocess on a free port over a fresh root in --dir
       The same producer at a fixed offered rate of 10,000 messages/s for 3 s
       (1.5 s with --quick): delivery-report time minus produce() time, so
       linger.ms=5 is in it; reported.
+  wire: transactional produce, N x 100 B, 1000 per transaction
+      A producer with a transactional.id commits a transaction every 1,000
+      messages (oncelog stores each end durably and fsyncs a marker in every
+      partition; the mock keeps it in memory); messages/s, reported.
+  wire: consumer group rebalance, 2 -> 3 members
+      Two consumers share a topic; a third subscribes; the time until all
+      three hold a complete, disjoint assignment; reported.
 
 The full run takes a minute or two here; --quick under a minute (at most two);
---wire adds about a minute (20 s with --quick)."""
+--wire adds about two minutes (40 s with --quick)."""
 
 EPILOG = """\
 examples:

@@ -54,6 +54,15 @@ class GroupLimits:
     max_size: int = 1_000
     offset_metadata_max_bytes: int = 4_096
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_session_timeout_ms <= self.max_session_timeout_ms:
+            raise ValueError(
+                f"session timeouts need 1 <= min ({self.min_session_timeout_ms}) <= max "
+                f"({self.max_session_timeout_ms})"
+            )
+        if self.initial_rebalance_delay_ms < 0 or self.max_size < 1 or self.offset_metadata_max_bytes < 0:
+            raise ValueError("the initial rebalance delay must be >= 0 and the group size >= 1")
+
 
 class CommittedOffset(NamedTuple):
     offset: int

@@ -34,6 +34,8 @@ PRODUCE_MB = "wire: idempotent produce, MB/s of values"
 FETCH = "wire: fetch "
 P50 = "wire: produce latency p50 at 10k messages/s"
 P99 = "wire: produce latency p99 at 10k messages/s"
+TXN = "wire: transactional produce, "
+REBALANCE = "wire: consumer group rebalance, 2 -> 3 members"
 # The run takes 10-15 s on the 2-CPU machine; the bound catches a stall (a client waiting out
 # its timeouts), not a slow machine.
 TIME_LIMIT_S = 60.0
@@ -78,8 +80,8 @@ class TestWireRun:
         assert wire_run.elapsed_s < TIME_LIMIT_S, wire_run.err
 
     def test_every_wire_figure_is_a_row(self, wire_run: WireRun) -> None:
-        assert len(wire_run.rows) == 5, sorted(wire_run.rows)
-        for prefix in (PRODUCE_MB, FETCH, P50, P99):
+        assert len(wire_run.rows) == 7, sorted(wire_run.rows)
+        for prefix in (PRODUCE_MB, FETCH, P50, P99, TXN, REBALANCE):
             assert any(figure.startswith(prefix) for figure in wire_run.rows), prefix
         produce = _row(wire_run, PRODUCE)
         messages = settings_for(True, float(SMOKE_SCALE)).wire_messages
@@ -107,6 +109,17 @@ class TestWireRun:
         produce, mb = _row(wire_run, PRODUCE), wire_run.rows[PRODUCE_MB]
         assert float(mb["value"]) == pytest.approx(float(produce["value"]) * 100 / 1e6, rel=1e-9)
         assert float(mb["reference"]) == pytest.approx(float(produce["reference"]) * 100 / 1e6, rel=1e-9)
+
+    def test_transactions_and_rebalances_are_measured_on_both_sides(self, wire_run: WireRun) -> None:
+        txn, rebalance = _row(wire_run, TXN), _row(wire_run, REBALANCE)
+        assert txn["unit"] == "messages/s" and rebalance["unit"] == "ms"
+        assert txn["figure"].endswith("1000 per transaction")
+        for row in (txn, rebalance):
+            assert row["target"] == "report"
+            assert float(row["ratio"]) == pytest.approx(float(row["value"]) / float(row["reference"]))
+        # At least one 1000-message transaction a second, and a rebalance well inside its timeout.
+        assert float(txn["value"]) > 1000 and float(txn["reference"]) > 1000, txn
+        assert 0 < float(rebalance["value"]) < 30_000 and 0 < float(rebalance["reference"]) < 30_000, rebalance
 
     def test_latency_percentiles_are_sensible_on_both_sides(self, wire_run: WireRun) -> None:
         p50, p99 = wire_run.rows[P50], wire_run.rows[P99]
