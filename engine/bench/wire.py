@@ -140,8 +140,10 @@ def wire_figures(settings: BenchSettings, directory: str, results: BenchResults,
     if status != 0:
         raise RuntimeError(f"oncelog serve exited {status} on SIGTERM:\n{server.log()}")
     _add_rows(results, sides, count)
-    ours, mock = sides
-    wire_groups.add_rows(results, count, (ours.txn_s, mock.txn_s), (ours.rebalance_s, mock.rebalance_s))
+    ours, reference = sides
+    wire_groups.add_rows(
+        results, count, (ours.txn_s, reference.txn_s), (ours.rebalance_s, reference.rebalance_s)
+    )
     results.notes.append(
         f"wire: reference is librdkafka {confluent_kafka.libversion()[0]}'s mock cluster "
         "(test.mock.num.brokers=1: in memory, in the bench process, no disk); oncelog serve ran as a "

@@ -8,15 +8,18 @@ names many members (each answered on its own); OffsetFetch v8+ names many groups
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from oncelog.errors import OncelogError
 from oncelog.server.broker import Broker
 from oncelog.server.groups import CommittedOffset
 from oncelog.server.protocol import Request, build, nested, response_type
 
+log = logging.getLogger("oncelog.serve")
 _NO_THROTTLE = datetime.timedelta(0)
 # JoinGroup v4+ hands a new member its id with MEMBER_ID_REQUIRED and expects it back (KIP-394).
 _MEMBER_ID_REQUIRED_FROM = 4
@@ -166,7 +169,11 @@ async def handle_offset_commit(broker: Broker, request: Request) -> Any:
     code = broker.groups.check_commit(body.group_id, generation, body.member_id)
     offsets, refused = offsets_of(broker, body.topics)
     if code == ErrorCode.none and offsets:
-        broker.groups.commit(body.group_id, offsets)
+        try:
+            broker.groups.commit(body.group_id, offsets)
+        except OncelogError as exc:  # the store could not take it: nothing committed, retriable
+            log.warning("offset commit of group %r failed: %s", body.group_id, exc)
+            code = ErrorCode.coordinator_not_available
     return build(
         response, throttle_time=_NO_THROTTLE, topics=partition_answers(response, body.topics, code, refused)
     )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -30,8 +31,10 @@ from typing import Any, Final, NamedTuple
 
 from kio.schema.errors import ErrorCode
 
+from oncelog.errors import OncelogError
 from oncelog.server.coordinator_store import GROUP_PREFIX, CoordinatorStore, store_key
 
+log = logging.getLogger("oncelog.serve")
 # A member's session is checked this often.
 SWEEP_INTERVAL_S: Final = 0.2
 MAX_PROTOCOLS: Final = 64
@@ -228,7 +231,8 @@ class GroupCoordinator:
             return self._join_result(group, member)  # a retry of the join that completed
         if member.joining is not None and not member.joining.done():
             member.joining.set_result(JoinResult(ErrorCode.rebalance_in_progress, member_id=member_id))
-        joined = member.joining = asyncio.get_running_loop().create_future()
+        joined: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
+        member.joining = joined
         if group.state is not GroupState.PREPARING_REBALANCE:
             self._prepare_rebalance(group)
         self._try_complete_join(group)
@@ -302,7 +306,8 @@ class GroupCoordinator:
         member.deadline_s = self._clock_s() + member.session_timeout_ms / 1000
         if member.syncing is not None and not member.syncing.done():
             member.syncing.set_result(SyncResult(ErrorCode.rebalance_in_progress))
-        synced = member.syncing = asyncio.get_running_loop().create_future()
+        synced: asyncio.Future[SyncResult] = asyncio.get_running_loop().create_future()
+        member.syncing = synced
         if member_id == group.leader:
             given = dict(assignments)
             for each in group.members.values():
@@ -425,7 +430,7 @@ class GroupCoordinator:
     async def run_sweeper(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
-            self.sweep()
+            self.sweep()  # never raises: a failed store write is logged by _store_group
 
     # -- offsets ---------------------------------------------------------------------------
     def check_commit(self, group_id: str, generation: int, member_id: str) -> ErrorCode:
@@ -484,4 +489,8 @@ class GroupCoordinator:
         return {} if group is None else group.offsets
 
     def _store_group(self, group: Group, what: str) -> None:
-        self.store.write({store_key(GROUP_PREFIX, group.group_id): group.record()}, f"storing {what}")
+        """Store a new generation; if that fails the group goes on (its member ids still fence)."""
+        try:
+            self.store.write({store_key(GROUP_PREFIX, group.group_id): group.record()}, f"storing {what}")
+        except OncelogError as exc:
+            log.warning("group %r: %s", group.group_id, exc)

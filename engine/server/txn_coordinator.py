@@ -112,18 +112,19 @@ class Transaction:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Transaction:
-        return cls(
-            record["id"],
-            record["pid"],
-            record["epoch"],
-            record["timeout_ms"],
-            TxnState(record["state"]),
-            record["last_epoch"],
-            {TopicPartition(t, p) for t, p in record["partitions"]},
-            set(record["groups"]),
-            {(g, t, p): CommittedOffset(*c) for g, t, p, *c in record["offsets"]},
-            record["started_ms"],
-        )
+        txn = cls(record["id"], record["pid"], record["epoch"], record["timeout_ms"])
+        txn.restore(record)
+        return txn
+
+    def restore(self, record: dict[str, Any]) -> None:
+        """Take the stored fields of `record` (what `record()` made)."""
+        self.producer_id, self.producer_epoch = record["pid"], record["epoch"]
+        self.last_epoch, self.timeout_ms = record["last_epoch"], record["timeout_ms"]
+        self.state = TxnState(record["state"])
+        self.partitions = {TopicPartition(t, p) for t, p in record["partitions"]}
+        self.groups = set(record["groups"])
+        self.offsets = {(g, t, p): CommittedOffset(*c) for g, t, p, *c in record["offsets"]}
+        self.started_ms = record["started_ms"]
 
 
 # Writes one marker to a partition and makes it durable: (partition, producer id, epoch,
@@ -155,10 +156,13 @@ class TransactionCoordinator:
         self.coordinator_epoch = store.next_epoch()
         self.transactions: dict[str, Transaction] = {}
         self._by_producer: dict[int, Transaction] = {}
+        # What the store holds for each transactional id: a failed write restores from it.
+        self._stored: dict[str, dict[str, Any]] = {}
         for record in store.records(TXN_PREFIX):
             txn = Transaction.from_record(record)
             self.transactions[txn.transactional_id] = txn
             self._by_producer[txn.producer_id] = txn
+            self._stored[txn.transactional_id] = record
         groups.pending_transactional = self._holds_offsets
 
     def unfinished(self) -> list[Transaction]:
@@ -356,18 +360,24 @@ class TransactionCoordinator:
         except (OncelogError, OSError) as exc:
             log.warning("transaction %r: markers not all written, retrying: %s", txn.transactional_id, exc)
             return False
-        records = {store_key(TXN_PREFIX, txn.transactional_id): txn.record()}
+        records: dict[str, dict[str, Any]] = {}
         by_group: dict[str, list[tuple[str, int, CommittedOffset]]] = {}
         if commit:
             for (group_id, topic, partition), committed in txn.offsets.items():
                 by_group.setdefault(group_id, []).append((topic, partition, committed))
             for group_id, offsets in by_group.items():
                 records.update(self.groups.commit_records(group_id, offsets))
-        txn.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
-        txn.offsets = {}
-        records[store_key(TXN_PREFIX, txn.transactional_id)] = txn.record()
-        # One commit: the offsets are the group's exactly when the transaction is complete.
-        self.store.write(records, f"completing transaction {txn.transactional_id!r}")
+        final = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        record = {**txn.record(), "state": final.value, "offsets": []}
+        records[store_key(TXN_PREFIX, txn.transactional_id)] = record
+        try:
+            # One commit: the offsets are the group's exactly when the transaction is complete.
+            self.store.write(records, f"completing transaction {txn.transactional_id!r}")
+        except OncelogError as exc:
+            log.warning("transaction %r: completion not stored, retrying: %s", txn.transactional_id, exc)
+            return False
+        txn.state, txn.offsets = final, {}
+        self._stored[txn.transactional_id] = record
         for group_id, offsets in by_group.items():
             self.groups.apply_commit(group_id, offsets)
         self._wake(partitions)  # read_committed fetches waiting on these partitions' stable offsets
@@ -390,7 +400,10 @@ class TransactionCoordinator:
         """Abort transactions open past their timeout; retry ends whose markers failed."""
         while True:
             await asyncio.sleep(CHECK_INTERVAL_S)
-            await self.check_timeouts()
+            try:
+                await self.check_timeouts()
+            except TxnError as exc:  # a store write failed; the next round tries again
+                log.warning("transaction timeouts: %s", exc)
 
     async def check_timeouts(self) -> None:
         now = self._clock_ms()
@@ -409,4 +422,19 @@ class TransactionCoordinator:
         return any((group_id, topic, partition) in txn.offsets for txn in self.transactions.values())
 
     def _store(self, txn: Transaction, what: str) -> None:
-        self.store.write({store_key(TXN_PREFIX, txn.transactional_id): txn.record()}, f"storing {what}")
+        """Store `txn` as it now is; if that fails, put it back as last stored and refuse the request.
+
+        COORDINATOR_NOT_AVAILABLE is retriable in every client: nothing was decided.
+        """
+        record = txn.record()
+        try:
+            self.store.write({store_key(TXN_PREFIX, txn.transactional_id): record}, f"storing {what}")
+        except OncelogError as exc:
+            stored = self._stored.get(txn.transactional_id)
+            if stored is not None:
+                if self._by_producer.get(txn.producer_id) is txn:
+                    del self._by_producer[txn.producer_id]
+                txn.restore(stored)
+                self._by_producer[txn.producer_id] = txn
+            raise TxnError(ErrorCode.coordinator_not_available, f"{what} failed: {exc}") from exc
+        self._stored[txn.transactional_id] = record

@@ -13,6 +13,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from oncelog.errors import MetadataWriteError
 from oncelog.layout import TopicPartition
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.fs import DEFAULT_FS
@@ -40,6 +41,17 @@ class Markers:
         self.written.append((tp, pid, epoch, commit, coordinator_epoch))
 
 
+class FailingStore(CoordinatorStore):
+    """A CoordinatorStore whose writes raise MetadataWriteError (a full disk) while `failing` is set."""
+
+    failing = False
+
+    def write(self, records: Any, what: str) -> None:
+        if self.failing:
+            raise MetadataWriteError(f"{what} failed: No space left on device", path=self.path, errno=28)
+        super().write(records, what)
+
+
 class World:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -48,7 +60,8 @@ class World:
         self.woken: list[TopicPartition] = []
 
     def open(self) -> tuple[TransactionCoordinator, Callable[[], None]]:
-        store = CoordinatorStore.open(DEFAULT_FS, str(self.root))
+        store = FailingStore.open(DEFAULT_FS, str(self.root))
+        self.store = store
         ids = ProducerIdManager.open(self.root / "ids")
         groups = GroupCoordinator(store, GroupLimits())
 
@@ -283,5 +296,61 @@ def test_timeouts_past_the_maximum_and_exhausted_epochs(tmp_path: Path) -> None:
         assert await c.init_producer_id("app", 10_000, -1, -1) == (pid, MAX_EPOCH - 1)
         new_pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
         assert new_pid != pid and epoch == 0
+
+    world.run(scenario)
+
+
+def test_a_failed_store_write_refuses_the_request_and_leaves_the_transaction_as_stored(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0])
+        world.store.failing = True
+        with Refused(ErrorCode.coordinator_not_available):
+            c.add_partitions("app", pid, epoch, [TP1])
+        assert c.transactions["app"].partitions == {TP0}
+        with Refused(ErrorCode.coordinator_not_available):
+            await c.end("app", pid, epoch, True)
+        assert c.transactions["app"].state is TxnState.ONGOING and world.markers.written == []
+        with Refused(ErrorCode.coordinator_not_available):
+            await c.init_producer_id("app", 10_000, -1, -1)
+        assert (c.transactions["app"].producer_epoch, c.transactions["app"].state) == (
+            epoch,
+            TxnState.ONGOING,
+        )
+        world.store.failing = False
+        await c.end("app", pid, epoch, True)
+        assert c.transactions["app"].state is TxnState.COMPLETE_COMMIT
+
+    world.run(scenario)
+
+
+def test_a_completion_that_cannot_be_stored_stays_prepared_and_is_retried(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0])
+        c.add_offsets("app", pid, epoch, "group")
+        c.commit_offsets("app", pid, epoch, "group", [("in", 0, CommittedOffset(5, -1, "", 1))])
+        original_write = world.store.write
+
+        def fail_the_completion(records: Any, what: str) -> None:
+            if what.startswith("completing"):
+                raise MetadataWriteError(f"{what} failed: No space left on device", path="x", errno=28)
+            original_write(records, what)
+
+        world.store.write = fail_the_completion  # type: ignore[method-assign]
+        await c.end("app", pid, epoch, True)  # decided (Prepare stored): the answer is success
+        assert c.transactions["app"].state is TxnState.PREPARE_COMMIT
+        assert c.groups.committed("group") == {}
+        world.store.write = original_write  # type: ignore[method-assign]
+        await c.check_timeouts()
+        assert c.transactions["app"].state is TxnState.COMPLETE_COMMIT
+        assert c.groups.committed("group")[("in", 0)].offset == 5
+        assert len(world.markers.written) == 2  # written again: a second marker completes nothing
 
     world.run(scenario)
