@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # check a tree of symlinks laid out as the installed package would be.
 TYPECHECK_TREE := build/typecheck
 
-.PHONY: demo test lint typecheck imports layout-tree java-check pytest bench torture serve-soak clean
+.PHONY: demo test lint typecheck imports layout-tree java-check pytest bench torture serve-soak eos-soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,11 @@ torture: $(STAMP)
 # ONCELOG_KILL9_SEED=... replays the kill moments of a printed seed.
 serve-soak: $(STAMP)
 	ONCELOG_KILL9_MESSAGES=20000 ONCELOG_KILL9_KILLS=8 $(BIN)/python -m pytest tests/server/test_kill9_end_to_end.py -q -s
+
+# The long exactly-once run through `oncelog serve`: a consume-transform-produce app over 50,000
+# inputs while the server and the app are each SIGKILLed 4 times (ONCELOG_EOS_SEED=... replays one).
+eos-soak: $(STAMP)
+	ONCELOG_EOS_MESSAGES=50000 ONCELOG_EOS_KILLS=4 $(BIN)/python -m pytest tests/server/test_eos_end_to_end.py -q -s
 
 clean:
 	rm -rf $(VENV) build data .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks

@@ -1,7 +1,9 @@
 """A TCP relay between Kafka clients and `oncelog serve` that can lose an acknowledgement.
 
 Used wherever a test or the demo must make a real client retry a batch the server has
-already appended: the kill -9 tests, and the demo's sequence fence.
+already appended: the kill -9 tests, and the demo's sequence fence. It can also freeze a
+client (every byte of its connections held, both ways), as a long GC pause or a network
+partition would: the demo's generation fence.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -22,6 +24,10 @@ class AckHoldingRelay:
     appended the batch and the client has no acknowledgement. The SIGKILL that follows makes the
     client retry that batch against the restarted server, whose recovered producer state must
     answer it as a duplicate. A blind kill seldom lands in that window.
+
+    Frozen (`freeze`), it holds every byte in both directions on the connections of one client
+    (by the client id its requests carry) or of all, until `thaw` sends them on in order: the
+    server sees the client go silent, the client sees no answers, and neither connection closes.
     """
 
     def __init__(self, upstream_port: int):
@@ -32,6 +38,9 @@ class AckHoldingRelay:
         self._armed: threading.Event | None = None
         self.held: str | None = None
         self._sockets: set[socket.socket] = set()
+        self._connections: set[_Connection] = set()
+        self._frozen_all = False
+        self._frozen: set[str] = set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -48,6 +57,30 @@ class AckHoldingRelay:
     def disarm(self) -> None:
         with self._lock:
             self._armed = None
+
+    def freeze(self, client_id: str | None = None) -> None:
+        """Hold every byte, both ways, on the connections of `client_id` (every client if None),
+        the ones open and the ones it opens next, until `thaw`."""
+        with self._lock:
+            if client_id is None:
+                self._frozen_all = True
+            else:
+                self._frozen.add(client_id)
+
+    def thaw(self) -> None:
+        """Send on what every frozen connection holds, in order, and forward as usual again."""
+        with self._lock:
+            self._frozen_all = False
+            self._frozen.clear()
+            connections = list(self._connections)
+        for connection in connections:
+            for direction in connection.directions:
+                with contextlib.suppress(OSError):  # closed meanwhile: the client reconnects
+                    direction.send(b"", frozen=lambda: False)
+
+    def _is_frozen(self, connection: _Connection) -> bool:
+        with self._lock:
+            return self._frozen_all or connection.client_id in self._frozen
 
     def cut(self) -> None:
         """Close every connection through the relay: the clients reconnect and retry what is unanswered."""
@@ -78,20 +111,24 @@ class AckHoldingRelay:
             _close(downstream)
             return
         upstream.settimeout(None)
+        connection = _Connection(upstream, downstream)
         with self._lock:
             self._sockets.update((upstream, downstream))
+            self._connections.add(connection)
         for sock in (upstream, downstream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         requests: dict[int, tuple[int, str]] = {}  # correlation id -> (api key, client id)
-        threading.Thread(target=self._requests, args=(downstream, upstream, requests), daemon=True).start()
+        threading.Thread(target=self._requests, args=(connection, requests), daemon=True).start()
         try:
-            self._responses(upstream, downstream, requests)
+            self._responses(connection, requests)
         finally:
             with self._lock:
                 self._sockets.difference_update((upstream, downstream))
+                self._connections.discard(connection)
 
-    def _requests(self, downstream: socket.socket, upstream: socket.socket, requests: dict[int, Any]) -> None:
+    def _requests(self, connection: _Connection, requests: dict[int, Any]) -> None:
         """Client to server: each request is noted (before its last bytes go on), then forwarded."""
+        downstream, upstream = connection.downstream, connection.upstream
         buffer = bytearray()
         try:
             while chunk := downstream.recv(1 << 16):
@@ -102,17 +139,17 @@ class AckHoldingRelay:
                     length = int.from_bytes(frame[8:10], "big", signed=True) if len(frame) >= 10 else -1
                     client_id = frame[10 : 10 + length].decode("utf-8", "replace") if length >= 0 else "-"
                     requests[correlation] = (api_key, client_id)
-                upstream.sendall(chunk)
+                    connection.client_id = client_id
+                connection.to_server.send(chunk, frozen=lambda: self._is_frozen(connection))
         except OSError:
             pass
         finally:
             _close(upstream)
             _close(downstream)
 
-    def _responses(
-        self, upstream: socket.socket, downstream: socket.socket, requests: dict[int, Any]
-    ) -> None:
+    def _responses(self, connection: _Connection, requests: dict[int, Any]) -> None:
         """Server to client, a whole response at a time, unless this connection holds one back."""
+        upstream, downstream = connection.upstream, connection.downstream
         buffer = bytearray()
         holding = False
         try:
@@ -130,12 +167,47 @@ class AckHoldingRelay:
                             holding = True
                             event.set()
                     if not holding:
-                        downstream.sendall(len(frame).to_bytes(4, "big") + frame)
+                        data = len(frame).to_bytes(4, "big") + frame
+                        connection.to_client.send(data, frozen=lambda: self._is_frozen(connection))
         except OSError:
             pass
         finally:
             _close(upstream)
             _close(downstream)
+
+
+class _Direction:
+    """One direction of a relayed connection: bytes go on in order, or wait while it is frozen."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._held = bytearray()
+
+    def send(self, data: bytes, *, frozen: Callable[[], bool]) -> None:
+        """Send `data` after what is held, or hold it too if `frozen()` (asked under the lock, so a
+        thaw cannot slip between the question and the holding)."""
+        with self._lock:
+            if frozen():
+                self._held += data
+                return
+            if self._held:  # thawed: what was held goes first
+                data, self._held = bytes(self._held) + data, bytearray()
+            if data:
+                self._sock.sendall(data)
+
+
+class _Connection:
+    def __init__(self, upstream: socket.socket, downstream: socket.socket):
+        self.upstream = upstream
+        self.downstream = downstream
+        self.client_id: str | None = None  # from the latest request's header
+        self.to_server = _Direction(upstream)
+        self.to_client = _Direction(downstream)
+
+    @property
+    def directions(self) -> tuple[_Direction, _Direction]:
+        return self.to_server, self.to_client
 
 
 def _frames(buffer: bytearray) -> Iterable[bytes]:

@@ -1,6 +1,7 @@
 """`oncelog demo`: a LogManager with a few topics, idempotent producers, a SIGKILL,
-parallel recovery, retries after it, transactions, and a Kafka client through
-`oncelog serve` across SIGKILLs (`demo_wire`).
+parallel recovery, retries after it, transactions, a Kafka client through
+`oncelog serve` across SIGKILLs (`demo_wire`), and the three fences (sequence, epoch,
+generation) refusing zombie Kafka clients (`demo_fences`).
 
 Self-checking: it exits non-zero if any acknowledged batch is missing or moved,
 if a retry after recovery is not recognised as a duplicate, if the transaction
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, TextIO
 
 from oncelog import producer_ids
+from oncelog.cli.demo_fences import FENCES_DIR, run_fences_step
 from oncelog.cli.demo_wire import WIRE_DIR, run_wire_step
 from oncelog.cli.exits import EXIT_BAD_INPUT, PROG
 from oncelog.config import LogConfig
@@ -116,6 +118,7 @@ _DEMO_ROOT_ENTRIES = {
     producer_ids.LOCK_FILE,
     producer_ids.STORE_DIR,
     WIRE_DIR,
+    FENCES_DIR,
 }
 
 
@@ -180,6 +183,8 @@ def run_demo(data_dir: str, out: TextIO = sys.stdout) -> int:
         "`oncelog serve`, which is SIGKILLed and restarted twice"
     )
     run_wire_step(data_dir, say, failures)
+    say("7. The three fences, with real clients: sequence, epoch, generation")
+    run_fences_step(data_dir, say, failures)
     payments_dir = os.path.join(data_dir, f"{PAYMENTS}-0")
     say()
     say(f"Inspect it: oncelog stat {data_dir}")
@@ -400,9 +405,12 @@ def _transactions(
 
 DEMO_DESCRIPTION = """\
 Run the oncelog demo: create a log in DATA_DIR, append to it, crash-recover it
-and read it back, printing what happens along the way. The last step serves DATA_DIR/wire
+and read it back, printing what happens along the way. Step 6 serves DATA_DIR/wire
 with `oncelog serve` to a confluent-kafka producer and consumer, SIGKILLing the server
-twice mid-stream, and counts duplicates and loss (both must be 0)."""
+twice mid-stream, and counts duplicates and loss (both must be 0). Step 7 serves
+DATA_DIR/fences to confluent-kafka clients through a relay that loses an acknowledgement
+and stalls a consumer, and shows the sequence, epoch and generation fences refusing the
+zombies."""
 
 DEMO_EPILOG = """\
 example:

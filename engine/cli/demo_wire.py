@@ -1,4 +1,4 @@
-"""The demo's last step: an unmodified Kafka client through `oncelog serve`, across SIGKILLs.
+"""The demo's step 6: an unmodified Kafka client through `oncelog serve`, across SIGKILLs.
 
 A confluent-kafka (librdkafka) producer with enable.idempotence=true streams
 uniquely numbered messages into a server process. The server is SIGKILLed twice

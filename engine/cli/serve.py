@@ -16,7 +16,7 @@ from oncelog.server.broker import (
     ServeConfig,
     raise_open_files_limit,
 )
-from oncelog.server.groups import GroupLimits
+from oncelog.server.group_state import GroupLimits
 
 DESCRIPTION = """\
 Serve ROOT to unmodified Kafka clients (librdkafka/confluent-kafka, kafka-python,
@@ -27,7 +27,8 @@ Clients produce idempotently (enable.idempotence=true) and transactionally
 consumer groups (subscribe(), the classic protocol) whose committed offsets are fenced
 by generation. Committed offsets, group generations and transaction states are kept
 in ROOT/coordinator.lmdb and survive kill -9; transactions a crash left decided are
-finished before the port opens.
+finished before the port opens. Topic configs, topic ids (Metadata 10+), fetch
+sessions and the KIP-848 consumer protocol are not served.
 
 Topics are created on first use with --partitions partitions (Kafka's
 auto.create.topics.enable). On start every partition is recovered in parallel (crash
@@ -195,8 +196,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     print(manager.recovery_summary, file=out, flush=True)
     try:
         run_server(manager, config, out)
-    except OncelogError as exc:  # a log failed (an fsync, say) and could not close cleanly
-        print(f"oncelog serve: closing failed: {type(exc).__name__}: {exc}", file=err)
+    except OncelogError as exc:  # a damaged coordinator store, or a log that failed and could not close
+        print(f"oncelog serve: {type(exc).__name__}: {exc}", file=err)
         return EXIT_FAILED
     except OSError as exc:  # the port is taken, say
         print(f"oncelog serve: cannot listen on {args.listen}: {exc.strerror or exc}", file=err)

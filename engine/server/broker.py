@@ -32,7 +32,8 @@ from oncelog.layout import InvalidTopicError, TopicPartition, validate_topic_par
 from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
 from oncelog.server.coordinator_store import CoordinatorStore
-from oncelog.server.groups import GroupCoordinator, GroupLimits
+from oncelog.server.group_state import GroupLimits
+from oncelog.server.groups import GroupCoordinator
 from oncelog.server.txn_coordinator import TransactionCoordinator
 
 _T = TypeVar("_T")

@@ -26,14 +26,15 @@ import hashlib
 import os
 import struct
 import threading
-from collections.abc import Iterator, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final, TypeVar
 
 import msgpack
 
 from oncelog.metadata_values import committing, decode_value, read_value
 from oncelog.recovery.fs import FileSystem, MetadataStore
 
+T = TypeVar("T")
 STORE_DIR: Final = "coordinator.lmdb"
 EPOCH_KEY: Final = "epoch"
 GROUP_PREFIX: Final = "group/"
@@ -56,6 +57,11 @@ def _unpack(raw: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"a coordinator record is a map, got {type(value).__name__}")
     return value
+
+
+def _decoded(raw: bytes, decode: Callable[[dict[str, Any]], T]) -> tuple[dict[str, Any], T]:
+    record = _unpack(raw)
+    return record, decode(record)
 
 
 class CoordinatorStore:
@@ -87,12 +93,17 @@ class CoordinatorStore:
                 self._store.put({EPOCH_KEY: _EPOCH.pack(epoch)})
             return epoch
 
-    def records(self, prefix: str) -> Iterator[dict[str, Any]]:
-        """Every record stored under `prefix` (GROUP_PREFIX or TXN_PREFIX)."""
+    def records(
+        self, prefix: str, decode: Callable[[dict[str, Any]], T]
+    ) -> Iterator[tuple[dict[str, Any], T]]:
+        """Every record stored under `prefix` (GROUP_PREFIX or TXN_PREFIX), with `decode(record)`.
+
+        A record that does not unpack or `decode` is CorruptMetadataError naming the store and key.
+        """
         for key in self._store.keys(prefix):
             raw = self._store.get(key)
             if raw is not None:
-                yield decode_value(self._store, key, raw, _unpack)
+                yield decode_value(self._store, key, raw, lambda raw: _decoded(raw, decode))
 
     def write(self, records: Mapping[str, dict[str, Any]], what: str) -> None:
         """Store `records` (by key) in one atomic, durable commit."""

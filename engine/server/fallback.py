@@ -9,7 +9,8 @@ Two cases, both rare, neither touching a record batch's bytes:
 2. Versions advertised but not served, answered with UNSUPPORTED_VERSION (35) in
    every entry. ApiVersions advertises every API from v0 because librdkafka before 2.11.1 enables
 features by exact-version overlap (KAFKA-18659). kio's specs begin where Kafka 4
-does (Produce v3, Fetch v4, ListOffsets v1, CreateTopics v2), so a client that
+does (Produce v3, Fetch v4, ListOffsets v1, OffsetCommit v2, OffsetFetch v1, CreateTopics
+v2), so a client that
 still sends an older version is answered through kafka-python's classes, generated
 from the same JSON specs and reaching back to v0: the request is decoded, and the
 response names every topic and partition it asked for, each with error 35. Nothing
@@ -21,7 +22,16 @@ from __future__ import annotations
 from typing import Any, Final
 
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
-from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.consumer import (
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+)
 from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
 from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest, ProduceResponse
 
@@ -142,6 +152,42 @@ def _create_topics(response: Any, request: Any) -> Any:
     )
 
 
+def _offset_commit(response: Any, request: Any) -> Any:
+    topic = response.OffsetCommitResponseTopic
+    partition = topic.OffsetCommitResponsePartition
+    return response(
+        topics=[
+            topic(
+                name=t.name,
+                partitions=[
+                    partition(partition_index=p.partition_index, error_code=UNSUPPORTED_VERSION)
+                    for p in t.partitions
+                ],
+            )
+            for t in request.topics
+        ],
+    )
+
+
+def _offset_fetch(response: Any, request: Any) -> Any:
+    topic = response.OffsetFetchResponseTopic
+    partition = topic.OffsetFetchResponsePartition
+    return response(
+        topics=[
+            topic(
+                name=t.name,
+                partitions=[
+                    partition(
+                        partition_index=p, committed_offset=-1, metadata="", error_code=UNSUPPORTED_VERSION
+                    )
+                    for p in t.partition_indexes
+                ],
+            )
+            for t in request.topics or []
+        ],
+    )
+
+
 class _Answer:
     def __init__(self, request: Any, response: Any, build: Any):
         self.request = request
@@ -153,6 +199,8 @@ _ANSWERS: Final[dict[int, _Answer]] = {
     0: _Answer(ProduceRequest, ProduceResponse, _produce),
     1: _Answer(FetchRequest, FetchResponse, _fetch),
     2: _Answer(ListOffsetsRequest, ListOffsetsResponse, _list_offsets),
+    8: _Answer(OffsetCommitRequest, OffsetCommitResponse, _offset_commit),
+    9: _Answer(OffsetFetchRequest, OffsetFetchResponse, _offset_fetch),
     19: _Answer(CreateTopicsRequest, CreateTopicsResponse, _create_topics),
 }
 

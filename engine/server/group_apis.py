@@ -16,7 +16,7 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
 from oncelog.server.broker import Broker
-from oncelog.server.groups import CommittedOffset
+from oncelog.server.group_state import CommittedOffset
 from oncelog.server.protocol import Request, build, nested, response_type
 
 log = logging.getLogger("oncelog.serve")

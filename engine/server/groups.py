@@ -14,153 +14,41 @@ refused, so a consumer that lost its partitions cannot move their offsets. Gener
 has no members, as in Kafka.
 
 Everything runs on the event loop; a group's generation and committed offsets are
-written to the CoordinatorStore before they are answered. Membership is not stored: a
-restarted server starts every group Empty at its stored generation, members rejoin.
+written to the CoordinatorStore before they are answered. A Stable group's members and
+assignments are stored too, and a removal is stored at once: after a restart a Stable
+group carries on with its members (as Kafka's do), and any other group starts Empty at
+its stored generation (its members rejoin; a zombie's member id is unknown).
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
 from oncelog.server.coordinator_store import GROUP_PREFIX, CoordinatorStore, store_key
+from oncelog.server.group_state import (
+    CommittedOffset,
+    Group,
+    GroupLimits,
+    GroupState,
+    JoinResult,
+    Member,
+    SyncResult,
+)
+
+__all__ = ["CommittedOffset", "GroupCoordinator", "GroupLimits", "GroupState", "JoinResult", "SyncResult"]
 
 log = logging.getLogger("oncelog.serve")
 # A member's session is checked this often.
 SWEEP_INTERVAL_S: Final = 0.2
 MAX_PROTOCOLS: Final = 64
-
-
-class GroupState(enum.Enum):
-    EMPTY = "Empty"
-    PREPARING_REBALANCE = "PreparingRebalance"
-    COMPLETING_REBALANCE = "CompletingRebalance"
-    STABLE = "Stable"
-
-
-@dataclass(frozen=True, slots=True)
-class GroupLimits:
-    """Kafka's group.* broker settings."""
-
-    min_session_timeout_ms: int = 6_000
-    max_session_timeout_ms: int = 1_800_000
-    initial_rebalance_delay_ms: int = 3_000
-    max_size: int = 1_000
-    offset_metadata_max_bytes: int = 4_096
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_session_timeout_ms <= self.max_session_timeout_ms:
-            raise ValueError(
-                f"session timeouts need 1 <= min ({self.min_session_timeout_ms}) <= max "
-                f"({self.max_session_timeout_ms})"
-            )
-        if self.initial_rebalance_delay_ms < 0 or self.max_size < 1 or self.offset_metadata_max_bytes < 0:
-            raise ValueError("the initial rebalance delay must be >= 0 and the group size >= 1")
-
-
-class CommittedOffset(NamedTuple):
-    offset: int
-    leader_epoch: int
-    metadata: str
-    commit_ms: int
-
-
-class JoinResult(NamedTuple):
-    error: ErrorCode
-    generation: int = -1
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    leader: str = ""
-    member_id: str = ""
-    # (member id, group instance id, metadata) for the leader; empty for the others.
-    members: tuple[tuple[str, str | None, bytes], ...] = ()
-
-
-class SyncResult(NamedTuple):
-    error: ErrorCode
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    assignment: bytes = b""
-
-
-@dataclass(eq=False)
-class Member:
-    member_id: str
-    instance_id: str | None
-    client_id: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocol_type: str
-    protocols: tuple[tuple[str, bytes], ...]
-    assignment: bytes = b""
-    deadline_s: float = 0.0
-    joining: asyncio.Future[JoinResult] | None = None
-    syncing: asyncio.Future[SyncResult] | None = None
-
-    def metadata_for(self, protocol: str) -> bytes:
-        return next(metadata for name, metadata in self.protocols if name == protocol)
-
-
-@dataclass(eq=False)
-class Group:
-    group_id: str
-    generation: int = 0
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    leader: str = ""
-    state: GroupState = GroupState.EMPTY
-    members: dict[str, Member] = field(default_factory=dict)
-    # Member ids handed out with MEMBER_ID_REQUIRED (JoinGroup v4+), by their deadline.
-    pending: dict[str, float] = field(default_factory=dict)
-    offsets: dict[tuple[str, int], CommittedOffset] = field(default_factory=dict)
-    # PreparingRebalance: when the join phase ends; CompletingRebalance: when members that
-    # have not sent SyncGroup are dropped.
-    rebalance_deadline_s: float = 0.0
-    # During the initial delay of an empty group the rebalance waits for the timer only.
-    initial_delay: bool = False
-
-    def record(self) -> dict[str, Any]:
-        """What the store keeps: the generation and the committed offsets."""
-        return {
-            "group": self.group_id,
-            "generation": self.generation,
-            "protocol_type": self.protocol_type,
-            "offsets": [
-                [topic, partition, *committed] for (topic, partition), committed in self.offsets.items()
-            ],
-        }
-
-    def choose_protocol(self) -> str:
-        """The protocol every member supports that the most members list first (Kafka's vote)."""
-        members = list(self.members.values())
-        common = set(name for name, _ in members[0].protocols)
-        for member in members[1:]:
-            common &= {name for name, _ in member.protocols}
-        votes = {name: 0 for name in common}
-        for member in members:
-            preferred = next(name for name, _ in member.protocols if name in common)
-            votes[preferred] += 1
-        return max(sorted(votes), key=lambda name: votes[name])
-
-    def supports(self, protocol_type: str, protocols: Sequence[tuple[str, bytes]]) -> bool:
-        """Whether a member with these protocols may join: same type, one protocol common to all."""
-        if not self.members:
-            return True
-        if protocol_type != self.protocol_type:
-            return False
-        common = {name for name, _ in protocols}
-        for member in self.members.values():
-            common &= {name for name, _ in member.protocols}
-        return bool(common)
 
 
 class GroupCoordinator:
@@ -174,10 +62,8 @@ class GroupCoordinator:
         self.limits = limits
         self._clock_s = clock_s
         self.groups: dict[str, Group] = {}
-        for record in store.records(GROUP_PREFIX):
-            group = Group(record["group"], record["generation"], record["protocol_type"])
-            for topic, partition, *committed in record["offsets"]:
-                group.offsets[(topic, partition)] = CommittedOffset(*committed)
+        now_s = clock_s()
+        for _, group in store.records(GROUP_PREFIX, lambda record: Group.from_record(record, now_s)):
             self.groups[group.group_id] = group
         # Whether a transaction holds uncommitted offsets for (group, topic, partition).
         self.pending_transactional: Callable[[str, str, int], bool] = lambda group, topic, partition: False
@@ -313,6 +199,7 @@ class GroupCoordinator:
             for each in group.members.values():
                 each.assignment = given.get(each.member_id, b"")
             group.state = GroupState.STABLE
+            self._store_group(group, f"the assignment of generation {group.generation} of {group_id!r}")
             for each in group.members.values():
                 if each.syncing is not None and not each.syncing.done():
                     each.syncing.set_result(
@@ -355,6 +242,8 @@ class GroupCoordinator:
             member.syncing.set_result(SyncResult(ErrorCode.unknown_member_id))
         if group.state is not GroupState.PREPARING_REBALANCE:
             self._prepare_rebalance(group)
+        # Written at once: a member that left or was evicted must not come back after a restart.
+        self._store_group(group, f"the removal of member {member.member_id!r} from {group.group_id!r}")
         self._try_complete_join(group)
 
     # -- rebalances -----------------------------------------------------------------------

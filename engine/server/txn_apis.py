@@ -24,7 +24,7 @@ from oncelog.server.broker import Broker
 from oncelog.server.errors import error_code_for
 from oncelog.server.group_apis import milliseconds, offsets_of, partition_answers
 from oncelog.server.protocol import Request, build, nested, response_type
-from oncelog.server.txn_coordinator import TxnError
+from oncelog.server.txn_state import TxnError
 
 _NO_THROTTLE = datetime.timedelta(0)
 # The first version of each API that answers PRODUCER_FENCED, by API key.

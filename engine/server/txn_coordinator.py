@@ -32,11 +32,10 @@ will end.
 from __future__ import annotations
 
 import asyncio
-import enum
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -46,85 +45,17 @@ from oncelog.layout import TopicPartition
 from oncelog.log_manager import UnknownTopicOrPartitionError
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.server.coordinator_store import TXN_PREFIX, CoordinatorStore, store_key
-from oncelog.server.groups import CommittedOffset, GroupCoordinator
+from oncelog.server.group_state import CommittedOffset
+from oncelog.server.groups import GroupCoordinator
+from oncelog.server.txn_state import Transaction, TxnError, TxnState
+
+__all__ = ["MAX_EPOCH", "TransactionCoordinator", "TxnError", "TxnState"]
 
 log = logging.getLogger("oncelog.serve")
 MAX_EPOCH: Final = 2**15 - 1
 # How often transactions are checked against their timeouts, and unfinished ends retried.
 CHECK_INTERVAL_S: Final = 0.5
 MAX_TXN_PARTITIONS: Final = 100_000
-
-
-class TxnState(enum.Enum):
-    EMPTY = "Empty"
-    ONGOING = "Ongoing"
-    PREPARE_COMMIT = "PrepareCommit"
-    PREPARE_ABORT = "PrepareAbort"
-    COMPLETE_COMMIT = "CompleteCommit"
-    COMPLETE_ABORT = "CompleteAbort"
-
-    @property
-    def preparing(self) -> bool:
-        return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
-
-
-class TxnError(Exception):
-    """A transactional request refused with `code`."""
-
-    def __init__(self, code: ErrorCode, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass(eq=False)
-class Transaction:
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    timeout_ms: int
-    state: TxnState = TxnState.EMPTY
-    # The epoch before the last bump a producer asked for by presenting it (KIP-360), so
-    # a retry of that InitProducerId gets the same epoch; -1 after a bump that fences.
-    last_epoch: int = -1
-    partitions: set[TopicPartition] = field(default_factory=set)
-    groups: set[str] = field(default_factory=set)
-    offsets: dict[tuple[str, str, int], CommittedOffset] = field(default_factory=dict)
-    started_ms: int = 0
-    # Not stored: appends of this transaction in flight, and who waits for them to finish.
-    appends_in_flight: int = 0
-    drained: asyncio.Event | None = None
-    # True while an end is being carried out (prepared, markers being written).
-    ending: bool = False
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "id": self.transactional_id,
-            "pid": self.producer_id,
-            "epoch": self.producer_epoch,
-            "last_epoch": self.last_epoch,
-            "timeout_ms": self.timeout_ms,
-            "state": self.state.value,
-            "partitions": sorted([tp.topic, tp.partition] for tp in self.partitions),
-            "groups": sorted(self.groups),
-            "offsets": [[g, t, p, *c] for (g, t, p), c in self.offsets.items()],
-            "started_ms": self.started_ms,
-        }
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> Transaction:
-        txn = cls(record["id"], record["pid"], record["epoch"], record["timeout_ms"])
-        txn.restore(record)
-        return txn
-
-    def restore(self, record: dict[str, Any]) -> None:
-        """Take the stored fields of `record` (what `record()` made)."""
-        self.producer_id, self.producer_epoch = record["pid"], record["epoch"]
-        self.last_epoch, self.timeout_ms = record["last_epoch"], record["timeout_ms"]
-        self.state = TxnState(record["state"])
-        self.partitions = {TopicPartition(t, p) for t, p in record["partitions"]}
-        self.groups = set(record["groups"])
-        self.offsets = {(g, t, p): CommittedOffset(*c) for g, t, p, *c in record["offsets"]}
-        self.started_ms = record["started_ms"]
 
 
 # Writes one marker to a partition and makes it durable: (partition, producer id, epoch,
@@ -158,8 +89,7 @@ class TransactionCoordinator:
         self._by_producer: dict[int, Transaction] = {}
         # What the store holds for each transactional id: a failed write restores from it.
         self._stored: dict[str, dict[str, Any]] = {}
-        for record in store.records(TXN_PREFIX):
-            txn = Transaction.from_record(record)
+        for record, txn in store.records(TXN_PREFIX, Transaction.from_record):
             self.transactions[txn.transactional_id] = txn
             self._by_producer[txn.producer_id] = txn
             self._stored[txn.transactional_id] = record
@@ -304,10 +234,12 @@ class TransactionCoordinator:
         transaction waits for them, so no batch lands after its transaction's marker.
         """
         txn = self._by_producer.get(producer_id)
+        # The epoch first, as Kafka's partition check does: a fenced producer must hear it is fenced
+        # (fatal in clients), not that its transaction needs aborting.
+        if txn is not None and producer_epoch != txn.producer_epoch:
+            return ErrorCode.invalid_producer_epoch
         if txn is None or txn.state is not TxnState.ONGOING or tp not in txn.partitions:
             return ErrorCode.invalid_txn_state
-        if producer_epoch != txn.producer_epoch:
-            return ErrorCode.invalid_producer_epoch
         txn.appends_in_flight += 1
         return ErrorCode.none
 
@@ -353,11 +285,17 @@ class TransactionCoordinator:
         assert txn.state.preparing
         commit = txn.state is TxnState.PREPARE_COMMIT
         partitions = sorted(txn.partitions)
-        try:
-            await self._in_thread(
-                lambda: self._write_markers(partitions, txn.producer_id, marker_epoch, commit)
-            )
-        except (OncelogError, OSError) as exc:
+        # One worker thread per partition: each marker's fsync overlaps the others'.
+        writes = [
+            self._in_thread(functools.partial(self._write_one, tp, txn.producer_id, marker_epoch, commit))
+            for tp in partitions
+        ]
+        # Every write finishes before the outcome is judged, so no retry overlaps one still running.
+        failures = [r for r in await asyncio.gather(*writes, return_exceptions=True) if r is not None]
+        if failures:
+            exc = failures[0]
+            if not isinstance(exc, (OncelogError, OSError)):
+                raise exc
             log.warning("transaction %r: markers not all written, retrying: %s", txn.transactional_id, exc)
             return False
         records: dict[str, dict[str, Any]] = {}
@@ -383,18 +321,15 @@ class TransactionCoordinator:
         self._wake(partitions)  # read_committed fetches waiting on these partitions' stable offsets
         return True
 
-    def _write_markers(
-        self, partitions: list[TopicPartition], producer_id: int, epoch: int, commit: bool
-    ) -> None:
-        for tp in partitions:
-            try:
-                self._write_marker(tp, producer_id, epoch, commit, self.coordinator_epoch)
-            except UnknownTopicOrPartitionError:
-                log.info("transaction marker to %s skipped: the partition is gone", tp)
-            except InvalidProducerEpochError as exc:
-                # A newer epoch already wrote to the partition, so this transaction's data there
-                # was closed by that epoch's marker or fencing: nothing is left to end.
-                log.info("transaction marker to %s skipped: %s", tp, exc)
+    def _write_one(self, tp: TopicPartition, producer_id: int, epoch: int, commit: bool) -> None:
+        try:
+            self._write_marker(tp, producer_id, epoch, commit, self.coordinator_epoch)
+        except UnknownTopicOrPartitionError:
+            log.info("transaction marker to %s skipped: the partition is gone", tp)
+        except InvalidProducerEpochError as exc:
+            # A newer epoch already wrote to the partition, so this transaction's data there
+            # was closed by that epoch's marker or fencing: nothing is left to end.
+            log.info("transaction marker to %s skipped: %s", tp, exc)
 
     async def run_timeouts(self) -> None:
         """Abort transactions open past their timeout; retry ends whose markers failed."""

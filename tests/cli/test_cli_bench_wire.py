@@ -119,7 +119,8 @@ class TestWireRun:
             assert float(row["ratio"]) == pytest.approx(float(row["value"]) / float(row["reference"]))
         # At least one 1000-message transaction a second, and a rebalance well inside its timeout.
         assert float(txn["value"]) > 1000 and float(txn["reference"]) > 1000, txn
-        assert 0 < float(rebalance["value"]) < 30_000 and 0 < float(rebalance["reference"]) < 30_000, rebalance
+        for side in ("value", "reference"):
+            assert 0 < float(rebalance[side]) < 30_000, rebalance
 
     def test_latency_percentiles_are_sensible_on_both_sides(self, wire_run: WireRun) -> None:
         p50, p99 = wire_run.rows[P50], wire_run.rows[P99]

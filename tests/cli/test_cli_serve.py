@@ -56,6 +56,9 @@ def test_help_says_what_is_served_what_is_not_and_when_an_ack_is_sent(
     for words in (
         "idempotence",
         "assign()",
+        "subscribe()",
+        "transactional.id",
+        "coordinator.lmdb",
         "not served",
         "--fsync-acks",
         "SIGTERM",

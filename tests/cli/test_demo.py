@@ -74,3 +74,45 @@ def test_the_demo_streams_a_kafka_client_through_serve_across_sigkills_with_no_l
     assert "producer: 20000 sent, 20000 acknowledged, 0 failed, 0 in flight" in text
     assert "consumer (assign, from offset 0): 20000 records; duplicates 0, lost 0" in text
     assert "exited 0" in text
+
+
+def test_the_demo_shows_each_fence_refusing_a_zombie_kafka_client(demo_output: str) -> None:
+    text = demo_output
+    assert "7. The three fences, with real clients: sequence, epoch, generation" in text
+    step = text[text.index("7. The three fences") :]
+    # (a) sequence: the acknowledgement was lost, the retry answered with the original offset, stored once.
+    retried = re.search(
+        r"answered as a duplicate, delivery report offset (\d+); copies in fences-seq-0: 1\n", step
+    )
+    assert retried is not None, step
+    offset = retried.group(1)
+    stored = re.search(
+        rf"fences-seq-0 holds 'probe' once \(offset {offset}: producer (\d+) epoch 0 seq 3\)", step
+    )
+    assert stored is not None, step
+    # (b) epoch: the first incarnation cannot commit; only the second one's records are read_committed.
+    assert re.search(
+        r"A's commit_transaction -> FATAL (_FENCED|PRODUCER_FENCED|INVALID_PRODUCER_EPOCH)", step
+    )
+    assert "read_committed: ['B-0', 'B-1'] (read_uncommitted: ['A-0', 'A-1', 'A-2', 'B-0', 'B-1'])" in step
+    epochs = re.search(
+        r"epochs: A's records (\d+), the ABORT marker (\d+), B's records (\d+), COMMIT (\d+)", step
+    )
+    assert epochs is not None, step
+    a, abort, b, commit = (int(epoch) for epoch in epochs.groups())
+    assert a < abort <= b == commit
+    # (c) generation: c1 is dropped while it stalls, c2 takes every partition in a later generation,
+    # and c1's late commit is refused by the server, leaving c2's offsets.
+    joined = re.search(
+        r"consumer c1 joins group 'fences' \(generation (\d+)\), is assigned fences-gen \[0, 1\]", step
+    )
+    took_over = re.search(r"c2 joins \(generation (\d+)\), is assigned \[0, 1\], reads 10 from each", step)
+    assert joined is not None and took_over is not None, step
+    assert int(took_over.group(1)) > int(joined.group(1))
+    assert "c1 stalls (the relay holds its bytes) and commits {0: 5, 1: 5}" in step
+    assert "commits {0: 10, 1: 10}" in step
+    refused = re.search(
+        rf"its late commit \(generation {joined.group(1)}\) -> (UNKNOWN_MEMBER_ID|ILLEGAL_GENERATION)", step
+    )
+    assert refused is not None, step
+    assert "the group's committed offsets stay {0: 10, 1: 10}" in step

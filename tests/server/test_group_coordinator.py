@@ -11,8 +11,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 from kio.schema.errors import ErrorCode
 
+from oncelog.errors import CorruptMetadataError
 from oncelog.recovery.fs import DEFAULT_FS
 from oncelog.server.coordinator_store import CoordinatorStore
 from oncelog.server.groups import CommittedOffset, GroupCoordinator, GroupLimits, GroupState, JoinResult
@@ -193,17 +195,49 @@ def test_joins_outside_the_limits_are_refused_with_kafkas_codes(tmp_path: Path) 
     run(scenario, tmp_path)
 
 
-def test_offsets_and_generation_survive_a_reopen_of_the_store(tmp_path: Path) -> None:
+def test_a_stable_group_carries_on_with_its_members_after_a_reopen_of_the_store(tmp_path: Path) -> None:
+    members: list[str] = []
+
     async def first_life(coordinator: GroupCoordinator, clock: Clock) -> None:
-        await stable_pair(coordinator)
+        leader, follower = await stable_pair(coordinator)
+        members.extend((leader.member_id, follower.member_id))
         coordinator.commit("g", [("t", 0, CommittedOffset(42, -1, "meta", 7))])
 
     async def second_life(coordinator: GroupCoordinator, clock: Clock) -> None:
         group = coordinator.groups["g"]
-        assert group.generation == 2 and group.state is GroupState.EMPTY and not group.members
+        assert group.generation == 2 and group.state is GroupState.STABLE
+        assert list(group.members) == members and group.leader == members[0]
         assert coordinator.committed("g")[("t", 0)] == CommittedOffset(42, -1, "meta", 7)
-        fresh = await join(coordinator)
-        assert fresh.generation == 3  # generations keep rising across restarts
+        assert coordinator.heartbeat("g", 2, members[1]) == ErrorCode.none
+        assert coordinator.check_commit("g", 2, members[1]) == ErrorCode.none
+        synced = await coordinator.sync("g", 2, members[1], None, None, [])
+        assert synced.assignment == b"p1"
+        newcomer = join(coordinator)
+        await settle()
+        clock.now_s += 31  # the restored members never rejoin: dropped once the rebalance times out
+        coordinator.sweep()
+        assert (await newcomer).generation == 3  # generations keep rising across restarts
+
+    run(first_life, tmp_path)
+    run(second_life, tmp_path)
+
+
+def test_an_evicted_member_does_not_come_back_after_a_reopen_of_the_store(tmp_path: Path) -> None:
+    members: list[str] = []
+
+    async def first_life(coordinator: GroupCoordinator, clock: Clock) -> None:
+        leader, follower = await stable_pair(coordinator)
+        members.extend((leader.member_id, follower.member_id))
+        clock.now_s += SESSION_MS / 1000 - 1
+        coordinator.heartbeat("g", 2, leader.member_id)
+        clock.now_s += 2
+        coordinator.sweep()  # the follower is evicted; the process dies mid-rebalance
+
+    async def second_life(coordinator: GroupCoordinator, clock: Clock) -> None:
+        group = coordinator.groups["g"]
+        assert group.generation == 2 and group.state is GroupState.EMPTY and not group.members
+        assert coordinator.check_commit("g", 2, members[1]) == ErrorCode.unknown_member_id
+        assert coordinator.heartbeat("g", 2, members[0]) == ErrorCode.unknown_member_id  # rejoin
 
     run(first_life, tmp_path)
     run(second_life, tmp_path)
@@ -218,3 +252,14 @@ def test_leaving_hands_the_partitions_to_the_others(tmp_path: Path) -> None:
         assert rejoined.generation == 3 and rejoined.leader == follower.member_id
 
     run(scenario, tmp_path)
+
+
+def test_a_damaged_group_record_is_corrupt_metadata_naming_the_store_and_key(tmp_path: Path) -> None:
+    store = CoordinatorStore.open(DEFAULT_FS, str(tmp_path))
+    try:
+        store.write({"group/g": {"group": "g", "generation": 1}}, "a record with fields missing")
+        with pytest.raises(CorruptMetadataError, match="'group/g'") as raised:
+            GroupCoordinator(store, GroupLimits())
+        assert raised.value.path == store.path
+    finally:
+        store.close()

@@ -178,7 +178,7 @@ def test_a_new_incarnation_aborts_the_open_transaction_and_fences_the_old_one(tm
         assert new_pid == pid and new_epoch > epoch + 1
         # The abort marker carries an epoch above the zombie's, so its partition fences it too.
         assert world.markers.written == [(TP0, pid, epoch + 1, False, 0)]
-        assert c.admit_append(pid, epoch, TP0) == ErrorCode.invalid_txn_state
+        assert c.admit_append(pid, epoch, TP0) == ErrorCode.invalid_producer_epoch
         with Refused(ErrorCode.producer_fenced):
             c.add_partitions("app", pid, epoch, [TP0])
         with Refused(ErrorCode.producer_fenced):
@@ -236,7 +236,7 @@ def test_a_transaction_open_past_its_timeout_is_aborted_and_its_epoch_fenced(tmp
         await c.check_timeouts()
         assert c.transactions["app"].state is TxnState.COMPLETE_ABORT
         assert world.markers.written == [(TP0, pid, epoch + 1, False, 0)]
-        assert c.admit_append(pid, epoch, TP0) == ErrorCode.invalid_txn_state
+        assert c.admit_append(pid, epoch, TP0) == ErrorCode.invalid_producer_epoch
         with Refused(ErrorCode.producer_fenced):
             await c.end("app", pid, epoch, True)
         # Kafka fences a timed-out producer: its epoch cannot be bumped, only a fresh init works.

@@ -4,22 +4,47 @@ Served versions are encoded and decoded by kio; the older versions that are
 advertised (for librdkafka's exact-version overlap) but not served are encoded and
 decoded by kafka-python, whose classes reach back to v0, and must carry
 UNSUPPORTED_VERSION (35) for every topic and partition asked about.
+
+Every served request is one that succeeds (no error anywhere in the answer): the group
+and transaction APIs are sent by a member or producer set up for them first. The members
+join at once in one module fixture, so the whole module waits out the server's initial
+rebalance delay (3 s) once.
 """
 
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from itertools import count
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
-from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.consumer import (
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+)
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader
 from serve_process import ServeProcess
-from wire_client import WireSocket, decode_response, encode_request, one_batch, request_body
+from wire_client import (
+    MEMBER_ID_REQUIRED,
+    Joined,
+    ProtocolIds,
+    WireSocket,
+    decode_response,
+    encode_request,
+    join_members,
+    one_batch,
+    request_body,
+)
 
 from oncelog.server.protocol import APIS, build, nested
 
@@ -31,10 +56,17 @@ LEGACY = [
     if not spec.serves(v)
 ]
 _correlation = count(1000)
+PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 0, 1, 2, 8, 9, 10
+JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, INIT_PRODUCER_ID = 11, 12, 13, 14, 22
+ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
+# The APIs a member of a group sends; each served version gets a member of its own.
+MEMBER_APIS: Final = (JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP)
+# Fixture members are never heartbeated: their session and rebalance timeouts outlast the module.
+MEMBER_TIMEOUT_MS: Final = 600_000
 
 
 def _error_codes(entity: Any) -> list[int]:
-    """Every error_code field anywhere in a decoded response."""
+    """Every error code field (error_code, partition_error_code) anywhere in a decoded response."""
     found: list[int] = []
     if isinstance(entity, tuple | list):
         for item in entity:
@@ -45,7 +77,7 @@ def _error_codes(entity: Any) -> list[int]:
         return found
     for name in fields:
         value = getattr(entity, name, None)
-        if name == "error_code":
+        if name.endswith("error_code"):
             found.append(int(value))
         elif (
             isinstance(value, tuple | list)
@@ -63,19 +95,85 @@ def test_the_advertised_table_starts_every_api_at_zero_and_never_has_min_above_m
         assert spec.advertised[0] <= spec.served[0] <= spec.served[1] == spec.advertised[1]
 
 
+@pytest.fixture(scope="module")
+def members(served: ServeProcess) -> dict[tuple[int, int], Joined]:
+    """For every served version of a member's API, the sole member (and leader) of its own group.
+
+    Joined (generation 1) but not synced: each group is in CompletingRebalance.
+    """
+    keys = [(key, version) for key, version in SERVED if key in MEMBER_APIS]
+    wanted = [
+        ProtocolIds(
+            group=f"conf-group-{key}-{version}",
+            session_timeout_ms=MEMBER_TIMEOUT_MS,
+            rebalance_timeout_ms=MEMBER_TIMEOUT_MS,
+        )
+        for key, version in keys
+    ]
+    joined = dict(zip(keys, join_members(served.bootstrap, wanted), strict=True))
+    assert all(member.is_leader and member.ids.generation == 1 for member in joined.values())
+    return joined
+
+
+def _produce_to(sock: WireSocket, topic: str) -> None:
+    produced = sock.request(PRODUCE, 9, request_body(PRODUCE, 9, topic))
+    assert _error_codes(produced) == [0]
+
+
+def _begin_transaction(sock: WireSocket, transactional_id: str) -> ProtocolIds:
+    """A transactional producer's InitProducerId: the ids its transaction requests name."""
+    ids = ProtocolIds(group=f"{transactional_id}-group", transactional_id=transactional_id)
+    answer = sock.request(INIT_PRODUCER_ID, 4, request_body(INIT_PRODUCER_ID, 4, "", ids))
+    assert answer.error_code == 0, answer
+    return replace(ids, producer_id=answer.producer_id, producer_epoch=answer.producer_epoch)
+
+
+def _set_up(
+    sock: WireSocket, api_key: int, version: int, topic: str, fixtures: pytest.FixtureRequest
+) -> ProtocolIds:
+    """What the request of `api_key` at `version` must name to succeed, after any request it needs first."""
+    if api_key in (FETCH, LIST_OFFSETS, OFFSET_COMMIT, ADD_PARTITIONS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT):
+        # The topic must exist: Kafka refuses commits to unknown partitions too.
+        _produce_to(sock, topic)
+    if api_key in (OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR):
+        # A simple commit (generation -1, no member id) to a group with no members; v8+ of
+        # OffsetFetch and v4+ of FindCoordinator name several groups.
+        group = f"conf-offsets-{api_key}-{version}"
+        return ProtocolIds(group=group, keys=(group, group + "-other"))
+    if api_key in MEMBER_APIS:
+        member: Joined = fixtures.getfixturevalue("members")[(api_key, version)]
+        if api_key == JOIN_GROUP and version >= 4:
+            # A newcomer's first join is answered at once: MEMBER_ID_REQUIRED with its id (KIP-394).
+            newcomer = ProtocolIds(group=f"conf-newcomer-{version}")
+            answer = sock.request(JOIN_GROUP, version, request_body(JOIN_GROUP, version, "", newcomer))
+            assert answer.error_code == MEMBER_ID_REQUIRED and answer.member_id, answer
+        if api_key == HEARTBEAT:  # heartbeats once the group is stable
+            synced = sock.request(SYNC_GROUP, 5, request_body(SYNC_GROUP, 5, topic, member.ids))
+            assert synced.error_code == 0, synced
+        return member.ids  # JoinGroup: a rejoin with the same protocols, answered at once
+    if api_key in (ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT):
+        ids = _begin_transaction(sock, f"conf-txn-{api_key}-{version}")
+        if api_key == END_TXN:
+            added = sock.request(ADD_PARTITIONS_TO_TXN, 3, request_body(ADD_PARTITIONS_TO_TXN, 3, topic, ids))
+            assert _error_codes(added) == [0], added
+        if api_key == TXN_OFFSET_COMMIT:
+            added = sock.request(ADD_OFFSETS_TO_TXN, 3, request_body(ADD_OFFSETS_TO_TXN, 3, topic, ids))
+            assert added.error_code == 0, added
+        return ids
+    return ProtocolIds()
+
+
 @pytest.mark.parametrize(("api_key", "version"), SERVED, ids=[f"{APIS[k].name}-v{v}" for k, v in SERVED])
 def test_every_served_version_is_answered_with_a_response_that_decodes(
-    served: ServeProcess, api_key: int, version: int
+    served: ServeProcess, request: pytest.FixtureRequest, api_key: int, version: int
 ) -> None:
     topic = f"conf-{api_key}-{version}"
     correlation_id = next(_correlation)
     with WireSocket(served.bootstrap) as sock:
-        if api_key in (1, 2):  # Fetch and ListOffsets need the topic to exist
-            produce = request_body(0, 9, topic)
-            sock.send_raw(encode_request(0, 9, correlation_id - 1, produce))
-            _, produced = decode_response(0, 9, sock.read_frame())
-            assert _error_codes(produced) == [0]
-        sock.send_raw(encode_request(api_key, version, correlation_id, request_body(api_key, version, topic)))
+        ids = _set_up(sock, api_key, version, topic, request)
+        sock.send_raw(
+            encode_request(api_key, version, correlation_id, request_body(api_key, version, topic, ids))
+        )
         got_id, body = decode_response(api_key, version, sock.read_frame())
     assert got_id == correlation_id
     assert set(_error_codes(body)) <= {0}, body
@@ -85,6 +183,14 @@ def test_every_served_version_is_answered_with_a_response_that_decodes(
     if api_key == 18:
         advertised = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
         assert advertised == {spec.key: spec.advertised for spec in APIS.values()}
+    if api_key == JOIN_GROUP:
+        assert (body.generation_id, body.member_id, body.leader) == (1, ids.member_id, ids.member_id)
+        assert [member.member_id for member in body.members] == [ids.member_id]
+    if api_key == SYNC_GROUP:
+        assert body.assignment == topic.encode()
+    if api_key == FIND_COORDINATOR and version >= 4:
+        assert [c.key for c in body.coordinators] == list(ids.keys)
+        assert {(c.node_id, c.host, c.port) for c in body.coordinators} == {(0, "127.0.0.1", served.port)}
 
 
 def _legacy_request(api_key: int, version: int, topic: str) -> Any:
@@ -109,6 +215,22 @@ def _legacy_request(api_key: int, version: int, topic: str) -> Any:
         list_topic = cls.ListOffsetsTopic
         partition = list_topic.ListOffsetsPartition(partition_index=0, timestamp=-1, max_num_offsets=1)
         return cls(replica_id=-1, topics=[list_topic(name=topic, partitions=[partition])])
+    if api_key == OFFSET_COMMIT:
+        cls = OffsetCommitRequest[version]
+        commit_topic = cls.OffsetCommitRequestTopic
+        commit = commit_topic.OffsetCommitRequestPartition(
+            partition_index=0, committed_offset=1, commit_timestamp=-1, committed_metadata=None
+        )
+        return cls(
+            group_id=f"{topic}-group",
+            generation_id_or_member_epoch=-1,
+            member_id="",
+            topics=[commit_topic(name=topic, partitions=[commit])],
+        )
+    if api_key == OFFSET_FETCH:
+        cls = OffsetFetchRequest[version]
+        wanted = cls.OffsetFetchRequestTopic(name=topic, partition_indexes=[0])
+        return cls(group_id=f"{topic}-group", topics=[wanted])
     if api_key == 19:
         cls = CreateTopicsRequest[version]
         creatable = cls.CreatableTopic(
@@ -124,7 +246,7 @@ def _legacy_codes(api_key: int, response: Any) -> list[int]:
         return [p.error_code for t in response.responses for p in t.partition_responses]
     if api_key == 1:
         return [p.error_code for t in response.responses for p in t.partitions]
-    if api_key == 2:
+    if api_key in (2, OFFSET_COMMIT, OFFSET_FETCH):
         return [p.error_code for t in response.topics for p in t.partitions]
     return [t.error_code for t in response.topics]
 
@@ -133,6 +255,8 @@ _LEGACY_RESPONSES: dict[int, Any] = {
     0: ProduceResponse,
     1: FetchResponse,
     2: ListOffsetsResponse,
+    8: OffsetCommitResponse,
+    9: OffsetFetchResponse,
     19: CreateTopicsResponse,
 }
 

@@ -11,7 +11,10 @@ import datetime
 import io
 import socket
 import struct
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from itertools import count
+from typing import Any, Final
 
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
@@ -20,6 +23,7 @@ from oncelog.segments import encode_batch
 from oncelog.server.protocol import build, nested
 
 CLIENT_ID = "oncelog-conformance"
+_correlation_ids = count(1)
 
 
 class WireSocket:
@@ -29,6 +33,22 @@ class WireSocket:
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)
+
+    def send(self, api_key: int, version: int, body: Any) -> int:
+        """Send one request; its correlation id, for `receive`."""
+        correlation_id = next(_correlation_ids)
+        self.send_raw(encode_request(api_key, version, correlation_id, body))
+        return correlation_id
+
+    def receive(self, api_key: int, version: int, correlation_id: int) -> Any:
+        """The decoded body of the next response, which must answer `correlation_id`."""
+        got, body = decode_response(api_key, version, self.read_frame())
+        assert got == correlation_id, f"response to {got}, expected {correlation_id}"
+        return body
+
+    def request(self, api_key: int, version: int, body: Any) -> Any:
+        """One request and its decoded response body."""
+        return self.receive(api_key, version, self.send(api_key, version, body))
 
     def read_frame(self) -> bytes:
         (size,) = struct.unpack(">i", self._read_exactly(4))
@@ -96,78 +116,349 @@ def one_batch(value: bytes = b"conformance") -> bytes:
     return encode_batch([(b"k", value)], timestamp_ms=1_700_000_000_000)
 
 
-def request_body(api_key: int, version: int, topic: str) -> Any:
-    """A valid request of every served API at `version`, naming `topic` partition 0."""
+# What the group and transaction requests name when the caller does not say (ProtocolIds).
+CONFORMANCE_GROUP = "conformance-group"
+CONFORMANCE_TXN = "conformance-txn"
+# A JoinGroup's protocols: type "consumer", one named protocol with opaque metadata (the
+# coordinator never reads it). A rejoin must name the same ones to be a plain retry.
+PROTOCOL_TYPE = "consumer"
+PROTOCOLS: tuple[tuple[str, bytes], ...] = (("range", b"conformance-metadata"),)
+MEMBER_ID_REQUIRED = 79
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolIds:
+    """Who a group or transaction request speaks for; the defaults are a newcomer with no state."""
+
+    group: str = CONFORMANCE_GROUP
+    member_id: str = ""
+    generation: int = -1
+    session_timeout_ms: int = 30_000
+    rebalance_timeout_ms: int = 30_000
+    # None: InitProducerId is an idempotent producer's; the transaction APIs name CONFORMANCE_TXN.
+    transactional_id: str | None = None
+    producer_id: int = -1
+    producer_epoch: int = -1
+    # The member ids FindCoordinator v4+ and LeaveGroup v3+ name; (group,) / (member_id,) if empty.
+    keys: tuple[str, ...] = ()
+
+
+NEWCOMER = ProtocolIds()
+
+
+def request_body(api_key: int, version: int, topic: str, ids: ProtocolIds = NEWCOMER) -> Any:
+    """A valid request of every served API at `version`, naming `topic` partition 0.
+
+    Group and transaction requests speak for `ids`; with the defaults a JoinGroup is a new
+    member's first join, commits are simple (generation -1, no member id) and the
+    transaction requests name a producer the coordinator has not seen.
+    """
     cls: Any = load_request_schema(api_key, version)
-    timeout = datetime.timedelta(seconds=5)
-    if api_key == 0:
-        topic_type = nested(cls, "topic_data")
-        partition = build(nested(topic_type, "partition_data"), index=0, records=one_batch())
-        return build(
-            cls,
-            transactional_id=None,
-            acks=1,
-            timeout=timeout,
-            topic_data=(build(topic_type, name=topic, partition_data=(partition,)),),
-        )
-    if api_key == 1:
-        topic_type = nested(cls, "topics")
-        partition = build(
-            nested(topic_type, "partitions"),
-            partition=0,
-            fetch_offset=0,
-            log_start_offset=-1,
-            partition_max_bytes=1 << 20,
-        )
-        return build(
-            cls,
-            replica_id=-1,
-            max_wait=datetime.timedelta(0),
-            min_bytes=0,
-            max_bytes=1 << 20,
-            isolation_level=0,
-            topics=(build(topic_type, topic=topic, partitions=(partition,)),),
-            forgotten_topics_data=(),
-            rack_id="",
-        )
-    if api_key == 2:
-        topic_type = nested(cls, "topics")
-        partition = build(nested(topic_type, "partitions"), partition_index=0, timestamp=-1)
-        return build(
-            cls,
-            replica_id=-1,
-            isolation_level=0,
-            topics=(build(topic_type, name=topic, partitions=(partition,)),),
-        )
-    if api_key == 3:
-        wanted = build(nested(cls, "topics"), name=topic)
-        return build(
-            cls,
-            topics=(wanted,),
-            allow_auto_topic_creation=True,
-            include_cluster_authorized_operations=False,
-            include_topic_authorized_operations=False,
-        )
-    if api_key == 10:
-        return build(cls, key="conformance-group", key_type=0)
-    if api_key == 18:
-        return build(cls, client_software_name="oncelog-tests", client_software_version="1.0")
-    if api_key == 19:
-        creatable = build(
-            nested(cls, "topics"),
-            name=topic + "-created",
-            num_partitions=2,
-            replication_factor=1,
-            assignments=(),
-            configs=(),
-        )
-        return build(cls, topics=(creatable,), timeout=timeout, validate_only=False)
-    if api_key == 22:
-        return build(
-            cls,
-            transactional_id=None,
-            transaction_timeout=datetime.timedelta(seconds=60),
-            producer_id=-1,
-            producer_epoch=-1,
-        )
-    raise AssertionError(f"no request body for API {api_key}")
+    builder = _BUILDERS.get(api_key)
+    if builder is None:
+        raise AssertionError(f"no request body for API {api_key}")
+    return builder(cls, version, topic, ids)
+
+
+def _produce(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    topic_type = nested(cls, "topic_data")
+    partition = build(nested(topic_type, "partition_data"), index=0, records=one_batch())
+    return build(
+        cls,
+        transactional_id=None,
+        acks=1,
+        timeout=_TIMEOUT,
+        topic_data=(build(topic_type, name=topic, partition_data=(partition,)),),
+    )
+
+
+def _fetch(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    topic_type = nested(cls, "topics")
+    partition = build(
+        nested(topic_type, "partitions"),
+        partition=0,
+        fetch_offset=0,
+        log_start_offset=-1,
+        partition_max_bytes=1 << 20,
+    )
+    return build(
+        cls,
+        replica_id=-1,
+        max_wait=datetime.timedelta(0),
+        min_bytes=0,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        topics=(build(topic_type, topic=topic, partitions=(partition,)),),
+        forgotten_topics_data=(),
+        rack_id="",
+    )
+
+
+def _list_offsets(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    topic_type = nested(cls, "topics")
+    partition = build(nested(topic_type, "partitions"), partition_index=0, timestamp=-1)
+    return build(
+        cls,
+        replica_id=-1,
+        isolation_level=0,
+        topics=(build(topic_type, name=topic, partitions=(partition,)),),
+    )
+
+
+def _metadata(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    wanted = build(nested(cls, "topics"), name=topic)
+    return build(
+        cls,
+        topics=(wanted,),
+        allow_auto_topic_creation=True,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
+
+
+def _offset_commit(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    topic_type = nested(cls, "topics")
+    partition = build(
+        nested(topic_type, "partitions"),
+        partition_index=0,
+        committed_offset=1,
+        committed_leader_epoch=-1,
+        committed_metadata="conformance",
+    )
+    return build(
+        cls,
+        group_id=ids.group,
+        generation_id_or_member_epoch=ids.generation,
+        member_id=ids.member_id,
+        group_instance_id=None,
+        retention_time=datetime.timedelta(milliseconds=-1),  # v2-4: the broker's default
+        topics=(build(topic_type, name=topic, partitions=(partition,)),),
+    )
+
+
+def _offset_fetch(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    if version < 8:
+        wanted = build(nested(cls, "topics"), name=topic, partition_indexes=(0,))
+        return build(cls, group_id=ids.group, topics=(wanted,), require_stable=False)
+    group_type = nested(cls, "groups")
+    wanted = build(nested(group_type, "topics"), name=topic, partition_indexes=(0,))
+    groups = tuple(
+        build(group_type, group_id=group, member_id=None, member_epoch=-1, topics=(wanted,))
+        for group in ids.keys or (ids.group,)
+    )
+    return build(cls, groups=groups, require_stable=False)
+
+
+def _find_coordinator(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    # key_type 0: a group; v4+ asks for several keys at once (KIP-699).
+    return build(cls, key=ids.group, key_type=0, coordinator_keys=ids.keys or (ids.group,))
+
+
+def _join_group(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    protocol_type = nested(cls, "protocols")
+    return build(
+        cls,
+        group_id=ids.group,
+        session_timeout=datetime.timedelta(milliseconds=ids.session_timeout_ms),
+        rebalance_timeout=datetime.timedelta(milliseconds=ids.rebalance_timeout_ms),
+        member_id=ids.member_id,
+        group_instance_id=None,
+        protocol_type=PROTOCOL_TYPE,
+        protocols=tuple(build(protocol_type, name=name, metadata=meta) for name, meta in PROTOCOLS),
+        reason=None,
+    )
+
+
+def _heartbeat(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(
+        cls, group_id=ids.group, generation_id=ids.generation, member_id=ids.member_id, group_instance_id=None
+    )
+
+
+def _leave_group(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    if version < 3:
+        return build(cls, group_id=ids.group, member_id=ids.member_id)
+    member_type = nested(cls, "members")
+    members = tuple(
+        build(member_type, member_id=member, group_instance_id=None, reason="conformance")
+        for member in ids.keys or (ids.member_id,)
+    )
+    return build(cls, group_id=ids.group, members=members)
+
+
+def _sync_group(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    """The leader's SyncGroup: it assigns `topic` partition 0 to itself (a member id of "" if none)."""
+    assignment = build(nested(cls, "assignments"), member_id=ids.member_id, assignment=topic.encode())
+    return build(
+        cls,
+        group_id=ids.group,
+        generation_id=ids.generation,
+        member_id=ids.member_id,
+        group_instance_id=None,
+        protocol_type=PROTOCOL_TYPE,
+        protocol_name=PROTOCOLS[0][0],
+        assignments=(assignment,),
+    )
+
+
+def _create_topics(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    creatable = build(
+        nested(cls, "topics"),
+        name=topic + "-created",
+        num_partitions=2,
+        replication_factor=1,
+        assignments=(),
+        configs=(),
+    )
+    return build(cls, topics=(creatable,), timeout=_TIMEOUT, validate_only=False)
+
+
+def _init_producer_id(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    """An idempotent producer's InitProducerId, or a transactional one's if `ids` names an id."""
+    return build(
+        cls,
+        transactional_id=ids.transactional_id,
+        transaction_timeout=datetime.timedelta(seconds=60),
+        producer_id=-1,
+        producer_epoch=-1,
+    )
+
+
+def _add_partitions_to_txn(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    # v0-3 only: one transaction, named by the producer (v4+ is the broker-to-broker batch of KIP-890).
+    topic_type = nested(cls, "v3_and_below_topics")
+    return build(
+        cls,
+        v3_and_below_transactional_id=ids.transactional_id or CONFORMANCE_TXN,
+        v3_and_below_producer_id=ids.producer_id,
+        v3_and_below_producer_epoch=ids.producer_epoch,
+        v3_and_below_topics=(build(topic_type, name=topic, partitions=(0,)),),
+    )
+
+
+def _add_offsets_to_txn(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(
+        cls,
+        transactional_id=ids.transactional_id or CONFORMANCE_TXN,
+        producer_id=ids.producer_id,
+        producer_epoch=ids.producer_epoch,
+        group_id=ids.group,
+    )
+
+
+def _end_txn(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(
+        cls,
+        transactional_id=ids.transactional_id or CONFORMANCE_TXN,
+        producer_id=ids.producer_id,
+        producer_epoch=ids.producer_epoch,
+        committed=True,
+    )
+
+
+def _txn_offset_commit(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    topic_type = nested(cls, "topics")
+    partition = build(
+        nested(topic_type, "partitions"),
+        partition_index=0,
+        committed_offset=1,
+        committed_leader_epoch=-1,
+        committed_metadata=None,
+    )
+    return build(
+        cls,
+        transactional_id=ids.transactional_id or CONFORMANCE_TXN,
+        group_id=ids.group,
+        producer_id=ids.producer_id,
+        producer_epoch=ids.producer_epoch,
+        generation_id=ids.generation,
+        member_id=ids.member_id,
+        group_instance_id=None,
+        topics=(build(topic_type, name=topic, partitions=(partition,)),),
+    )
+
+
+def _api_versions(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(cls, client_software_name="oncelog-tests", client_software_version="1.0")
+
+
+_TIMEOUT = datetime.timedelta(seconds=5)
+_BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
+    0: _produce,
+    1: _fetch,
+    2: _list_offsets,
+    3: _metadata,
+    8: _offset_commit,
+    9: _offset_fetch,
+    10: _find_coordinator,
+    11: _join_group,
+    12: _heartbeat,
+    13: _leave_group,
+    14: _sync_group,
+    18: _api_versions,
+    19: _create_topics,
+    22: _init_producer_id,
+    24: _add_partitions_to_txn,
+    25: _add_offsets_to_txn,
+    26: _end_txn,
+    28: _txn_offset_commit,
+}
+
+
+# -- group membership over raw sockets ----------------------------------------------------------
+JOIN_GROUP: Final = 11
+SYNC_GROUP: Final = 14
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """A member whose JoinGroup completed: `ids` carries its member id and generation."""
+
+    ids: ProtocolIds
+    leader: str
+    # Every member's id, for the leader; empty for the others.
+    members: tuple[str, ...]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.ids.member_id == self.leader
+
+
+def join_members(bootstrap: str, wanted: Sequence[ProtocolIds], version: int = 7) -> list[Joined]:
+    """Each of `wanted` joins its group as a new member, all at once, one connection each.
+
+    JoinGroup v4+ takes two steps (KIP-394): the first answers MEMBER_ID_REQUIRED with an
+    id, the second joins with it and returns when the rebalance completes (after the
+    initial rebalance delay for an empty group), so joining many at once costs one delay.
+    """
+    assert version >= 4, "JoinGroup before v4 has no MEMBER_ID_REQUIRED step"
+    socks = [WireSocket(bootstrap, timeout_s=30.0) for _ in wanted]
+    try:
+        firsts = [
+            s.send(JOIN_GROUP, version, request_body(JOIN_GROUP, version, "", ids))
+            for s, ids in zip(socks, wanted, strict=True)
+        ]
+        named = []
+        for sock, ids, correlation_id in zip(socks, wanted, firsts, strict=True):
+            answer = sock.receive(JOIN_GROUP, version, correlation_id)
+            assert answer.error_code == MEMBER_ID_REQUIRED and answer.member_id, answer
+            named.append(replace(ids, member_id=answer.member_id))
+        seconds = [
+            s.send(JOIN_GROUP, version, request_body(JOIN_GROUP, version, "", ids))
+            for s, ids in zip(socks, named, strict=True)
+        ]
+        joined = []
+        for sock, ids, correlation_id in zip(socks, named, seconds, strict=True):
+            answer = sock.receive(JOIN_GROUP, version, correlation_id)
+            assert answer.error_code == 0 and answer.member_id == ids.member_id, answer
+            joined.append(
+                Joined(
+                    replace(ids, generation=answer.generation_id),
+                    answer.leader,
+                    tuple(member.member_id for member in answer.members),
+                )
+            )
+        return joined
+    finally:
+        for sock in socks:
+            sock.close()
