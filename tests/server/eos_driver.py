@@ -70,10 +70,12 @@ class EosConfig:
     batch: int | None = None  # input records per transaction; None: from the size and the kills
 
     @classmethod
-    def from_env(cls, *, messages: int = DEFAULT_MESSAGES, **overrides: Any) -> EosConfig:
-        """The environment's knobs (`messages` is the default of ONCELOG_EOS_MESSAGES); overrides win."""
+    def from_env(
+        cls, *, messages: int = DEFAULT_MESSAGES, kills: int = DEFAULT_KILLS, **overrides: Any
+    ) -> EosConfig:
+        """The environment's knobs, defaulting to `messages` and `kills` (of each kind); overrides win."""
         seed_text = os.environ.get("ONCELOG_EOS_SEED", "").strip()
-        kills = _env_int("ONCELOG_EOS_KILLS", DEFAULT_KILLS)
+        kills = _env_int("ONCELOG_EOS_KILLS", kills)
         seed = int(seed_text) if seed_text else time.time_ns() % 1_000_000_007
         config = cls(
             _env_int("ONCELOG_EOS_MESSAGES", messages), server_kills=kills, app_kills=kills, seed=seed

@@ -19,7 +19,7 @@ from eos_driver import EosConfig, count_outputs, run_eos
 def test_transactions_survive_server_and_app_kills_with_every_input_processed_exactly_once(
     tmp_path: Path,
 ) -> None:
-    config = EosConfig.from_env(messages=5000, server_kills=3, app_kills=3)
+    config = EosConfig.from_env(messages=5000, kills=3)
     outcome = run_eos(tmp_path, config)
     print(outcome.report(), flush=True)
     assert not outcome.problems, outcome.report()
