@@ -59,7 +59,7 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
             code = ErrorCode.none if count is not None else ErrorCode.unknown_topic_or_partition
         except InvalidTopicError:
             count, code = None, ErrorCode.invalid_topic_exception
-        except OncelogError as exc:
+        except (OncelogError, InvalidPartitionsError) as exc:  # past the partition budget, say
             log.warning("metadata: creating topic %r failed: %s", name, exc)
             count, code = None, error_code_for(exc)
         partitions = tuple(

@@ -39,7 +39,7 @@ from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.log import Log
 from oncelog.segments import format as fmt
-from oncelog.server.broker import Broker
+from oncelog.server.broker import Broker, InvalidPartitionsError
 from oncelog.server.errors import error_code_for
 from oncelog.server.protocol import Request, build, nested, response_type
 
@@ -103,6 +103,9 @@ async def handle_produce(broker: Broker, request: Request) -> Any:
     else:
         for name, entries in topics.items():
             await _check_partitions(broker, name, entries)
+        # No await from the admission to the finally that releases it: an admitted append must be
+        # released whatever happens, or its transaction's end would wait for it forever.
+        _admit_transactional(broker, topics)
         pending = [(name, o) for name, entries in topics.items() for o in entries.values() if o.code == 0]
         try:
             if _cheap_to_validate(pending):
@@ -128,7 +131,7 @@ async def _check_partitions(broker: Broker, topic: str, entries: dict[int, _Outc
         count = await broker.partition_count(topic, auto_create=True)
     except InvalidTopicError:
         count, code = None, ErrorCode.invalid_topic_exception
-    except OncelogError as exc:
+    except (OncelogError, InvalidPartitionsError) as exc:  # past the partition budget, say
         log.warning("produce: creating topic %r failed: %s", topic, exc)
         count, code = None, error_code_for(exc)
     for outcome in entries.values():
@@ -138,7 +141,14 @@ async def _check_partitions(broker: Broker, topic: str, entries: dict[int, _Outc
             outcome.code = ErrorCode.unknown_topic_or_partition
         elif one_batch_error(outcome.records) is not None:
             outcome.code = ErrorCode.invalid_record
-        elif is_transactional(outcome.records or b""):
+
+
+def _admit_transactional(broker: Broker, topics: dict[str, dict[int, _Outcome]]) -> None:
+    """Admit each transactional batch to its producer's open transaction, or set its error."""
+    for topic, entries in topics.items():
+        for outcome in entries.values():
+            if outcome.code != ErrorCode.none or not is_transactional(outcome.records or b""):
+                continue
             assert outcome.records is not None
             pid, epoch = _PRODUCER.unpack_from(outcome.records, fmt.PRODUCER_ID_OFFSET)
             outcome.code = broker.transactions.admit_append(

@@ -32,6 +32,7 @@ will end.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import time
@@ -83,13 +84,21 @@ class TransactionCoordinator:
         self._write_marker = write_marker
         self._in_thread = in_thread
         self._wake = wake
+        self._checking: dict[str, asyncio.Task[None]] = {}
         self._clock_ms = clock_ms
         self.coordinator_epoch = store.next_epoch()
         self.transactions: dict[str, Transaction] = {}
         self._by_producer: dict[int, Transaction] = {}
         # What the store holds for each transactional id: a failed write restores from it.
         self._stored: dict[str, dict[str, Any]] = {}
+        # Transactions not yet complete (what the timeout check visits), and how many hold
+        # uncommitted offsets for each (group, topic, partition): indexes, so neither costs a
+        # walk over every transactional id.
+        self._unsettled: dict[str, Transaction] = {}
+        self._holders: collections.Counter[tuple[str, str, int]] = collections.Counter()
+        self._held: dict[str, set[tuple[str, str, int]]] = {}
         for record, txn in store.records(TXN_PREFIX, Transaction.from_record):
+            self._index(txn)
             self.transactions[txn.transactional_id] = txn
             self._by_producer[txn.producer_id] = txn
             self._stored[txn.transactional_id] = record
@@ -132,6 +141,7 @@ class TransactionCoordinator:
         txn.last_epoch = txn.producer_epoch if expected is not None else -1
         self._bump(txn)
         txn.timeout_ms = timeout_ms
+        self._forget(txn)
         txn.state = TxnState.EMPTY
         txn.partitions, txn.groups, txn.offsets = set(), set(), {}
         self._store(txn, f"epoch {txn.producer_epoch} of transactional id {transactional_id!r}")
@@ -184,6 +194,7 @@ class TransactionCoordinator:
             )
         for topic, partition, committed in offsets:
             txn.offsets[(group_id, topic, partition)] = committed
+        self._index(txn)
         self._store(txn, f"offsets of transaction {transactional_id!r}")
 
     async def end(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> None:
@@ -213,8 +224,10 @@ class TransactionCoordinator:
 
     def _begin(self, txn: Transaction) -> None:
         if txn.state is not TxnState.ONGOING:
+            self._forget(txn)
             txn.state = TxnState.ONGOING
             txn.partitions, txn.groups, txn.offsets = set(), set(), {}
+            self._index(txn)
             txn.started_ms = self._clock_ms()
 
     def _bump(self, txn: Transaction) -> None:
@@ -259,6 +272,7 @@ class TransactionCoordinator:
             if txn.producer_epoch < MAX_EPOCH:
                 txn.producer_epoch = marker_epoch = txn.producer_epoch + 1
         txn.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        self._index(txn)
         txn.ending = True
         try:
             self._store(txn, f"preparing the end of transaction {txn.transactional_id!r}")
@@ -314,6 +328,7 @@ class TransactionCoordinator:
         except OncelogError as exc:
             log.warning("transaction %r: completion not stored, retrying: %s", txn.transactional_id, exc)
             return False
+        self._forget(txn)
         txn.state, txn.offsets = final, {}
         self._stored[txn.transactional_id] = record
         for group_id, offsets in by_group.items():
@@ -335,26 +350,66 @@ class TransactionCoordinator:
         """Abort transactions open past their timeout; retry ends whose markers failed."""
         while True:
             await asyncio.sleep(CHECK_INTERVAL_S)
-            try:
-                await self.check_timeouts()
-            except TxnError as exc:  # a store write failed; the next round tries again
-                log.warning("transaction timeouts: %s", exc)
+            self.check_timeouts()
 
-    async def check_timeouts(self) -> None:
+    def check_timeouts(self) -> list[asyncio.Task[None]]:
+        """Start an abort of each transaction past its timeout, and a retry of each unfinished end.
+
+        Each runs as its own task, so one that waits (on appends in flight, a slow marker)
+        holds up no other; the tasks are returned for whoever wants to wait on them.
+        """
         now = self._clock_ms()
-        for txn in list(self.transactions.values()):
+        started = []
+        for txn in list(self._unsettled.values()):
+            if txn.ending or txn.transactional_id in self._checking:
+                continue
+            if txn.state.preparing or now > txn.started_ms + txn.timeout_ms:
+                task = asyncio.create_task(self._settle(txn))
+                self._checking[txn.transactional_id] = task
+                task.add_done_callback(functools.partial(self._checked, txn.transactional_id))
+                started.append(task)
+        return started
+
+    def _checked(self, transactional_id: str, task: asyncio.Task[None]) -> None:
+        self._checking.pop(transactional_id, None)
+
+    async def _settle(self, txn: Transaction) -> None:
+        try:
             if txn.state.preparing:
                 await self.complete(txn)
-            elif txn.state is TxnState.ONGOING and not txn.ending and now > txn.started_ms + txn.timeout_ms:
+            elif txn.state is TxnState.ONGOING and not txn.ending:
                 log.info(
                     "aborting transaction %r: open past its %d ms timeout",
                     txn.transactional_id,
                     txn.timeout_ms,
                 )
                 await self._end(txn, commit=False, bump=True)
+        except TxnError as exc:  # a store write failed; the next round tries again
+            log.warning("transaction %r: %s", txn.transactional_id, exc)
+        except Exception:  # never let one transaction's failure stop the others' timeouts
+            log.exception("transaction %r: settling failed; trying again", txn.transactional_id)
 
     def _holds_offsets(self, group_id: str, topic: str, partition: int) -> bool:
-        return any((group_id, topic, partition) in txn.offsets for txn in self.transactions.values())
+        return bool(self._holders[(group_id, topic, partition)] > 0)
+
+    def _index(self, txn: Transaction) -> None:
+        """Bring the indexes up to date with `txn` (after any change of its state or offsets)."""
+        self._forget(txn)
+        tid = txn.transactional_id
+        if txn.state in (TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            self._unsettled[tid] = txn
+        if txn.offsets:
+            held = self._held[tid] = set(txn.offsets)
+            self._holders.update(held)
+
+    def _forget(self, txn: Transaction) -> None:
+        tid = txn.transactional_id
+        self._unsettled.pop(tid, None)
+        held = self._held.pop(tid, set())
+        self._holders.subtract(held)
+        for key in held:
+            if self._holders[key] <= 0:
+                del self._holders[key]
 
     def _store(self, txn: Transaction, what: str) -> None:
         """Store `txn` as it now is; if that fails, put it back as last stored and refuse the request.
@@ -369,7 +424,9 @@ class TransactionCoordinator:
             if stored is not None:
                 if self._by_producer.get(txn.producer_id) is txn:
                     del self._by_producer[txn.producer_id]
+                self._forget(txn)
                 txn.restore(stored)
+                self._index(txn)
                 self._by_producer[txn.producer_id] = txn
             raise TxnError(ErrorCode.coordinator_not_available, f"{what} failed: {exc}") from exc
         self._stored[txn.transactional_id] = record

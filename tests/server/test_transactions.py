@@ -1387,6 +1387,42 @@ def test_a_transactional_produce_to_a_partition_not_added_is_invalid_txn_state_a
     assert wire.latest(topic, 0, READ_UNCOMMITTED) == wire.latest(topic, 0, READ_COMMITTED) == 2
 
 
+def test_a_produce_refused_part_way_releases_its_admitted_append_and_the_transaction_still_ends(
+    wire: Wire, server: InProcessServer
+) -> None:
+    """A transactional batch is admitted to its transaction, then another topic of the same request
+    cannot be created (past the partition budget): the request is answered per partition, and the
+    transaction's end does not wait forever for the admitted append (found by a red-team run)."""
+    transactional_id, topic, over = unique("part-way"), unique("part-way"), unique("over-budget")
+    wire.create_topic(topic, 1)
+    _, pid, epoch = wire.init_producer_id(transactional_id)
+    assert wire.add_partitions(transactional_id, pid, epoch, topic) == [ErrorCode.none]
+    batch = encode_batch(
+        [(b"k", b"v")], producer_id=pid, producer_epoch=epoch, base_sequence=0, is_transactional=True
+    )
+    request = load_request_schema(0, 9)
+    topic_type = nested(request, "topic_data")
+    data = build(nested(topic_type, "partition_data"), index=0, records=batch)
+    broker = server.server.broker
+    budget = broker.max_partitions
+    broker.max_partitions = broker.total_partitions()  # no room for `over`
+    try:
+        response = wire.call(
+            0,
+            9,
+            transactional_id=transactional_id,
+            acks=-1,
+            timeout=datetime.timedelta(seconds=5),
+            topic_data=tuple(build(topic_type, name=name, partition_data=(data,)) for name in (topic, over)),
+        )
+    finally:
+        broker.max_partitions = budget
+    codes = {answer.name: answer.partition_responses[0].error_code for answer in response.responses}
+    assert codes == {topic: ErrorCode.none, over: ErrorCode.invalid_partitions}
+    assert wire.end_txn(transactional_id, pid, epoch, commit=True) == ErrorCode.none
+    assert wire.latest(topic, 0, READ_COMMITTED) == wire.latest(topic, 0, READ_UNCOMMITTED) == 2
+
+
 def test_a_fenced_producers_transactional_produce_is_invalid_producer_epoch(wire: Wire) -> None:
     """Kafka checks the epoch before the partition (its verification answers PRODUCER_FENCED, which a
     Produce carries as INVALID_PRODUCER_EPOCH; before KIP-890 the partition's ABORT marker at the

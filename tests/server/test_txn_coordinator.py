@@ -230,10 +230,10 @@ def test_a_transaction_open_past_its_timeout_is_aborted_and_its_epoch_fenced(tmp
         pid, epoch = await c.init_producer_id("app", 5_000, -1, -1)
         c.add_partitions("app", pid, epoch, [TP0])
         world.now_ms += 4_000
-        await c.check_timeouts()
+        await asyncio.gather(*c.check_timeouts())
         assert c.transactions["app"].state is TxnState.ONGOING
         world.now_ms += 2_000
-        await c.check_timeouts()
+        await asyncio.gather(*c.check_timeouts())
         assert c.transactions["app"].state is TxnState.COMPLETE_ABORT
         assert world.markers.written == [(TP0, pid, epoch + 1, False, 0)]
         assert c.admit_append(pid, epoch, TP0) == ErrorCode.invalid_producer_epoch
@@ -348,9 +348,60 @@ def test_a_completion_that_cannot_be_stored_stays_prepared_and_is_retried(tmp_pa
         assert c.transactions["app"].state is TxnState.PREPARE_COMMIT
         assert c.groups.committed("group") == {}
         world.store.write = original_write  # type: ignore[method-assign]
-        await c.check_timeouts()
+        await asyncio.gather(*c.check_timeouts())
         assert c.transactions["app"].state is TxnState.COMPLETE_COMMIT
         assert c.groups.committed("group")[("in", 0)].offset == 5
         assert len(world.markers.written) == 2  # written again: a second marker completes nothing
 
     world.run(scenario)
+
+
+def test_a_transaction_waiting_on_an_append_holds_up_no_other_transactions_timeout(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        stuck_pid, stuck_epoch = await c.init_producer_id("stuck", 1_000, -1, -1)
+        c.add_partitions("stuck", stuck_pid, stuck_epoch, [TP0])
+        assert c.admit_append(stuck_pid, stuck_epoch, TP0) == ErrorCode.none  # never released
+        pid, epoch = await c.init_producer_id("idle", 1_000, -1, -1)
+        c.add_partitions("idle", pid, epoch, [TP1])
+        world.now_ms += 2_000
+        tasks = c.check_timeouts()
+        assert len(tasks) == 2
+        done, pending = await asyncio.wait(tasks, timeout=1.0)
+        assert len(done) == 1 and len(pending) == 1
+        assert c.transactions["idle"].state is TxnState.COMPLETE_ABORT
+        assert c.transactions["stuck"].state is TxnState.PREPARE_ABORT
+        assert c.check_timeouts() == []  # the stuck one is not started twice
+        c.appended(stuck_pid)
+        await asyncio.gather(*pending)
+        assert c.transactions["stuck"].state is TxnState.COMPLETE_ABORT
+
+    world.run(scenario)
+
+
+def test_unstable_offsets_are_indexed_by_group_and_partition_through_commit_abort_and_restart(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+
+    async def first_life(c: TransactionCoordinator) -> None:
+        for tid, offset in (("a", 1), ("b", 2)):
+            pid, epoch = await c.init_producer_id(tid, 10_000, -1, -1)
+            c.add_offsets(tid, pid, epoch, "group")
+            c.commit_offsets(tid, pid, epoch, "group", [("in", 0, CommittedOffset(offset, -1, "", 1))])
+        assert c.groups.pending_transactional("group", "in", 0)
+        assert not c.groups.pending_transactional("group", "in", 1)
+        a = c.transactions["a"]
+        await c.end("a", a.producer_id, a.producer_epoch, False)
+        assert c.groups.pending_transactional("group", "in", 0)  # "b" still holds it
+
+    async def second_life(c: TransactionCoordinator) -> None:
+        assert c.groups.pending_transactional("group", "in", 0)
+        b = c.transactions["b"]
+        await c.end("b", b.producer_id, b.producer_epoch, True)
+        assert not c.groups.pending_transactional("group", "in", 0)
+        assert c.groups.committed("group")[("in", 0)].offset == 2
+
+    world.run(first_life)
+    world.run(second_life)
