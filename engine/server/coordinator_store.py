@@ -4,8 +4,10 @@
 
 - `epoch`: the coordinator epoch, bumped at every start, so transaction markers a
   previous process was writing are fenced by the logs once this one writes its own;
-- `group/<id>`: a group's generation and committed offsets, one value per group, so a
-  load costs O(groups x partitions) whatever the commit history;
+- `offsets/<id>`: a group's committed offsets, one value per group, so a load costs
+  O(groups x partitions) whatever the commit history, and a commit rewrites only them;
+- `group/<id>`: a group's generation, and its members and their assignments while it
+  is Stable (rewritten at each rebalance, never by a commit);
 - `txn/<id>`: a transactional id's producer id and epoch, state, partitions, and the
   offsets its transaction will commit.
 
@@ -15,13 +17,15 @@ and needs no compaction or snapshot to stay bounded; and a transaction's Complet
 state and the offsets it commits land in the same commit, so a crash can never apply
 one without the other.
 
-Keys are ids up to MAX_PLAIN_ID_BYTES of UTF-8; longer ids (Kafka allows 32,767
-characters) are keyed by their SHA-256, since an LMDB key holds 511 bytes. The full
-id is always inside the value.
+Keys are `<kind>/<id>` for ids up to MAX_PLAIN_ID_BYTES of UTF-8; longer ids (Kafka
+allows 32,767 characters) are `<kind>#<SHA-256 of the id>`, since an LMDB key holds 511
+bytes. The separator differs, so no id, however chosen, has another's key; the full id
+is inside every value, and a load checks that it keys the value it is in.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import struct
@@ -37,19 +41,21 @@ from oncelog.recovery.fs import FileSystem, MetadataStore
 T = TypeVar("T")
 STORE_DIR: Final = "coordinator.lmdb"
 EPOCH_KEY: Final = "epoch"
-GROUP_PREFIX: Final = "group/"
-TXN_PREFIX: Final = "txn/"
+# The kinds of record, each keyed by an id (see store_key).
+GROUP: Final = "group"
+OFFSETS: Final = "offsets"
+TXN: Final = "txn"
 MAX_PLAIN_ID_BYTES: Final = 400
 _EPOCH = struct.Struct(">i")
 MAX_COORDINATOR_EPOCH: Final = 2**31 - 1
 
 
-def store_key(prefix: str, ident: str) -> str:
-    """The key of `ident` under `prefix`: the id itself if short, else its SHA-256."""
+def store_key(kind: str, ident: str) -> str:
+    """The key of the `kind` record of `ident`: `kind/ident` if short, else `kind#SHA-256(ident)`."""
     raw = ident.encode("utf-8", "surrogatepass")
     if len(raw) <= MAX_PLAIN_ID_BYTES:
-        return prefix + ident
-    return prefix + "#" + hashlib.sha256(raw).hexdigest()
+        return f"{kind}/{ident}"
+    return f"{kind}#{hashlib.sha256(raw).hexdigest()}"
 
 
 def _unpack(raw: bytes) -> dict[str, Any]:
@@ -59,8 +65,13 @@ def _unpack(raw: bytes) -> dict[str, Any]:
     return value
 
 
-def _decoded(raw: bytes, decode: Callable[[dict[str, Any]], T]) -> tuple[dict[str, Any], T]:
+def _decoded(
+    raw: bytes, *, key: str, kind: str, id_field: str, decode: Callable[[dict[str, Any]], T]
+) -> tuple[dict[str, Any], T]:
     record = _unpack(raw)
+    ident = record[id_field]
+    if not isinstance(ident, str) or store_key(kind, ident) != key:
+        raise ValueError(f"the record holds id {ident!r}, which is not keyed {key!r}")
     return record, decode(record)
 
 
@@ -94,16 +105,21 @@ class CoordinatorStore:
             return epoch
 
     def records(
-        self, prefix: str, decode: Callable[[dict[str, Any]], T]
+        self, kind: str, id_field: str, decode: Callable[[dict[str, Any]], T]
     ) -> Iterator[tuple[dict[str, Any], T]]:
-        """Every record stored under `prefix` (GROUP_PREFIX or TXN_PREFIX), with `decode(record)`.
+        """Every `kind` record (GROUP, OFFSETS or TXN), with `decode(record)`.
 
-        A record that does not unpack or `decode` is CorruptMetadataError naming the store and key.
+        A record that does not unpack or `decode`, or whose id (`record[id_field]`) is not
+        the one its key names, is CorruptMetadataError naming the store and the key.
         """
-        for key in self._store.keys(prefix):
-            raw = self._store.get(key)
-            if raw is not None:
-                yield decode_value(self._store, key, raw, lambda raw: _decoded(raw, decode))
+        for separator in "/#":
+            for key in self._store.keys(kind + separator):
+                raw = self._store.get(key)
+                if raw is not None:
+                    checked = functools.partial(
+                        _decoded, key=key, kind=kind, id_field=id_field, decode=decode
+                    )
+                    yield decode_value(self._store, key, raw, checked)
 
     def write(self, records: Mapping[str, dict[str, Any]], what: str) -> None:
         """Store `records` (by key) in one atomic, durable commit."""

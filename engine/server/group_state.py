@@ -103,8 +103,15 @@ class Group:
     # During the initial delay of an empty group the rebalance waits for the timer only.
     initial_delay: bool = False
 
+    def offsets_record(self, offsets: dict[tuple[str, int], CommittedOffset]) -> dict[str, Any]:
+        """The store's record of the group's committed offsets, were they `offsets`."""
+        return {
+            "group": self.group_id,
+            "offsets": [[topic, partition, *committed] for (topic, partition), committed in offsets.items()],
+        }
+
     def record(self) -> dict[str, Any]:
-        """What the store keeps: the generation, the committed offsets, and the members as they are.
+        """The store's record of the group but its offsets: the generation and the members as they are.
 
         The members come back after a restart only from a record written while the group was
         Stable; a removal is written at once, so an evicted member never comes back.
@@ -113,9 +120,6 @@ class Group:
             "group": self.group_id,
             "generation": self.generation,
             "protocol_type": self.protocol_type,
-            "offsets": [
-                [topic, partition, *committed] for (topic, partition), committed in self.offsets.items()
-            ],
             "state": self.state.value,
             "protocol_name": self.protocol_name,
             "leader": self.leader,
@@ -136,8 +140,6 @@ class Group:
     @classmethod
     def from_record(cls, record: dict[str, Any], now_s: float) -> Group:
         group = cls(record["group"], record["generation"], record["protocol_type"])
-        for topic, partition, *committed in record["offsets"]:
-            group.offsets[(topic, partition)] = CommittedOffset(*committed)
         if record["state"] == GroupState.STABLE.value and record["members"]:
             # Members carry on as before the restart, as Kafka's do: their heartbeats and
             # commits at this generation are answered, with no rebalance.

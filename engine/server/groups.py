@@ -32,7 +32,7 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
-from oncelog.server.coordinator_store import GROUP_PREFIX, CoordinatorStore, store_key
+from oncelog.server.coordinator_store import GROUP, OFFSETS, CoordinatorStore, store_key
 from oncelog.server.group_state import (
     CommittedOffset,
     Group,
@@ -51,6 +51,12 @@ SWEEP_INTERVAL_S: Final = 0.2
 MAX_PROTOCOLS: Final = 64
 
 
+def _offsets_of(record: dict[str, Any]) -> dict[tuple[str, int], CommittedOffset]:
+    return {
+        (topic, partition): CommittedOffset(*committed) for topic, partition, *committed in record["offsets"]
+    }
+
+
 class GroupCoordinator:
     def __init__(
         self,
@@ -63,8 +69,10 @@ class GroupCoordinator:
         self._clock_s = clock_s
         self.groups: dict[str, Group] = {}
         now_s = clock_s()
-        for _, group in store.records(GROUP_PREFIX, lambda record: Group.from_record(record, now_s)):
+        for _, group in store.records(GROUP, "group", lambda record: Group.from_record(record, now_s)):
             self.groups[group.group_id] = group
+        for record, offsets in store.records(OFFSETS, "group", _offsets_of):
+            self.groups.setdefault(record["group"], Group(record["group"])).offsets = offsets
         # Whether a transaction holds uncommitted offsets for (group, topic, partition).
         self.pending_transactional: Callable[[str, str, int], bool] = lambda group, topic, partition: False
 
@@ -360,13 +368,11 @@ class GroupCoordinator:
     def commit_records(
         self, group_id: str, offsets: Iterable[tuple[str, int, CommittedOffset]]
     ) -> dict[str, dict[str, Any]]:
-        """The store record of `group_id` with `offsets` applied (written by the caller)."""
+        """The store record of `group_id`'s offsets with `offsets` applied (written by the caller)."""
         group = self.groups.get(group_id) or Group(group_id)
-        record = group.record()
-        merged = {(t, p): c for t, p, *c in record["offsets"]}
-        merged.update({(topic, partition): list(committed) for topic, partition, committed in offsets})
-        record["offsets"] = [[t, p, *c] for (t, p), c in merged.items()]
-        return {store_key(GROUP_PREFIX, group_id): record}
+        merged = dict(group.offsets)
+        merged.update({(topic, partition): committed for topic, partition, committed in offsets})
+        return {store_key(OFFSETS, group_id): group.offsets_record(merged)}
 
     def apply_commit(self, group_id: str, offsets: Iterable[tuple[str, int, CommittedOffset]]) -> None:
         group = self.groups.setdefault(group_id, Group(group_id))
@@ -380,6 +386,6 @@ class GroupCoordinator:
     def _store_group(self, group: Group, what: str) -> None:
         """Store a new generation; if that fails the group goes on (its member ids still fence)."""
         try:
-            self.store.write({store_key(GROUP_PREFIX, group.group_id): group.record()}, f"storing {what}")
+            self.store.write({store_key(GROUP, group.group_id): group.record()}, f"storing {what}")
         except OncelogError as exc:
             log.warning("group %r: %s", group.group_id, exc)

@@ -45,7 +45,7 @@ from oncelog.errors import InvalidProducerEpochError, OncelogError
 from oncelog.layout import TopicPartition
 from oncelog.log_manager import UnknownTopicOrPartitionError
 from oncelog.producer_ids import ProducerIdManager
-from oncelog.server.coordinator_store import TXN_PREFIX, CoordinatorStore, store_key
+from oncelog.server.coordinator_store import TXN, CoordinatorStore, store_key
 from oncelog.server.group_state import CommittedOffset
 from oncelog.server.groups import GroupCoordinator
 from oncelog.server.txn_state import Transaction, TxnError, TxnState
@@ -97,7 +97,7 @@ class TransactionCoordinator:
         self._unsettled: dict[str, Transaction] = {}
         self._holders: collections.Counter[tuple[str, str, int]] = collections.Counter()
         self._held: dict[str, set[tuple[str, str, int]]] = {}
-        for record, txn in store.records(TXN_PREFIX, Transaction.from_record):
+        for record, txn in store.records(TXN, "id", Transaction.from_record):
             self._index(txn)
             self.transactions[txn.transactional_id] = txn
             self._by_producer[txn.producer_id] = txn
@@ -321,7 +321,7 @@ class TransactionCoordinator:
                 records.update(self.groups.commit_records(group_id, offsets))
         final = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
         record = {**txn.record(), "state": final.value, "offsets": []}
-        records[store_key(TXN_PREFIX, txn.transactional_id)] = record
+        records[store_key(TXN, txn.transactional_id)] = record
         try:
             # One commit: the offsets are the group's exactly when the transaction is complete.
             self.store.write(records, f"completing transaction {txn.transactional_id!r}")
@@ -418,7 +418,7 @@ class TransactionCoordinator:
         """
         record = txn.record()
         try:
-            self.store.write({store_key(TXN_PREFIX, txn.transactional_id): record}, f"storing {what}")
+            self.store.write({store_key(TXN, txn.transactional_id): record}, f"storing {what}")
         except OncelogError as exc:
             stored = self._stored.get(txn.transactional_id)
             if stored is not None:

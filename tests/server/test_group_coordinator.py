@@ -7,6 +7,7 @@ is exact. The real-client behaviour is in test_groups.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -261,5 +262,48 @@ def test_a_damaged_group_record_is_corrupt_metadata_naming_the_store_and_key(tmp
         with pytest.raises(CorruptMetadataError, match="'group/g'") as raised:
             GroupCoordinator(store, GroupLimits())
         assert raised.value.path == store.path
+    finally:
+        store.close()
+
+
+def test_an_id_named_after_a_long_ids_hash_keeps_its_own_offsets(tmp_path: Path) -> None:
+    long_id = "g" * 600  # past the bytes an LMDB key can hold: keyed by its SHA-256
+    impostor = "#" + hashlib.sha256(long_id.encode()).hexdigest()
+
+    async def first_life(coordinator: GroupCoordinator, clock: Clock) -> None:
+        coordinator.commit(long_id, [("t", 0, CommittedOffset(7, -1, "", 1))])
+        coordinator.commit(impostor, [("t", 0, CommittedOffset(99, -1, "", 1))])
+
+    async def second_life(coordinator: GroupCoordinator, clock: Clock) -> None:
+        assert coordinator.committed(long_id)[("t", 0)].offset == 7
+        assert coordinator.committed(impostor)[("t", 0)].offset == 99
+
+    run(first_life, tmp_path)
+    run(second_life, tmp_path)
+
+
+def test_a_commit_rewrites_only_the_offsets_not_the_members(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        await stable_pair(coordinator)
+        written: list[set[str]] = []
+        write = coordinator.store.write
+
+        def record_keys(records: Any, what: str) -> None:
+            written.append(set(records))
+            write(records, what)
+
+        coordinator.store.write = record_keys  # type: ignore[method-assign]
+        coordinator.commit("g", [("t", 0, CommittedOffset(1, -1, "", 1))])
+        assert written == [{"offsets/g"}]
+
+    run(scenario, tmp_path)
+
+
+def test_a_record_under_another_ids_key_is_corrupt_metadata(tmp_path: Path) -> None:
+    store = CoordinatorStore.open(DEFAULT_FS, str(tmp_path))
+    try:
+        store.write({"offsets/h": {"group": "not-h", "offsets": []}}, "a record under another id's key")
+        with pytest.raises(CorruptMetadataError, match="'offsets/h'"):
+            GroupCoordinator(store, GroupLimits())
     finally:
         store.close()

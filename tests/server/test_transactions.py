@@ -56,7 +56,7 @@ from oncelog.segments import format as fmt
 from oncelog.segments.batch import batch_size_at
 from oncelog.segments.control import decode_txn_marker
 from oncelog.server.broker import Broker, ServeConfig
-from oncelog.server.coordinator_store import TXN_PREFIX, CoordinatorStore
+from oncelog.server.coordinator_store import TXN, CoordinatorStore
 from oncelog.server.group_state import GroupLimits
 from oncelog.server.protocol import build, nested
 from oncelog.server.txn_coordinator import TxnState
@@ -1180,7 +1180,7 @@ def stored_transaction(root: Path, transactional_id: str) -> dict[str, Any]:
     """The coordinator store's record of `transactional_id`, read with the server stopped."""
     store = CoordinatorStore.open(OsFileSystem(), str(root))
     try:
-        [stored] = [r for r, _ in store.records(TXN_PREFIX, dict) if r["id"] == transactional_id]
+        [stored] = [r for r, _ in store.records(TXN, "id", dict) if r["id"] == transactional_id]
     finally:
         store.close()
     return stored
