@@ -127,5 +127,10 @@ class CoordinatorStore:
         with self._lock, committing(self._store, what):
             self._store.put(packed)
 
+    def delete(self, keys: list[str], what: str) -> None:
+        """Remove `keys` (absent ones are ignored) in one atomic, durable commit."""
+        with self._lock, committing(self._store, what):
+            self._store.delete(keys)
+
     def close(self) -> None:
         self._store.close()

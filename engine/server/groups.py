@@ -73,6 +73,8 @@ class GroupCoordinator:
             self.groups[group.group_id] = group
         for record, offsets in store.records(OFFSETS, "group", _offsets_of):
             self.groups.setdefault(record["group"], Group(record["group"])).offsets = offsets
+        # The groups the sweeper visits: those with members, pending members or a rebalance.
+        self._active = {group_id for group_id, group in self.groups.items() if group.members}
         # Whether a transaction holds uncommitted offsets for (group, topic, partition).
         self.pending_transactional: Callable[[str, str, int], bool] = lambda group, topic, partition: False
 
@@ -94,6 +96,7 @@ class GroupCoordinator:
         if refusal is not None:
             return JoinResult(refusal, member_id=member_id)
         group = self.groups.setdefault(group_id, Group(group_id))
+        self._active.add(group_id)
         now = self._clock_s()
         if not member_id:
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
@@ -302,9 +305,19 @@ class GroupCoordinator:
             member.joining = None
 
     def sweep(self) -> None:
-        """Drop members past their session timeout, and finish rebalances past their deadline."""
+        """Drop members past their session timeout, and finish rebalances past their deadline.
+
+        Only groups with members or a rebalance are visited. One that has neither left, and no
+        committed offsets, is forgotten (in the store too), as Kafka removes an empty group.
+        """
         now = self._clock_s()
-        for group in list(self.groups.values()):
+        for group_id in list(self._active):
+            group = self.groups[group_id]
+            if not group.members and not group.pending and group.state is GroupState.EMPTY:
+                self._active.discard(group_id)
+                if not group.offsets:
+                    self._forget(group)
+                continue
             for member_id, deadline in list(group.pending.items()):
                 if deadline < now:
                     del group.pending[member_id]
@@ -382,6 +395,15 @@ class GroupCoordinator:
     def committed(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
         group = self.groups.get(group_id)
         return {} if group is None else group.offsets
+
+    def _forget(self, group: Group) -> None:
+        """Drop an empty group with no offsets; if its record cannot be deleted it stays, harmless."""
+        try:
+            self.store.delete([store_key(GROUP, group.group_id)], f"deleting empty group {group.group_id!r}")
+        except OncelogError as exc:
+            log.warning("group %r: %s", group.group_id, exc)
+            return
+        del self.groups[group.group_id]
 
     def _store_group(self, group: Group, what: str) -> None:
         """Store a new generation; if that fails the group goes on (its member ids still fence)."""

@@ -307,3 +307,20 @@ def test_a_record_under_another_ids_key_is_corrupt_metadata(tmp_path: Path) -> N
             GroupCoordinator(store, GroupLimits())
     finally:
         store.close()
+
+
+def test_an_empty_group_without_offsets_is_forgotten_and_one_with_offsets_kept(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        for group_id in ("passing", "keeper"):
+            member = await join(coordinator, group=group_id)
+            assert coordinator.leave(group_id, member.member_id, None) == ErrorCode.none
+        coordinator.commit("keeper", [("t", 0, CommittedOffset(3, -1, "", 1))])
+        await settle()
+        coordinator.sweep()
+        assert "passing" not in coordinator.groups and "keeper" in coordinator.groups
+        assert {record["group"] for record, _ in coordinator.store.records("group", "group", dict)} == {
+            "keeper"
+        }
+        assert coordinator._active == set()  # the sweeper has nothing left to visit
+
+    run(scenario, tmp_path)
