@@ -70,6 +70,7 @@ async def handle_sync_group(broker: Broker, request: Request) -> Any:
         body.group_id,
         body.generation_id,
         body.member_id,
+        getattr(body, "group_instance_id", None),
         getattr(body, "protocol_type", None),
         getattr(body, "protocol_name", None),
         [(each.member_id, each.assignment) for each in body.assignments],
@@ -86,7 +87,9 @@ async def handle_sync_group(broker: Broker, request: Request) -> Any:
 
 async def handle_heartbeat(broker: Broker, request: Request) -> Any:
     body = request.body
-    code = broker.groups.heartbeat(body.group_id, body.generation_id, body.member_id)
+    code = broker.groups.heartbeat(
+        body.group_id, body.generation_id, body.member_id, getattr(body, "group_instance_id", None)
+    )
     return build(
         response_type(request.api_key, request.api_version), throttle_time=_NO_THROTTLE, error_code=code
     )
@@ -166,7 +169,9 @@ async def handle_offset_commit(broker: Broker, request: Request) -> Any:
     body = request.body
     response = response_type(request.api_key, request.api_version)
     generation = getattr(body, "generation_id_or_member_epoch", getattr(body, "generation_id", -1))
-    code = broker.groups.check_commit(body.group_id, generation, body.member_id)
+    code = broker.groups.check_commit(
+        body.group_id, generation, body.member_id, getattr(body, "group_instance_id", None)
+    )
     offsets, refused = offsets_of(broker, body.topics)
     if code == ErrorCode.none and offsets:
         try:

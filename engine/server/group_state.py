@@ -165,6 +165,17 @@ class Group:
                 group.members[member_id] = member
         return group
 
+    def static_member(self, instance_id: str | None) -> Member | None:
+        """The member holding `group.instance.id` `instance_id` (KIP-345), if any."""
+        if instance_id is None:
+            return None
+        return next((m for m in self.members.values() if m.instance_id == instance_id), None)
+
+    def fences(self, member_id: str, instance_id: str | None) -> bool:
+        """Whether `member_id` is an old incarnation of a static member another now holds."""
+        static = self.static_member(instance_id)
+        return bool(member_id) and static is not None and static.member_id != member_id
+
     def choose_protocol(self) -> str:
         """The protocol every member supports that the most members list first (Kafka's vote)."""
         members = list(self.members.values())

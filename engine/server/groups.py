@@ -98,11 +98,17 @@ class GroupCoordinator:
         group = self.groups.setdefault(group_id, Group(group_id))
         self._active.add(group_id)
         now = self._clock_s()
+        if member_id and group.fences(member_id, instance_id):
+            return JoinResult(ErrorCode.fenced_instance_id, member_id=member_id)
         if not member_id:
-            member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
-            if len(group.members) + len(group.pending) >= self.limits.max_size:
+            member_id = f"{instance_id or client_id or 'member'}-{uuid.uuid4()}"
+            previous = group.static_member(instance_id)
+            if previous is not None:
+                # KIP-345: a static member's new incarnation takes its place; the old one is fenced.
+                self._remove_member(group, previous, ErrorCode.fenced_instance_id)
+            elif len(group.members) + len(group.pending) >= self.limits.max_size:
                 return JoinResult(ErrorCode.group_max_size_reached, member_id=member_id)
-            if member_id_required:  # KIP-394: the client rejoins with this id
+            if member_id_required and instance_id is None:  # KIP-394: the client rejoins with this id
                 group.pending[member_id] = now + session_timeout_ms / 1000
                 return JoinResult(ErrorCode.member_id_required, member_id=member_id)
         elif member_id in group.pending:
@@ -181,11 +187,14 @@ class GroupCoordinator:
         group_id: str,
         generation: int,
         member_id: str,
+        instance_id: str | None,
         protocol_type: str | None,
         protocol_name: str | None,
         assignments: Iterable[tuple[str, bytes]],
     ) -> SyncResult:
         group = self.groups.get(group_id)
+        if group is not None and group.fences(member_id, instance_id):
+            return SyncResult(ErrorCode.fenced_instance_id)
         if group is None or member_id not in group.members:
             return SyncResult(ErrorCode.unknown_member_id)
         if generation != group.generation:
@@ -218,8 +227,10 @@ class GroupCoordinator:
                     )
         return await synced
 
-    def heartbeat(self, group_id: str, generation: int, member_id: str) -> ErrorCode:
+    def heartbeat(self, group_id: str, generation: int, member_id: str, instance_id: str | None) -> ErrorCode:
         group = self.groups.get(group_id)
+        if group is not None and group.fences(member_id, instance_id):
+            return ErrorCode.fenced_instance_id
         if group is None or member_id not in group.members:
             return ErrorCode.unknown_member_id
         if generation != group.generation:
@@ -234,10 +245,11 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.unknown_member_id
+        if group.fences(member_id, instance_id):
+            return ErrorCode.fenced_instance_id
         if not member_id and instance_id is not None:
-            member_id = next(
-                (m.member_id for m in group.members.values() if m.instance_id == instance_id), ""
-            )
+            static = group.static_member(instance_id)
+            member_id = static.member_id if static is not None else ""
         if group.pending.pop(member_id, None) is not None:
             return ErrorCode.none
         if member_id not in group.members:
@@ -245,12 +257,14 @@ class GroupCoordinator:
         self._remove_member(group, group.members[member_id])
         return ErrorCode.none
 
-    def _remove_member(self, group: Group, member: Member) -> None:
+    def _remove_member(
+        self, group: Group, member: Member, answer: ErrorCode = ErrorCode.unknown_member_id
+    ) -> None:
         del group.members[member.member_id]
         if member.joining is not None and not member.joining.done():
-            member.joining.set_result(JoinResult(ErrorCode.unknown_member_id))
+            member.joining.set_result(JoinResult(answer))
         if member.syncing is not None and not member.syncing.done():
-            member.syncing.set_result(SyncResult(ErrorCode.unknown_member_id))
+            member.syncing.set_result(SyncResult(answer))
         if group.state is not GroupState.PREPARING_REBALANCE:
             self._prepare_rebalance(group)
         # Written at once: a member that left or was evicted must not come back after a restart.
@@ -343,13 +357,17 @@ class GroupCoordinator:
             self.sweep()  # never raises: a failed store write is logged by _store_group
 
     # -- offsets ---------------------------------------------------------------------------
-    def check_commit(self, group_id: str, generation: int, member_id: str) -> ErrorCode:
+    def check_commit(
+        self, group_id: str, generation: int, member_id: str, instance_id: str | None = None
+    ) -> ErrorCode:
         """Whether a commit naming `generation` and `member_id` may move the group's offsets."""
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.none if generation < 0 else ErrorCode.illegal_generation
         if generation < 0 and group.state is GroupState.EMPTY:
             return ErrorCode.none  # a simple (assign-mode) commit to a group with no members
+        if group.fences(member_id, instance_id):
+            return ErrorCode.fenced_instance_id
         if member_id not in group.members:
             return ErrorCode.unknown_member_id
         if generation != group.generation:
@@ -362,11 +380,15 @@ class GroupCoordinator:
         member.deadline_s = self._clock_s() + member.session_timeout_ms / 1000
         return ErrorCode.none
 
-    def check_transactional_commit(self, group_id: str, generation: int, member_id: str) -> ErrorCode:
+    def check_transactional_commit(
+        self, group_id: str, generation: int, member_id: str, instance_id: str | None = None
+    ) -> ErrorCode:
         """TxnOffsetCommit's fence: checked only when it names a member or a generation (v3, KIP-447)."""
         if not member_id and generation < 0:
             return ErrorCode.none
         group = self.groups.get(group_id)
+        if group is not None and group.fences(member_id, instance_id):
+            return ErrorCode.fenced_instance_id
         if group is None or member_id not in group.members:
             return ErrorCode.unknown_member_id
         if generation != group.generation:

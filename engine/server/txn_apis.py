@@ -142,7 +142,10 @@ async def handle_txn_offset_commit(broker: Broker, request: Request) -> Any:
     offsets, refused = offsets_of(broker, body.topics)
     # v3 names the consumer's generation and member: fenced like OffsetCommit (KIP-447).
     code = broker.groups.check_transactional_commit(
-        body.group_id, getattr(body, "generation_id", -1), getattr(body, "member_id", "")
+        body.group_id,
+        getattr(body, "generation_id", -1),
+        getattr(body, "member_id", ""),
+        getattr(body, "group_instance_id", None),
     )
     if code == ErrorCode.none:
         try:

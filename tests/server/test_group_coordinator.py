@@ -70,16 +70,18 @@ async def stable_pair(coordinator: GroupCoordinator) -> tuple[JoinResult, JoinRe
     """Two members joined and synced: the leader assigned p0 to itself and p1 to the other."""
     first = await join(coordinator)
     assert first.error == ErrorCode.none and first.generation == 1
-    await coordinator.sync("g", 1, first.member_id, None, None, [(first.member_id, b"p0")])
+    await coordinator.sync("g", 1, first.member_id, None, None, None, [(first.member_id, b"p0")])
     second_task = join(coordinator)
     await settle()
     rejoin = join(coordinator, first.member_id)
     leader, second = await rejoin, await second_task
     assert leader.generation == second.generation == 2
     assignments = [(leader.member_id, b"p0"), (second.member_id, b"p1")]
-    sync_second = asyncio.ensure_future(coordinator.sync("g", 2, second.member_id, None, None, []))
+    sync_second = asyncio.ensure_future(coordinator.sync("g", 2, second.member_id, None, None, None, []))
     await settle()
-    assert (await coordinator.sync("g", 2, leader.member_id, None, None, assignments)).assignment == b"p0"
+    assert (
+        await coordinator.sync("g", 2, leader.member_id, None, None, None, assignments)
+    ).assignment == b"p0"
     assert (await sync_second).assignment == b"p1"
     return leader, second
 
@@ -109,11 +111,11 @@ def test_a_member_past_its_session_timeout_is_dropped_and_its_commit_refused(tmp
     async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
         leader, follower = await stable_pair(coordinator)
         clock.now_s += SESSION_MS / 1000 - 1
-        assert coordinator.heartbeat("g", 2, leader.member_id) == ErrorCode.none
+        assert coordinator.heartbeat("g", 2, leader.member_id, None) == ErrorCode.none
         clock.now_s += 2  # the follower stayed silent past its session
         coordinator.sweep()
         assert follower.member_id not in coordinator.groups["g"].members
-        assert coordinator.heartbeat("g", 2, leader.member_id) == ErrorCode.rebalance_in_progress
+        assert coordinator.heartbeat("g", 2, leader.member_id, None) == ErrorCode.rebalance_in_progress
         assert coordinator.check_commit("g", 2, follower.member_id) == ErrorCode.unknown_member_id
         # The leader may still commit for generation 2 while the rebalance prepares (Kafka allows it).
         assert coordinator.check_commit("g", 2, leader.member_id) == ErrorCode.none
@@ -122,7 +124,7 @@ def test_a_member_past_its_session_timeout_is_dropped_and_its_commit_refused(tmp
         assert coordinator.check_commit("g", 2, leader.member_id) == ErrorCode.illegal_generation
         # Generation 3 is current, but its assignment is not known until the leader syncs.
         assert coordinator.check_commit("g", 3, leader.member_id) == ErrorCode.rebalance_in_progress
-        await coordinator.sync("g", 3, leader.member_id, None, None, [])
+        await coordinator.sync("g", 3, leader.member_id, None, None, None, [])
         assert coordinator.check_commit("g", 2, leader.member_id) == ErrorCode.illegal_generation
         assert coordinator.check_commit("g", 3, leader.member_id) == ErrorCode.none
 
@@ -138,7 +140,7 @@ def test_a_member_that_does_not_rejoin_within_the_rebalance_timeout_is_dropped(t
         # The follower keeps heartbeating (told REBALANCE_IN_PROGRESS) but never rejoins.
         for _ in range(4):
             clock.now_s += 8
-            coordinator.heartbeat("g", 2, follower.member_id)
+            coordinator.heartbeat("g", 2, follower.member_id, None)
             coordinator.sweep()
             await settle()
         assert (await rejoin).generation == 3
@@ -209,9 +211,9 @@ def test_a_stable_group_carries_on_with_its_members_after_a_reopen_of_the_store(
         assert group.generation == 2 and group.state is GroupState.STABLE
         assert list(group.members) == members and group.leader == members[0]
         assert coordinator.committed("g")[("t", 0)] == CommittedOffset(42, -1, "meta", 7)
-        assert coordinator.heartbeat("g", 2, members[1]) == ErrorCode.none
+        assert coordinator.heartbeat("g", 2, members[1], None) == ErrorCode.none
         assert coordinator.check_commit("g", 2, members[1]) == ErrorCode.none
-        synced = await coordinator.sync("g", 2, members[1], None, None, [])
+        synced = await coordinator.sync("g", 2, members[1], None, None, None, [])
         assert synced.assignment == b"p1"
         newcomer = join(coordinator)
         await settle()
@@ -230,7 +232,7 @@ def test_an_evicted_member_does_not_come_back_after_a_reopen_of_the_store(tmp_pa
         leader, follower = await stable_pair(coordinator)
         members.extend((leader.member_id, follower.member_id))
         clock.now_s += SESSION_MS / 1000 - 1
-        coordinator.heartbeat("g", 2, leader.member_id)
+        coordinator.heartbeat("g", 2, leader.member_id, None)
         clock.now_s += 2
         coordinator.sweep()  # the follower is evicted; the process dies mid-rebalance
 
@@ -238,7 +240,7 @@ def test_an_evicted_member_does_not_come_back_after_a_reopen_of_the_store(tmp_pa
         group = coordinator.groups["g"]
         assert group.generation == 2 and group.state is GroupState.EMPTY and not group.members
         assert coordinator.check_commit("g", 2, members[1]) == ErrorCode.unknown_member_id
-        assert coordinator.heartbeat("g", 2, members[0]) == ErrorCode.unknown_member_id  # rejoin
+        assert coordinator.heartbeat("g", 2, members[0], None) == ErrorCode.unknown_member_id  # rejoin
 
     run(first_life, tmp_path)
     run(second_life, tmp_path)
@@ -322,5 +324,39 @@ def test_an_empty_group_without_offsets_is_forgotten_and_one_with_offsets_kept(t
             "keeper"
         }
         assert coordinator._active == set()  # the sweeper has nothing left to visit
+
+    run(scenario, tmp_path)
+
+
+def test_a_static_members_new_incarnation_takes_its_place_and_fences_the_old_one(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        def static_join(member_id: str) -> Awaitable[JoinResult]:
+            return coordinator.join(
+                "g",
+                member_id,
+                "pod-1",
+                "c",
+                SESSION_MS,
+                30_000,
+                "consumer",
+                PROTOCOLS,
+                member_id_required=True,
+            )
+
+        old = await static_join("")  # no MEMBER_ID_REQUIRED round for a static member
+        assert old.error == ErrorCode.none and old.generation == 1
+        await coordinator.sync("g", 1, old.member_id, "pod-1", None, None, [(old.member_id, b"p")])
+        new = await static_join("")  # the pod restarted
+        assert new.error == ErrorCode.none and new.member_id != old.member_id
+        assert (
+            coordinator.heartbeat("g", new.generation, old.member_id, "pod-1") == ErrorCode.fenced_instance_id
+        )
+        assert coordinator.check_commit("g", 1, old.member_id, "pod-1") == ErrorCode.fenced_instance_id
+        assert (await static_join(old.member_id)).error == ErrorCode.fenced_instance_id
+        assert coordinator.leave("g", old.member_id, "pod-1") == ErrorCode.fenced_instance_id
+        assert (
+            coordinator.leave("g", "", "pod-1") == ErrorCode.none
+        )  # the new incarnation leaves by instance id
+        assert "pod-1" not in {m.instance_id for m in coordinator.groups["g"].members.values()}
 
     run(scenario, tmp_path)
