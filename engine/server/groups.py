@@ -57,6 +57,19 @@ def _offsets_of(record: dict[str, Any]) -> dict[tuple[str, int], CommittedOffset
     }
 
 
+def _member_refusal(
+    group: Group | None, generation: int, member_id: str, instance_id: str | None
+) -> ErrorCode | None:
+    """Kafka's check of a member's request, in its order: the static fence, the member, the generation."""
+    if group is not None and group.fences(member_id, instance_id):
+        return ErrorCode.fenced_instance_id
+    if group is None or member_id not in group.members:
+        return ErrorCode.unknown_member_id
+    if generation != group.generation:
+        return ErrorCode.illegal_generation
+    return None
+
+
 class GroupCoordinator:
     def __init__(
         self,
@@ -193,12 +206,10 @@ class GroupCoordinator:
         assignments: Iterable[tuple[str, bytes]],
     ) -> SyncResult:
         group = self.groups.get(group_id)
-        if group is not None and group.fences(member_id, instance_id):
-            return SyncResult(ErrorCode.fenced_instance_id)
-        if group is None or member_id not in group.members:
-            return SyncResult(ErrorCode.unknown_member_id)
-        if generation != group.generation:
-            return SyncResult(ErrorCode.illegal_generation)
+        refusal = _member_refusal(group, generation, member_id, instance_id)
+        if refusal is not None:
+            return SyncResult(refusal)
+        assert group is not None
         if (protocol_type is not None and protocol_type != group.protocol_type) or (
             protocol_name is not None and protocol_name != group.protocol_name
         ):
@@ -229,12 +240,10 @@ class GroupCoordinator:
 
     def heartbeat(self, group_id: str, generation: int, member_id: str, instance_id: str | None) -> ErrorCode:
         group = self.groups.get(group_id)
-        if group is not None and group.fences(member_id, instance_id):
-            return ErrorCode.fenced_instance_id
-        if group is None or member_id not in group.members:
-            return ErrorCode.unknown_member_id
-        if generation != group.generation:
-            return ErrorCode.illegal_generation
+        refusal = _member_refusal(group, generation, member_id, instance_id)
+        if refusal is not None:
+            return refusal
+        assert group is not None
         member = group.members[member_id]
         member.deadline_s = self._clock_s() + member.session_timeout_ms / 1000
         if group.state is GroupState.PREPARING_REBALANCE:
@@ -366,12 +375,9 @@ class GroupCoordinator:
             return ErrorCode.none if generation < 0 else ErrorCode.illegal_generation
         if generation < 0 and group.state is GroupState.EMPTY:
             return ErrorCode.none  # a simple (assign-mode) commit to a group with no members
-        if group.fences(member_id, instance_id):
-            return ErrorCode.fenced_instance_id
-        if member_id not in group.members:
-            return ErrorCode.unknown_member_id
-        if generation != group.generation:
-            return ErrorCode.illegal_generation
+        refusal = _member_refusal(group, generation, member_id, instance_id)
+        if refusal is not None:
+            return refusal
         if group.state is GroupState.COMPLETING_REBALANCE:
             return ErrorCode.rebalance_in_progress  # the assignment is not known yet
         # Kafka accepts a commit while the group prepares a rebalance (a member commits what it
@@ -386,14 +392,9 @@ class GroupCoordinator:
         """TxnOffsetCommit's fence: checked only when it names a member or a generation (v3, KIP-447)."""
         if not member_id and generation < 0:
             return ErrorCode.none
-        group = self.groups.get(group_id)
-        if group is not None and group.fences(member_id, instance_id):
-            return ErrorCode.fenced_instance_id
-        if group is None or member_id not in group.members:
-            return ErrorCode.unknown_member_id
-        if generation != group.generation:
-            return ErrorCode.illegal_generation
-        return ErrorCode.none
+        return (
+            _member_refusal(self.groups.get(group_id), generation, member_id, instance_id) or ErrorCode.none
+        )
 
     def commit(self, group_id: str, offsets: Iterable[tuple[str, int, CommittedOffset]]) -> None:
         """Store `offsets` durably, then make them visible; the group is created if new."""
