@@ -1,7 +1,7 @@
 """TransactionCoordinator on its own: epochs, the two-phase end, crash completion and timeouts.
 
 Markers go to a recording writer (or one that fails on demand) instead of logs, and the
-clock is moved by hand. The real-client behaviour is in test_transactions.
+clock is moved by hand. The real-client behaviour is in test_wire_transactions.
 """
 
 from __future__ import annotations
