@@ -102,6 +102,8 @@ class ServeConfig:
     groups: GroupLimits = field(default_factory=GroupLimits)
     # Kafka's transaction.max.timeout.ms: a producer asking for more gets INVALID_TRANSACTION_TIMEOUT.
     transaction_max_timeout_ms: int = 900_000
+    # Kafka's transactional.id.expiration.ms: an id with no transaction open this long is forgotten.
+    transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= MAX_PARTITIONS_PER_TOPIC:
@@ -109,7 +111,12 @@ class ServeConfig:
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listen port must be 0..65535, got {self.listen_port}")
         positive = (self.max_connections, self.idle_ms, self.frame_read_ms, self.write_timeout_ms)
-        if min(positive) <= 0 or self.retention_check_ms <= 0 or self.transaction_max_timeout_ms <= 0:
+        durations = (
+            self.retention_check_ms,
+            self.transaction_max_timeout_ms,
+            self.transactional_id_expiration_ms,
+        )
+        if min(positive) <= 0 or min(durations) <= 0:
             raise ValueError("connection limits, timeouts and the retention interval must be positive")
 
     @property
@@ -150,6 +157,7 @@ class Broker:
             self.in_thread,
             self.appended,
             max_timeout_ms=config.transaction_max_timeout_ms,
+            expiration_ms=config.transactional_id_expiration_ms,
         )
 
     def _finish_creations(self) -> None:

@@ -31,6 +31,9 @@ class GroupLimits:
     initial_rebalance_delay_ms: int = 3_000
     max_size: int = 1_000
     offset_metadata_max_bytes: int = 4_096
+    # Kafka's offsets.retention.minutes (7 days): a group with no members whose last commit is
+    # older loses its offsets.
+    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_session_timeout_ms <= self.max_session_timeout_ms:
@@ -38,7 +41,12 @@ class GroupLimits:
                 f"session timeouts need 1 <= min ({self.min_session_timeout_ms}) <= max "
                 f"({self.max_session_timeout_ms})"
             )
-        if self.initial_rebalance_delay_ms < 0 or self.max_size < 1 or self.offset_metadata_max_bytes < 0:
+        if (
+            self.initial_rebalance_delay_ms < 0
+            or self.max_size < 1
+            or self.offset_metadata_max_bytes < 0
+            or self.offsets_retention_ms < 1
+        ):
             raise ValueError("the initial rebalance delay must be >= 0 and the group size >= 1")
 
 

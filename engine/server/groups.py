@@ -48,6 +48,8 @@ __all__ = ["CommittedOffset", "GroupCoordinator", "GroupLimits", "GroupState", "
 log = logging.getLogger("oncelog.serve")
 # A member's session is checked this often.
 SWEEP_INTERVAL_S: Final = 0.2
+# How often groups are checked against offsets_retention_ms (Kafka: offsets.retention.check.interval.ms).
+RETENTION_CHECK_S: Final = 60.0
 MAX_PROTOCOLS: Final = 64
 
 
@@ -76,10 +78,12 @@ class GroupCoordinator:
         store: CoordinatorStore,
         limits: GroupLimits,
         clock_s: Callable[[], float] = time.monotonic,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ):
         self.store = store
         self.limits = limits
         self._clock_s = clock_s
+        self._clock_ms = clock_ms
         self.groups: dict[str, Group] = {}
         now_s = clock_s()
         for _, group in store.records(GROUP, "group", lambda record: Group.from_record(record, now_s)):
@@ -361,9 +365,41 @@ class GroupCoordinator:
                     self._remove_member(group, member)
 
     async def run_sweeper(self) -> None:
+        expired_at = time.monotonic()
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             self.sweep()  # never raises: a failed store write is logged by _store_group
+            if time.monotonic() - expired_at >= RETENTION_CHECK_S:
+                expired_at = time.monotonic()
+                self.expire_offsets()
+
+    def expire_offsets(self) -> int:
+        """Forget the groups with no members whose last commit is older than offsets_retention_ms.
+
+        Kafka's rule for a group that is empty (KIP-211). If the store cannot delete them,
+        they stay until the next check.
+        """
+        now_ms = self._clock_ms()
+        retention_ms = self.limits.offsets_retention_ms
+        stale = [
+            group
+            for group_id, group in self.groups.items()
+            if group_id not in self._active
+            and not group.members
+            and now_ms - max((c.commit_ms for c in group.offsets.values()), default=0) > retention_ms
+        ]
+        if not stale:
+            return 0
+        keys = [store_key(kind, group.group_id) for group in stale for kind in (GROUP, OFFSETS)]
+        try:
+            self.store.delete(keys, f"expiring the offsets of {len(stale)} groups")
+        except OncelogError as exc:
+            log.warning("offset retention: %s", exc)
+            return 0
+        for group in stale:
+            del self.groups[group.group_id]
+        log.info("expired the offsets of %d groups idle past %d ms", len(stale), retention_ms)
+        return len(stale)
 
     # -- offsets ---------------------------------------------------------------------------
     def check_commit(

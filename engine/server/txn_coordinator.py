@@ -56,6 +56,8 @@ log = logging.getLogger("oncelog.serve")
 MAX_EPOCH: Final = 2**15 - 1
 # How often transactions are checked against their timeouts, and unfinished ends retried.
 CHECK_INTERVAL_S: Final = 0.5
+# How often idle transactional ids are looked for (Kafka: transactional.id.expiration.ms's check).
+EXPIRY_CHECK_S: Final = 60.0
 MAX_TXN_PARTITIONS: Final = 100_000
 
 
@@ -75,12 +77,14 @@ class TransactionCoordinator:
         wake: Callable[[Iterable[TopicPartition]], None],
         *,
         max_timeout_ms: int,
+        expiration_ms: int = 7 * 24 * 3600 * 1000,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ):
         self.store = store
         self.producer_ids = producer_ids
         self.groups = groups
         self.max_timeout_ms = max_timeout_ms
+        self.expiration_ms = expiration_ms
         self._write_marker = write_marker
         self._in_thread = in_thread
         self._wake = wake
@@ -320,7 +324,7 @@ class TransactionCoordinator:
             for group_id, offsets in by_group.items():
                 records.update(self.groups.commit_records(group_id, offsets))
         final = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
-        record = {**txn.record(), "state": final.value, "offsets": []}
+        record = {**txn.record(), "state": final.value, "offsets": [], "updated_ms": self._clock_ms()}
         records[store_key(TXN, txn.transactional_id)] = record
         try:
             # One commit: the offsets are the group's exactly when the transaction is complete.
@@ -329,7 +333,7 @@ class TransactionCoordinator:
             log.warning("transaction %r: completion not stored, retrying: %s", txn.transactional_id, exc)
             return False
         self._forget(txn)
-        txn.state, txn.offsets = final, {}
+        txn.state, txn.offsets, txn.updated_ms = final, {}, record["updated_ms"]
         self._stored[txn.transactional_id] = record
         for group_id, offsets in by_group.items():
             self.groups.apply_commit(group_id, offsets)
@@ -347,10 +351,48 @@ class TransactionCoordinator:
             log.info("transaction marker to %s skipped: %s", tp, exc)
 
     async def run_timeouts(self) -> None:
-        """Abort transactions open past their timeout; retry ends whose markers failed."""
+        """Abort transactions open past their timeout; retry ends whose markers failed; expire idle ids."""
+        expired_at = time.monotonic()
         while True:
             await asyncio.sleep(CHECK_INTERVAL_S)
             self.check_timeouts()
+            if time.monotonic() - expired_at >= EXPIRY_CHECK_S:
+                expired_at = time.monotonic()
+                self.expire_ids()
+
+    def expire_ids(self) -> int:
+        """Forget transactional ids idle (no transaction open) past `expiration_ms`, as Kafka does.
+
+        A producer that comes back with one starts afresh with a new producer id. If the
+        store cannot delete them, they stay until the next check.
+        """
+        now = self._clock_ms()
+        idle = [
+            txn
+            for txn in self.transactions.values()
+            if txn.transactional_id not in self._unsettled
+            and not txn.ending
+            and txn.appends_in_flight == 0
+            and now - txn.updated_ms > self.expiration_ms
+        ]
+        if not idle:
+            return 0
+        try:
+            self.store.delete(
+                [store_key(TXN, txn.transactional_id) for txn in idle],
+                f"expiring {len(idle)} transactional ids",
+            )
+        except OncelogError as exc:
+            log.warning("transactional id expiry: %s", exc)
+            return 0
+        for txn in idle:
+            self._forget(txn)
+            del self.transactions[txn.transactional_id]
+            self._stored.pop(txn.transactional_id, None)
+            if self._by_producer.get(txn.producer_id) is txn:
+                del self._by_producer[txn.producer_id]
+        log.info("expired %d transactional ids idle past %d ms", len(idle), self.expiration_ms)
+        return len(idle)
 
     def check_timeouts(self) -> list[asyncio.Task[None]]:
         """Start an abort of each transaction past its timeout, and a retry of each unfinished end.
@@ -416,6 +458,7 @@ class TransactionCoordinator:
 
         COORDINATOR_NOT_AVAILABLE is retriable in every client: nothing was decided.
         """
+        txn.updated_ms = self._clock_ms()
         record = txn.record()
         try:
             self.store.write({store_key(TXN, txn.transactional_id): record}, f"storing {what}")

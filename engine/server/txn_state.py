@@ -52,6 +52,9 @@ class Transaction:
     groups: set[str] = field(default_factory=set)
     offsets: dict[tuple[str, str, int], CommittedOffset] = field(default_factory=dict)
     started_ms: int = 0
+    # When the record was last stored (wall clock): an id idle past transactional.id.expiration.ms
+    # is forgotten.
+    updated_ms: int = 0
     # Not stored: appends of this transaction in flight, and who waits for them to finish.
     appends_in_flight: int = 0
     drained: asyncio.Event | None = None
@@ -70,6 +73,7 @@ class Transaction:
             "groups": sorted(self.groups),
             "offsets": [[g, t, p, *c] for (g, t, p), c in self.offsets.items()],
             "started_ms": self.started_ms,
+            "updated_ms": self.updated_ms,
         }
 
     @classmethod
@@ -86,4 +90,4 @@ class Transaction:
         self.partitions = {TopicPartition(t, p) for t, p in record["partitions"]}
         self.groups = set(record["groups"])
         self.offsets = {(g, t, p): CommittedOffset(*c) for g, t, p, *c in record["offsets"]}
-        self.started_ms = record["started_ms"]
+        self.started_ms, self.updated_ms = record["started_ms"], record["updated_ms"]

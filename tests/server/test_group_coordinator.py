@@ -37,9 +37,8 @@ def run(test: Callable[[GroupCoordinator, Clock], Awaitable[_T]], root: Path, **
     clock = Clock()
     store = CoordinatorStore.open(DEFAULT_FS, str(root))
     try:
-        coordinator = GroupCoordinator(
-            store, GroupLimits(**{"initial_rebalance_delay_ms": 0, **limits}), clock
-        )
+        settings = GroupLimits(**{"initial_rebalance_delay_ms": 0, **limits})
+        coordinator = GroupCoordinator(store, settings, clock, lambda: int(clock.now_s * 1000))
         return asyncio.run(test(coordinator, clock))
     finally:
         store.close()
@@ -360,3 +359,23 @@ def test_a_static_members_new_incarnation_takes_its_place_and_fences_the_old_one
         assert "pod-1" not in {m.instance_id for m in coordinator.groups["g"].members.values()}
 
     run(scenario, tmp_path)
+
+
+def test_a_group_without_members_loses_its_offsets_past_the_retention(tmp_path: Path) -> None:
+    day_ms = 24 * 3600 * 1000
+
+    async def first_life(coordinator: GroupCoordinator, clock: Clock) -> None:
+        now_ms = int(clock.now_s * 1000)
+        coordinator.commit("old", [("t", 0, CommittedOffset(1, -1, "", now_ms - 8 * day_ms))])
+        coordinator.commit("recent", [("t", 0, CommittedOffset(2, -1, "", now_ms - 6 * day_ms))])
+        member = await join(coordinator, group="busy")
+        coordinator.commit("busy", [("t", 0, CommittedOffset(3, -1, "", now_ms - 8 * day_ms))])
+        assert member.error == ErrorCode.none
+        assert coordinator.expire_offsets() == 1
+        assert set(coordinator.groups) == {"recent", "busy"}
+
+    async def second_life(coordinator: GroupCoordinator, clock: Clock) -> None:
+        assert "old" not in coordinator.groups and coordinator.committed("recent")[("t", 0)].offset == 2
+
+    run(first_life, tmp_path, offsets_retention_ms=7 * day_ms)
+    run(second_life, tmp_path, offsets_retention_ms=7 * day_ms)

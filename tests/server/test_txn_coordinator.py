@@ -405,3 +405,32 @@ def test_unstable_offsets_are_indexed_by_group_and_partition_through_commit_abor
 
     world.run(first_life)
     world.run(second_life)
+
+
+def test_transactional_ids_idle_past_the_expiration_are_forgotten_but_not_open_ones(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def first_life(c: TransactionCoordinator) -> int:
+        c.expiration_ms = 10_000
+        idle_pid, _ = await c.init_producer_id("idle", 60_000, -1, -1)
+        pid, epoch = await c.init_producer_id("done", 60_000, -1, -1)
+        c.add_partitions("done", pid, epoch, [TP0])
+        await c.end("done", pid, epoch, True)
+        pid, epoch = await c.init_producer_id("open", 60_000, -1, -1)
+        c.add_partitions("open", pid, epoch, [TP1])
+        world.now_ms += 5_000
+        assert c.expire_ids() == 0
+        world.now_ms += 6_000
+        assert c.expire_ids() == 2
+        assert set(c.transactions) == {"open"}
+        assert c.admit_append(idle_pid, 0, TP0) == ErrorCode.invalid_txn_state
+        return idle_pid
+
+    idle_pid = world.run(first_life)
+
+    async def second_life(c: TransactionCoordinator) -> None:
+        assert set(c.transactions) == {"open"}
+        pid, epoch = await c.init_producer_id("idle", 60_000, -1, -1)
+        assert pid != idle_pid and epoch == 0  # starts afresh, as in Kafka
+
+    world.run(second_life)
