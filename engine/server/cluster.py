@@ -7,7 +7,6 @@ single node with no leader changes has no use for.
 
 from __future__ import annotations
 
-import datetime
 import logging
 from typing import Any
 
@@ -17,10 +16,9 @@ from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError
 from oncelog.server.broker import NODE_ID, Broker, InvalidPartitionsError, TopicExistsError
 from oncelog.server.errors import error_code_for
-from oncelog.server.protocol import API_VERSIONS_KEY, APIS, Request, build, nested, response_type
+from oncelog.server.protocol import API_VERSIONS_KEY, APIS, NO_THROTTLE, Request, build, nested, response_type
 
 log = logging.getLogger("oncelog.serve")
-_NO_THROTTLE = datetime.timedelta(0)
 _GROUP_KEY = 0
 _TRANSACTION_KEY = 1
 
@@ -35,7 +33,7 @@ async def handle_api_versions(broker: Broker, request: Request) -> Any:
         build(key_type, api_key=spec.key, min_version=spec.advertised[0], max_version=spec.advertised[1])
         for spec in APIS.values()
     )
-    return build(response, error_code=code, api_keys=keys, throttle_time=_NO_THROTTLE)
+    return build(response, error_code=code, api_keys=keys, throttle_time=NO_THROTTLE)
 
 
 async def handle_metadata(broker: Broker, request: Request) -> Any:
@@ -78,7 +76,7 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
         topics.append(build(topic_type, error_code=code, name=name, is_internal=False, partitions=partitions))
     return build(
         response,
-        throttle_time=_NO_THROTTLE,
+        throttle_time=NO_THROTTLE,
         brokers=(build(broker_type, node_id=NODE_ID, host=host, port=port, rack=None),),
         cluster_id=broker.cluster_id,
         controller_id=NODE_ID,
@@ -106,10 +104,10 @@ async def handle_find_coordinator(broker: Broker, request: Request) -> Any:
         "port": port if code == ErrorCode.none else -1,
     }
     if not hasattr(body, "coordinator_keys"):  # v0-3: one key
-        return build(response, throttle_time=_NO_THROTTLE, **found)
+        return build(response, throttle_time=NO_THROTTLE, **found)
     coordinator_type = nested(response, "coordinators")
     coordinators = tuple(build(coordinator_type, key=key, **found) for key in body.coordinator_keys)
-    return build(response, throttle_time=_NO_THROTTLE, coordinators=coordinators)
+    return build(response, throttle_time=NO_THROTTLE, coordinators=coordinators)
 
 
 async def handle_create_topics(broker: Broker, request: Request) -> Any:
@@ -159,4 +157,4 @@ async def handle_create_topics(broker: Broker, request: Request) -> Any:
                 configs=() if ok else None,
             )
         )
-    return build(response, throttle_time=_NO_THROTTLE, topics=tuple(topics))
+    return build(response, throttle_time=NO_THROTTLE, topics=tuple(topics))

@@ -15,7 +15,6 @@ the returned batches overlap; the consumer drops their records.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import time
 from typing import Any, NamedTuple
 
@@ -27,6 +26,7 @@ from oncelog.results import Isolation
 from oncelog.server.broker import Broker
 from oncelog.server.errors import error_code_for
 from oncelog.server.protocol import (
+    NO_THROTTLE,
     READ_COMMITTED,
     MalformedRequestError,
     Request,
@@ -68,7 +68,7 @@ async def handle_fetch(broker: Broker, request: Request) -> Any:
     response = response_type(request.api_key, request.api_version)
     return build(
         response,
-        throttle_time=datetime.timedelta(0),
+        throttle_time=NO_THROTTLE,
         error_code=ErrorCode.none,
         session_id=0,
         responses=tuple(read.topics),

@@ -7,9 +7,7 @@ names many members (each answered on its own); OffsetFetch v8+ names many groups
 
 from __future__ import annotations
 
-import datetime
 import logging
-import time
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -17,16 +15,11 @@ from kio.schema.errors import ErrorCode
 from oncelog.errors import OncelogError
 from oncelog.server.broker import Broker
 from oncelog.server.group_state import CommittedOffset
-from oncelog.server.protocol import Request, build, nested, response_type
+from oncelog.server.protocol import NO_THROTTLE, Request, build, milliseconds, nested, response_type
 
 log = logging.getLogger("oncelog.serve")
-_NO_THROTTLE = datetime.timedelta(0)
 # JoinGroup v4+ hands a new member its id with MEMBER_ID_REQUIRED and expects it back (KIP-394).
 _MEMBER_ID_REQUIRED_FROM = 4
-
-
-def milliseconds(delta: datetime.timedelta) -> int:
-    return int(delta / datetime.timedelta(milliseconds=1))
 
 
 async def handle_join_group(broker: Broker, request: Request) -> Any:
@@ -49,7 +42,7 @@ async def handle_join_group(broker: Broker, request: Request) -> Any:
     member_type = nested(response, "members")
     return build(
         response,
-        throttle_time=_NO_THROTTLE,
+        throttle_time=NO_THROTTLE,
         error_code=result.error,
         generation_id=result.generation,
         protocol_type=result.protocol_type,
@@ -77,7 +70,7 @@ async def handle_sync_group(broker: Broker, request: Request) -> Any:
     )
     return build(
         response_type(request.api_key, request.api_version),
-        throttle_time=_NO_THROTTLE,
+        throttle_time=NO_THROTTLE,
         error_code=result.error,
         protocol_type=result.protocol_type,
         protocol_name=result.protocol_name,
@@ -91,7 +84,7 @@ async def handle_heartbeat(broker: Broker, request: Request) -> Any:
         body.group_id, body.generation_id, body.member_id, getattr(body, "group_instance_id", None)
     )
     return build(
-        response_type(request.api_key, request.api_version), throttle_time=_NO_THROTTLE, error_code=code
+        response_type(request.api_key, request.api_version), throttle_time=NO_THROTTLE, error_code=code
     )
 
 
@@ -100,7 +93,7 @@ async def handle_leave_group(broker: Broker, request: Request) -> Any:
     response = response_type(request.api_key, request.api_version)
     if not hasattr(body, "members"):  # v0-2: one member
         code = broker.groups.leave(body.group_id, body.member_id, None)
-        return build(response, throttle_time=_NO_THROTTLE, error_code=code)
+        return build(response, throttle_time=NO_THROTTLE, error_code=code)
     member_type = nested(response, "members")
     answers = []
     for each in body.members:
@@ -113,7 +106,7 @@ async def handle_leave_group(broker: Broker, request: Request) -> Any:
                 error_code=code,
             )
         )
-    return build(response, throttle_time=_NO_THROTTLE, error_code=ErrorCode.none, members=tuple(answers))
+    return build(response, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, members=tuple(answers))
 
 
 def offsets_of(
@@ -125,7 +118,7 @@ def offsets_of(
     offset.metadata.max.bytes OFFSET_METADATA_TOO_LARGE; the others are committed (Kafka's rule).
     """
     max_metadata_bytes = broker.groups.limits.offset_metadata_max_bytes
-    now_ms = int(time.time() * 1000)
+    now_ms = broker.groups.now_ms()
     accepted: list[tuple[str, int, CommittedOffset]] = []
     refused: dict[tuple[str, int], ErrorCode] = {}
     for topic in topics:
@@ -180,7 +173,7 @@ async def handle_offset_commit(broker: Broker, request: Request) -> Any:
             log.warning("offset commit of group %r failed: %s", body.group_id, exc)
             code = ErrorCode.coordinator_not_available
     return build(
-        response, throttle_time=_NO_THROTTLE, topics=partition_answers(response, body.topics, code, refused)
+        response, throttle_time=NO_THROTTLE, topics=partition_answers(response, body.topics, code, refused)
     )
 
 
@@ -190,7 +183,7 @@ async def handle_offset_fetch(broker: Broker, request: Request) -> Any:
     stable = getattr(body, "require_stable", False)
     if not hasattr(body, "groups"):  # v1-7: one group
         topics = _fetched(broker, body.group_id, body.topics, stable, nested(response, "topics"))
-        return build(response, throttle_time=_NO_THROTTLE, topics=topics, error_code=ErrorCode.none)
+        return build(response, throttle_time=NO_THROTTLE, topics=topics, error_code=ErrorCode.none)
     group_type = nested(response, "groups")
     groups = tuple(
         build(
@@ -201,7 +194,7 @@ async def handle_offset_fetch(broker: Broker, request: Request) -> Any:
         )
         for group in body.groups
     )
-    return build(response, throttle_time=_NO_THROTTLE, groups=groups)
+    return build(response, throttle_time=NO_THROTTLE, groups=groups)
 
 
 def _fetched(broker: Broker, group_id: str, topics: Any, stable: bool, topic_type: Any) -> Any:

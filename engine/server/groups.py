@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from oncelog.clock import Clock, MonotonicClock, wall_clock_ms
 from oncelog.errors import OncelogError
 from oncelog.server.coordinator_store import GROUP, OFFSETS, CoordinatorStore, store_key
 from oncelog.server.group_state import (
@@ -78,12 +79,13 @@ class GroupCoordinator:
         store: CoordinatorStore,
         limits: GroupLimits,
         clock_s: Callable[[], float] = time.monotonic,
-        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        clock_ms: Clock | None = None,
     ):
         self.store = store
         self.limits = limits
         self._clock_s = clock_s
-        self._clock_ms = clock_ms
+        # Offsets retention is measured on the wall clock, never stepping back (MonotonicClock).
+        self._clock_ms: Clock = clock_ms or MonotonicClock(wall_clock_ms)
         self.groups: dict[str, Group] = {}
         now_s = clock_s()
         for _, group in store.records(GROUP, "group", lambda record: Group.from_record(record, now_s)):
@@ -372,6 +374,10 @@ class GroupCoordinator:
             if time.monotonic() - expired_at >= RETENTION_CHECK_S:
                 expired_at = time.monotonic()
                 self.expire_offsets()
+
+    def now_ms(self) -> int:
+        """The time a commit is stamped with, on the clock retention is measured on."""
+        return self._clock_ms()
 
     def expire_offsets(self) -> int:
         """Forget the groups with no members whose last commit is older than offsets_retention_ms.

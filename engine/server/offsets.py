@@ -7,7 +7,6 @@ last stable offset under read_committed), -3 the record with the largest timesta
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -17,12 +16,11 @@ from oncelog.layout import InvalidTopicError
 from oncelog.log import Log
 from oncelog.server.broker import Broker
 from oncelog.server.errors import error_code_for
-from oncelog.server.protocol import READ_COMMITTED, Request, build, nested, response_type
+from oncelog.server.protocol import NO_THROTTLE, READ_COMMITTED, Request, build, nested, response_type
 
 EARLIEST = -2
 LATEST = -1
 MAX_TIMESTAMP = -3
-_NO_THROTTLE = datetime.timedelta(0)
 
 
 async def handle_list_offsets(broker: Broker, request: Request) -> Any:
@@ -53,7 +51,7 @@ async def handle_list_offsets(broker: Broker, request: Request) -> Any:
                 )
             )
         topics.append(build(topic_type, name=topic.name, partitions=tuple(partitions)))
-    return build(response, throttle_time=_NO_THROTTLE, topics=tuple(topics))
+    return build(response, throttle_time=NO_THROTTLE, topics=tuple(topics))
 
 
 def lookup_offset(log: Log, timestamp: int, committed: bool) -> tuple[int, int]:

@@ -41,7 +41,7 @@ from oncelog.log import Log
 from oncelog.segments import format as fmt
 from oncelog.server.broker import Broker, InvalidPartitionsError
 from oncelog.server.errors import error_code_for
-from oncelog.server.protocol import Request, build, nested, response_type
+from oncelog.server.protocol import NO_THROTTLE, Request, build, nested, response_type
 
 log = logging.getLogger("oncelog.serve")
 _BATCH_LENGTH = struct.Struct(">i")  # at offset 8; the batch is 12 bytes longer
@@ -241,7 +241,7 @@ def _response(request: Request, topics: dict[str, dict[int, _Outcome]]) -> Any:
         )
         for name, entries in topics.items()
     )
-    return build(response, responses=answers, throttle_time=datetime.timedelta(0))
+    return build(response, responses=answers, throttle_time=NO_THROTTLE)
 
 
 def _timestamp(ms: int) -> datetime.datetime | None:

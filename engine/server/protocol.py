@@ -18,6 +18,7 @@ connection closes (Kafka closes it too); nothing has been touched.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import io
 import struct
@@ -38,6 +39,13 @@ _HEADER_PREFIX = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 API_VERSIONS_KEY: Final = 18
 # isolation_level in Fetch and ListOffsets: 0 read_uncommitted, 1 read_committed.
 READ_COMMITTED: Final = 1
+# throttle_time in every response: this server never throttles.
+NO_THROTTLE: Final = datetime.timedelta(0)
+
+
+def milliseconds(delta: datetime.timedelta) -> int:
+    """A duration field kio decodes as a timedelta (timeouts), in whole milliseconds."""
+    return int(delta / datetime.timedelta(milliseconds=1))
 
 
 class MalformedRequestError(Exception):

@@ -13,7 +13,6 @@ v3) and INVALID_PRODUCER_EPOCH (47) before them.
 
 from __future__ import annotations
 
-import datetime
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -22,11 +21,10 @@ from oncelog.errors import OncelogError
 from oncelog.layout import TopicPartition
 from oncelog.server.broker import Broker
 from oncelog.server.errors import error_code_for
-from oncelog.server.group_apis import milliseconds, offsets_of, partition_answers
-from oncelog.server.protocol import Request, build, nested, response_type
+from oncelog.server.group_apis import offsets_of, partition_answers
+from oncelog.server.protocol import NO_THROTTLE, Request, build, milliseconds, nested, response_type
 from oncelog.server.txn_state import TxnError
 
-_NO_THROTTLE = datetime.timedelta(0)
 # The first version of each API that answers PRODUCER_FENCED, by API key.
 _PRODUCER_FENCED_FROM: Final = {22: 4, 24: 2, 25: 2, 26: 2, 28: 3}
 
@@ -59,7 +57,7 @@ async def handle_init_producer_id(broker: Broker, request: Request) -> Any:
     except OncelogError as exc:
         code = error_code_for(exc)
     return build(
-        response, throttle_time=_NO_THROTTLE, error_code=code, producer_id=producer_id, producer_epoch=epoch
+        response, throttle_time=NO_THROTTLE, error_code=code, producer_id=producer_id, producer_epoch=epoch
     )
 
 
@@ -103,7 +101,7 @@ async def handle_add_partitions_to_txn(broker: Broker, request: Request) -> Any:
         )
         for name, partitions in topics
     )
-    return build(response, throttle_time=_NO_THROTTLE, results_by_topic_v3_and_below=results)
+    return build(response, throttle_time=NO_THROTTLE, results_by_topic_v3_and_below=results)
 
 
 async def handle_add_offsets_to_txn(broker: Broker, request: Request) -> Any:
@@ -116,7 +114,7 @@ async def handle_add_offsets_to_txn(broker: Broker, request: Request) -> Any:
     except TxnError as exc:
         code = _code(request, exc.code)
     return build(
-        response_type(request.api_key, request.api_version), throttle_time=_NO_THROTTLE, error_code=code
+        response_type(request.api_key, request.api_version), throttle_time=NO_THROTTLE, error_code=code
     )
 
 
@@ -132,7 +130,7 @@ async def handle_end_txn(broker: Broker, request: Request) -> Any:
     except OncelogError as exc:
         code = error_code_for(exc)
     return build(
-        response_type(request.api_key, request.api_version), throttle_time=_NO_THROTTLE, error_code=code
+        response_type(request.api_key, request.api_version), throttle_time=NO_THROTTLE, error_code=code
     )
 
 
@@ -155,5 +153,5 @@ async def handle_txn_offset_commit(broker: Broker, request: Request) -> Any:
         except TxnError as exc:
             code = _code(request, exc.code)
     return build(
-        response, throttle_time=_NO_THROTTLE, topics=partition_answers(response, body.topics, code, refused)
+        response, throttle_time=NO_THROTTLE, topics=partition_answers(response, body.topics, code, refused)
     )

@@ -41,6 +41,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from oncelog.clock import Clock, MonotonicClock, wall_clock_ms
 from oncelog.errors import InvalidProducerEpochError, OncelogError
 from oncelog.layout import TopicPartition
 from oncelog.log_manager import UnknownTopicOrPartitionError
@@ -78,7 +79,7 @@ class TransactionCoordinator:
         *,
         max_timeout_ms: int,
         expiration_ms: int = 7 * 24 * 3600 * 1000,
-        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        clock_ms: Clock | None = None,
     ):
         self.store = store
         self.producer_ids = producer_ids
@@ -89,7 +90,9 @@ class TransactionCoordinator:
         self._in_thread = in_thread
         self._wake = wake
         self._checking: dict[str, asyncio.Task[None]] = {}
-        self._clock_ms = clock_ms
+        # Timeouts and expiry are measured on the wall clock (it outlives a restart), never stepping
+        # back: a clock set back must not hold an abandoned transaction open longer.
+        self._clock_ms: Clock = clock_ms or MonotonicClock(wall_clock_ms)
         self.coordinator_epoch = store.next_epoch()
         self.transactions: dict[str, Transaction] = {}
         self._by_producer: dict[int, Transaction] = {}
