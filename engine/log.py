@@ -447,6 +447,12 @@ class Log:
         with self._lock:
             return self._transactions.last_stable_offset(self.log_end_offset)
 
+    def open_transactions(self) -> dict[int, int]:
+        """Each producer with a transaction open here, and that transaction's first offset."""
+        with self._lock:
+            self._check_open()
+            return self._producers.open_transactions()
+
     def append_batches(self, batches: Sequence[Buffer], *, origin: Origin = "client") -> list[AppendResult]:
         """Append many batches with as few write() calls as the segments allow.
 

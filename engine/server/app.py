@@ -41,6 +41,10 @@ class Server:
     async def start(self) -> None:
         # Transactions a crash left decided but unfinished: their markers go out before any
         # client is answered, so no read_committed reader waits on them.
+        for tp, producer_id in await self.broker.in_thread(self.broker.abort_orphan_transactions):
+            log.warning(
+                "aborted producer %d's transaction in %s: no stored transaction holds it", producer_id, tp
+            )
         for txn in self.broker.transactions.unfinished():
             if not await self.broker.transactions.complete(txn):
                 log.warning(

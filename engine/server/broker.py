@@ -269,6 +269,34 @@ class Broker:
         # The transaction is stored complete next: a crash after that must find this marker on disk.
         target.flush()
 
+    def abort_orphan_transactions(self) -> list[tuple[TopicPartition, int]]:
+        """Abort every transaction open in a log that no stored transaction will end (in a thread).
+
+        A transaction is open in a partition only while a coordinator's record holds it, unless
+        that record was lost (coordinator.lmdb deleted or restored from an old copy): then
+        nothing would ever end it and it would hold read_committed readers back for ever.
+        Each such transaction gets an ABORT marker at its producer's own epoch, with a
+        coordinator epoch no older than the producer's last marker's. Returns what was aborted.
+        """
+        aborted = []
+        for topic, count in self.topics().items():
+            for partition in range(count):
+                tp = TopicPartition(topic, partition)
+                target = self.log(topic, partition)
+                for producer_id in target.open_transactions():
+                    if self.transactions.holds(producer_id, tp):
+                        continue
+                    state = target.producer_state(producer_id)
+                    assert state is not None  # an open transaction is a known producer's
+                    coordinator_epoch = max(self.transactions.coordinator_epoch, state.coordinator_epoch)
+                    target.write_txn_marker(
+                        producer_id, state.producer_epoch, commit=False, coordinator_epoch=coordinator_epoch
+                    )
+                    # Before the port opens: a crash after it finds the abort on disk, or aborts again.
+                    target.flush()
+                    aborted.append((tp, producer_id))
+        return aborted
+
     # -- fetch wake-ups --------------------------------------------------------------------
     def watch(self, partitions: Iterable[TopicPartition]) -> asyncio.Event:
         """An event that the next append to any of `partitions` sets; unwatch it when done."""

@@ -343,6 +343,11 @@ class TransactionCoordinator:
         self._wake(partitions)  # read_committed fetches waiting on these partitions' stable offsets
         return True
 
+    def holds(self, producer_id: int, tp: TopicPartition) -> bool:
+        """Whether a transaction this coordinator will end holds `tp` for `producer_id`."""
+        txn = self._by_producer.get(producer_id)
+        return txn is not None and txn.transactional_id in self._unsettled and tp in txn.partitions
+
     def _write_one(self, tp: TopicPartition, producer_id: int, epoch: int, commit: bool) -> None:
         try:
             self._write_marker(tp, producer_id, epoch, commit, self.coordinator_epoch)

@@ -1585,3 +1585,17 @@ def test_a_lost_time_index_of_a_sealed_segment_keeps_its_aborted_transactions_ou
         ]
         assert aborted_keys == []
         assert fetched.aborted_transactions
+
+
+def test_open_transactions_names_each_producer_with_one_open_and_its_first_offset(log_dir: Path) -> None:
+    with open_log(log_dir) as log:
+        first, second = Producer(log, 7), Producer(log, 8)
+        plain(log, 2)
+        first.send(1)
+        second.send(2)
+        first.send(1)
+        assert log.open_transactions() == {7: 2, 8: 3}
+        first.commit()
+        assert log.open_transactions() == {8: 3}
+        second.abort()
+        assert log.open_transactions() == {}

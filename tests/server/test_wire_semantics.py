@@ -20,6 +20,7 @@ from in_process import InProcessServer
 from kio.index import load_request_schema
 from wire_client import WireSocket, decode_response, encode_request, request_body
 
+from oncelog.log_manager import LogManager
 from oncelog.segments import encode_batch
 from oncelog.server.broker import ServeConfig
 from oncelog.server.protocol import build, nested
@@ -451,3 +452,27 @@ def test_a_failed_fsync_under_fsync_acks_is_a_storage_error_and_the_log_then_ref
             answers.append((answer.error_code, answer.base_offset))
     # KAFKA_STORAGE_ERROR: the first is not acknowledged, and the log fails closed until reopened.
     assert answers == [(56, -1), (56, -1)]
+
+
+def test_a_transaction_no_stored_record_holds_is_aborted_before_the_port_opens(tmp_path: Path) -> None:
+    """coordinator.lmdb lost (deleted, or restored from an old copy) while a transaction was open:
+    nothing would ever end it, and read_committed readers would wait on it for ever."""
+    root = tmp_path / "root"
+    with LogManager.open(root, progress=False) as manager:
+        log = manager.log("orphans", 0, create=True)
+        lease = manager.producer_ids.lease()
+        log.append_records([(b"k", b"v")], producer_id=lease.producer_id, producer_epoch=3, base_sequence=0)
+        log.append_records(
+            [(b"k", b"open")],
+            producer_id=lease.producer_id,
+            producer_epoch=3,
+            base_sequence=1,
+            is_transactional=True,
+        )
+        assert log.last_stable_offset == 1 < log.log_end_offset
+    with InProcessServer(root, ServeConfig(listen_port=0)) as server:
+        log = server.server.broker.log("orphans", 0)
+        assert log.last_stable_offset == log.log_end_offset == 3  # the ABORT marker at offset 2
+        state = log.producer_state(lease.producer_id)
+        assert state is not None and state.producer_epoch == 3
+        assert log.open_transactions() == {}
