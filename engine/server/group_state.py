@@ -34,6 +34,10 @@ class GroupLimits:
     # Kafka's offsets.retention.minutes (7 days): a group with no members whose last commit is
     # older loses its offsets.
     offsets_retention_ms: int = 7 * 24 * 3600 * 1000
+    # A member's protocol metadata, and the assignment the leader gives it, each at most this
+    # (Kafka's message.max.bytes bounds its group record alike): a group is kept in memory and
+    # stored whole at each rebalance.
+    max_member_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_session_timeout_ms <= self.max_session_timeout_ms:

@@ -176,6 +176,8 @@ class GroupCoordinator:
             return ErrorCode.invalid_session_timeout
         if not protocol_type or not protocols or len(protocols) > MAX_PROTOCOLS:
             return ErrorCode.inconsistent_group_protocol
+        if sum(len(name) + len(metadata) for name, metadata in protocols) > limits.max_member_bytes:
+            return ErrorCode.invalid_request
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.unknown_member_id if member_id else None
@@ -226,13 +228,15 @@ class GroupCoordinator:
         if group.state is GroupState.STABLE:
             return SyncResult(ErrorCode.none, group.protocol_type, group.protocol_name, member.assignment)
         assert group.state is GroupState.COMPLETING_REBALANCE
+        given = dict(assignments) if member_id == group.leader else {}
+        if any(len(assignment) > self.limits.max_member_bytes for assignment in given.values()):
+            return SyncResult(ErrorCode.invalid_request)  # nothing taken: the leader may send it again
         member.deadline_s = self._clock_s() + member.session_timeout_ms / 1000
         if member.syncing is not None and not member.syncing.done():
             member.syncing.set_result(SyncResult(ErrorCode.rebalance_in_progress))
         synced: asyncio.Future[SyncResult] = asyncio.get_running_loop().create_future()
         member.syncing = synced
         if member_id == group.leader:
-            given = dict(assignments)
             for each in group.members.values():
                 each.assignment = given.get(each.member_id, b"")
             group.state = GroupState.STABLE

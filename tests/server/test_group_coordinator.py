@@ -379,3 +379,22 @@ def test_a_group_without_members_loses_its_offsets_past_the_retention(tmp_path: 
 
     run(first_life, tmp_path, offsets_retention_ms=7 * day_ms)
     run(second_life, tmp_path, offsets_retention_ms=7 * day_ms)
+
+
+def test_member_metadata_and_assignments_past_the_limit_are_refused(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        huge = [("range", b"m" * 2048)]
+        assert (await join(coordinator, protocols=huge)).error == ErrorCode.invalid_request
+        leader = await join(coordinator)
+        refused = await coordinator.sync(
+            "g", 1, leader.member_id, None, None, None, [(leader.member_id, b"a" * 2048)]
+        )
+        assert refused.error == ErrorCode.invalid_request
+        assert coordinator.groups["g"].state is GroupState.COMPLETING_REBALANCE  # nothing taken
+        assert coordinator.groups["g"].members[leader.member_id].syncing is None
+        accepted = await coordinator.sync(
+            "g", 1, leader.member_id, None, None, None, [(leader.member_id, b"a")]
+        )
+        assert accepted.error == ErrorCode.none and accepted.assignment == b"a"
+
+    run(scenario, tmp_path, max_member_bytes=1024)
