@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
-from oncelog import threads
+from oncelog import fast_append, threads
 from oncelog.append_plan import PlannedBatch, stamped_buffers
 from oncelog.append_rules import ProducerAppendInfo
 from oncelog.clock import Clock, MonotonicClock, engine_clock
@@ -111,8 +111,9 @@ class Log:
         self.recovery_report: RecoveryReport = loaded.report
         self._lock = threads.rlock()
         self._closed = False
+        self._fast: fast_append.Appender | None = None
         # Set by the first failed write or fsync; appends are refused until reopen.
-        self._failure: BaseException | None = None
+        self._failure_exc: BaseException | None = None
         self._unflushed_messages = 0
         self._last_flush_ms = clock()
         self._has_flush_policy = config.flush_messages is not None or config.flush_ms is not None
@@ -133,6 +134,54 @@ class Log:
         # flush that captured the log before commits nothing (its waiters flush again).
         self._generation = 0
         self._retirements_recorded = False  # retired-producer records in the store (the loader clears them)
+        # The compiled append (oncelog.fast_append), bound to the active segment and the
+        # producer table; rebound whenever either is replaced, dropped on close or failure.
+        self._compiled = fast_append.enabled()
+        self._refresh_fast()
+
+    @property
+    def _failure(self) -> BaseException | None:
+        return self._failure_exc
+
+    @_failure.setter
+    def _failure(self, exc: BaseException | None) -> None:
+        self._failure_exc = exc
+        if exc is not None:
+            self._drop_fast()  # appends are refused until reopen: the Python path says so
+
+    def _drop_fast(self) -> None:
+        fast, self._fast = self._fast, None
+        if fast is not None:
+            fast.close()  # under the log's lock: a call waiting for it then finds it closed
+
+    def _refresh_fast(self) -> None:
+        """Bind the compiled append to the current active segment and producer table.
+
+        The compiled path leaves the log on the Python path (returns None) for every
+        case it does not take, so a log without one is only slower. None on a closed
+        or failed log, and for LogAppendTime (which rewrites CRC-covered fields).
+        """
+        self._drop_fast()
+        module = fast_append.compiled
+        if (
+            module is None
+            or not self._compiled
+            or self._closed
+            or self._failure is not None
+            or self._log_append_time
+            or not self._segments
+        ):
+            return
+        self._fast = module.Appender(
+            lock=self._lock,
+            clock=self._clock,
+            result_type=AppendResult,
+            max_batch_bytes=self._max_batch_bytes,
+            segment_bytes=self._segment_bytes_limit,
+            segment_ms=self._segment_ms,
+            **self._producers.shared_arrays(),
+            **self._segments[-1].shared_cursors(),
+        )
 
     @classmethod
     def open(
@@ -236,6 +285,7 @@ class Log:
             self._max_batch_bytes = config.max_batch_bytes
             self._max_decompressed_bytes = config.max_decompressed_batch_bytes
             self._segment_ms = config.segment_ms
+            self._refresh_fast()
 
     def producer_state(self, producer_id: int) -> ProducerStateEntry | None:
         with self._lock:
@@ -319,6 +369,13 @@ class Log:
         if not durable:
             if origin != "client" or self._log_append_time:
                 return self.append_batches([batch_bytes], origin=origin)[0]
+            fast = self._fast
+            if fast is not None:
+                result: AppendResult | None = fast.append(batch_bytes)
+                if result is not None:
+                    if self._has_flush_policy:
+                        self._count_for_flush(result, batch_bytes)
+                    return result
             return self._append_one(batch_bytes)
         # Noted before the append: a truncation from here on may have cut this batch, and
         # its waiter must not take later batches at the same offsets for its own.
@@ -462,6 +519,14 @@ class Log:
         """
         if origin not in ("client", "replication"):
             raise ValueError(f"origin is 'client' or 'replication', got {origin!r}")
+        fast = self._fast
+        if fast is not None and origin == "client":
+            results: list[AppendResult] | None = fast.append_batches(batches)
+            if results is not None:
+                if self._has_flush_policy:
+                    for result, batch in zip(results, batches, strict=True):
+                        self._count_for_flush(result, batch)
+                return results
         views = [
             validate_batch(buffer, origin, self._max_batch_bytes, self._max_decompressed_bytes)
             for buffer in batches
@@ -648,6 +713,7 @@ class Log:
         self._group_commit.mark_durable(base_offset)
         self._segments.append(segment)
         self._base_offsets.append(base_offset)
+        self._refresh_fast()
         return segment
 
     def truncate_to(self, offset: int) -> int:
@@ -775,6 +841,7 @@ class Log:
         every later call raises LogFailedError (the caller records the failure).
         """
         self._generation += 1
+        self._drop_fast()
         for segment in self._segments:
             segment.close(durable=False)
         # The closed segments stay in place until the new ones are loaded: a reader of
@@ -794,6 +861,7 @@ class Log:
         self._log_start_offset = loaded.log_start_offset
         self.recovery_point = loaded.recovery_point
         self._group_commit.mark_durable(loaded.recovery_point)
+        self._refresh_fast()
 
     def _set_recovery_point(self, offset: int, segment_base: int, position: int) -> None:
         # One durable LMDB commit; only ever called after what it covers was fsynced.
@@ -814,6 +882,12 @@ class Log:
             # failed fsync, nothing more is accepted until a reopen recovers.
             self._failure = exc
             raise LogFailedError(f"commit to {self._store.path} failed: {exc}") from exc
+
+    def _count_for_flush(self, result: AppendResult, batch: Buffer) -> None:
+        """The flush policy after a compiled append: as the Python path counts its records."""
+        if not result.duplicate:
+            with self._lock:
+                self._maybe_flush(fmt.INT32.unpack_from(batch, fmt.RECORDS_COUNT_OFFSET)[0])
 
     def _maybe_flush(self, appended_messages: int) -> None:
         self._unflushed_messages += appended_messages
@@ -902,6 +976,7 @@ class Log:
     def _close(self) -> None:
         with self._lock:
             self._closed = True
+            self._drop_fast()
             errors: list[BaseException] = []
             try:
                 clean = False

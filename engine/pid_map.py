@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from oncelog.lazy_memory import lazy_zeros
+from oncelog.segments.cursor import CursorField, cursor_view
 
 EMPTY = 0  # stored keys are ~producer_id < 0, so non-negative values are free markers
 TOMBSTONE = 1  # a deleted key: lookups probe past it, inserts may reuse it
@@ -35,9 +36,20 @@ class DuplicateProducerError(ValueError):
     """Bulk load found one producer id twice (a corrupt snapshot)."""
 
 
+# The map's scalars, in an int64 array the compiled append (oncelog._append) shares.
+MAP_COUNT = 0
+MAP_TOMBSTONES = 1
+MAP_FIELDS = 2
+
+
 class PidSlotMap:
+    count = CursorField[int](MAP_COUNT)
+    tombstones = CursorField[int](MAP_TOMBSTONES)
+
     def __init__(self, capacity: int):
         self.capacity = capacity
+        self.state = np.zeros(MAP_FIELDS, dtype=np.int64)
+        self._cursor_view = cursor_view(self.state)
         self.buckets = max(8, int(capacity / _MAX_LIVE_LOAD) + 1)
         self.keys = lazy_zeros(self.buckets, np.int64)  # all EMPTY
         self.values = lazy_zeros(self.buckets, np.int32)

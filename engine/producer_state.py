@@ -26,6 +26,7 @@ from oncelog.lazy_memory import lazy_zeros
 from oncelog.pid_map import PidSlotMap
 from oncelog.segments import format as fmt
 from oncelog.segments.control import TxnMarker
+from oncelog.segments.cursor import CursorField, cursor_view
 
 # Kafka keeps the metadata of each producer's last 5 batches for duplicate detection.
 WINDOW = 5
@@ -68,6 +69,14 @@ _MAX_DUE_S = 2**32 - 1
 # Expiry's clock is capped here (some 146 million years): every due time it computes
 # (now + expiration, now + 1) stays an int64.
 _MAX_NOW_MS = 2**62
+
+
+# The ring's scalars, in an int64 array the compiled append (oncelog._append) shares.
+RING_HEAD = 0
+RING_USED = 1
+RING_HOLES = 2
+RING_EXPIRATION_MS = 3
+RING_FIELDS = 4
 
 
 def in_sequence(last_sequence: int, next_sequence: int) -> bool:
@@ -197,6 +206,11 @@ class ProducerStateManager:
     which the head pops later; a full ring runs one and compacts the holes away.
     """
 
+    head = CursorField[int](RING_HEAD)  # oldest slot of the ring
+    used = CursorField[int](RING_USED)  # slots from head to tail, holes included
+    holes = CursorField[int](RING_HOLES)  # slots in the ring whose producer a full pass expired
+    expiration_ms = CursorField[int](RING_EXPIRATION_MS)
+
     def __init__(
         self,
         capacity: int,
@@ -206,6 +220,8 @@ class ProducerStateManager:
         if capacity <= 0:
             raise ValueError(f"producer capacity must be positive, got {capacity}")
         self.capacity = capacity
+        self.ring = np.zeros(RING_FIELDS, dtype=np.int64)
+        self._cursor_view = cursor_view(self.ring)
         self.expiration_ms = expiration_ms
         # Untouched pages cost nothing (lazy_memory), so a large capacity costs memory
         # only as slots are used (they are used in ring order, from the head).
@@ -217,9 +233,6 @@ class ProducerStateManager:
         self._due = self.due_s.data
         self._slots = PidSlotMap(capacity)
         self._hot: dict[int, WorkingState] = {}
-        self.head = 0  # oldest slot of the ring
-        self.used = 0  # slots from head to tail, holes included
-        self.holes = 0  # slots in the ring whose producer a full pass expired
         self.full_pass_interval_ms = full_pass_interval_ms
         self._last_full_pass_ms: int | None = None
 
@@ -335,6 +348,24 @@ class ProducerStateManager:
             self._due[slot] = due_s
         self._write(slot, w)
         self._remember(w)  # the caller hands `w` over and does not change it again
+
+    def shared_arrays(self) -> dict[str, object]:
+        """What the compiled append (oncelog._append) reads and writes in place.
+
+        It drops the producers it changes from the hot cache, so `working` never
+        returns a row older than the table's.
+        """
+        slots = self._slots
+        return {
+            "hot": self._hot,
+            "table": self.table,
+            "due_s": self.due_s,
+            "ring": self.ring,
+            "pid_keys": slots.keys,
+            "pid_values": slots.values,
+            "pid_bucket_of": slots.bucket_of,
+            "pid_map": slots.state,
+        }
 
     def has_room_for(self, new_producers: int) -> bool:
         return len(self._slots) + new_producers <= self.capacity

@@ -77,6 +77,11 @@ class MappedRegion(Protocol):
         """msync: make the mapped bytes durable."""
         ...
 
+    def prefault(self, start: int, length: int) -> None:
+        """Fault in the pages of [start, start + length) for writing now, in one call, rather
+        than one page fault per page as copies reach them (a hint: may do nothing)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+from oncelog.segments import cursor as cur
 from oncelog.segments.files import FileHandle, MappedRegion, SegmentFileSystem
 from oncelog.segments.reservation import next_reservation
 
@@ -47,6 +48,11 @@ class IndexFullError(Exception):
 
 class _MappedIndex:
     ENTRY = struct.Struct(">ii")
+    # The scalars the compiled append shares, in the cursor array (segments.cursor).
+    _entries = cur.CursorField[int](cur.IDX_ENTRIES)
+    _max_entries = cur.CursorField[int](cur.IDX_MAX_ENTRIES)
+    # Entries the file (and the mapping) holds; all reserved when it is writable.
+    _capacity = cur.CursorField[int](cur.IDX_CAPACITY)
 
     def __init__(
         self, fs: SegmentFileSystem, path: str, base_offset: int, max_index_bytes: int, *, sealed: bool
@@ -61,12 +67,8 @@ class _MappedIndex:
         self.path = path
         self.base_offset = base_offset
         self.max_index_bytes = max_index_bytes
-        self._entries = 0
-        self._max_entries = 0
-        # Entries the file (and the mapping) holds; all reserved when it is writable.
-        self._capacity = 0
-        self._last: tuple[int, int] | None = None
-        self.is_full = False
+        self.cursor = cur.new_cursor(cur.IDX_FIELDS)
+        self._cursor_view = cur.cursor_view(self.cursor)
         self._handle: FileHandle = fs.open(path, create=True)
         self._region: MappedRegion | None = None
         self._view: memoryview = memoryview(b"")
@@ -94,6 +96,8 @@ class _MappedIndex:
         if capacity:
             self._region = self._handle.mmap(size, writable=writable)
             self._view = self._region.buffer
+            if writable:
+                self.cursor[cur.IDX_ADDR] = cur.mapped_address(self._view)
 
     def _reserve(self, needed: int, limit: int) -> None:
         """Map the file writable over at least `needed` entries (`limit` at most), reserved first.
@@ -145,36 +149,18 @@ class _MappedIndex:
         first, second = self.ENTRY.unpack_from(self._view, n * self.ENTRY.size)
         return int(first), int(second)
 
-    # `is_full` is a plain attribute, kept current by these setters, because the
-    # append path asks for it on every append and entries change only every few KiB.
-    @property
-    def entries(self) -> int:
-        return self._entries
+    entries = _entries
+    max_entries = _max_entries
 
-    @entries.setter
-    def entries(self, value: int) -> None:
-        self._entries = value
-        self._last = None  # re-read from the mapping when next needed
-        self._update_full()
+    @property
+    def is_full(self) -> bool:
+        # One slot stays free for the entry written when the segment is sealed.
+        return self._entries >= self._max_entries - 1
 
     def _last_entry_fields(self) -> tuple[int, int] | None:
-        """The last entry's two fields, cached: every append compares against them."""
-        if self._last is None and self._entries:
-            self._last = self._entry(self._entries - 1)
-        return self._last
-
-    @property
-    def max_entries(self) -> int:
-        return self._max_entries
-
-    @max_entries.setter
-    def max_entries(self, value: int) -> None:
-        self._max_entries = value
-        self._update_full()
-
-    def _update_full(self) -> None:
-        # One slot stays free for the entry written when the segment is sealed.
-        self.is_full = self._entries >= self._max_entries - 1
+        """The last entry's two fields (read from the mapping: the compiled path writes entries too)."""
+        n = self._entries
+        return self._entry(n - 1) if n else None
 
     def _append(self, first: int, second: int) -> None:
         n = self._entries
@@ -185,8 +171,6 @@ class _MappedIndex:
             self._reserve(n + 1, self._max_entries)
         self.ENTRY.pack_into(self._view, n * self.ENTRY.size, first, second)
         self._entries = n + 1
-        self._last = (first, second)
-        self.is_full = n + 1 >= self._max_entries - 1
 
     def _floor(self, key: int, strict: bool) -> int:
         """Index of the last entry whose first field is <= key (< key if strict); -1 if none."""
@@ -211,6 +195,7 @@ class _MappedIndex:
 
     def _unmap(self) -> None:
         if self._region is not None:
+            self.cursor[cur.IDX_ADDR] = 0  # before the unmap: the compiled path writes through it
             self._view = memoryview(b"")
             self._region.close()
             self._region = None

@@ -14,8 +14,10 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
+from oncelog.segments import cursor as cur
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, batch_size_at
+from oncelog.segments.cursor import mapped_address
 from oncelog.segments.errors import CorruptLogError, CorruptRecordError
 from oncelog.segments.files import Buffer, FileHandle, MappedRegion, SegmentFileSystem
 from oncelog.segments.index import OffsetIndex, TimeIndex, TimestampOffset
@@ -43,6 +45,9 @@ MIN_GROW_BYTES = 1024 * 1024
 # Each extension of the file costs the kernel more than the bytes it adds (measured:
 # 1 MiB steps halve the copy rate of 32 MiB ones), so steps double up to this.
 MAX_GROW_BYTES = 32 * 1024 * 1024
+# Growth steps from this size on are faulted in at once (MappedRegion.prefault): a
+# segment that has grown this far is busy, and idle ones keep their page cache small.
+PREFAULT_MIN_BYTES = 4 * 1024 * 1024
 # Recovery reads the pre-allocated zeros back to tell them from damage, this much at a time.
 _ZERO_SCAN_BYTES = 1024 * 1024
 _ZERO_PAGE_BYTES = 4096
@@ -156,6 +161,17 @@ def check_client_appended(batch: RecordBatch, previous_last_offset: int | None) 
 
 
 class LogSegment:
+    # The scalars the compiled append shares, in the cursor array (segments.cursor).
+    size = cur.CursorField[int](cur.SEG_SIZE)  # logical end: bytes past it are not part of the log
+    next_offset = cur.CursorField[int](cur.SEG_NEXT_OFFSET)  # one past the last offset held
+    max_timestamp_ms = cur.CursorField[int](cur.SEG_MAX_TS)
+    offset_of_max_timestamp = cur.CursorField[int](cur.SEG_OFFSET_OF_MAX_TS)
+    bytes_since_last_index_entry = cur.CursorField[int](cur.SEG_BYTES_SINCE_INDEX)
+    index_interval_bytes = cur.CursorField[int](cur.SEG_INDEX_INTERVAL)
+    # The last offset this segment may take before it must roll.
+    last_offset_limit = cur.CursorField[int](cur.SEG_LAST_OFFSET_LIMIT)
+    _mapped_bytes = cur.CursorField[int](cur.SEG_MAPPED_BYTES)
+
     def __init__(
         self,
         fs: SegmentFileSystem,
@@ -171,6 +187,9 @@ class LogSegment:
         self.fs = fs
         self.directory = directory
         self.base_offset = base_offset
+        self.cursor = cur.new_cursor(cur.SEG_FIELDS)
+        self._cursor_view = cur.cursor_view(self.cursor)
+        self.cursor[cur.SEG_BASE_OFFSET] = base_offset
         self._handle = handle
         # None until first used (a sealed segment opened lazily, see open()).
         self._offset_index = offset_index
@@ -181,25 +200,48 @@ class LogSegment:
             fs, _index_path(directory, base_offset, TXN_INDEX_SUFFIX), base_offset
         )
         self.index_interval_bytes = index_interval_bytes
-        # Logical end of the segment: bytes past it are not part of the log.
         self.size = handle.size()
-        self.next_offset = base_offset  # one past the last offset held
+        self.next_offset = base_offset
         self.max_timestamp_ms = fmt.NO_TIMESTAMP
         self.offset_of_max_timestamp = base_offset
         # Time-based rolling counts from the first batch's timestamp, as Kafka does,
         # so a restart does not reset the clock.
-        self.first_batch_timestamp_ms: int | None = None
+        self.first_batch_timestamp_ms = None
         self.bytes_since_last_index_entry = 0
         self.unflushed = False
         # Pre-allocation never goes past the size the log rolls at.
         self.max_segment_bytes = max_segment_bytes
-        # The last offset this segment may take before it must roll.
         self.last_offset_limit = -1
         self._update_last_offset_limit()
         # The write mapping: bytes [0, _mapped_bytes) of the file, allocated on disk.
         self._write_region: MappedRegion | None = None
         self._write_view = memoryview(b"")
         self._mapped_bytes = 0
+
+    def shared_cursors(self) -> dict[str, object]:
+        """The cursors of the segment and its indexes, which the compiled append shares."""
+        return {
+            "segment": self.cursor,
+            "offset_index": self.offset_index.cursor,
+            "time_index": self.time_index.cursor,
+        }
+
+    @property
+    def first_batch_timestamp_ms(self) -> int | None:
+        value: int = self._cursor_view[cur.SEG_FIRST_BATCH_TS]
+        return None if value == cur.NO_FIRST_TIMESTAMP else value
+
+    @first_batch_timestamp_ms.setter
+    def first_batch_timestamp_ms(self, value: int | None) -> None:
+        self._cursor_view[cur.SEG_FIRST_BATCH_TS] = cur.NO_FIRST_TIMESTAMP if value is None else value
+
+    @property
+    def unflushed(self) -> bool:
+        return bool(self._cursor_view[cur.SEG_UNFLUSHED])
+
+    @unflushed.setter
+    def unflushed(self, value: bool) -> None:
+        self._cursor_view[cur.SEG_UNFLUSHED] = int(value)
 
     @property
     def path(self) -> str:
@@ -236,6 +278,13 @@ class LogSegment:
         is_new = not fs.exists(log_path)
         if is_new and not create:  # listed, yet not there: a dangling or looping link, say
             raise FileNotFoundError(errno.ENOENT, "no such segment file", log_path)
+        if is_new:
+            # A crash inside delete() (the .log goes first) can leave a dead segment's
+            # indexes at this base: a new segment must not take their entries for its own.
+            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
+                stale = _index_path(directory, base_offset, suffix)
+                if fs.exists(stale):
+                    fs.unlink(stale)
         handle = fs.open(log_path, create=True)
         offset_index: OffsetIndex | None = None
         time_index: TimeIndex | None = None
@@ -324,12 +373,13 @@ class LogSegment:
         # Room for an entry per batch first, so indexing them below cannot fail half way.
         self.offset_index.reserve_room(len(metas))
         self.time_index.reserve_room(len(metas))
+        # Mapped and reserved whatever the size, so the compiled path can take the next one.
+        if end > self._mapped_bytes:
+            self._grow(end)
         if expected >= WRITE_SYSCALL_MIN_BYTES:
             written = self._handle.pwritev(buffers, position)
             assert written == expected, (self.path, written, expected)
         else:
-            if end > self._mapped_bytes:
-                self._grow(end)
             view = self._write_view
             at = position
             for buffer in buffers:
@@ -356,13 +406,13 @@ class LogSegment:
         position = self.size
         size = len(buffer)
         end = position + size
+        if end > self._mapped_bytes:
+            self._grow(end)
         if size >= WRITE_SYSCALL_MIN_BYTES:
             prefix = _PREFIX_PACK(base_offset, size - fmt.LOG_OVERHEAD, _NO_LEADER_EPOCH, _MAGIC)
             written = self._handle.pwritev([prefix, memoryview(buffer)[fmt.SIZE_AND_MAGIC_BYTES :]], position)
             assert written == size, (self.path, written, size)
         else:
-            if end > self._mapped_bytes:
-                self._grow(end)
             view = self._write_view
             # The body first, the prefix (length and magic) last: a reader of the live
             # file (another process, through the page cache) never sees a batch header
@@ -394,10 +444,17 @@ class LogSegment:
         self._handle.allocate(target, start=reserved)
         self._release_mapping()
         region = self._handle.mmap(target, writable=True)
+        if target - reserved >= PREFAULT_MIN_BYTES:
+            # A busy segment: one call faults in the new room (measured at 16 KiB appends:
+            # 2.0 GB/s against 1.6 with a fault per page). Its unwritten tail, at most one
+            # step, is zeros written back and then trimmed when the segment is sealed.
+            region.prefault(reserved, target - reserved)
         self._write_region, self._write_view, self._mapped_bytes = region, region.buffer, target
+        self.cursor[cur.SEG_WRITE_ADDR] = mapped_address(region.buffer)
 
     def _release_mapping(self) -> None:
         if self._write_region is not None:
+            self.cursor[cur.SEG_WRITE_ADDR] = 0  # before the unmap: the compiled path writes through it
             self._write_view = memoryview(b"")
             self._write_region.close()
             self._write_region = None

@@ -9,20 +9,49 @@ run (what a broker without the manager would do). Two states of the root:
   past its last flush (no marker, a tail past the recovery point to validate, producer
   state to replay), as a kill -9 of the whole broker leaves them.
 
+Only the opens are timed; the setup is built to cost little and to leave the timed
+region as after a reboot:
+
+- Every root is built before any is opened, and none is deleted before the step ends.
+  On ext4 without a journal, creating a file probes every inode of its block group
+  deleted in the last minute or so and skips it (ext4's recently_deleted()), so
+  deleting a root of 1,000 partitions (13,000 inodes) and copying the image in again
+  cost 10 s of system time per copy instead of 1 s, and made the timed opens' own
+  file creations (snapshots, markers) slow too: the step took 120-150 s.
+- A root's partitions are cloned from the image in memory: directories, the files the
+  engine writes copied with one write each, and the files it only reads (sealed
+  segments and snapshots, which the engine replaces by rename, never in place)
+  hard-linked, as the recovery figures link theirs. The step checks at its end that
+  none of the linked files was written.
+- `os.sync()` before each timed open: what setup and the previous close wrote is on
+  disk before the clock starts.
+
 Conventions (ratio, medians) are those of oncelog.bench.harness.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from oncelog.bench.harness import BenchResults, BenchSettings, Progress, Target, make_row, median, now_ms
 from oncelog.config import LogConfig
 from oncelog.log import Log
-from oncelog.log_manager import LogManager
+from oncelog.log_manager import LogManager, default_recovery_threads
+from oncelog.recovery.snapshot import SNAPSHOT_SUFFIX
 from oncelog.segments.batch import encode_batch
+from oncelog.segments.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    parse_segment_file_name,
+    segment_file_name,
+)
+from oncelog.segments.txn_index import TXN_INDEX_SUFFIX
 
 TOPIC = "bench"
 # A small partition: a few producers, one sealed segment and a short active one.
@@ -30,31 +59,38 @@ CONFIG = LogConfig(segment_bytes=16 * 1024)
 PRODUCERS = 4
 FLUSHED_BATCHES = 40  # below the recovery point once flushed
 UNFLUSHED_BATCHES = 8  # the tail an unclean open validates and replays
+SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
 
 
 def partition_open_figures(
     settings: BenchSettings, directory: str, results: BenchResults, progress: Progress
 ) -> None:
-    count = settings.partitions
-    image = os.path.join(directory, "image")
-    unclean_image(image)
-    root = os.path.join(directory, "root")
-    progress(f"  {count} partitions, {settings.partition_rounds} rounds of each open")
-    for state in ("clean", "unclean"):
+    count, rounds = settings.partitions, settings.partition_rounds
+    unclean = os.path.join(directory, "image")
+    unclean_image(unclean)
+    clean = os.path.join(directory, "clean-image")
+    clean_image(unclean, clean)
+    images = {"clean": PartitionImage.read(clean), "unclean": PartitionImage.read(unclean)}
+    # One clean root serves every clean open (an open and close leaves it clean again); each
+    # unclean open, managed or sequential, gets a fresh crash image.
+    roots = {
+        "clean": [os.path.join(directory, "clean")],
+        "unclean": [os.path.join(directory, f"unclean-{n}") for n in range(2 * rounds)],
+    }
+    progress(f"  {1 + 2 * rounds} roots of {count} partitions, {rounds} rounds of each open")
+    for state, paths in roots.items():  # every root before any open: see the module docstring
+        for root in paths:
+            build_root(root, images[state], count, root_store=state == "clean")
+    for state, paths in roots.items():
+        fresh = itertools.cycle(paths)
         managed: list[float] = []
         sequential: list[float] = []
         threads = 0
-        if state == "clean":
-            fill_root(root, image, count, clean=True)  # each clean open and close leaves it clean again
-        for _ in range(settings.partition_rounds):
+        for _ in range(rounds):
             # Interleaved, so drift in the machine hits both alike.
-            if state == "unclean":
-                fill_root(root, image, count, clean=False)
-            elapsed_s, threads = _time_manager_open(root)
+            elapsed_s, threads = _time_manager_open(next(fresh), state)
             managed.append(elapsed_s)
-            if state == "unclean":
-                fill_root(root, image, count, clean=False)
-            sequential.append(_time_sequential_open(root))
+            sequential.append(_time_sequential_open(next(fresh), state))
         results.rows.append(
             make_row(
                 f"open {count:,} partitions, {state} ({threads} threads vs one Log.open at a time)",
@@ -64,7 +100,11 @@ def partition_open_figures(
                 Target(),
             )
         )
-    shutil.rmtree(root, ignore_errors=True)
+    for image in images.values():
+        image.check_unwritten()
+    for paths in roots.values():
+        for root in paths:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def unclean_image(image: str) -> None:
@@ -91,34 +131,130 @@ def unclean_image(image: str) -> None:
     shutil.rmtree(live)
 
 
-def fill_root(root: str, image: str, count: int, *, clean: bool) -> None:
-    """`count` copies of the image under `root`; `clean` opens and closes them first."""
-    shutil.rmtree(root, ignore_errors=True)
+def clean_image(unclean: str, clean: str) -> None:
+    """The unclean image recovered and closed: a partition as a clean shutdown leaves it."""
+    shutil.copytree(unclean, clean)
+    Log.open(clean, CONFIG).close()
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionImage:
+    """A partition directory held in memory, to clone many times cheaply."""
+
+    path: str
+    directories: tuple[str, ...]  # relative to `path`, parents first
+    linked: tuple[str, ...]  # files the engine only reads: hard-linked
+    copied: tuple[tuple[str, bytes, int], ...]  # (relative path, contents, mode)
+    linked_signature: tuple[tuple[int, int, int], ...]  # (size, mtime_ns, inode) of each linked file
+
+    @classmethod
+    def read(cls, path: str) -> PartitionImage:
+        names = os.listdir(path)
+        bases = sorted(b for name in names if (b := parse_segment_file_name(name, LOG_SUFFIX)) is not None)
+        # The sealed segments' files (the active segment's are cut and rebuilt) and the
+        # snapshots (written to a temporary file and renamed over, never in place).
+        read_only = {segment_file_name(base, suffix) for base in bases[:-1] for suffix in SEGMENT_SUFFIXES}
+        read_only.update(name for name in names if name.endswith(SNAPSHOT_SUFFIX))
+        directories: list[str] = []
+        linked: list[str] = []
+        copied: list[tuple[str, bytes, int]] = []
+        for folder, subfolders, files in os.walk(path):
+            subfolders.sort()
+            relative = os.path.relpath(folder, path)
+            if relative != ".":
+                directories.append(relative)
+            for name in sorted(files):
+                if relative == "." and name in read_only:
+                    linked.append(name)
+                    continue
+                source = os.path.join(folder, name)
+                with open(source, "rb") as file:
+                    data = file.read()
+                mode = os.stat(source).st_mode & 0o777
+                copied.append((name if relative == "." else os.path.join(relative, name), data, mode))
+        return cls(path, tuple(directories), tuple(linked), tuple(copied), _signature(path, tuple(linked)))
+
+    def clone(self, target: str) -> None:
+        os.mkdir(target)
+        for relative in self.directories:
+            os.mkdir(os.path.join(target, relative))
+        for relative in self.linked:
+            os.link(os.path.join(self.path, relative), os.path.join(target, relative))
+        for relative, data, mode in self.copied:
+            fd = os.open(os.path.join(target, relative), os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+
+    def check_unwritten(self) -> None:
+        """Raise if an open wrote a hard-linked file (which every clone would then share)."""
+        if _signature(self.path, self.linked) != self.linked_signature:
+            raise AssertionError(
+                f"an open wrote one of {', '.join(self.linked)}, which it should only read: "
+                "the partitions shared it through hard links"
+            )
+
+
+def _signature(path: str, names: tuple[str, ...]) -> tuple[tuple[int, int, int], ...]:
+    stats = [os.stat(os.path.join(path, name)) for name in names]
+    return tuple((stat.st_size, stat.st_mtime_ns, stat.st_ino) for stat in stats)
+
+
+def build_root(root: str, image: PartitionImage, count: int, *, root_store: bool = False) -> None:
+    """A new root (which must not exist) of `count` clones of the image; `root_store` first
+    has a LogManager create the root's own files (its lock and store), as before any partition."""
     os.makedirs(root)
+    if root_store:
+        LogManager.open(root, CONFIG, progress=False).close()
     for partition in range(count):
-        shutil.copytree(image, os.path.join(root, f"{TOPIC}-{partition}"))
+        image.clone(os.path.join(root, f"{TOPIC}-{partition}"))
+
+
+def fill_root(root: str, image: str, count: int, *, clean: bool) -> None:
+    """`count` copies of the image under `root`, replacing what is there; `clean` opens and
+    closes them first. (The pytest-benchmark suite's setup; `oncelog bench` builds its
+    roots once each, see the module docstring.)"""
+    shutil.rmtree(root, ignore_errors=True)
+    build_root(root, PartitionImage.read(image), count)
     if clean:
         LogManager.open(root, CONFIG, progress=False).close()
     # What the copies wrote is on disk before the clock starts, as after a reboot.
     os.sync()
 
 
-def _time_manager_open(root: str) -> tuple[float, int]:
+def _time_manager_open(root: str, state: str) -> tuple[float, int]:
+    os.sync()  # what setup or the last close wrote is on disk before the clock starts
     started = time.perf_counter()
     manager = LogManager.open(root, CONFIG, progress=False)
     elapsed_s = time.perf_counter() - started
     threads = manager.recovery_threads
+    summary = manager.recovery_summary
     manager.close()
+    _check_state(root, state, summary.partitions, summary.clean)
     return elapsed_s, threads
 
 
-def _time_sequential_open(root: str) -> float:
+def _time_sequential_open(root: str, state: str) -> float:
     directories = sorted(
         os.path.join(root, name) for name in os.listdir(root) if name.startswith(f"{TOPIC}-")
     )
+    os.sync()
     started = time.perf_counter()
     logs = [Log.open(directory, CONFIG) for directory in directories]
     elapsed_s = time.perf_counter() - started
-    for log in logs:
-        log.close()
+    clean = sum(log.recovery_report.clean for log in logs)
+    # Not timed: closed in parallel, as the manager closes (each close fsyncs several times).
+    with ThreadPoolExecutor(default_recovery_threads()) as pool:
+        for future in [pool.submit(log.close) for log in logs]:
+            future.result()
+    _check_state(root, state, len(logs), clean)
     return elapsed_s
+
+
+def _check_state(root: str, state: str, partitions: int, clean: int) -> None:
+    """Raise unless every partition opened in the state the figure is named for."""
+    if clean != (partitions if state == "clean" else 0):
+        raise AssertionError(f"{clean} of the {partitions} partitions of {root} opened clean, not {state}")

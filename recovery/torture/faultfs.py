@@ -166,6 +166,9 @@ class FaultRegion:
         self._fs._io("fsync", self.path, self.inode)
         self._fs._fsync(self.inode)
 
+    def prefault(self, start: int, length: int) -> None:
+        pass  # memory here is a bytearray: nothing to fault in
+
     def close(self) -> None:
         self._fs._pull(self.inode)
         # Like OsMappedRegion: views still exported (numpy arrays) make this raise.

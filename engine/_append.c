@@ -1,0 +1,971 @@
+/* oncelog._append: a client append in one C call.
+ *
+ * The Python append path (oncelog.log, oncelog.validation, oncelog.append_rules,
+ * oncelog.producer_state, oncelog.segments.segment) is the reference; this module
+ * does the same work for the common case in one call under the GIL and the log's
+ * lock: the header checks, the CRC-32C, the record walk, Kafka's producer rules
+ * against the numpy producer table, the offset stamp, the copy into the mapped
+ * segment, the index entries and the producer rows.
+ *
+ * It never decides anything the Python path would decide differently. Anything
+ * it does not handle (a refusal of any kind, compression, record headers, a roll,
+ * expiry due, a full table, a transaction opening, no mapped room) returns None
+ * before any state changed, and the caller runs the Python path from scratch,
+ * which then raises or appends as the reference does. So every error message and
+ * every rare case lives in one place, in Python.
+ *
+ * State is shared, not copied: the segment, its indexes, the producer ring and the
+ * pid map keep their scalars in small int64 arrays (the layouts are in
+ * oncelog.segments.cursor and oncelog.producer_state; LAYOUT below is checked
+ * against them by the tests), so both implementations read and write the same
+ * memory and may take turns on one log. Mapped files are reached through the
+ * address their owner stores in its cursor while the mapping exists (0 when it
+ * does not); every address is re-read after the last call into Python.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the producer table is read in place as little-endian"
+#endif
+
+/* ---- layouts (the Python side owns them; LAYOUT exports these for a test) ---- */
+enum { SEG_WRITE_ADDR, SEG_MAPPED_BYTES, SEG_SIZE, SEG_NEXT_OFFSET, SEG_FIRST_BATCH_TS, SEG_MAX_TS,
+       SEG_OFFSET_OF_MAX_TS, SEG_BYTES_SINCE_INDEX, SEG_INDEX_INTERVAL, SEG_LAST_OFFSET_LIMIT,
+       SEG_UNFLUSHED, SEG_BASE_OFFSET, SEG_FIELDS };
+enum { IDX_ADDR, IDX_ENTRIES, IDX_CAPACITY, IDX_MAX_ENTRIES, IDX_FIELDS };
+enum { RING_HEAD, RING_USED, RING_HOLES, RING_EXPIRATION_MS, RING_FIELDS };
+enum { MAP_COUNT, MAP_TOMBSTONES, MAP_FIELDS };
+#define NO_FIRST_TIMESTAMP INT64_MIN
+
+/* The producer row (oncelog.producer_state.PRODUCER_DTYPE), byte offsets. */
+#define WINDOW 5
+#define ROW_BYTES 160
+#define R_PID 0
+#define R_APPEND_MS 8
+#define R_TIMESTAMP_MS 16
+#define R_TXN_FIRST 24
+#define R_COORDINATOR_EPOCH 32
+#define R_EPOCH 36
+#define R_COUNT 38
+#define R_LIVE 39
+#define R_LAST_SEQ 40
+#define R_LAST_OFFSET 60
+#define R_DELTA 100
+#define R_MAX_TS 120
+
+/* The batch header (Kafka's v2 record batch), big-endian. */
+#define HEADER_SIZE 61
+#define LOG_OVERHEAD 12
+#define PREFIX_BYTES 17 /* base offset, length, leader epoch, magic: no CRC covers them */
+#define CRC_START 21
+#define COMPRESSION_AND_CONTROL 0x27
+#define TIMESTAMP_TYPE_MASK 0x08
+#define TRANSACTIONAL_MASK 0x10
+#define INT32_MAX_SEQ 2147483647LL
+#define MAX_OFFSET (INT64_MAX - 1)
+#define MAX_DUE_S 4294967295LL
+#define MAX_OCCUPIED_LOAD 0.85
+#define FIB_MULTIPLIER 0x9E3779B97F4A7C15ULL
+#define MAP_EMPTY 0
+#define MAP_TOMBSTONE 1
+/* A request of more batches than this goes to the Python path (a Kafka produce
+ * request carries one batch per partition). */
+#define MAX_BATCHES 64
+
+/* ---- CRC-32C (Castagnoli, reflected 0x82F63B78) ---------------------------------
+ * SSE4.2's crc32 instruction where the CPU has it, three streams at a time (the
+ * instruction's latency is three cycles, its throughput one), joined by shifting
+ * a stream's register over the zeros of the streams after it. Slice-by-8 tables
+ * elsewhere. */
+#define CRC_POLY 0x82F63B78u
+static uint32_t crc_slices[8][256];
+/* shift_*[k][b]: the register b << 8k becomes after this many zero bytes. */
+#define LONG_BLOCK 4096
+#define SHORT_BLOCK 256
+static uint32_t shift_long[4][256];
+static uint32_t shift_short[4][256];
+static int have_sse42;
+
+static uint32_t crc_software(uint32_t crc, const uint8_t *p, size_t n) {
+    while (n && ((uintptr_t)p & 7)) {
+        crc = crc_slices[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+        n--;
+    }
+    while (n >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        word ^= crc;
+        crc = crc_slices[7][word & 0xff] ^ crc_slices[6][(word >> 8) & 0xff] ^
+              crc_slices[5][(word >> 16) & 0xff] ^ crc_slices[4][(word >> 24) & 0xff] ^
+              crc_slices[3][(word >> 32) & 0xff] ^ crc_slices[2][(word >> 40) & 0xff] ^
+              crc_slices[1][(word >> 48) & 0xff] ^ crc_slices[0][word >> 56];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = crc_slices[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return crc;
+}
+
+static uint32_t apply_shift(uint32_t table[4][256], uint32_t crc) {
+    return table[0][crc & 0xff] ^ table[1][(crc >> 8) & 0xff] ^ table[2][(crc >> 16) & 0xff] ^
+           table[3][crc >> 24];
+}
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+__attribute__((target("sse4.2"))) static uint32_t crc_one_stream(uint32_t crc, const uint8_t *p, size_t n) {
+    uint64_t c = crc;
+    while (n && ((uintptr_t)p & 7)) {
+        c = _mm_crc32_u8((uint32_t)c, *p++);
+        n--;
+    }
+    while (n >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        c = _mm_crc32_u64(c, word);
+        p += 8;
+        n -= 8;
+    }
+    while (n--) c = _mm_crc32_u8((uint32_t)c, *p++);
+    return (uint32_t)c;
+}
+
+__attribute__((target("sse4.2"))) static uint32_t crc_three_streams(
+    uint32_t crc, const uint8_t *p, size_t n, size_t block, uint32_t table[4][256]) {
+    while (n >= 3 * block) {
+        uint64_t a = crc, b = 0, c = 0;
+        const uint8_t *end = p + block;
+        do {
+            uint64_t x, y, z;
+            memcpy(&x, p, 8);
+            memcpy(&y, p + block, 8);
+            memcpy(&z, p + 2 * block, 8);
+            a = _mm_crc32_u64(a, x);
+            b = _mm_crc32_u64(b, y);
+            c = _mm_crc32_u64(c, z);
+            p += 8;
+        } while (p < end);
+        crc = apply_shift(table, (uint32_t)a) ^ (uint32_t)b;
+        crc = apply_shift(table, crc) ^ (uint32_t)c;
+        p += 2 * block;
+        n -= 3 * block;
+    }
+    return crc_one_stream(crc, p, n);
+}
+
+static uint32_t crc_hardware(uint32_t crc, const uint8_t *p, size_t n) {
+    if (n >= 3 * LONG_BLOCK) {
+        size_t whole = n - n % (3 * LONG_BLOCK);
+        crc = crc_three_streams(crc, p, whole, LONG_BLOCK, shift_long);
+        p += whole;
+        n -= whole;
+    }
+    return crc_three_streams(crc, p, n, SHORT_BLOCK, shift_short);
+}
+#endif
+
+/* The CRC register's raw update (no pre- or post-inversion). */
+static uint32_t crc_update(uint32_t crc, const uint8_t *p, size_t n) {
+#if defined(__x86_64__)
+    if (have_sse42) return crc_hardware(crc, p, n);
+#endif
+    return crc_software(crc, p, n);
+}
+
+static uint32_t crc32c_of(const uint8_t *p, size_t n) { return ~crc_update(0xFFFFFFFFu, p, n); }
+
+static void init_shift_table(uint32_t table[4][256], size_t zeros) {
+    /* The shift is linear in the register: find where each of the 32 bits goes, then
+     * tabulate every byte of each of the four byte lanes. */
+    static uint8_t zero_bytes[LONG_BLOCK];
+    uint32_t column[32];
+    for (int bit = 0; bit < 32; bit++) column[bit] = crc_software(1u << bit, zero_bytes, zeros);
+    for (int lane = 0; lane < 4; lane++) {
+        for (int byte = 0; byte < 256; byte++) {
+            uint32_t out = 0;
+            for (int bit = 0; bit < 8; bit++)
+                if (byte & (1 << bit)) out ^= column[lane * 8 + bit];
+            table[lane][byte] = out;
+        }
+    }
+}
+
+static void init_crc(void) {
+    for (uint32_t b = 0; b < 256; b++) {
+        uint32_t c = b;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ CRC_POLY : c >> 1;
+        crc_slices[0][b] = c;
+    }
+    for (uint32_t b = 0; b < 256; b++)
+        for (int s = 1; s < 8; s++)
+            crc_slices[s][b] = crc_slices[0][crc_slices[s - 1][b] & 0xff] ^ (crc_slices[s - 1][b] >> 8);
+    init_shift_table(shift_long, LONG_BLOCK);
+    init_shift_table(shift_short, SHORT_BLOCK);
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    have_sse42 = __builtin_cpu_supports("sse4.2") != 0;
+#endif
+}
+
+/* ---- little helpers -------------------------------------------------------------- */
+static inline int64_t be64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return (int64_t)__builtin_bswap64(v);
+}
+static inline int32_t be32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return (int32_t)__builtin_bswap32(v);
+}
+static inline int16_t be16(const uint8_t *p) { return (int16_t)(((uint16_t)p[0] << 8) | p[1]); }
+static inline void put_be64(uint8_t *p, int64_t v) {
+    uint64_t x = __builtin_bswap64((uint64_t)v);
+    memcpy(p, &x, 8);
+}
+static inline void put_be32(uint8_t *p, int32_t v) {
+    uint32_t x = __builtin_bswap32((uint32_t)v);
+    memcpy(p, &x, 4);
+}
+static inline int64_t le64(const uint8_t *p) {
+    int64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static inline int32_t le32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline void put_le64(uint8_t *p, int64_t v) { memcpy(p, &v, 8); }
+static inline void put_le32(uint8_t *p, int32_t v) { memcpy(p, &v, 4); }
+
+/* ---- the record walk (oncelog.segments.records.check_records, exact=True) -------
+ * Stricter, never looser: a record with headers is left to the Python walk, which
+ * also checks their keys are UTF-8. */
+static int read_varint(const uint8_t *data, Py_ssize_t size, Py_ssize_t *pos, int max_bytes, int64_t *out) {
+    uint64_t raw = 0;
+    int shift = 0;
+    Py_ssize_t at = *pos, end = at + max_bytes;
+    for (;;) {
+        if (at >= size || at >= end) return 0;
+        uint8_t b = data[at++];
+        raw |= (uint64_t)(b & 0x7F) << shift;
+        if (b < 0x80) {
+            if (max_bytes == 5 && (raw >> 32)) return 0;
+            if (max_bytes == 10 && shift == 63 && b > 1) return 0; /* past 64 bits */
+            *out = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
+            *pos = at;
+            return 1;
+        }
+        shift += 7;
+    }
+}
+
+/* 1 and the largest timestamp delta when data[HEADER_SIZE:] holds exactly `count` records
+ * with offset deltas 0..count-1 and no headers; 0 otherwise. */
+static int walk_records(const uint8_t *data, Py_ssize_t size, int64_t count, int64_t *max_ts_delta) {
+    if (count * 7 > size - HEADER_SIZE) return 0;
+    Py_ssize_t pos = HEADER_SIZE;
+    int64_t best = INT64_MIN;
+    for (int64_t index = 0; index < count; index++) {
+        int64_t length, ts_delta, delta, n;
+        if (!read_varint(data, size, &pos, 5, &length)) return 0;
+        Py_ssize_t end = pos + length;
+        if (length <= 0 || end > size) return 0;
+        pos += 1; /* the attributes byte */
+        if (!read_varint(data, end, &pos, 10, &ts_delta)) return 0;
+        if (ts_delta > best) best = ts_delta;
+        if (!read_varint(data, end, &pos, 5, &delta) || delta != index) return 0;
+        for (int field = 0; field < 2; field++) { /* key, then value */
+            if (!read_varint(data, end, &pos, 5, &n) || n < -1) return 0;
+            if (n > 0) {
+                if (n > end - pos) return 0;
+                pos += n;
+            }
+        }
+        if (pos >= end || data[pos] != 0) return 0; /* headers: the Python walk's */
+        pos += 1;
+        if (pos != end) return 0;
+    }
+    if (pos != size) return 0;
+    *max_ts_delta = count ? best : -1;
+    return 1;
+}
+
+/* ---- one batch of a request -------------------------------------------------------- */
+typedef struct {
+    const uint8_t *data;
+    Py_ssize_t size;
+    int64_t pid, max_ts;
+    int32_t last_delta, count, first_seq, last_seq;
+    int16_t epoch;
+    int transactional;
+    /* the plan */
+    int duplicate;
+    int64_t base, last; /* a duplicate's: the original's */
+    int producer;       /* index into the request's producers, or -1 */
+} Batch;
+
+/* One header's checks (oncelog.validation.client_batch_header): 1 when the batch
+ * passes every check the Python path makes. */
+static int check_batch(Batch *b, int64_t max_batch_bytes) {
+    const uint8_t *d = b->data;
+    Py_ssize_t size = b->size;
+    if (size < HEADER_SIZE || size > max_batch_bytes) return 0;
+    if ((int64_t)be32(d + 8) + LOG_OVERHEAD != size || d[16] != 2) return 0;
+    int16_t attributes = be16(d + 21);
+    int32_t last_delta = be32(d + 23);
+    int32_t count = be32(d + 57);
+    int64_t base_ts = be64(d + 27), max_ts = be64(d + 35), pid = be64(d + 43);
+    int32_t base_seq = be32(d + 53);
+    if (count <= 0 || (int64_t)last_delta + 1 != count) return 0;
+    if (attributes & COMPRESSION_AND_CONTROL) return 0; /* compressed: the Python path's */
+    if (pid >= 0 && base_seq < 0) return 0;
+    if (crc32c_of(d + CRC_START, (size_t)(size - CRC_START)) != (uint32_t)be32(d + 17)) return 0;
+    int64_t max_ts_delta, sum;
+    if (!walk_records(d, size, count, &max_ts_delta)) return 0;
+    if (!(attributes & TIMESTAMP_TYPE_MASK) &&
+        (__builtin_add_overflow(base_ts, max_ts_delta, &sum) || sum != max_ts))
+        return 0;
+    b->pid = pid;
+    b->max_ts = max_ts;
+    b->last_delta = last_delta;
+    b->count = count;
+    b->epoch = be16(d + 51);
+    b->first_seq = base_seq;
+    b->last_seq = (int32_t)(((int64_t)base_seq + last_delta) % (INT32_MAX_SEQ + 1));
+    b->transactional = (attributes & TRANSACTIONAL_MASK) != 0;
+    return 1;
+}
+
+/* ---- the appender ------------------------------------------------------------------ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *acquire, *release, *clock, *hot, *result_type;
+    Py_buffer table, due, ring, keys, values, bucket_of, map_state, seg, offset_index, time_index;
+    int64_t capacity, buckets, max_batch_bytes, segment_bytes, segment_ms;
+    int buffers_held; /* how many of the Py_buffers above are held, in declaration order */
+} Appender;
+
+#define I64(buffer) ((int64_t *)(buffer).buf)
+
+typedef struct {
+    int64_t pid, slot; /* slot -1: new to the table */
+    uint8_t row[ROW_BYTES];
+} Producer;
+
+static int in_sequence(int64_t last, int64_t next) {
+    return next == last + 1 || (next == 0 && last == INT32_MAX_SEQ);
+}
+
+static int64_t home_bucket(int64_t pid, int64_t buckets) {
+    uint64_t mixed = (uint64_t)pid * FIB_MULTIPLIER;
+    return (int64_t)((mixed ^ (mixed >> 29)) % (uint64_t)buckets);
+}
+
+/* oncelog.pid_map.PidSlotMap._probe: the bucket holding `pid` or the empty one ending
+ * its run, and the first tombstone on the way (-1 if none). */
+static int64_t probe(Appender *self, int64_t pid, int64_t *first_tombstone) {
+    const int64_t *keys = I64(self->keys);
+    int64_t stored = ~pid, i = home_bucket(pid, self->buckets);
+    *first_tombstone = -1;
+    for (;;) {
+        int64_t key = keys[i];
+        if (key == stored || key == MAP_EMPTY) return i;
+        if (key == MAP_TOMBSTONE && *first_tombstone < 0) *first_tombstone = i;
+        if (++i == self->buckets) i = 0;
+    }
+}
+
+/* Kafka's rules (oncelog.append_rules.ProducerAppendInfo.check) on the working row:
+ * 1 accept, 2 duplicate (offsets set), 0 anything else (the Python path raises). */
+static int check_producer(const Producer *p, const Batch *b, int64_t *first_offset, int64_t *last_offset) {
+    if (p->slot < 0 && le64(p->row + R_PID) != p->pid) return 1; /* unknown: any sequence (KIP-360) */
+    const uint8_t *row = p->row;
+    int16_t stored_epoch;
+    memcpy(&stored_epoch, row + R_EPOCH, 2);
+    int count = row[R_COUNT];
+    if (b->epoch < stored_epoch) return 0;
+    if (b->epoch > stored_epoch) {
+        if (b->first_seq != 0 && stored_epoch != -1) return 0;
+    } else {
+        for (int i = 0; i < count; i++) {
+            int64_t last_seq = le32(row + R_LAST_SEQ + 4 * i);
+            int64_t delta = le32(row + R_DELTA + 4 * i);
+            int64_t first_seq = last_seq == -1 ? -1 : (((last_seq - delta) % (INT32_MAX_SEQ + 1)) +
+                                                       (INT32_MAX_SEQ + 1)) % (INT32_MAX_SEQ + 1);
+            if (first_seq == b->first_seq && last_seq == b->last_seq) {
+                *last_offset = le64(row + R_LAST_OFFSET + 8 * i);
+                *first_offset = *last_offset - delta;
+                return 2;
+            }
+        }
+        int64_t last = count ? le32(row + R_LAST_SEQ + 4 * (count - 1)) : -1;
+        if (!in_sequence(last, b->first_seq)) return 0;
+    }
+    if (le64(row + R_TXN_FIRST) >= 0 && !b->transactional) return 0;
+    return 1;
+}
+
+/* oncelog.producer_state.apply_batch for a data batch, on the working row. */
+static void apply_producer(Producer *p, const Batch *b, int64_t now_ms) {
+    uint8_t *row = p->row;
+    if (p->slot < 0 && le64(row + R_PID) != p->pid) {
+        /* a new producer's row, as ProducerAppendInfo._current_or_new makes it */
+        memset(row, 0, ROW_BYTES);
+        put_le64(row + R_PID, p->pid);
+        put_le64(row + R_TXN_FIRST, -1);
+        put_le32(row + R_COORDINATOR_EPOCH, -1);
+        memcpy(row + R_EPOCH, &b->epoch, 2);
+        row[R_LIVE] = 1;
+    }
+    put_le64(row + R_APPEND_MS, now_ms);
+    int16_t stored_epoch;
+    memcpy(&stored_epoch, row + R_EPOCH, 2);
+    int count = row[R_COUNT];
+    if (b->epoch != stored_epoch) {
+        memcpy(row + R_EPOCH, &b->epoch, 2);
+        count = 0;
+    } else if (count) {
+        int64_t last = le32(row + R_LAST_SEQ + 4 * (count - 1));
+        if (last != -1 && !in_sequence(last, b->first_seq)) count = 0;
+    }
+    if (count == WINDOW) { /* drop the oldest */
+        memmove(row + R_LAST_SEQ, row + R_LAST_SEQ + 4, 4 * (WINDOW - 1));
+        memmove(row + R_LAST_OFFSET, row + R_LAST_OFFSET + 8, 8 * (WINDOW - 1));
+        memmove(row + R_DELTA, row + R_DELTA + 4, 4 * (WINDOW - 1));
+        memmove(row + R_MAX_TS, row + R_MAX_TS + 8, 8 * (WINDOW - 1));
+        count--;
+    }
+    put_le32(row + R_LAST_SEQ + 4 * count, b->last_seq);
+    put_le64(row + R_LAST_OFFSET + 8 * count, b->last);
+    put_le32(row + R_DELTA + 4 * count, (int32_t)(b->last - b->base));
+    put_le64(row + R_MAX_TS + 8 * count, b->max_ts);
+    /* unused window slots stay zero, as the Python row writer pads them */
+    for (int i = count + 1; i < WINDOW; i++) {
+        put_le32(row + R_LAST_SEQ + 4 * i, 0);
+        put_le64(row + R_LAST_OFFSET + 8 * i, 0);
+        put_le32(row + R_DELTA + 4 * i, 0);
+        put_le64(row + R_MAX_TS + 8 * i, 0);
+    }
+    row[R_COUNT] = (uint8_t)(count + 1);
+    put_le64(row + R_TIMESTAMP_MS, b->max_ts);
+}
+
+/* Kafka's roll rules (oncelog.log.roll_needed). */
+static int roll_needed(int64_t segment_bytes, int64_t first_ts, int64_t incoming, int64_t max_ts, int64_t last,
+                       int64_t last_offset_limit, int64_t max_segment_bytes, int64_t segment_ms) {
+    if (last > last_offset_limit) return 1;
+    if (segment_bytes == 0) return 0;
+    if (segment_bytes + incoming > max_segment_bytes) return 1;
+    if (first_ts == NO_FIRST_TIMESTAMP) return 0;
+    return (__int128)max_ts - first_ts > segment_ms;
+}
+
+typedef struct {
+    int64_t first, second; /* an offset entry: relative offset, position; a time entry: timestamp, relative offset */
+} Entry;
+
+static Entry last_entry(const int64_t *cursor, int time_index) {
+    Entry e = {0, 0};
+    const uint8_t *view = (const uint8_t *)(intptr_t)cursor[IDX_ADDR];
+    int64_t n = cursor[IDX_ENTRIES];
+    if (time_index) {
+        e.first = be64(view + 12 * (n - 1));
+        e.second = be32(view + 12 * (n - 1) + 8);
+    } else {
+        e.first = be32(view + 8 * (n - 1));
+        e.second = be32(view + 8 * (n - 1) + 4);
+    }
+    return e;
+}
+
+/* The whole request, or None (nothing changed) for the Python path to take. */
+static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, int single) {
+    PyObject *result = NULL;
+    if (PyObject_CallNoArgs(self->acquire) == NULL) return NULL;
+    Producer producers[MAX_BATCHES];
+    int producer_count = 0, new_count = 0;
+    int64_t now_ms = 0;
+    int any_pid = 0;
+    for (Py_ssize_t i = 0; i < n; i++) any_pid |= be64(batches[i].data + 43) >= 0;
+    /* The clock as the Python path reads it: a request always, a single batch with a producer. */
+    if (any_pid || !single) {
+        PyObject *now = PyObject_CallNoArgs(self->clock);
+        if (now == NULL) goto unlock;
+        int overflow = 0;
+        now_ms = PyLong_Check(now) ? PyLong_AsLongLongAndOverflow(now, &overflow) : 0;
+        int usable = PyLong_Check(now) && !overflow && !(now_ms == -1 && PyErr_Occurred());
+        Py_DECREF(now);
+        if (!usable) {
+            PyErr_Clear();
+            goto fallback;
+        }
+    }
+    /* Below, no Python code runs until the request is written: the cursors are read now. */
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!check_batch(&batches[i], self->max_batch_bytes)) goto fallback;
+    int64_t *seg = I64(self->seg), *ring = I64(self->ring), *map = I64(self->map_state);
+    int64_t *oidx = I64(self->offset_index), *tidx = I64(self->time_index);
+    const uint32_t *due = (const uint32_t *)self->due.buf;
+    uint8_t *table = (uint8_t *)self->table.buf;
+    if (seg[SEG_WRITE_ADDR] == 0) goto fallback; /* not mapped yet: the Python path maps it */
+    if ((any_pid || !single) && ring[RING_USED] && (int64_t)due[ring[RING_HEAD]] * 1000 <= now_ms)
+        goto fallback; /* expiry is due: the Python path runs it */
+
+    /* Plan: offsets and producer rules, with no state changed (Log._plan). */
+    int64_t next = seg[SEG_NEXT_OFFSET];
+    int64_t running_bytes = seg[SEG_SIZE], first_ts = seg[SEG_FIRST_BATCH_TS], write_bytes = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Batch *b = &batches[i];
+        b->duplicate = 0;
+        b->producer = -1;
+        Producer *p = NULL;
+        if (b->pid >= 0) {
+            for (int k = 0; k < producer_count; k++)
+                if (producers[k].pid == b->pid) p = &producers[k];
+            if (p == NULL) {
+                p = &producers[producer_count];
+                p->pid = b->pid;
+                int64_t tombstone, bucket = probe(self, b->pid, &tombstone);
+                if (I64(self->keys)[bucket] == MAP_EMPTY) {
+                    p->slot = -1;
+                    put_le64(p->row + R_PID, ~b->pid); /* "not in the table": check_producer's mark */
+                } else {
+                    p->slot = ((int32_t *)self->values.buf)[bucket];
+                    memcpy(p->row, table + p->slot * ROW_BYTES, ROW_BYTES);
+                }
+                producer_count++;
+            }
+            b->producer = (int)(p - producers);
+            int64_t first_offset = 0, last_offset = 0;
+            int verdict = check_producer(p, b, &first_offset, &last_offset);
+            if (verdict == 0) goto fallback;
+            if (verdict == 2) {
+                b->duplicate = 1;
+                b->base = first_offset;
+                b->last = last_offset;
+                continue;
+            }
+        }
+        b->base = next;
+        if (__builtin_add_overflow(next, (int64_t)b->last_delta, &b->last) || b->last > MAX_OFFSET) goto fallback;
+        if (roll_needed(running_bytes, first_ts, b->size, b->max_ts, b->last, seg[SEG_LAST_OFFSET_LIMIT],
+                        self->segment_bytes, self->segment_ms))
+            goto fallback;
+        running_bytes += b->size;
+        write_bytes += b->size;
+        if (first_ts == NO_FIRST_TIMESTAMP) first_ts = b->max_ts;
+        if (p != NULL) {
+            int is_new = p->slot < 0 && le64(p->row + R_PID) != p->pid;
+            if (is_new) {
+                new_count++;
+                if (map[MAP_COUNT] + new_count > self->capacity || ring[RING_USED] + new_count > self->capacity ||
+                    (double)(map[MAP_COUNT] + map[MAP_TOMBSTONES] + new_count) >
+                        (double)self->buckets * MAX_OCCUPIED_LOAD)
+                    goto fallback; /* full, or the map would rebuild: the Python path's */
+            }
+            if (b->transactional && (is_new || le64(p->row + R_TXN_FIRST) < 0))
+                goto fallback; /* opens a transaction: the Python path tracks it */
+            apply_producer(p, b, now_ms);
+        }
+        next = b->last + 1;
+    }
+
+    /* Room: the mapping holds the bytes, the indexes their entries (LogSegment._index_batch). */
+    int64_t position = seg[SEG_SIZE];
+    if (position + write_bytes > seg[SEG_MAPPED_BYTES]) goto fallback;
+    Entry offset_entries[MAX_BATCHES], time_entries[MAX_BATCHES];
+    int offset_entry_count = 0, time_entry_count = 0, offset_known = 0, time_known = 0;
+    int64_t since = seg[SEG_BYTES_SINCE_INDEX], max_ts = seg[SEG_MAX_TS], max_ts_offset = seg[SEG_OFFSET_OF_MAX_TS];
+    int64_t o_entries = oidx[IDX_ENTRIES], t_entries = tidx[IDX_ENTRIES];
+    Entry offset_last = {0, 0}, time_last = {0, 0};
+    int64_t at = position, base_offset = seg[SEG_BASE_OFFSET];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Batch *b = &batches[i];
+        if (b->duplicate) continue;
+        if (at > INT32_MAX) goto fallback; /* an index position is an i32 */
+        if (b->max_ts > max_ts) {
+            max_ts = b->max_ts;
+            max_ts_offset = b->last;
+        }
+        int full = o_entries >= oidx[IDX_MAX_ENTRIES] - 1 || t_entries >= tidx[IDX_MAX_ENTRIES] - 1;
+        if (since > seg[SEG_INDEX_INTERVAL] && !full) {
+            /* Not mapped for writing, or no room reserved: the Python path reserves it. */
+            if (oidx[IDX_ADDR] == 0 || tidx[IDX_ADDR] == 0 || o_entries >= oidx[IDX_CAPACITY]) goto fallback;
+            Entry e = {b->last - base_offset, at};
+            if (o_entries && !offset_known) offset_last = last_entry(oidx, 0);
+            /* OffsetIndex.append asserts this: the Python path fails it the same way */
+            if (o_entries && !(e.first > offset_last.first && e.second > offset_last.second)) goto fallback;
+            offset_entries[offset_entry_count++] = e;
+            offset_last = e;
+            offset_known = 1;
+            o_entries++;
+            if (t_entries && !time_known) time_last = last_entry(tidx, 1);
+            time_known = 1;
+            if (!(t_entries && time_last.first >= max_ts)) { /* TimeIndex.maybe_append */
+                Entry t = {max_ts, max_ts_offset - base_offset};
+                if (t_entries >= tidx[IDX_CAPACITY] || t.second < 0) goto fallback;
+                time_entries[time_entry_count++] = t;
+                time_last = t;
+                t_entries++;
+            }
+            since = 0;
+        }
+        since += b->size;
+        at += b->size;
+    }
+
+    /* Commit: nothing below can fail. The body first, the 17-byte prefix last (a reader
+     * of the live file never sees a header before the bytes it announces). */
+    uint8_t *view = (uint8_t *)(intptr_t)seg[SEG_WRITE_ADDR];
+    at = position;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Batch *b = &batches[i];
+        if (b->duplicate) continue;
+        memcpy(view + at + PREFIX_BYTES, b->data + PREFIX_BYTES, (size_t)(b->size - PREFIX_BYTES));
+        put_be64(view + at, b->base);
+        put_be32(view + at + 8, (int32_t)(b->size - LOG_OVERHEAD));
+        put_be32(view + at + 12, -1);
+        view[at + 16] = 2;
+        at += b->size;
+    }
+    uint8_t *oview = (uint8_t *)(intptr_t)oidx[IDX_ADDR], *tview = (uint8_t *)(intptr_t)tidx[IDX_ADDR];
+    for (int k = 0; k < offset_entry_count; k++) {
+        int64_t e = oidx[IDX_ENTRIES] + k;
+        put_be32(oview + 8 * e, (int32_t)offset_entries[k].first);
+        put_be32(oview + 8 * e + 4, (int32_t)offset_entries[k].second);
+    }
+    for (int k = 0; k < time_entry_count; k++) {
+        int64_t e = tidx[IDX_ENTRIES] + k;
+        put_be64(tview + 12 * e, time_entries[k].first);
+        put_be32(tview + 12 * e + 8, (int32_t)time_entries[k].second);
+    }
+    oidx[IDX_ENTRIES] += offset_entry_count;
+    tidx[IDX_ENTRIES] += time_entry_count;
+    if (offset_entry_count) {
+        int full = oidx[IDX_ENTRIES] >= oidx[IDX_MAX_ENTRIES] - 1 || tidx[IDX_ENTRIES] >= tidx[IDX_MAX_ENTRIES] - 1;
+        int64_t limit = base_offset + INT32_MAX_SEQ;
+        seg[SEG_LAST_OFFSET_LIMIT] = full ? -1 : (limit < MAX_OFFSET ? limit : MAX_OFFSET);
+    }
+    if (write_bytes) {
+        seg[SEG_FIRST_BATCH_TS] = first_ts;
+        seg[SEG_MAX_TS] = max_ts;
+        seg[SEG_OFFSET_OF_MAX_TS] = max_ts_offset;
+        seg[SEG_BYTES_SINCE_INDEX] = since;
+        seg[SEG_NEXT_OFFSET] = next;
+        seg[SEG_SIZE] = at;
+        seg[SEG_UNFLUSHED] = 1;
+    }
+    /* Producer rows, only now that their batches are written (ProducerStateManager.put). */
+    for (int k = 0; k < producer_count; k++) {
+        Producer *p = &producers[k];
+        if (le64(p->row + R_PID) != p->pid) continue; /* new, and only refused: nothing to store */
+        if (p->slot < 0) {
+            int64_t slot = (ring[RING_HEAD] + ring[RING_USED]) % self->capacity;
+            __int128 due_ms = (__int128)now_ms + ring[RING_EXPIRATION_MS];
+            int64_t due_s = due_ms < 0 ? 0 : (due_ms / 1000 > MAX_DUE_S ? MAX_DUE_S : (int64_t)(due_ms / 1000));
+            ring[RING_USED]++;
+            int64_t tombstone, bucket = probe(self, p->pid, &tombstone);
+            if (tombstone >= 0) {
+                bucket = tombstone;
+                map[MAP_TOMBSTONES]--;
+            }
+            I64(self->keys)[bucket] = ~p->pid;
+            map[MAP_COUNT]++;
+            ((int32_t *)self->values.buf)[bucket] = (int32_t)slot;
+            ((int32_t *)self->bucket_of.buf)[slot] = (int32_t)bucket;
+            ((uint32_t *)self->due.buf)[slot] = (uint32_t)due_s;
+            p->slot = slot;
+        }
+        memcpy(table + p->slot * ROW_BYTES, p->row, ROW_BYTES);
+    }
+
+    /* Python again: results, and the hot cache dropping the producers changed here. */
+    if (PyDict_GET_SIZE(self->hot)) {
+        for (int k = 0; k < producer_count; k++) {
+            PyObject *key = PyLong_FromLongLong(producers[k].pid);
+            if (key == NULL) goto unlock;
+            if (PyDict_DelItem(self->hot, key) < 0) PyErr_Clear();
+            Py_DECREF(key);
+        }
+    }
+    PyObject *list = NULL;
+    if (!single && (list = PyList_New(n)) == NULL) goto unlock;
+    PyTypeObject *type = (PyTypeObject *)self->result_type;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = type->tp_alloc(type, 4);
+        if (item == NULL) {
+            Py_XDECREF(list);
+            goto unlock;
+        }
+        PyObject *base = PyLong_FromLongLong(batches[i].base), *last = PyLong_FromLongLong(batches[i].last);
+        PyObject *no_time = PyLong_FromLong(-1);
+        if (base == NULL || last == NULL || no_time == NULL) {
+            Py_XDECREF(base);
+            Py_XDECREF(last);
+            Py_XDECREF(no_time);
+            Py_DECREF(item);
+            Py_XDECREF(list);
+            goto unlock;
+        }
+        PyTuple_SET_ITEM(item, 0, base);
+        PyTuple_SET_ITEM(item, 1, last);
+        PyTuple_SET_ITEM(item, 2, no_time);
+        PyTuple_SET_ITEM(item, 3, Py_NewRef(batches[i].duplicate ? Py_True : Py_False));
+        if (single) {
+            result = item;
+            goto unlock;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    result = list;
+    goto unlock;
+
+fallback:
+    result = Py_NewRef(Py_None);
+unlock:;
+    /* The lock is released whatever happened, keeping an error raised above. */
+    PyObject *type_, *value, *traceback;
+    PyErr_Fetch(&type_, &value, &traceback);
+    PyObject *released = PyObject_CallNoArgs(self->release);
+    if (released == NULL) {
+        Py_XDECREF(type_);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        Py_XDECREF(result);
+        return NULL;
+    }
+    Py_DECREF(released);
+    PyErr_Restore(type_, value, traceback);
+    return result;
+}
+
+static PyObject *Appender_append(Appender *self, PyObject *batch) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(batch, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Batch b = {.data = (const uint8_t *)view.buf, .size = view.len};
+    PyObject *result = b.size >= HEADER_SIZE ? append_request(self, &b, 1, 1) : Py_NewRef(Py_None);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *Appender_append_batches(Appender *self, PyObject *sequence) {
+    if (!PyList_CheckExact(sequence) && !PyTuple_CheckExact(sequence)) Py_RETURN_NONE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(sequence);
+    if (n == 0 || n > MAX_BATCHES) Py_RETURN_NONE;
+    Batch batches[MAX_BATCHES];
+    PyObject **items = PySequence_Fast_ITEMS(sequence);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* bytes only: anything else goes through the Python path's conversions */
+        if (!PyBytes_CheckExact(items[i]) || PyBytes_GET_SIZE(items[i]) < HEADER_SIZE) Py_RETURN_NONE;
+        batches[i].data = (const uint8_t *)PyBytes_AS_STRING(items[i]);
+        batches[i].size = PyBytes_GET_SIZE(items[i]);
+    }
+    /* The list may not change under us: its items are referenced for the call. */
+    PyObject *held = PySequence_Tuple(sequence);
+    if (held == NULL) return NULL;
+    PyObject *result = append_request(self, batches, n, 0);
+    Py_DECREF(held);
+    return result;
+}
+
+static int get_buffer(Appender *self, PyObject *source, Py_buffer *into, Py_ssize_t min_bytes, const char *name) {
+    if (PyObject_GetBuffer(source, into, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    self->buffers_held++;
+    if (into->len < min_bytes) {
+        PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, fewer than %zd", name, into->len, min_bytes);
+        return -1;
+    }
+    return 0;
+}
+
+static void release_buffers(Appender *self) {
+    Py_buffer *all[] = {&self->table, &self->due, &self->ring, &self->keys, &self->values,
+                        &self->bucket_of, &self->map_state, &self->seg, &self->offset_index, &self->time_index};
+    for (int i = 0; i < self->buffers_held; i++) PyBuffer_Release(all[i]);
+    self->buffers_held = 0;
+}
+
+static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"lock", "clock", "hot", "result_type", "table", "due_s", "ring", "pid_keys",
+                            "pid_values", "pid_bucket_of", "pid_map", "segment", "offset_index",
+                            "time_index", "max_batch_bytes", "segment_bytes", "segment_ms", NULL};
+    PyObject *lock, *clock, *hot, *result_type, *table, *due, *ring, *keys, *values, *bucket_of, *map_state;
+    PyObject *seg, *offset_index, *time_index;
+    long long max_batch_bytes, segment_bytes, segment_ms;
+    if (self->buffers_held || self->acquire != NULL) {
+        PyErr_SetString(PyExc_TypeError, "an Appender is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!" "OOOOOOOOOO" "LLL", names, &lock, &clock, &PyDict_Type,
+                                     &hot, &PyType_Type, &result_type, &table, &due, &ring, &keys, &values,
+                                     &bucket_of, &map_state, &seg, &offset_index, &time_index, &max_batch_bytes,
+                                     &segment_bytes, &segment_ms))
+        return -1;
+    if (!PyType_IsSubtype((PyTypeObject *)result_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "result_type must be a tuple type");
+        return -1;
+    }
+    self->acquire = PyObject_GetAttrString(lock, "acquire");
+    self->release = PyObject_GetAttrString(lock, "release");
+    if (self->acquire == NULL || self->release == NULL) return -1;
+    self->clock = Py_NewRef(clock);
+    self->hot = Py_NewRef(hot);
+    self->result_type = Py_NewRef(result_type);
+    if (get_buffer(self, table, &self->table, ROW_BYTES, "table") < 0 ||
+        get_buffer(self, due, &self->due, 4, "due_s") < 0 ||
+        get_buffer(self, ring, &self->ring, RING_FIELDS * 8, "ring") < 0 ||
+        get_buffer(self, keys, &self->keys, 8, "pid_keys") < 0 ||
+        get_buffer(self, values, &self->values, 4, "pid_values") < 0 ||
+        get_buffer(self, bucket_of, &self->bucket_of, 4, "pid_bucket_of") < 0 ||
+        get_buffer(self, map_state, &self->map_state, MAP_FIELDS * 8, "pid_map") < 0 ||
+        get_buffer(self, seg, &self->seg, SEG_FIELDS * 8, "segment") < 0 ||
+        get_buffer(self, offset_index, &self->offset_index, IDX_FIELDS * 8, "offset_index") < 0 ||
+        get_buffer(self, time_index, &self->time_index, IDX_FIELDS * 8, "time_index") < 0)
+        return -1;
+    self->capacity = self->table.len / ROW_BYTES;
+    self->buckets = self->keys.len / 8;
+    if (self->due.len / 4 < self->capacity || self->bucket_of.len / 4 < self->capacity ||
+        self->values.len / 4 < self->buckets) {
+        PyErr_SetString(PyExc_ValueError, "the producer arrays disagree on the table's capacity");
+        return -1;
+    }
+    self->max_batch_bytes = max_batch_bytes;
+    self->segment_bytes = segment_bytes;
+    self->segment_ms = segment_ms;
+    return 0;
+}
+
+static void Appender_dealloc(Appender *self) {
+    release_buffers(self);
+    Py_XDECREF(self->acquire);
+    Py_XDECREF(self->release);
+    Py_XDECREF(self->clock);
+    Py_XDECREF(self->hot);
+    Py_XDECREF(self->result_type);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Appender_close(Appender *self, PyObject *unused) {
+    (void)unused;
+    release_buffers(self); /* the arrays' memory may now be unmapped */
+    Py_RETURN_NONE;
+}
+
+static PyObject *Appender_append_checked(Appender *self, PyObject *batch) {
+    if (self->buffers_held == 0) Py_RETURN_NONE; /* closed */
+    return Appender_append(self, batch);
+}
+
+static PyObject *Appender_append_batches_checked(Appender *self, PyObject *batches) {
+    if (self->buffers_held == 0) Py_RETURN_NONE;
+    return Appender_append_batches(self, batches);
+}
+
+static PyMethodDef Appender_methods[] = {
+    {"append", (PyCFunction)Appender_append_checked, METH_O,
+     "append(batch) -> AppendResult, or None: the Python path must take this batch (nothing changed)."},
+    {"append_batches", (PyCFunction)Appender_append_batches_checked, METH_O,
+     "append_batches(list of bytes) -> list of AppendResult, or None (nothing changed)."},
+    {"close", (PyCFunction)Appender_close, METH_NOARGS, "Let go of the arrays; later calls return None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "oncelog._append.Appender",
+    .tp_basicsize = sizeof(Appender),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One log's compiled client append over its shared state arrays.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Appender_init,
+    .tp_dealloc = (destructor)Appender_dealloc,
+    .tp_methods = Appender_methods,
+};
+
+/* ---- module functions ---------------------------------------------------------------- */
+static PyObject *py_crc32c(PyObject *module, PyObject *data) {
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    uint32_t crc = crc32c_of((const uint8_t *)view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyObject *py_address(PyObject *module, PyObject *data) {
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_WRITABLE) < 0) return NULL;
+    void *buf = view.buf;
+    PyBuffer_Release(&view);
+    return PyLong_FromVoidPtr(buf);
+}
+
+static PyMethodDef module_methods[] = {
+    {"crc32c", py_crc32c, METH_O, "crc32c(data) -> the CRC-32C of the bytes (what batches carry)."},
+    {"address", py_address, METH_O,
+     "address(writable buffer) -> where its memory starts (valid while the buffer's memory is)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "oncelog._append",
+                                        "The compiled client append (see oncelog.fast_append).", -1,
+                                        module_methods, NULL, NULL, NULL, NULL};
+
+static int add_layout(PyObject *layout, const char *name, long value) {
+    PyObject *v = PyLong_FromLong(value);
+    if (v == NULL) return -1;
+    int rc = PyDict_SetItemString(layout, name, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+PyMODINIT_FUNC PyInit__append(void) {
+    init_crc();
+    if (PyType_Ready(&AppenderType) < 0) return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) return NULL;
+    PyObject *layout = PyDict_New();
+    if (layout == NULL) goto error;
+    struct { const char *name; long value; } fields[] = {
+        {"SEG_WRITE_ADDR", SEG_WRITE_ADDR}, {"SEG_MAPPED_BYTES", SEG_MAPPED_BYTES}, {"SEG_SIZE", SEG_SIZE},
+        {"SEG_NEXT_OFFSET", SEG_NEXT_OFFSET}, {"SEG_FIRST_BATCH_TS", SEG_FIRST_BATCH_TS},
+        {"SEG_MAX_TS", SEG_MAX_TS}, {"SEG_OFFSET_OF_MAX_TS", SEG_OFFSET_OF_MAX_TS},
+        {"SEG_BYTES_SINCE_INDEX", SEG_BYTES_SINCE_INDEX}, {"SEG_INDEX_INTERVAL", SEG_INDEX_INTERVAL},
+        {"SEG_LAST_OFFSET_LIMIT", SEG_LAST_OFFSET_LIMIT}, {"SEG_UNFLUSHED", SEG_UNFLUSHED},
+        {"SEG_BASE_OFFSET", SEG_BASE_OFFSET}, {"SEG_FIELDS", SEG_FIELDS},
+        {"IDX_ADDR", IDX_ADDR}, {"IDX_ENTRIES", IDX_ENTRIES}, {"IDX_CAPACITY", IDX_CAPACITY},
+        {"IDX_MAX_ENTRIES", IDX_MAX_ENTRIES}, {"IDX_FIELDS", IDX_FIELDS},
+        {"RING_HEAD", RING_HEAD}, {"RING_USED", RING_USED}, {"RING_HOLES", RING_HOLES},
+        {"RING_EXPIRATION_MS", RING_EXPIRATION_MS}, {"RING_FIELDS", RING_FIELDS},
+        {"MAP_COUNT", MAP_COUNT}, {"MAP_TOMBSTONES", MAP_TOMBSTONES}, {"MAP_FIELDS", MAP_FIELDS},
+        {"ROW_BYTES", ROW_BYTES}, {"R_PID", R_PID}, {"R_APPEND_MS", R_APPEND_MS},
+        {"R_TIMESTAMP_MS", R_TIMESTAMP_MS}, {"R_TXN_FIRST", R_TXN_FIRST},
+        {"R_COORDINATOR_EPOCH", R_COORDINATOR_EPOCH}, {"R_EPOCH", R_EPOCH}, {"R_COUNT", R_COUNT},
+        {"R_LIVE", R_LIVE}, {"R_LAST_SEQ", R_LAST_SEQ}, {"R_LAST_OFFSET", R_LAST_OFFSET}, {"R_DELTA", R_DELTA},
+        {"R_MAX_TS", R_MAX_TS}, {"WINDOW", WINDOW}, {"MAX_BATCHES", MAX_BATCHES},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (add_layout(layout, fields[i].name, fields[i].value) < 0) goto error;
+    if (PyModule_AddObject(module, "LAYOUT", layout) < 0) goto error;
+    layout = NULL;
+    if (PyModule_AddIntConstant(module, "HARDWARE_CRC", have_sse42) < 0) goto error;
+    Py_INCREF(&AppenderType);
+    if (PyModule_AddObject(module, "Appender", (PyObject *)&AppenderType) < 0) {
+        Py_DECREF(&AppenderType);
+        goto error;
+    }
+    return module;
+error:
+    Py_XDECREF(layout);
+    Py_DECREF(module);
+    return NULL;
+}

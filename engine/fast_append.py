@@ -1,0 +1,65 @@
+"""Which append path a log takes: the compiled one (oncelog._append) or the Python one.
+
+The compiled module does a client append in one C call (see engine/_append.c);
+the Python path is the reference and the fallback, and takes every case the
+compiled one leaves to it. `ONCELOG_PURE=1` forces the Python path; a build with
+no C compiler has only the Python path, and says so once, at import, as a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import warnings
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any, Protocol
+
+PURE_ENV = "ONCELOG_PURE"
+
+
+class Appender(Protocol):
+    """One log's compiled append: each call returns None when the Python path must take it."""
+
+    def append(self, batch: Any, /) -> Any: ...
+
+    def append_batches(self, batches: Any, /) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+def _load() -> ModuleType | None:
+    try:
+        module = importlib.import_module("oncelog._append")
+    except ImportError as exc:
+        if os.environ.get(PURE_ENV) != "1":
+            warnings.warn(
+                f"oncelog's compiled append (oncelog._append) is not built ({exc}); appends take the "
+                "Python path, several times slower. Install with a C compiler to build it, or set "
+                f"{PURE_ENV}=1 to choose the Python path and silence this.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return None
+    return module
+
+
+compiled: ModuleType | None = _load()
+_forced_pure = os.environ.get(PURE_ENV) == "1"
+
+
+def enabled() -> bool:
+    """Whether a log opened now takes the compiled path."""
+    return compiled is not None and not _forced_pure
+
+
+@contextlib.contextmanager
+def forced_pure(pure: bool = True) -> Iterator[None]:
+    """Logs opened inside the block take the Python path (when `pure`; else as outside it)."""
+    global _forced_pure
+    previous, _forced_pure = _forced_pure, _forced_pure or pure
+    try:
+        yield
+    finally:
+        _forced_pure = previous

@@ -1,0 +1,77 @@
+"""Cursors: the scalars of a segment and its indexes, kept in small int64 arrays.
+
+The compiled append (oncelog._append) reads and writes the same numbers as the
+Python path, in place, so the two may take turns on one segment. This module
+holds the layouts (the C side's LAYOUT is checked against them by a test) and the
+descriptor that shows an array slot as a plain attribute.
+
+A mapped file's address is stored while its writable mapping exists and zeroed
+before the mapping is closed: the compiled path writes through no other pointer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+# A segment's cursor.
+SEG_WRITE_ADDR = 0  # where the writable mapping of the .log starts; 0 while there is none
+SEG_MAPPED_BYTES = 1
+SEG_SIZE = 2
+SEG_NEXT_OFFSET = 3
+SEG_FIRST_BATCH_TS = 4  # NO_FIRST_TIMESTAMP until a batch is written
+SEG_MAX_TS = 5
+SEG_OFFSET_OF_MAX_TS = 6
+SEG_BYTES_SINCE_INDEX = 7
+SEG_INDEX_INTERVAL = 8
+SEG_LAST_OFFSET_LIMIT = 9
+SEG_UNFLUSHED = 10
+SEG_BASE_OFFSET = 11
+SEG_FIELDS = 12
+
+# An index's cursor.
+IDX_ADDR = 0  # where its writable mapping starts; 0 while it is unmapped or read-only
+IDX_ENTRIES = 1
+IDX_CAPACITY = 2  # entries the mapping holds (all reserved when writable)
+IDX_MAX_ENTRIES = 3
+IDX_FIELDS = 4
+
+# first_batch_timestamp_ms is None in Python; this in the array.
+NO_FIRST_TIMESTAMP = -(2**63)
+
+T = TypeVar("T")
+
+
+def new_cursor(fields: int) -> np.ndarray:
+    return np.zeros(fields, dtype=np.int64)
+
+
+def cursor_view(cursor: np.ndarray) -> memoryview:
+    """The cursor's slots as plain ints (indexing a memoryview is cheaper than numpy's)."""
+    view: memoryview = cursor.data
+    return view
+
+
+class CursorField(Generic[T]):
+    """An attribute stored in slot `index` of the owner's `_cursor_view` (a memoryview of int64)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __get__(self, owner: Any, owner_type: type | None = None) -> T:
+        value: T = owner._cursor_view[self.index]
+        return value
+
+    def __set__(self, owner: Any, value: T) -> None:
+        owner._cursor_view[self.index] = value
+
+
+def mapped_address(buffer: memoryview) -> int:
+    """Where a writable buffer's memory starts (valid while the buffer's memory is)."""
+    if len(buffer) == 0:
+        return 0
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
