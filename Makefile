@@ -9,12 +9,17 @@ STAMP := $(VENV)/.installed
 # check a tree of symlinks laid out as the installed package would be.
 TYPECHECK_TREE := build/typecheck
 
-.PHONY: demo test lint typecheck imports layout-tree java-check pytest bench torture serve-soak eos-soak clean
+.PHONY: demo test lint typecheck imports layout-tree java-check pytest pytest-pure bench torture serve-soak eos-soak clean
 
-$(STAMP): pyproject.toml
+# The install builds the compiled append (engine/_append.c -> oncelog._append) in place;
+# with no C compiler it goes on without it, and oncelog takes the Python path.
+$(STAMP): pyproject.toml engine/_append.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	@$(BIN)/python -c "import oncelog._append" 2>/dev/null \
+		&& echo "make: the compiled append is built (oncelog._append)" \
+		|| echo "make: no compiled append (no C compiler?): oncelog takes the Python path"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -51,7 +56,12 @@ java-check:
 pytest: $(STAMP) java-check
 	$(BIN)/python -m pytest
 
-test: lint typecheck imports pytest
+# The engine's and the codec's tests again on the Python append path (the reference and
+# the fallback); the suite above runs the compiled one, and compares the two step by step.
+pytest-pure: $(STAMP)
+	ONCELOG_PURE=1 $(BIN)/python -m pytest tests/engine tests/segments -q
+
+test: lint typecheck imports pytest pytest-pure
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench --benchmark-only --benchmark-columns=median,ops,rounds

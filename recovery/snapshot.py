@@ -80,6 +80,9 @@ _ROW_DTYPES = {ONCELOG_VERSION: PRODUCER_DTYPE, ONCELOG_V1_VERSION: ONCELOG_V1_R
 _LAYOUT = str(PRODUCER_DTYPE.descr)
 # A snapshot header is a few dozen bytes; anything larger is corruption.
 _MAX_HEADER_BYTES = 64 * 1024
+# Rows read, CRC'd and checked at a time by read_snapshot(into=): 1.25 MiB, within a
+# core's L2 cache (2 MiB on the CI machine; a smaller cache only costs a little).
+_READ_CHUNK_ROWS = 8192
 
 
 def snapshot_file_name(offset: int) -> str:
@@ -164,13 +167,18 @@ def _parse_oncelog_header(
     return count, _HEADER_LEN.size + header_bytes
 
 
+def _rows_valid(rows: np.ndarray) -> bool:
+    """Every row is a live producer with a sane window."""
+    return not len(rows) or bool(
+        np.all(rows["live"] == 1)
+        and np.all(rows["window_count"] <= WINDOW)
+        and np.all(rows["producer_id"] >= 0)
+    )
+
+
 def _check_rows(rows: np.ndarray, path: str) -> None:
     # Assert after reading: every row is a live producer with a sane window.
-    if len(rows) and (
-        not np.all(rows["live"] == 1)
-        or not np.all(rows["window_count"] <= WINDOW)
-        or not np.all(rows["producer_id"] >= 0)
-    ):
+    if not _rows_valid(rows):
         raise CorruptSnapshotError(f"{path}: rows fail their invariants")
 
 
@@ -279,7 +287,12 @@ def read_snapshot(
 def _read_rows_into(
     handle: FileHandle, head: memoryview, size: int, offset: int, path: str, into: np.ndarray
 ) -> np.ndarray | None:
-    """Read an oncelog snapshot's rows into `into`; None if they do not fit there."""
+    """Read an oncelog snapshot's rows into `into`; None if they do not fit there.
+
+    A chunk at a time, each CRC'd and checked while it is still in the CPU cache: 1M
+    rows (160 MB) pass through main memory once instead of once per step (measured
+    53 ms -> 29 ms for the read, CRC and checks of 1M rows).
+    """
     _, stored_crc = _PREFIX.unpack_from(head)
     count, rows_start = _parse_oncelog_header(head[_PREFIX.size :], offset, path)
     rows_start += _PREFIX.size
@@ -289,14 +302,24 @@ def _read_rows_into(
         return None  # the caller's table is too small; the plain path reports it
     rows = into[:count]
     rows_bytes = rows.data.cast("B")
-    read = handle.pread_into(rows_bytes, rows_start)
-    computed = crc32c.crc32c(rows_bytes, crc32c.crc32c(head[_PREFIX.size : rows_start]))
-    if read != len(rows_bytes) or computed != stored_crc:
+    computed = crc32c.crc32c(head[_PREFIX.size : rows_start])
+    valid = complete = True
+    for first in range(0, count, _READ_CHUNK_ROWS):
+        chunk = rows[first : first + _READ_CHUNK_ROWS]
+        chunk_bytes = rows_bytes[first * PRODUCER_DTYPE.itemsize :][: chunk.nbytes]
+        read = handle.pread_into(chunk_bytes, rows_start + first * PRODUCER_DTYPE.itemsize)
+        computed = crc32c.crc32c(chunk_bytes[:read], computed)
+        if read != len(chunk_bytes):
+            complete = False
+            break
+        valid = valid and _rows_valid(chunk)
+    if not complete or computed != stored_crc:
         rows[:] = np.zeros(1, PRODUCER_DTYPE)
         raise CorruptSnapshotError(
             f"{path}: CRC mismatch (stored {stored_crc:#010x}, computed {computed:#010x})"
         )
-    _check_rows(rows, path)
+    if not valid:
+        raise CorruptSnapshotError(f"{path}: rows fail their invariants")
     return rows
 
 

@@ -7,6 +7,8 @@ producers. Conventions (ratio, targets, medians) are those of oncelog.bench.harn
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import gc
 import os
@@ -340,25 +342,70 @@ def _full_scan(table: np.ndarray) -> int:
 
 
 def _resident_bytes() -> int:
+    """The process's resident set (anonymous, file and shared pages), in bytes."""
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def resident_bytes_per_producer(rows: np.ndarray) -> float:
-    """Resident memory a producer table holding `rows` adds to the process, per producer.
+def _mapping_resident_bytes(array: np.ndarray) -> int:
+    """Resident bytes of the mapping that holds `array` (its Rss in /proc/self/smaps)."""
+    address = array.__array_interface__["data"][0]
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):  # a mapping's header: start-end perms ...
+                start, end = (int(bound, 16) for bound in first.split("-"))
+                inside = start <= address < end
+            elif inside and first == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no mapping in /proc/self/smaps holds the address {address:#x}")
 
-    Measured as the growth of the process's resident set: the table, its due times
-    and pid map live in anonymous mappings (lazy_memory) that tracemalloc cannot see,
-    and the resident set also counts whatever the load's temporaries leave behind.
+
+def _release_free_heap() -> None:
+    """Collect garbage and hand glibc's free heap memory back to the kernel.
+
+    Around the measurement, so that neither garbage left by earlier steps (which a free
+    during the fill could trim, shrinking the resident set by memory that was never the
+    table's) nor the fill's freed temporaries (which glibc may keep) move the figure.
     """
     gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+def resident_bytes_per_producer(rows: np.ndarray) -> float:
+    """Resident memory a producer table filled with `rows` adds to the process, per producer.
+
+    Measured as the growth of the process's resident set across building a
+    ProducerStateManager and loading every row into it: the table, its due times and
+    pid map live in anonymous mappings (lazy_memory) that tracemalloc cannot see, and
+    that cost nothing until written. The manager is kept alive until after the
+    second reading. The figure cannot be lower than the row the table stores for
+    each producer (PRODUCER_DTYPE.itemsize): if it is, or if the table's mapping does
+    not hold every loaded row, pages were never touched and this raises.
+    """
+    count = len(rows)
+    if not count:
+        raise ValueError("no rows to measure")
+    row_bytes = PRODUCER_DTYPE.itemsize
+    _release_free_heap()
     before = _resident_bytes()
-    manager = ProducerStateManager(len(rows), EXPIRATION_MS)
+    manager = ProducerStateManager(count, EXPIRATION_MS)
     manager.load_rows(rows, NOW_MS)
+    _release_free_heap()
     after = _resident_bytes()
-    if len(manager) != len(rows):
-        raise AssertionError(f"loaded {len(manager)} producers, not {len(rows)}")
-    return (after - before) / len(rows)
+    table_bytes = _mapping_resident_bytes(manager.table)
+    if len(manager) != count or manager.get(int(rows["producer_id"][-1])) is None:
+        raise AssertionError(f"loaded {len(manager)} producers, not {count}")
+    per_producer = (after - before) / count
+    if table_bytes < count * row_bytes or per_producer < row_bytes:
+        raise AssertionError(
+            f"{per_producer:.4g} resident bytes per producer, {table_bytes / count:.4g} in the table's "
+            f"mapping: less than the {row_bytes}-byte row each producer is written to, so the "
+            "measurement missed pages the load wrote"
+        )
+    return per_producer
 
 
 def _write_and_fsync(path: str, data: memoryview) -> None:

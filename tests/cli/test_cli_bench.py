@@ -50,6 +50,8 @@ FIGURES = [
     "append 1 KiB batches, no fsync",
     "append 16 KiB batches, no fsync",
     "append 1 MiB batches, no fsync",
+    "append 170 B idempotent batches (1 producer), no fsync",
+    "append_batches of 10 x 170 B vs 10 single appends",
     "build a batch of 100 x 100 B records",
     "decode the records of that batch",
     "unclean recovery, 100 vs 10 sealed segments",
@@ -137,7 +139,10 @@ class TestSmokeRun:
 
     def test_the_brief_targets_are_the_ones_checked(self, smoke: SmokeRun) -> None:
         targets = {str(row["figure"]): str(row["target"]) for row in smoke.rows}
-        assert targets["append 170 B (1 record) batches, no fsync"] == "ratio ≥ 0.5 and ≥ 200,000 appends/s"
+        # Issue 19's targets: the compiled append against a plain os.write loop.
+        assert targets["append 170 B (1 record) batches, no fsync"] == "ratio ≥ 1"
+        assert targets["append 170 B idempotent batches (1 producer), no fsync"] == "ratio ≥ 0.7"
+        assert targets["append_batches of 10 x 170 B vs 10 single appends"] == "ratio ≤ 1"
         assert targets["append 16 KiB batches, no fsync"] == "ratio ≥ 1 and ≥ 1.5 GB/s"
         assert targets["build a batch of 100 x 100 B records"] == "ratio ≥ 2"
         assert targets["decode the records of that batch"] == "ratio ≥ 2"

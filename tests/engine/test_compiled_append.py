@@ -1,0 +1,380 @@
+"""The compiled append (oncelog._append) against the Python path it must equal (issue 19).
+
+A hypothesis state machine drives two logs with the same operations, one on each
+path: valid, duplicate, fenced, out-of-order, transactional, poison and oversize
+batches, requests of several batches, markers, rolls, clock jumps past the
+expiration, reopens. After every step the results, the raised errors, producer
+state, the segment and index cursors and (after each reopen) every file's bytes
+must be equal. The compiled path hands back to the Python one for what it does
+not take, so these also hold when it declines: the tests below show it does take
+the common cases.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any
+
+import crc32c
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from oncelog import Log, LogConfig, encode_batch, fast_append
+from oncelog.errors import OncelogError
+from oncelog.log import Log as LogClass
+from oncelog.pid_map import MAP_COUNT, MAP_FIELDS, MAP_TOMBSTONES
+from oncelog.producer_state import PRODUCER_DTYPE, RING_EXPIRATION_MS, RING_FIELDS, RING_HEAD, RING_HOLES, RING_USED
+from oncelog.segments import cursor
+from oncelog.segments.records import Record
+
+compiled = fast_append.compiled
+needs_compiled = pytest.mark.skipif(
+    compiled is None or not fast_append.enabled(), reason="the compiled append is not built, or ONCELOG_PURE=1"
+)
+T0 = 1_700_000_000_000
+EXPIRATION_MS = 60_000
+
+
+@needs_compiled
+def test_the_compiled_layout_is_the_python_layout() -> None:
+    assert compiled is not None
+    layout = compiled.LAYOUT
+    for name in [n for n in dir(cursor) if n.startswith(("SEG_", "IDX_"))]:
+        assert layout[name] == getattr(cursor, name), name
+    ring = {"RING_HEAD": RING_HEAD, "RING_USED": RING_USED, "RING_HOLES": RING_HOLES}
+    ring |= {"RING_EXPIRATION_MS": RING_EXPIRATION_MS, "RING_FIELDS": RING_FIELDS}
+    ring |= {"MAP_COUNT": MAP_COUNT, "MAP_TOMBSTONES": MAP_TOMBSTONES, "MAP_FIELDS": MAP_FIELDS}
+    for name, value in ring.items():
+        assert layout[name] == value, name
+    fields = PRODUCER_DTYPE.fields
+    assert fields is not None
+    rows = {
+        "R_PID": "producer_id",
+        "R_APPEND_MS": "last_append_ms",
+        "R_TIMESTAMP_MS": "last_timestamp_ms",
+        "R_TXN_FIRST": "txn_first_offset",
+        "R_COORDINATOR_EPOCH": "coordinator_epoch",
+        "R_EPOCH": "producer_epoch",
+        "R_COUNT": "window_count",
+        "R_LIVE": "live",
+        "R_LAST_SEQ": "last_sequence",
+        "R_LAST_OFFSET": "last_offset",
+        "R_DELTA": "offset_delta",
+        "R_MAX_TS": "max_timestamp_ms",
+    }
+    for name, field in rows.items():
+        assert layout[name] == fields[field][1], name
+    assert layout["ROW_BYTES"] == PRODUCER_DTYPE.itemsize
+
+
+@needs_compiled
+@given(st.binary(max_size=40_000), st.integers(0, 16))
+@settings(max_examples=200, deadline=None)
+def test_crc32c_matches_the_crc32c_package_at_every_length_and_alignment(data: bytes, skew: int) -> None:
+    assert compiled is not None
+    view = memoryview(data)[min(skew, len(data)) :]
+    assert compiled.crc32c(view) == crc32c.crc32c(view)
+
+
+@needs_compiled
+@pytest.mark.parametrize("length", [0, 1, 7, 8, 767, 768, 769, 12_287, 12_288, 12_289, 3 * 4096 * 5 + 3])
+def test_crc32c_is_right_on_each_side_of_the_three_stream_blocks(length: int) -> None:
+    assert compiled is not None
+    data = np.random.default_rng(length).integers(0, 256, length, dtype=np.uint8).tobytes()
+    assert compiled.crc32c(data) == crc32c.crc32c(data)
+
+
+def _batch(pid: int, seq: int, records: int = 1, *, epoch: int = 0, txn: bool = False, value: int = 40) -> bytes:
+    # Timestamps that go up and down within the batch: maxTimestamp is not the last record's.
+    return encode_batch(
+        [Record(n, T0 + (n * 7919) % 5 * 1000, b"k%d" % n, b"v" * value) for n in range(records)],
+        producer_id=pid,
+        producer_epoch=epoch if pid >= 0 else -1,
+        base_sequence=seq if pid >= 0 else -1,
+        is_transactional=txn,
+        timestamp_ms=T0,
+    )
+
+
+@needs_compiled
+def test_plain_idempotent_and_request_appends_take_the_compiled_path(tmp_path: Any) -> None:
+    def python_path(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the Python path took an append the compiled one should")
+
+    log = Log.open(tmp_path / "log", LogConfig(index_interval_bytes=100), clock=lambda: T0)
+    log.append(_batch(-1, 0))  # the first maps the segment (the Python path's)
+    original = LogClass._append_one, LogClass._plan
+    LogClass._append_one, LogClass._plan = python_path, python_path  # type: ignore[assignment]
+    try:
+        assert log.append(_batch(-1, 0)).first_offset == 1
+        assert log.append(_batch(7, 0, 3)) == (2, 4, -1, False)
+        assert log.append(_batch(7, 0, 3)) == (2, 4, -1, True)  # its retry
+        results = log.append_batches([_batch(7, 3), _batch(8, 0, 2), _batch(7, 3), _batch(-1, 0)])
+        assert results == [(5, 5, -1, False), (6, 7, -1, False), (5, 5, -1, True), (8, 8, -1, False)]
+    finally:
+        LogClass._append_one, LogClass._plan = original  # type: ignore[method-assign]
+    state = log.producer_state(7)
+    assert state is not None and state.last_sequence == 3 and state.last_offset == 5
+    assert log.active_segment.offset_index.entries > 0  # index entries written by the compiled path
+    log.close()
+
+
+def _subprocess(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-W", "always::RuntimeWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=True,
+    )
+
+
+def test_oncelog_pure_forces_the_python_path_without_a_warning() -> None:
+    run = _subprocess("from oncelog import fast_append; print(fast_append.enabled())", ONCELOG_PURE="1")
+    assert run.stdout.strip() == "False" and "RuntimeWarning" not in run.stderr
+
+
+def test_without_the_built_module_oncelog_warns_once_and_appends_on_the_python_path(tmp_path: Any) -> None:
+    code = (
+        "import sys; sys.modules['oncelog._append'] = None\n"  # as if no compiler had built it
+        "import oncelog, oncelog.fast_append as f, oncelog.log\n"
+        f"log = oncelog.Log.open({str(tmp_path / 'log')!r})\n"
+        "print(f.enabled(), log.append(oncelog.encode_batch([(b'k', b'v')], timestamp_ms=1)).first_offset)\n"
+        "log.close()\n"
+    )
+    run = _subprocess(code, ONCELOG_PURE="0")
+    assert run.stdout.strip() == "False 0"
+    assert run.stderr.count("RuntimeWarning") == 1 and "not built" in run.stderr
+
+
+@needs_compiled
+def test_threads_appending_while_others_roll_flush_and_truncate_lose_and_repeat_nothing(tmp_path: Any) -> None:
+    config = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=512)
+    log = Log.open(tmp_path / "log", config)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    acked: dict[int, list[tuple[int, int]]] = {}
+
+    def producer(pid: int) -> None:
+        seq, mine = 0, acked.setdefault(pid, [])
+        try:
+            while not stop.is_set() and seq < 3000:
+                result = log.append(_batch(pid, seq, 2))
+                if not result.duplicate:
+                    mine.append((result.first_offset, seq))
+                seq += 2
+        except BaseException as exc:
+            errors.append(exc)
+
+    def operator() -> None:
+        try:
+            for n in range(60):
+                log.flush() if n % 2 else log.roll()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=producer, args=(pid,)) for pid in (1, 2, 3)]
+    threads.append(threading.Thread(target=operator))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stop.set()
+    assert errors == []
+    offsets = sorted(first for pairs in acked.values() for first, _ in pairs)
+    assert len(offsets) == len(set(offsets)) == 4500 and offsets[-1] == log.log_end_offset - 2
+    for pid, pairs in acked.items():
+        fetched = {}
+        for first, seq in pairs[-5:]:
+            batch = log.read(first, 1).batches[0]
+            fetched[first] = (batch.producer_id, batch.base_sequence)
+            assert fetched[first] == (pid, seq)
+        retry = log.append(_batch(pid, pairs[-1][1], 2))  # the newest, retried: a duplicate
+        assert retry.duplicate and retry.first_offset == pairs[-1][0]
+    log.close()
+
+
+# -- the differential state machine ----------------------------------------------------
+
+POISONS = ("crc", "body", "headers", "oversize", "control", "count")
+CONFIG = LogConfig(
+    segment_bytes=6000,
+    index_interval_bytes=200,
+    segment_index_bytes=96,  # room for 12 offset entries: indexes fill and force rolls
+    max_batch_bytes=1500,
+    producer_capacity=4,
+    producer_expiration_ms=EXPIRATION_MS,
+)
+
+
+def _poison(data: bytes, how: str) -> bytes:
+    out = bytearray(data)
+    if how == "crc":
+        out[-1] ^= 0x40
+        return bytes(out)
+    if how == "oversize":
+        return encode_batch([(b"k", b"x" * 1600)], timestamp_ms=T0)
+    if how == "headers":
+        return encode_batch([(b"k", b"v", [("h", b"1")])], timestamp_ms=T0)  # valid: the Python walk's
+    if how == "body":
+        out[62] ^= 0x7F  # the first record's attributes/timestamp, CRC made right below
+    elif how == "control":
+        out[22] |= 0x20
+    elif how == "count":
+        out[57:61] = (5).to_bytes(4, "big")
+    out[17:21] = crc32c.crc32c(bytes(out[21:])).to_bytes(4, "big")
+    return bytes(out)
+
+
+def _outcome(call: Any) -> tuple[str, object]:
+    try:
+        return "ok", call()
+    except OncelogError as exc:
+        return type(exc).__name__, str(exc).replace("/pure", "/LOG").replace("/compiled", "/LOG")
+
+
+class PurePathAndCompiledPathAgree(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = tempfile.mkdtemp(prefix="oncelog-diff-")
+        self.now_ms = T0
+        self.next_seq: dict[int, int] = {}
+        self.epoch: dict[int, int] = {}
+        self.open_txn: set[int] = set()
+        self.sent: list[bytes] = []
+        self.logs: list[Log] = []
+
+    def _open(self) -> None:
+        def clock() -> int:
+            return self.now_ms
+
+        with fast_append.forced_pure():
+            pure = Log.open(os.path.join(self.root, "pure"), CONFIG, clock=clock)
+        self.logs = [pure, Log.open(os.path.join(self.root, "compiled"), CONFIG, clock=clock)]
+
+    @initialize()
+    def start(self) -> None:
+        self._open()
+
+    def _both(self, call: Any) -> None:
+        pure, compiled_ = (_outcome(lambda log=log: call(log)) for log in self.logs)  # type: ignore[misc]
+        assert pure == compiled_
+
+    def _data_batch(self, pid: int, records: int, seq_shift: int, txn: bool) -> bytes:
+        seq = max(self.next_seq.get(pid, 0) + seq_shift, 0)
+        batch = _batch(pid, seq, records, epoch=self.epoch.get(pid, 0), txn=txn)
+        if pid >= 0 and seq_shift == 0:
+            self.next_seq[pid] = (seq + records) % 2**31
+        self.sent.append(batch)
+        return batch
+
+    @rule(
+        pid=st.sampled_from([-1, 0, 1, 2, 3, 4, 5]),
+        records=st.integers(1, 4),
+        seq_shift=st.sampled_from([0, 0, 0, 0, -1, 1, -6]),
+        txn=st.booleans(),
+        many=st.integers(0, 3),
+    )
+    def append(self, pid: int, records: int, seq_shift: int, txn: bool, many: int) -> None:
+        txn = txn and pid in (4, 5)
+        if txn:
+            self.open_txn.add(pid)
+        batch = self._data_batch(pid, records, seq_shift, txn)
+        if many:
+            extra = [self._data_batch(pid if n % 2 else 1, 1, 0, False) for n in range(many)]
+            self._both(lambda log: log.append_batches([batch, *extra]))
+        else:
+            self._both(lambda log: log.append(batch))
+
+    @precondition(lambda self: bool(self.sent))
+    @rule(back=st.integers(1, 8))
+    def retry(self, back: int) -> None:
+        batch = self.sent[-min(back, len(self.sent))]
+        self._both(lambda log: log.append(batch))
+
+    @rule(pid=st.sampled_from([0, 1, 4]), seq=st.sampled_from([0, 0, 3]))
+    def bump_epoch(self, pid: int, seq: int) -> None:
+        # A newer epoch must start at sequence 0 (3: refused as out of order).
+        self.epoch[pid] = self.epoch.get(pid, 0) + 1
+        batch = _batch(pid, seq, epoch=self.epoch[pid])
+        self.next_seq[pid] = 1
+        self._both(lambda log: log.append(batch))
+
+    @precondition(lambda self: any(self.epoch.values()))
+    @rule(data=st.data())
+    def zombie(self, data: st.DataObject) -> None:
+        pid = data.draw(st.sampled_from(sorted(p for p, e in self.epoch.items() if e)))
+        fenced = _batch(pid, self.next_seq.get(pid, 0), epoch=self.epoch[pid] - 1)
+        self._both(lambda log: log.append(fenced))
+
+    @rule(how=st.sampled_from(POISONS), pid=st.sampled_from([-1, 1]))
+    def poison(self, how: str, pid: int) -> None:
+        batch = _poison(_batch(pid, self.next_seq.get(pid, 0)), how)
+        self._both(lambda log: log.append(batch))
+        self._both(lambda log: log.append_batches([_batch(-1, 0), batch]))
+
+    @precondition(lambda self: bool(self.open_txn))
+    @rule(commit=st.booleans(), data=st.data())
+    def marker(self, commit: bool, data: st.DataObject) -> None:
+        pid = data.draw(st.sampled_from(sorted(self.open_txn)))
+        self.open_txn.discard(pid)
+        epoch = self.epoch.get(pid, 0)
+        self._both(lambda log: log.write_txn_marker(pid, epoch, commit=commit, coordinator_epoch=0))
+
+    @rule(ms=st.sampled_from([1, 1000, EXPIRATION_MS // 2, EXPIRATION_MS + 1]))
+    def clock_moves(self, ms: int) -> None:
+        self.now_ms += ms
+
+    @rule()
+    def roll(self) -> None:
+        self._both(lambda log: log.roll().base_offset)
+
+    @rule()
+    def reopen(self) -> None:
+        for log in self.logs:
+            log.close()
+        self._same_files()
+        self._open()
+
+    def _same_files(self) -> None:
+        pure_dir, compiled_dir = (os.path.join(self.root, name) for name in ("pure", "compiled"))
+        names = sorted(n for n in os.listdir(pure_dir) if not n.startswith((".lock", "meta")))
+        assert names == sorted(n for n in os.listdir(compiled_dir) if not n.startswith((".lock", "meta")))
+        for name in names:
+            with open(os.path.join(pure_dir, name), "rb") as a, open(os.path.join(compiled_dir, name), "rb") as b:
+                assert a.read() == b.read(), name
+
+    @invariant()
+    def same_state(self) -> None:
+        if not self.logs:
+            return
+        pure, compiled_ = self.logs
+        assert list(pure.producers()) == list(compiled_.producers())
+        assert pure.last_stable_offset == compiled_.last_stable_offset
+        assert pure.log_end_offset == compiled_.log_end_offset
+        a, b = pure.active_segment, compiled_.active_segment
+        skip = {cursor.SEG_WRITE_ADDR, cursor.SEG_MAPPED_BYTES}
+        keep = [n for n in range(cursor.SEG_FIELDS) if n not in skip]
+        assert a.cursor[keep].tolist() == b.cursor[keep].tolist()
+        for x, y in ((a.offset_index, b.offset_index), (a.time_index, b.time_index)):
+            assert x.entries == y.entries
+            assert [x._entry(n) for n in range(x.entries)] == [y._entry(n) for n in range(y.entries)]
+
+    def teardown(self) -> None:
+        for log in self.logs:
+            log.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+TestPurePathAndCompiledPathAgree = needs_compiled(PurePathAndCompiledPathAgree.TestCase)
+TestPurePathAndCompiledPathAgree.settings = settings(
+    max_examples=120, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
