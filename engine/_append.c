@@ -34,11 +34,10 @@
 /* ---- layouts (the Python side owns them; LAYOUT exports these for a test) ---- */
 enum { SEG_WRITE_ADDR, SEG_MAPPED_BYTES, SEG_SIZE, SEG_NEXT_OFFSET, SEG_FIRST_BATCH_TS, SEG_MAX_TS,
        SEG_OFFSET_OF_MAX_TS, SEG_BYTES_SINCE_INDEX, SEG_INDEX_INTERVAL, SEG_LAST_OFFSET_LIMIT,
-       SEG_UNFLUSHED, SEG_BASE_OFFSET, SEG_FIELDS };
+       SEG_UNFLUSHED, SEG_BASE_OFFSET, SEG_HAS_FIRST_TS, SEG_FIELDS };
 enum { IDX_ADDR, IDX_ENTRIES, IDX_CAPACITY, IDX_MAX_ENTRIES, IDX_FIELDS };
 enum { RING_HEAD, RING_USED, RING_HOLES, RING_EXPIRATION_MS, RING_FIELDS };
 enum { MAP_COUNT, MAP_TOMBSTONES, MAP_FIELDS };
-#define NO_FIRST_TIMESTAMP INT64_MIN
 
 /* The producer row (oncelog.producer_state.PRODUCER_DTYPE), byte offsets. */
 #define WINDOW 5
@@ -349,6 +348,7 @@ typedef struct {
     Py_buffer table, due, ring, keys, values, bucket_of, map_state, seg, offset_index, time_index;
     int64_t capacity, buckets, max_batch_bytes, segment_bytes, segment_ms;
     int buffers_held; /* how many of the Py_buffers above are held, in declaration order */
+    int closed;       /* set by close(); the buffers are let go of only when the Appender is freed */
 } Appender;
 
 #define I64(buffer) ((int64_t *)(buffer).buf)
@@ -457,12 +457,12 @@ static void apply_producer(Producer *p, const Batch *b, int64_t now_ms) {
 }
 
 /* Kafka's roll rules (oncelog.log.roll_needed). */
-static int roll_needed(int64_t segment_bytes, int64_t first_ts, int64_t incoming, int64_t max_ts, int64_t last,
-                       int64_t last_offset_limit, int64_t max_segment_bytes, int64_t segment_ms) {
+static int roll_needed(int64_t segment_bytes, int has_first_ts, int64_t first_ts, int64_t incoming, int64_t max_ts,
+                       int64_t last, int64_t last_offset_limit, int64_t max_segment_bytes, int64_t segment_ms) {
     if (last > last_offset_limit) return 1;
     if (segment_bytes == 0) return 0;
     if (segment_bytes + incoming > max_segment_bytes) return 1;
-    if (first_ts == NO_FIRST_TIMESTAMP) return 0;
+    if (!has_first_ts) return 0;
     return (__int128)max_ts - first_ts > segment_ms;
 }
 
@@ -487,7 +487,12 @@ static Entry last_entry(const int64_t *cursor, int time_index) {
 /* The whole request, or None (nothing changed) for the Python path to take. */
 static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, int single) {
     PyObject *result = NULL;
-    if (PyObject_CallNoArgs(self->acquire) == NULL) return NULL;
+    /* The checks first, as the Python path validates before it takes the lock or the time. */
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!check_batch(&batches[i], self->max_batch_bytes)) Py_RETURN_NONE;
+    PyObject *locked = PyObject_CallNoArgs(self->acquire);
+    if (locked == NULL) return NULL;
+    Py_DECREF(locked);
     Producer producers[MAX_BATCHES];
     int producer_count = 0, new_count = 0;
     int64_t now_ms = 0;
@@ -506,9 +511,9 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
             goto fallback;
         }
     }
-    /* Below, no Python code runs until the request is written: the cursors are read now. */
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!check_batch(&batches[i], self->max_batch_bytes)) goto fallback;
+    /* Closed (rebound, failed, closed) while this waited for the lock or the clock: the
+     * Python path decides. Below, no Python code runs until the request is written. */
+    if (self->closed) goto fallback;
     int64_t *seg = I64(self->seg), *ring = I64(self->ring), *map = I64(self->map_state);
     int64_t *oidx = I64(self->offset_index), *tidx = I64(self->time_index);
     const uint32_t *due = (const uint32_t *)self->due.buf;
@@ -520,6 +525,7 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
     /* Plan: offsets and producer rules, with no state changed (Log._plan). */
     int64_t next = seg[SEG_NEXT_OFFSET];
     int64_t running_bytes = seg[SEG_SIZE], first_ts = seg[SEG_FIRST_BATCH_TS], write_bytes = 0;
+    int has_first_ts = seg[SEG_HAS_FIRST_TS] != 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Batch *b = &batches[i];
         b->duplicate = 0;
@@ -554,12 +560,15 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
         }
         b->base = next;
         if (__builtin_add_overflow(next, (int64_t)b->last_delta, &b->last) || b->last > MAX_OFFSET) goto fallback;
-        if (roll_needed(running_bytes, first_ts, b->size, b->max_ts, b->last, seg[SEG_LAST_OFFSET_LIMIT],
+        if (roll_needed(running_bytes, has_first_ts, first_ts, b->size, b->max_ts, b->last, seg[SEG_LAST_OFFSET_LIMIT],
                         self->segment_bytes, self->segment_ms))
             goto fallback;
         running_bytes += b->size;
         write_bytes += b->size;
-        if (first_ts == NO_FIRST_TIMESTAMP) first_ts = b->max_ts;
+        if (!has_first_ts) {
+            first_ts = b->max_ts;
+            has_first_ts = 1;
+        }
         if (p != NULL) {
             int is_new = p->slot < 0 && le64(p->row + R_PID) != p->pid;
             if (is_new) {
@@ -654,6 +663,7 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
     }
     if (write_bytes) {
         seg[SEG_FIRST_BATCH_TS] = first_ts;
+        seg[SEG_HAS_FIRST_TS] = 1;
         seg[SEG_MAX_TS] = max_ts;
         seg[SEG_OFFSET_OF_MAX_TS] = max_ts_offset;
         seg[SEG_BYTES_SINCE_INDEX] = since;
@@ -856,17 +866,19 @@ static void Appender_dealloc(Appender *self) {
 
 static PyObject *Appender_close(Appender *self, PyObject *unused) {
     (void)unused;
-    release_buffers(self); /* the arrays' memory may now be unmapped */
+    /* Only a flag: a call waiting for the lock still holds this object, and finds it
+     * closed once it has the lock. The arrays are let go of when the object is freed. */
+    self->closed = 1;
     Py_RETURN_NONE;
 }
 
 static PyObject *Appender_append_checked(Appender *self, PyObject *batch) {
-    if (self->buffers_held == 0) Py_RETURN_NONE; /* closed */
+    if (self->closed) Py_RETURN_NONE;
     return Appender_append(self, batch);
 }
 
 static PyObject *Appender_append_batches_checked(Appender *self, PyObject *batches) {
-    if (self->buffers_held == 0) Py_RETURN_NONE;
+    if (self->closed) Py_RETURN_NONE;
     return Appender_append_batches(self, batches);
 }
 
@@ -875,7 +887,7 @@ static PyMethodDef Appender_methods[] = {
      "append(batch) -> AppendResult, or None: the Python path must take this batch (nothing changed)."},
     {"append_batches", (PyCFunction)Appender_append_batches_checked, METH_O,
      "append_batches(list of bytes) -> list of AppendResult, or None (nothing changed)."},
-    {"close", (PyCFunction)Appender_close, METH_NOARGS, "Let go of the arrays; later calls return None."},
+    {"close", (PyCFunction)Appender_close, METH_NOARGS, "Later calls (and any waiting) return None."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -941,7 +953,7 @@ PyMODINIT_FUNC PyInit__append(void) {
         {"SEG_MAX_TS", SEG_MAX_TS}, {"SEG_OFFSET_OF_MAX_TS", SEG_OFFSET_OF_MAX_TS},
         {"SEG_BYTES_SINCE_INDEX", SEG_BYTES_SINCE_INDEX}, {"SEG_INDEX_INTERVAL", SEG_INDEX_INTERVAL},
         {"SEG_LAST_OFFSET_LIMIT", SEG_LAST_OFFSET_LIMIT}, {"SEG_UNFLUSHED", SEG_UNFLUSHED},
-        {"SEG_BASE_OFFSET", SEG_BASE_OFFSET}, {"SEG_FIELDS", SEG_FIELDS},
+        {"SEG_BASE_OFFSET", SEG_BASE_OFFSET}, {"SEG_HAS_FIRST_TS", SEG_HAS_FIRST_TS}, {"SEG_FIELDS", SEG_FIELDS},
         {"IDX_ADDR", IDX_ADDR}, {"IDX_ENTRIES", IDX_ENTRIES}, {"IDX_CAPACITY", IDX_CAPACITY},
         {"IDX_MAX_ENTRIES", IDX_MAX_ENTRIES}, {"IDX_FIELDS", IDX_FIELDS},
         {"RING_HEAD", RING_HEAD}, {"RING_USED", RING_USED}, {"RING_HOLES", RING_HOLES},

@@ -152,7 +152,7 @@ class Log:
     def _drop_fast(self) -> None:
         fast, self._fast = self._fast, None
         if fast is not None:
-            fast.close()  # under the log's lock: a call waiting for it then finds it closed
+            fast.close()  # a flag: a call waiting for the lock finds it closed and goes to the Python path
 
     def _refresh_fast(self) -> None:
         """Bind the compiled append to the current active segment and producer table.
@@ -374,7 +374,7 @@ class Log:
                 result: AppendResult | None = fast.append(batch_bytes)
                 if result is not None:
                     if self._has_flush_policy:
-                        self._count_for_flush(result, batch_bytes)
+                        self._count_for_flush([result], [batch_bytes])
                     return result
             return self._append_one(batch_bytes)
         # Noted before the append: a truncation from here on may have cut this batch, and
@@ -524,8 +524,7 @@ class Log:
             results: list[AppendResult] | None = fast.append_batches(batches)
             if results is not None:
                 if self._has_flush_policy:
-                    for result, batch in zip(results, batches, strict=True):
-                        self._count_for_flush(result, batch)
+                    self._count_for_flush(results, batches)
                 return results
         views = [
             validate_batch(buffer, origin, self._max_batch_bytes, self._max_decompressed_bytes)
@@ -883,11 +882,16 @@ class Log:
             self._failure = exc
             raise LogFailedError(f"commit to {self._store.path} failed: {exc}") from exc
 
-    def _count_for_flush(self, result: AppendResult, batch: Buffer) -> None:
-        """The flush policy after a compiled append: as the Python path counts its records."""
-        if not result.duplicate:
-            with self._lock:
-                self._maybe_flush(fmt.INT32.unpack_from(batch, fmt.RECORDS_COUNT_OFFSET)[0])
+    def _count_for_flush(self, results: Sequence[AppendResult], batches: Sequence[Buffer]) -> None:
+        """The flush policy after a compiled request: its new records, counted once, as the
+        Python path counts them."""
+        records = sum(
+            fmt.INT32.unpack_from(batch, fmt.RECORDS_COUNT_OFFSET)[0]
+            for result, batch in zip(results, batches, strict=True)
+            if not result.duplicate
+        )
+        with self._lock:
+            self._maybe_flush(records)
 
     def _maybe_flush(self, appended_messages: int) -> None:
         self._unflushed_messages += appended_messages

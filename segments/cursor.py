@@ -21,7 +21,7 @@ SEG_WRITE_ADDR = 0  # where the writable mapping of the .log starts; 0 while the
 SEG_MAPPED_BYTES = 1
 SEG_SIZE = 2
 SEG_NEXT_OFFSET = 3
-SEG_FIRST_BATCH_TS = 4  # NO_FIRST_TIMESTAMP until a batch is written
+SEG_FIRST_BATCH_TS = 4  # meaningful once SEG_HAS_FIRST_TS is 1
 SEG_MAX_TS = 5
 SEG_OFFSET_OF_MAX_TS = 6
 SEG_BYTES_SINCE_INDEX = 7
@@ -29,7 +29,8 @@ SEG_INDEX_INTERVAL = 8
 SEG_LAST_OFFSET_LIMIT = 9
 SEG_UNFLUSHED = 10
 SEG_BASE_OFFSET = 11
-SEG_FIELDS = 12
+SEG_HAS_FIRST_TS = 12  # 0 until a batch is written (every int64 is a timestamp a client may send)
+SEG_FIELDS = 13
 
 # An index's cursor.
 IDX_ADDR = 0  # where its writable mapping starts; 0 while it is unmapped or read-only
@@ -37,9 +38,6 @@ IDX_ENTRIES = 1
 IDX_CAPACITY = 2  # entries the mapping holds (all reserved when writable)
 IDX_MAX_ENTRIES = 3
 IDX_FIELDS = 4
-
-# first_batch_timestamp_ms is None in Python; this in the array.
-NO_FIRST_TIMESTAMP = -(2**63)
 
 T = TypeVar("T")
 

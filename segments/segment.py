@@ -33,10 +33,11 @@ TIME_INDEX_SUFFIX = ".timeindex"
 # Whole-segment scans (recovery, rebuilds) read in chunks of this size, so memory
 # stays bounded whatever the segment size.
 SCAN_CHUNK_BYTES = 8 * 1024 * 1024
-# Writes of at least this many bytes go to pwritev: on ext4 a write() fills fresh
-# page cache faster than page faults on a mapping do (measured: 1.4 vs 0.8 GB/s at
-# 16 KiB), and the syscall's cost is small next to the copy. Smaller ones are
-# copied into the mapping, with no syscall at all.
+# On the Python path, writes of at least this many bytes go to pwritev: on one ext4
+# machine a write() filled fresh page cache faster than page faults on a mapping
+# (1.4 vs 0.8 GB/s at 16 KiB); smaller ones are copied into the mapping, with no
+# syscall at all. The compiled path copies every size into the mapping, whose busy
+# growth steps are faulted in at once (PREFAULT_MIN_BYTES): 2.0 GB/s at 16 KiB here.
 WRITE_SYSCALL_MIN_BYTES = 8 * 1024
 # The active segment is written through a shared mapping of reserved space (see
 # reservation), grown by at least this much at a time (and by at most MAX_GROW_BYTES,
@@ -228,12 +229,14 @@ class LogSegment:
 
     @property
     def first_batch_timestamp_ms(self) -> int | None:
-        value: int = self._cursor_view[cur.SEG_FIRST_BATCH_TS]
-        return None if value == cur.NO_FIRST_TIMESTAMP else value
+        view = self._cursor_view
+        value: int = view[cur.SEG_FIRST_BATCH_TS]
+        return value if view[cur.SEG_HAS_FIRST_TS] else None
 
     @first_batch_timestamp_ms.setter
     def first_batch_timestamp_ms(self, value: int | None) -> None:
-        self._cursor_view[cur.SEG_FIRST_BATCH_TS] = cur.NO_FIRST_TIMESTAMP if value is None else value
+        self._cursor_view[cur.SEG_HAS_FIRST_TS] = value is not None
+        self._cursor_view[cur.SEG_FIRST_BATCH_TS] = 0 if value is None else value
 
     @property
     def unflushed(self) -> bool:

@@ -13,18 +13,24 @@ Only the opens are timed; the setup is built to cost little and to leave the tim
 region as after a reboot:
 
 - Every root is built before any is opened, and none is deleted before the step ends.
-  On ext4 without a journal, creating a file probes every inode of its block group
-  deleted in the last minute or so and skips it (ext4's recently_deleted()), so
-  deleting a root of 1,000 partitions (13,000 inodes) and copying the image in again
-  cost 10 s of system time per copy instead of 1 s, and made the timed opens' own
-  file creations (snapshots, markers) slow too: the step took 120-150 s.
-- A root's partitions are cloned from the image in memory: directories, the files the
-  engine writes copied with one write each, and the files it only reads (sealed
-  segments and snapshots, which the engine replaces by rename, never in place)
-  hard-linked, as the recovery figures link theirs. The step checks at its end that
-  none of the linked files was written.
+  On ext4 without a journal (the CI machine's disk), creating a file probes, from the
+  start of its block group, every free inode deleted in the last minute (six while
+  its inode table block is dirty) and skips it (fs/ext4/ialloc.c, recently_deleted).
+  Deleting a root of 1,000 partitions (13,000 inodes) and copying the image in again,
+  as this step did for every unclean open, cost 5-10 s of system time per copy instead
+  of about 1 s, more with each round, and slowed the file creations inside the timed
+  opens and the closes as well: the step took 120-150 s.
+- A root's partitions are cloned from an image held in memory: its directories, the
+  files the engine writes (copied, one write each) and the files it only reads (sealed
+  segments and snapshots, which the engine replaces by rename, never in place:
+  hard-linked, as the recovery figures link theirs). The step checks at its end that
+  no linked file was written. The clean root is cloned from a clean image (the unclean
+  one recovered and closed once) behind a root store a LogManager created first, which
+  is what a LogManager's own open and close of 1,000 partitions left, at a fraction of
+  the cost.
 - `os.sync()` before each timed open: what setup and the previous close wrote is on
-  disk before the clock starts.
+  disk before the clock starts. Closing is not timed; the sequential reference's logs
+  are closed in parallel, as a LogManager closes its own.
 
 Conventions (ratio, medians) are those of oncelog.bench.harness.
 """
@@ -105,6 +111,9 @@ def partition_open_figures(
     for paths in roots.values():
         for root in paths:
             shutil.rmtree(root, ignore_errors=True)
+    # Written back, the deleted inodes slow the next step's file creations for a minute
+    # (see the module docstring), not for up to six.
+    os.sync()
 
 
 def unclean_image(image: str) -> None:

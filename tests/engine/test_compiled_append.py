@@ -31,13 +31,21 @@ from oncelog import Log, LogConfig, encode_batch, fast_append
 from oncelog.errors import OncelogError
 from oncelog.log import Log as LogClass
 from oncelog.pid_map import MAP_COUNT, MAP_FIELDS, MAP_TOMBSTONES
-from oncelog.producer_state import PRODUCER_DTYPE, RING_EXPIRATION_MS, RING_FIELDS, RING_HEAD, RING_HOLES, RING_USED
+from oncelog.producer_state import (
+    PRODUCER_DTYPE,
+    RING_EXPIRATION_MS,
+    RING_FIELDS,
+    RING_HEAD,
+    RING_HOLES,
+    RING_USED,
+)
 from oncelog.segments import cursor
 from oncelog.segments.records import Record
 
 compiled = fast_append.compiled
 needs_compiled = pytest.mark.skipif(
-    compiled is None or not fast_append.enabled(), reason="the compiled append is not built, or ONCELOG_PURE=1"
+    compiled is None or not fast_append.enabled(),
+    reason="the compiled append is not built, or ONCELOG_PURE=1",
 )
 T0 = 1_700_000_000_000
 EXPIRATION_MS = 60_000
@@ -92,7 +100,9 @@ def test_crc32c_is_right_on_each_side_of_the_three_stream_blocks(length: int) ->
     assert compiled.crc32c(data) == crc32c.crc32c(data)
 
 
-def _batch(pid: int, seq: int, records: int = 1, *, epoch: int = 0, txn: bool = False, value: int = 40) -> bytes:
+def _batch(
+    pid: int, seq: int, records: int = 1, *, epoch: int = 0, txn: bool = False, value: int = 40
+) -> bytes:
     # Timestamps that go up and down within the batch: maxTimestamp is not the last record's.
     return encode_batch(
         [Record(n, T0 + (n * 7919) % 5 * 1000, b"k%d" % n, b"v" * value) for n in range(records)],
@@ -156,7 +166,9 @@ def test_without_the_built_module_oncelog_warns_once_and_appends_on_the_python_p
 
 
 @needs_compiled
-def test_threads_appending_while_others_roll_flush_and_truncate_lose_and_repeat_nothing(tmp_path: Any) -> None:
+def test_threads_appending_while_others_roll_flush_and_truncate_lose_and_repeat_nothing(
+    tmp_path: Any,
+) -> None:
     config = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=512)
     log = Log.open(tmp_path / "log", config)
     stop = threading.Event()
@@ -349,7 +361,10 @@ class PurePathAndCompiledPathAgree(RuleBasedStateMachine):
         names = sorted(n for n in os.listdir(pure_dir) if not n.startswith((".lock", "meta")))
         assert names == sorted(n for n in os.listdir(compiled_dir) if not n.startswith((".lock", "meta")))
         for name in names:
-            with open(os.path.join(pure_dir, name), "rb") as a, open(os.path.join(compiled_dir, name), "rb") as b:
+            with (
+                open(os.path.join(pure_dir, name), "rb") as a,
+                open(os.path.join(compiled_dir, name), "rb") as b,
+            ):
                 assert a.read() == b.read(), name
 
     @invariant()
