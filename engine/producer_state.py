@@ -347,6 +347,15 @@ class ProducerStateManager:
             self._slots.put(w.producer_id, slot)
             self._due[slot] = due_s
         self._write(slot, w)
+        newest = w.batches[-1] if w.batches else None
+        if newest is not None:
+            # The row keeps a batch's last sequence and offset delta, not its first sequence
+            # (first_sequence_of). A leader's batch with a negative baseSequence other than -1
+            # has a first sequence the row cannot give back: remember what the row says, so a
+            # retry is answered the same from the hot cache as from the table.
+            first = first_sequence_of(newest.last_sequence, newest.last_offset - newest.first_offset)
+            if first != newest.first_sequence:
+                w.batches[-1] = newest._replace(first_sequence=first)
         self._remember(w)  # the caller hands `w` over and does not change it again
 
     def shared_arrays(self) -> dict[str, object]:

@@ -393,3 +393,23 @@ TestPurePathAndCompiledPathAgree = needs_compiled(PurePathAndCompiledPathAgree.T
 TestPurePathAndCompiledPathAgree.settings = settings(
     max_examples=120, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+def test_a_leaders_negative_base_sequence_answers_a_retry_the_same_before_and_after_a_reopen(
+    tmp_path: Any,
+) -> None:
+    # The row keeps last sequence 2^31-5 and derives the first from it; the hot cache must agree.
+    leader = encode_batch([(b"k", b"v")], producer_id=3, producer_epoch=0, base_sequence=-5, timestamp_ms=T0)
+    retry = _batch(3, 2**31 - 5)
+    answers = []
+    for pure in (True, False):
+        with fast_append.forced_pure(pure):
+            log = Log.open(tmp_path / f"log-{pure}", clock=lambda: T0)
+        log.append_batches([leader], origin="replication")
+        before = _outcome(lambda log=log: log.append(retry))  # type: ignore[misc]
+        log.close()
+        with fast_append.forced_pure(pure):
+            log = Log.open(tmp_path / f"log-{pure}", clock=lambda: T0)
+        answers += [before, _outcome(lambda log=log: log.append(retry))]  # type: ignore[misc]
+        log.close()
+    assert answers == [("ok", (0, 0, -1, True))] * 4
