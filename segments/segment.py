@@ -55,6 +55,11 @@ _ZERO_PAGE_BYTES = 4096
 _ZERO_PAGE = bytes(_ZERO_PAGE_BYTES)
 _ZERO_CHUNK = bytes(_ZERO_SCAN_BYTES)
 
+_SIZE, _MAPPED_BYTES, _NEXT_OFFSET = cur.SEG_SIZE, cur.SEG_MAPPED_BYTES, cur.SEG_NEXT_OFFSET
+_FIRST_TS, _HAS_FIRST_TS = cur.SEG_FIRST_BATCH_TS, cur.SEG_HAS_FIRST_TS
+_MAX_TS, _OFFSET_OF_MAX_TS = cur.SEG_MAX_TS, cur.SEG_OFFSET_OF_MAX_TS
+_BYTES_SINCE_INDEX, _INDEX_INTERVAL = cur.SEG_BYTES_SINCE_INDEX, cur.SEG_INDEX_INTERVAL
+_UNFLUSHED = cur.SEG_UNFLUSHED
 _PREFIX_PACK_INTO = fmt.SIZE_AND_MAGIC_STRUCT.pack_into
 _PREFIX_PACK = fmt.SIZE_AND_MAGIC_STRUCT.pack
 _NO_LEADER_EPOCH = fmt.NO_PARTITION_LEADER_EPOCH
@@ -406,10 +411,11 @@ class LogSegment:
         goes to pwritev as the new prefix plus a view of the rest. The indexing is
         _index_batch's, inlined.
         """
-        position = self.size
+        c = self._cursor_view  # the scalars read and written directly: this is the Python hot path
+        position = c[_SIZE]
         size = len(buffer)
         end = position + size
-        if end > self._mapped_bytes:
+        if end > c[_MAPPED_BYTES]:
             self._grow(end)
         if size >= WRITE_SYSCALL_MIN_BYTES:
             prefix = _PREFIX_PACK(base_offset, size - fmt.LOG_OVERHEAD, _NO_LEADER_EPOCH, _MAGIC)
@@ -424,18 +430,17 @@ class LogSegment:
             # (A slice of a small batch copies faster than a memoryview of it is made.)
             view[prefix_end:end] = buffer[fmt.SIZE_AND_MAGIC_BYTES :]
             _PREFIX_PACK_INTO(view, position, base_offset, size - fmt.LOG_OVERHEAD, _NO_LEADER_EPOCH, _MAGIC)
-        if self.first_batch_timestamp_ms is None:
-            self.first_batch_timestamp_ms = max_timestamp_ms
-        if max_timestamp_ms > self.max_timestamp_ms:
-            self.max_timestamp_ms = max_timestamp_ms
-            self.offset_of_max_timestamp = last_offset
-        if self.bytes_since_last_index_entry > self.index_interval_bytes:
+        if not c[_HAS_FIRST_TS]:
+            c[_FIRST_TS], c[_HAS_FIRST_TS] = max_timestamp_ms, 1
+        if max_timestamp_ms > c[_MAX_TS]:
+            c[_MAX_TS], c[_OFFSET_OF_MAX_TS] = max_timestamp_ms, last_offset
+        if c[_BYTES_SINCE_INDEX] > c[_INDEX_INTERVAL]:
             self._index_batch(position, BatchMeta(last_offset, max_timestamp_ms, size))
         else:
-            self.bytes_since_last_index_entry += size
-            self.next_offset = last_offset + 1
-        self.size = end
-        self.unflushed = True
+            c[_BYTES_SINCE_INDEX] += size
+            c[_NEXT_OFFSET] = last_offset + 1
+        c[_SIZE] = end
+        c[_UNFLUSHED] = 1
 
     def _grow(self, end: int) -> None:
         """Reserve and map at least up to byte `end` (and some room beyond it)."""
