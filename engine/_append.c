@@ -24,8 +24,14 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the producer table is read in place as little-endian"
@@ -34,7 +40,7 @@
 /* ---- layouts (the Python side owns them; LAYOUT exports these for a test) ---- */
 enum { SEG_WRITE_ADDR, SEG_MAPPED_BYTES, SEG_SIZE, SEG_NEXT_OFFSET, SEG_FIRST_BATCH_TS, SEG_MAX_TS,
        SEG_OFFSET_OF_MAX_TS, SEG_BYTES_SINCE_INDEX, SEG_INDEX_INTERVAL, SEG_LAST_OFFSET_LIMIT,
-       SEG_UNFLUSHED, SEG_BASE_OFFSET, SEG_HAS_FIRST_TS, SEG_FIELDS };
+       SEG_UNFLUSHED, SEG_BASE_OFFSET, SEG_HAS_FIRST_TS, SEG_WRITE_FD, SEG_POPULATED, SEG_FIELDS };
 enum { IDX_ADDR, IDX_ENTRIES, IDX_CAPACITY, IDX_MAX_ENTRIES, IDX_FIELDS };
 enum { RING_HEAD, RING_USED, RING_HOLES, RING_EXPIRATION_MS, RING_FIELDS };
 enum { MAP_COUNT, MAP_TOMBSTONES, MAP_FIELDS };
@@ -73,6 +79,14 @@ enum { MAP_COUNT, MAP_TOMBSTONES, MAP_FIELDS };
 /* A request of more batches than this goes to the Python path (a Kafka produce
  * request carries one batch per partition). */
 #define MAX_BATCHES 64
+/* Writes of at least this many bytes go to pwrite() (segments.segment.WRITE_SYSCALL_MIN_BYTES):
+ * a write() fills fresh page cache faster than page faults on a mapping do. */
+#define WRITE_SYSCALL_MIN_BYTES 8192
+/* The mapping is faulted in this far ahead of the writes, in one madvise: a page fault
+ * per 4 KiB page costs more than the copies into it (measured: 10 x 170 B requests took
+ * 2.1 us with a fault per page, 0.8 us populated ahead). At most this much of an active
+ * segment is zeros in the page cache ahead of its data. */
+#define POPULATE_AHEAD_BYTES (256 * 1024)
 
 /* ---- CRC-32C (Castagnoli, reflected 0x82F63B78) ---------------------------------
  * SSE4.2's crc32 instruction where the CPU has it, three streams at a time (the
@@ -484,6 +498,59 @@ static Entry last_entry(const int64_t *cursor, int time_index) {
     return e;
 }
 
+/* Fault in the mapping past `end` once the writes reach the populated edge. Only a hint:
+ * a kernel without MADV_POPULATE_WRITE (before 5.14) faults the pages one by one. */
+static void populate_ahead(int64_t *seg, uint8_t *view, int64_t end) {
+    int64_t from = seg[SEG_POPULATED];
+    if (end + PREFIX_BYTES < from) return;
+    from = end - end % 4096;
+    int64_t to = from + POPULATE_AHEAD_BYTES;
+    if (to > seg[SEG_MAPPED_BYTES]) to = seg[SEG_MAPPED_BYTES];
+    if (to > from) (void)madvise(view + from, (size_t)(to - from), MADV_POPULATE_WRITE);
+    seg[SEG_POPULATED] = to;
+}
+
+/* Write the request's new batches at `position` with their prefixes stamped: 1 when all
+ * `total` bytes are written. On an error (a full disk) 0, with nothing else changed: bytes
+ * past the segment's size are not part of the log, and the Python path then writes the
+ * request again and reports the error as it does. */
+static int write_through_fd(const Batch *batches, Py_ssize_t n, int fd, int64_t position, int64_t total) {
+    uint8_t prefixes[MAX_BATCHES][PREFIX_BYTES];
+    struct iovec iov[2 * MAX_BATCHES];
+    int count = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const Batch *b = &batches[i];
+        if (b->duplicate) continue;
+        uint8_t *prefix = prefixes[count / 2];
+        put_be64(prefix, b->base);
+        put_be32(prefix + 8, (int32_t)(b->size - LOG_OVERHEAD));
+        put_be32(prefix + 12, -1);
+        prefix[16] = 2;
+        iov[count].iov_base = prefix;
+        iov[count++].iov_len = PREFIX_BYTES;
+        iov[count].iov_base = (void *)(b->data + PREFIX_BYTES);
+        iov[count++].iov_len = (size_t)(b->size - PREFIX_BYTES);
+    }
+    int64_t done = 0;
+    struct iovec *at = iov;
+    while (done < total) {
+        ssize_t written = pwritev(fd, at, count, (off_t)(position + done));
+        if (written < 0 && errno == EINTR) continue;
+        if (written <= 0) return 0;
+        done += written;
+        while (count && (size_t)written >= at->iov_len) { /* a short write: resume after it */
+            written -= (ssize_t)at->iov_len;
+            at++;
+            count--;
+        }
+        if (count) {
+            at->iov_base = (uint8_t *)at->iov_base + written;
+            at->iov_len -= (size_t)written;
+        }
+    }
+    return 1;
+}
+
 /* The whole request, or None (nothing changed) for the Python path to take. */
 static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, int single) {
     PyObject *result = NULL;
@@ -518,7 +585,6 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
     int64_t *oidx = I64(self->offset_index), *tidx = I64(self->time_index);
     const uint32_t *due = (const uint32_t *)self->due.buf;
     uint8_t *table = (uint8_t *)self->table.buf;
-    if (seg[SEG_WRITE_ADDR] == 0) goto fallback; /* not mapped yet: the Python path maps it */
     if ((any_pid || !single) && ring[RING_USED] && (int64_t)due[ring[RING_HEAD]] * 1000 <= now_ms)
         goto fallback; /* expiry is due: the Python path runs it */
 
@@ -587,7 +653,9 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
 
     /* Room: the mapping holds the bytes, the indexes their entries (LogSegment._index_batch). */
     int64_t position = seg[SEG_SIZE];
-    if (position + write_bytes > seg[SEG_MAPPED_BYTES]) goto fallback;
+    /* Large writes go to pwrite, as the Python path's do; small ones need room in the mapping. */
+    int use_pwrite = write_bytes >= WRITE_SYSCALL_MIN_BYTES;
+    if (use_pwrite ? seg[SEG_WRITE_FD] < 0 : position + write_bytes > seg[SEG_MAPPED_BYTES]) goto fallback;
     Entry offset_entries[MAX_BATCHES], time_entries[MAX_BATCHES];
     int offset_entry_count = 0, time_entry_count = 0, offset_known = 0, time_known = 0;
     int64_t since = seg[SEG_BYTES_SINCE_INDEX], max_ts = seg[SEG_MAX_TS], max_ts_offset = seg[SEG_OFFSET_OF_MAX_TS];
@@ -631,18 +699,25 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
 
     /* Commit: nothing below can fail. The body first, the 17-byte prefix last (a reader
      * of the live file never sees a header before the bytes it announces). */
-    uint8_t *view = (uint8_t *)(intptr_t)seg[SEG_WRITE_ADDR];
-    at = position;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Batch *b = &batches[i];
-        if (b->duplicate) continue;
-        memcpy(view + at + PREFIX_BYTES, b->data + PREFIX_BYTES, (size_t)(b->size - PREFIX_BYTES));
-        put_be64(view + at, b->base);
-        put_be32(view + at + 8, (int32_t)(b->size - LOG_OVERHEAD));
-        put_be32(view + at + 12, -1);
-        view[at + 16] = 2;
-        at += b->size;
+    if (use_pwrite) {
+        if (!write_through_fd(batches, n, (int)seg[SEG_WRITE_FD], position, write_bytes)) goto fallback;
+    } else {
+        if (seg[SEG_WRITE_ADDR] == 0) goto fallback; /* unmapped: the Python path maps it */
+        uint8_t *view = (uint8_t *)(intptr_t)seg[SEG_WRITE_ADDR];
+        at = position;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Batch *b = &batches[i];
+            if (b->duplicate) continue;
+            memcpy(view + at + PREFIX_BYTES, b->data + PREFIX_BYTES, (size_t)(b->size - PREFIX_BYTES));
+            put_be64(view + at, b->base);
+            put_be32(view + at + 8, (int32_t)(b->size - LOG_OVERHEAD));
+            put_be32(view + at + 12, -1);
+            view[at + 16] = 2;
+            at += b->size;
+        }
+        populate_ahead(seg, view, at);
     }
+    at = position + write_bytes;
     uint8_t *oview = (uint8_t *)(intptr_t)oidx[IDX_ADDR], *tview = (uint8_t *)(intptr_t)tidx[IDX_ADDR];
     for (int k = 0; k < offset_entry_count; k++) {
         int64_t e = oidx[IDX_ENTRIES] + k;
@@ -953,7 +1028,8 @@ PyMODINIT_FUNC PyInit__append(void) {
         {"SEG_MAX_TS", SEG_MAX_TS}, {"SEG_OFFSET_OF_MAX_TS", SEG_OFFSET_OF_MAX_TS},
         {"SEG_BYTES_SINCE_INDEX", SEG_BYTES_SINCE_INDEX}, {"SEG_INDEX_INTERVAL", SEG_INDEX_INTERVAL},
         {"SEG_LAST_OFFSET_LIMIT", SEG_LAST_OFFSET_LIMIT}, {"SEG_UNFLUSHED", SEG_UNFLUSHED},
-        {"SEG_BASE_OFFSET", SEG_BASE_OFFSET}, {"SEG_HAS_FIRST_TS", SEG_HAS_FIRST_TS}, {"SEG_FIELDS", SEG_FIELDS},
+        {"SEG_BASE_OFFSET", SEG_BASE_OFFSET}, {"SEG_HAS_FIRST_TS", SEG_HAS_FIRST_TS},
+        {"SEG_WRITE_FD", SEG_WRITE_FD}, {"SEG_POPULATED", SEG_POPULATED}, {"SEG_FIELDS", SEG_FIELDS},
         {"IDX_ADDR", IDX_ADDR}, {"IDX_ENTRIES", IDX_ENTRIES}, {"IDX_CAPACITY", IDX_CAPACITY},
         {"IDX_MAX_ENTRIES", IDX_MAX_ENTRIES}, {"IDX_FIELDS", IDX_FIELDS},
         {"RING_HEAD", RING_HEAD}, {"RING_USED", RING_USED}, {"RING_HOLES", RING_HOLES},

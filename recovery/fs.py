@@ -131,10 +131,6 @@ class FileSystem(SegmentFileSystem, Protocol):
         ...
 
 
-# Linux 5.14's madvise advice: fault pages in writable now (Python's mmap has no name for it).
-MADV_POPULATE_WRITE = 23
-
-
 class OsMappedRegion:
     def __init__(self, mapping: mmap.mmap):
         self._mapping = mapping
@@ -146,12 +142,6 @@ class OsMappedRegion:
 
     def flush(self) -> None:
         self._mapping.flush()
-
-    def prefault(self, start: int, length: int) -> None:
-        start -= start % mmap.PAGESIZE
-        # A kernel before 5.14 refuses the advice: the pages fault in one by one, as without it.
-        with contextlib.suppress(OSError, ValueError):
-            self._mapping.madvise(MADV_POPULATE_WRITE, start, min(length, len(self._mapping) - start))
 
     def close(self) -> None:
         # Views derived from the buffer (numpy arrays) must be gone by now, or the
@@ -193,6 +183,9 @@ class OsFile:
                 break
             done += got
         return done
+
+    def direct_write_fd(self) -> int:
+        return self._fd if self._writable else -1
 
     def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
         total = 0
@@ -616,6 +609,9 @@ class DelegatingFileHandle:
 
     def pread_into(self, buffer: memoryview, offset: int) -> int:
         return self.inner.pread_into(buffer, offset)
+
+    def direct_write_fd(self) -> int:
+        return -1  # a double sees every write: none may bypass it
 
     def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
         return self.inner.pwritev(buffers, offset)

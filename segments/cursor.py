@@ -30,7 +30,9 @@ SEG_LAST_OFFSET_LIMIT = 9
 SEG_UNFLUSHED = 10
 SEG_BASE_OFFSET = 11
 SEG_HAS_FIRST_TS = 12  # 0 until a batch is written (every int64 is a timestamp a client may send)
-SEG_FIELDS = 13
+SEG_WRITE_FD = 13  # the .log's descriptor for pwrite() of large batches, -1 if writes go through the seam
+SEG_POPULATED = 14  # the compiled path has faulted the mapping in up to here (0 after a remap)
+SEG_FIELDS = 15
 
 # An index's cursor.
 IDX_ADDR = 0  # where its writable mapping starts; 0 while it is unmapped or read-only

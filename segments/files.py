@@ -31,6 +31,11 @@ class FileHandle(Protocol):
         """Fill `buffer` from `offset` (no intermediate copy); fewer bytes only at end of file."""
         ...
 
+    def direct_write_fd(self) -> int:
+        """The descriptor a compiled writer may pwrite() to itself, or -1: every write must
+        come through this handle (a double that observes or fails writes, the fault twin)."""
+        ...
+
     def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
         """Write every buffer back to back at `offset`; returns the bytes written.
 
@@ -75,11 +80,6 @@ class MappedRegion(Protocol):
 
     def flush(self) -> None:
         """msync: make the mapped bytes durable."""
-        ...
-
-    def prefault(self, start: int, length: int) -> None:
-        """Fault in the pages of [start, start + length) for writing now, in one call, rather
-        than one page fault per page as copies reach them (a hint: may do nothing)."""
         ...
 
     def close(self) -> None: ...

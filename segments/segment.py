@@ -33,11 +33,10 @@ TIME_INDEX_SUFFIX = ".timeindex"
 # Whole-segment scans (recovery, rebuilds) read in chunks of this size, so memory
 # stays bounded whatever the segment size.
 SCAN_CHUNK_BYTES = 8 * 1024 * 1024
-# On the Python path, writes of at least this many bytes go to pwritev: on one ext4
-# machine a write() filled fresh page cache faster than page faults on a mapping
-# (1.4 vs 0.8 GB/s at 16 KiB); smaller ones are copied into the mapping, with no
-# syscall at all. The compiled path copies every size into the mapping, whose busy
-# growth steps are faulted in at once (PREFAULT_MIN_BYTES): 2.0 GB/s at 16 KiB here.
+# Writes of at least this many bytes go to pwrite (both append paths): a write() fills
+# fresh page cache faster than page faults on a mapping do (measured at 16 KiB: 1.4 vs
+# 0.8 GB/s on one machine, 2.6 vs 2.0 GB/s on another), and the syscall's cost is small
+# next to the copy. Smaller ones are copied into the mapping, with no syscall at all.
 WRITE_SYSCALL_MIN_BYTES = 8 * 1024
 # The active segment is written through a shared mapping of reserved space (see
 # reservation), grown by at least this much at a time (and by at most MAX_GROW_BYTES,
@@ -46,9 +45,6 @@ MIN_GROW_BYTES = 1024 * 1024
 # Each extension of the file costs the kernel more than the bytes it adds (measured:
 # 1 MiB steps halve the copy rate of 32 MiB ones), so steps double up to this.
 MAX_GROW_BYTES = 32 * 1024 * 1024
-# Growth steps from this size on are faulted in at once (MappedRegion.prefault): a
-# segment that has grown this far is busy, and idle ones keep their page cache small.
-PREFAULT_MIN_BYTES = 4 * 1024 * 1024
 # Recovery reads the pre-allocated zeros back to tell them from damage, this much at a time.
 _ZERO_SCAN_BYTES = 1024 * 1024
 _ZERO_PAGE_BYTES = 4096
@@ -196,6 +192,7 @@ class LogSegment:
         self.cursor = cur.new_cursor(cur.SEG_FIELDS)
         self._cursor_view = cur.cursor_view(self.cursor)
         self.cursor[cur.SEG_BASE_OFFSET] = base_offset
+        self.cursor[cur.SEG_WRITE_FD] = handle.direct_write_fd()
         self._handle = handle
         # None until first used (a sealed segment opened lazily, see open()).
         self._offset_index = offset_index
@@ -381,13 +378,12 @@ class LogSegment:
         # Room for an entry per batch first, so indexing them below cannot fail half way.
         self.offset_index.reserve_room(len(metas))
         self.time_index.reserve_room(len(metas))
-        # Mapped and reserved whatever the size, so the compiled path can take the next one.
-        if end > self._mapped_bytes:
-            self._grow(end)
         if expected >= WRITE_SYSCALL_MIN_BYTES:
             written = self._handle.pwritev(buffers, position)
             assert written == expected, (self.path, written, expected)
         else:
+            if end > self._mapped_bytes:
+                self._grow(end)
             view = self._write_view
             at = position
             for buffer in buffers:
@@ -415,13 +411,13 @@ class LogSegment:
         position = c[_SIZE]
         size = len(buffer)
         end = position + size
-        if end > c[_MAPPED_BYTES]:
-            self._grow(end)
         if size >= WRITE_SYSCALL_MIN_BYTES:
             prefix = _PREFIX_PACK(base_offset, size - fmt.LOG_OVERHEAD, _NO_LEADER_EPOCH, _MAGIC)
             written = self._handle.pwritev([prefix, memoryview(buffer)[fmt.SIZE_AND_MAGIC_BYTES :]], position)
             assert written == size, (self.path, written, size)
         else:
+            if end > c[_MAPPED_BYTES]:
+                self._grow(end)
             view = self._write_view
             # The body first, the prefix (length and magic) last: a reader of the live
             # file (another process, through the page cache) never sees a batch header
@@ -452,13 +448,9 @@ class LogSegment:
         self._handle.allocate(target, start=reserved)
         self._release_mapping()
         region = self._handle.mmap(target, writable=True)
-        if target - reserved >= PREFAULT_MIN_BYTES:
-            # A busy segment: one call faults in the new room (measured at 16 KiB appends:
-            # 2.0 GB/s against 1.6 with a fault per page). Its unwritten tail, at most one
-            # step, is zeros written back and then trimmed when the segment is sealed.
-            region.prefault(reserved, target - reserved)
         self._write_region, self._write_view, self._mapped_bytes = region, region.buffer, target
         self.cursor[cur.SEG_WRITE_ADDR] = mapped_address(region.buffer)
+        self.cursor[cur.SEG_POPULATED] = 0  # a new mapping: its pages are faulted in afresh
 
     def _release_mapping(self) -> None:
         if self._write_region is not None:

@@ -166,9 +166,6 @@ class FaultRegion:
         self._fs._io("fsync", self.path, self.inode)
         self._fs._fsync(self.inode)
 
-    def prefault(self, start: int, length: int) -> None:
-        pass  # memory here is a bytearray: nothing to fault in
-
     def close(self) -> None:
         self._fs._pull(self.inode)
         # Like OsMappedRegion: views still exported (numpy arrays) make this raise.
@@ -209,6 +206,9 @@ class FaultFile:
         data = self.pread(len(buffer.cast("B")), offset)
         buffer.cast("B")[: len(data)] = data
         return len(data)
+
+    def direct_write_fd(self) -> int:
+        return -1  # the twin keeps unsynced data in memory: every write comes through it
 
     def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
         self._check(write=True)
