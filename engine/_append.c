@@ -41,7 +41,7 @@
 enum { SEG_WRITE_ADDR, SEG_MAPPED_BYTES, SEG_SIZE, SEG_NEXT_OFFSET, SEG_FIRST_BATCH_TS, SEG_MAX_TS,
        SEG_OFFSET_OF_MAX_TS, SEG_BYTES_SINCE_INDEX, SEG_INDEX_INTERVAL, SEG_LAST_OFFSET_LIMIT,
        SEG_UNFLUSHED, SEG_BASE_OFFSET, SEG_HAS_FIRST_TS, SEG_WRITE_FD, SEG_POPULATED, SEG_FIELDS };
-enum { IDX_ADDR, IDX_ENTRIES, IDX_CAPACITY, IDX_MAX_ENTRIES, IDX_FIELDS };
+enum { IDX_ADDR, IDX_ENTRIES, IDX_CAPACITY, IDX_MAX_ENTRIES, IDX_LAST_FIRST, IDX_LAST_SECOND, IDX_FIELDS };
 enum { RING_HEAD, RING_USED, RING_HOLES, RING_EXPIRATION_MS, RING_FIELDS };
 enum { MAP_COUNT, MAP_TOMBSTONES, MAP_FIELDS };
 
@@ -484,17 +484,8 @@ typedef struct {
     int64_t first, second; /* an offset entry: relative offset, position; a time entry: timestamp, relative offset */
 } Entry;
 
-static Entry last_entry(const int64_t *cursor, int time_index) {
-    Entry e = {0, 0};
-    const uint8_t *view = (const uint8_t *)(intptr_t)cursor[IDX_ADDR];
-    int64_t n = cursor[IDX_ENTRIES];
-    if (time_index) {
-        e.first = be64(view + 12 * (n - 1));
-        e.second = be32(view + 12 * (n - 1) + 8);
-    } else {
-        e.first = be32(view + 8 * (n - 1));
-        e.second = be32(view + 8 * (n - 1) + 4);
-    }
+static Entry last_entry(const int64_t *cursor) {
+    Entry e = {cursor[IDX_LAST_FIRST], cursor[IDX_LAST_SECOND]};
     return e;
 }
 
@@ -675,14 +666,14 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
             /* Not mapped for writing, or no room reserved: the Python path reserves it. */
             if (oidx[IDX_ADDR] == 0 || tidx[IDX_ADDR] == 0 || o_entries >= oidx[IDX_CAPACITY]) goto fallback;
             Entry e = {b->last - base_offset, at};
-            if (o_entries && !offset_known) offset_last = last_entry(oidx, 0);
+            if (o_entries && !offset_known) offset_last = last_entry(oidx);
             /* OffsetIndex.append asserts this: the Python path fails it the same way */
             if (o_entries && !(e.first > offset_last.first && e.second > offset_last.second)) goto fallback;
             offset_entries[offset_entry_count++] = e;
             offset_last = e;
             offset_known = 1;
             o_entries++;
-            if (t_entries && !time_known) time_last = last_entry(tidx, 1);
+            if (t_entries && !time_known) time_last = last_entry(tidx);
             time_known = 1;
             if (!(t_entries && time_last.first >= max_ts)) { /* TimeIndex.maybe_append */
                 Entry t = {max_ts, max_ts_offset - base_offset};
@@ -731,6 +722,14 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
     }
     oidx[IDX_ENTRIES] += offset_entry_count;
     tidx[IDX_ENTRIES] += time_entry_count;
+    if (offset_entry_count) {
+        oidx[IDX_LAST_FIRST] = offset_entries[offset_entry_count - 1].first;
+        oidx[IDX_LAST_SECOND] = offset_entries[offset_entry_count - 1].second;
+    }
+    if (time_entry_count) {
+        tidx[IDX_LAST_FIRST] = time_entries[time_entry_count - 1].first;
+        tidx[IDX_LAST_SECOND] = time_entries[time_entry_count - 1].second;
+    }
     if (offset_entry_count) {
         int full = oidx[IDX_ENTRIES] >= oidx[IDX_MAX_ENTRIES] - 1 || tidx[IDX_ENTRIES] >= tidx[IDX_MAX_ENTRIES] - 1;
         int64_t limit = base_offset + INT32_MAX_SEQ;
@@ -1031,7 +1030,8 @@ PyMODINIT_FUNC PyInit__append(void) {
         {"SEG_BASE_OFFSET", SEG_BASE_OFFSET}, {"SEG_HAS_FIRST_TS", SEG_HAS_FIRST_TS},
         {"SEG_WRITE_FD", SEG_WRITE_FD}, {"SEG_POPULATED", SEG_POPULATED}, {"SEG_FIELDS", SEG_FIELDS},
         {"IDX_ADDR", IDX_ADDR}, {"IDX_ENTRIES", IDX_ENTRIES}, {"IDX_CAPACITY", IDX_CAPACITY},
-        {"IDX_MAX_ENTRIES", IDX_MAX_ENTRIES}, {"IDX_FIELDS", IDX_FIELDS},
+        {"IDX_MAX_ENTRIES", IDX_MAX_ENTRIES}, {"IDX_LAST_FIRST", IDX_LAST_FIRST},
+        {"IDX_LAST_SECOND", IDX_LAST_SECOND}, {"IDX_FIELDS", IDX_FIELDS},
         {"RING_HEAD", RING_HEAD}, {"RING_USED", RING_USED}, {"RING_HOLES", RING_HOLES},
         {"RING_EXPIRATION_MS", RING_EXPIRATION_MS}, {"RING_FIELDS", RING_FIELDS},
         {"MAP_COUNT", MAP_COUNT}, {"MAP_TOMBSTONES", MAP_TOMBSTONES}, {"MAP_FIELDS", MAP_FIELDS},

@@ -39,7 +39,9 @@ IDX_ADDR = 0  # where its writable mapping starts; 0 while it is unmapped or rea
 IDX_ENTRIES = 1
 IDX_CAPACITY = 2  # entries the mapping holds (all reserved when writable)
 IDX_MAX_ENTRIES = 3
-IDX_FIELDS = 4
+IDX_LAST_FIRST = 4  # the last entry's fields (valid while IDX_ENTRIES > 0)
+IDX_LAST_SECOND = 5
+IDX_FIELDS = 6
 
 T = TypeVar("T")
 

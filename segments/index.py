@@ -149,18 +149,31 @@ class _MappedIndex:
         first, second = self.ENTRY.unpack_from(self._view, n * self.ENTRY.size)
         return int(first), int(second)
 
-    entries = _entries
     max_entries = _max_entries
+
+    @property
+    def entries(self) -> int:
+        return self._entries
+
+    @entries.setter
+    def entries(self, value: int) -> None:
+        # Entries dropped (a cut, a reset): the last one's fields come from the mapping again.
+        self._entries = value
+        if value:
+            c = self._cursor_view
+            c[cur.IDX_LAST_FIRST], c[cur.IDX_LAST_SECOND] = self._entry(value - 1)
 
     @property
     def is_full(self) -> bool:
         # One slot stays free for the entry written when the segment is sealed.
-        return self._entries >= self._max_entries - 1
+        c = self._cursor_view
+        return bool(c[cur.IDX_ENTRIES] >= c[cur.IDX_MAX_ENTRIES] - 1)
 
     def _last_entry_fields(self) -> tuple[int, int] | None:
-        """The last entry's two fields (read from the mapping: the compiled path writes entries too)."""
-        n = self._entries
-        return self._entry(n - 1) if n else None
+        """The last entry's two fields, kept in the cursor by both append paths: every
+        append compares against them."""
+        c = self._cursor_view
+        return (c[cur.IDX_LAST_FIRST], c[cur.IDX_LAST_SECOND]) if c[cur.IDX_ENTRIES] else None
 
     def _append(self, first: int, second: int) -> None:
         n = self._entries
@@ -170,7 +183,8 @@ class _MappedIndex:
             # Reserve more first: on a full disk an OSError here, not SIGBUS at the write below.
             self._reserve(n + 1, self._max_entries)
         self.ENTRY.pack_into(self._view, n * self.ENTRY.size, first, second)
-        self._entries = n + 1
+        c = self._cursor_view
+        c[cur.IDX_ENTRIES], c[cur.IDX_LAST_FIRST], c[cur.IDX_LAST_SECOND] = n + 1, first, second
 
     def _floor(self, key: int, strict: bool) -> int:
         """Index of the last entry whose first field is <= key (< key if strict); -1 if none."""

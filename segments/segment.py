@@ -467,21 +467,24 @@ class LogSegment:
             self._handle.truncate(self.size)
 
     def _index_batch(self, position: int, meta: BatchMeta) -> None:
-        if self.first_batch_timestamp_ms is None:
-            self.first_batch_timestamp_ms = meta.max_timestamp_ms
-        if meta.max_timestamp_ms > self.max_timestamp_ms:
-            self.max_timestamp_ms = meta.max_timestamp_ms
-            self.offset_of_max_timestamp = meta.last_offset
+        # The cursor's slots directly: recovery's rebuild calls this for every batch.
+        c = self._cursor_view
+        last_offset, max_timestamp_ms = meta.last_offset, meta.max_timestamp_ms
+        if not c[_HAS_FIRST_TS]:
+            c[_FIRST_TS], c[_HAS_FIRST_TS] = max_timestamp_ms, 1
+        if max_timestamp_ms > c[_MAX_TS]:
+            c[_MAX_TS], c[_OFFSET_OF_MAX_TS] = max_timestamp_ms, last_offset
         # Kafka's rule: an entry for this batch once more than the interval has been
         # written since the last one. A full index just gets sparser; the log rolls
         # before the next append.
-        if self.bytes_since_last_index_entry > self.index_interval_bytes and not self.indexes_full:
-            self.offset_index.append(meta.last_offset, position)
-            self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
-            self.bytes_since_last_index_entry = 0
-            self._update_last_offset_limit()
-        self.bytes_since_last_index_entry += meta.size
-        self.next_offset = meta.last_offset + 1
+        if c[_BYTES_SINCE_INDEX] > c[_INDEX_INTERVAL] and not self.indexes_full:
+            self.offset_index.append(last_offset, position)
+            self.time_index.maybe_append(c[_MAX_TS], c[_OFFSET_OF_MAX_TS])
+            c[_BYTES_SINCE_INDEX] = 0
+            if self.indexes_full:  # they were not before this entry: only now may the limit change
+                self._update_last_offset_limit()
+        c[_BYTES_SINCE_INDEX] += meta.size
+        c[_NEXT_OFFSET] = last_offset + 1
 
     def _update_last_offset_limit(self) -> None:
         # Index entries hold offsets relative to the base as i32, a full index must roll,
@@ -528,6 +531,7 @@ class LogSegment:
         self.first_batch_timestamp_ms = None
         self.bytes_since_last_index_entry = 0
         prev_last_offset = self.base_offset - 1
+        cursor = self._cursor_view
         try:
             for position, batch in scan_file(self._handle, 0, size_on_disk):
                 if validate:
@@ -548,7 +552,7 @@ class LogSegment:
                 prev_last_offset = last_offset
                 size = h.batch_length + fmt.LOG_OVERHEAD
                 self._index_batch(position, BatchMeta(last_offset, h.max_timestamp, size))
-                self.size = position + size
+                cursor[_SIZE] = position + size
                 if on_batch is not None:
                     on_batch(position, batch)
         except CorruptRecordError as exc:
