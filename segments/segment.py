@@ -771,6 +771,7 @@ class LogSegment:
 
     def seal(self) -> None:
         """Called when the segment stops being active: trim the file, final time entry, trim indexes."""
+        self.cursor[cur.SEG_WRITE_FD] = -1  # no more appends: the compiled path writes nothing here
         if self._handle.size() > self.size or self._write_region is not None:
             self._trim_file()
             # fsync: the cut pre-allocated space must stay cut once the recovery point
@@ -793,6 +794,7 @@ class LogSegment:
         A failed log closes with durable=False: no fsync is attempted, and the
         next open rebuilds what it cannot trust.
         """
+        self.cursor[cur.SEG_WRITE_FD] = -1  # the descriptor is about to close (and its number be reused)
         try:
             self._release_mapping()
             if durable and self._handle.size() > self.size:
