@@ -413,3 +413,52 @@ def test_a_leaders_negative_base_sequence_answers_a_retry_the_same_before_and_af
         answers += [before, _outcome(lambda log=log: log.append(retry))]  # type: ignore[misc]
         log.close()
     assert answers == [("ok", (0, 0, -1, True))] * 4
+
+
+_FILE_SIZE_LIMIT_CHILD = """
+import errno, resource, signal, sys
+from oncelog import Log, LogConfig, encode_batch, fast_append
+from oncelog.errors import LogFailedError
+assert fast_append.enabled()
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit is EFBIG, not a kill
+path = sys.argv[1]
+log = Log.open(path, LogConfig(segment_bytes=64 * 1024 * 1024))
+resource.setrlimit(resource.RLIMIT_FSIZE, (3 * 1024 * 1024 + 100, resource.RLIM_INFINITY))
+acked = []
+try:
+    for n in range(1000):
+        batch = encode_batch([(b"k", bytes([n % 256]) * (16 * 1024 if n % 3 else 100))], timestamp_ms=1)
+        acked.append((log.append(batch).first_offset, batch[17:]))
+    raise AssertionError("no write failed")
+except LogFailedError as exc:
+    assert isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EFBIG, repr(exc.__cause__)
+try:
+    log.append(encode_batch([(b"k", b"v")], timestamp_ms=1))
+    raise AssertionError("a failed log took an append")
+except LogFailedError:
+    pass
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+try:
+    log.close()
+except LogFailedError:
+    pass
+log = Log.open(path)
+for offset, body in acked:
+    assert log.read(offset, 1).batches[0].buffer.tobytes()[17:] == body, offset
+print(len(acked), log.log_end_offset)
+"""
+
+
+@needs_compiled
+def test_a_file_size_limit_hit_by_a_compiled_pwritev_fails_the_log_and_keeps_every_ack(tmp_path: Any) -> None:
+    # RLIMIT_FSIZE makes the write that crosses it fail with EFBIG, as a full disk fails it
+    # with ENOSPC: the compiled write declines, the Python path writes again and fails the log.
+    run = subprocess.run(
+        [sys.executable, "-c", _FILE_SIZE_LIMIT_CHILD, str(tmp_path / "log")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    acked, end = map(int, run.stdout.split())
+    assert acked > 100 and end == acked

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from log_helpers import read_all
 
-from oncelog import Log, LogConfig, encode_batch, fast_append
+from oncelog import Log, LogConfig, encode_batch
 from oncelog.errors import LogFailedError
 from oncelog.log_manager import LogManager
 from oncelog.recovery.fs import OsFileSystem
@@ -215,10 +215,7 @@ FULL_DISK_AT: dict[str, tuple[str, Callable[[Log], Callable[[str], bool]], str]]
 def test_a_full_disk_anywhere_gives_log_failed_error_and_a_reopen_keeps_every_ack(where: str) -> None:
     op, target, drive = FULL_DISK_AT[where]
     fs = FaultFileSystem(11)
-    # Only the Python path writes a large batch with write(); the compiled one copies every
-    # batch into the reserved mapping (whose reservation the other cases fill up).
-    with fast_append.forced_pure(drive == "append large"):
-        log = Log.open(D, CONFIG, fs=fs, clock=clock)
+    log = Log.open(D, CONFIG, fs=fs, clock=clock)
     acked: list[tuple[int, bytes]] = []
 
     def append(data: bytes) -> None:
