@@ -87,6 +87,8 @@ enum { MAP_COUNT, MAP_TOMBSTONES, MAP_FIELDS };
  * 2.1 us with a fault per page, 0.8 us populated ahead). At most this much of an active
  * segment is zeros in the page cache ahead of its data. */
 #define POPULATE_AHEAD_BYTES (256 * 1024)
+/* Requests this large are checked with the GIL let go. */
+#define RELEASE_GIL_BYTES (64 * 1024)
 
 /* ---- CRC-32C (Castagnoli, reflected 0x82F63B78) ---------------------------------
  * SSE4.2's crc32 instruction where the CPU has it, three streams at a time (the
@@ -497,8 +499,14 @@ static void populate_ahead(int64_t *seg, uint8_t *view, int64_t end) {
     from = end - end % 4096;
     int64_t to = from + POPULATE_AHEAD_BYTES;
     if (to > seg[SEG_MAPPED_BYTES]) to = seg[SEG_MAPPED_BYTES];
-    if (to > from) (void)madvise(view + from, (size_t)(to - from), MADV_POPULATE_WRITE);
     seg[SEG_POPULATED] = to;
+    if (to > from) {
+        /* Faulting in 64 pages takes a while: other threads run meanwhile (the mapping
+         * stays: only this thread, holding the log's lock, could unmap it). */
+        Py_BEGIN_ALLOW_THREADS
+        (void)madvise(view + from, (size_t)(to - from), MADV_POPULATE_WRITE);
+        Py_END_ALLOW_THREADS
+    }
 }
 
 /* Write the request's new batches at `position` with their prefixes stamped: 1 when all
@@ -524,10 +532,17 @@ static int write_through_fd(const Batch *batches, Py_ssize_t n, int fd, int64_t 
     }
     int64_t done = 0;
     struct iovec *at = iov;
+    int ok = 1;
+    /* The GIL is let go for the copy, as os.pwritev lets it go: other threads run on. The
+     * log's lock is held, and the batches are pinned by the caller. */
+    Py_BEGIN_ALLOW_THREADS
     while (done < total) {
         ssize_t written = pwritev(fd, at, count, (off_t)(position + done));
         if (written < 0 && errno == EINTR) continue;
-        if (written <= 0) return 0;
+        if (written <= 0) {
+            ok = 0;
+            break;
+        }
         done += written;
         while (count && (size_t)written >= at->iov_len) { /* a short write: resume after it */
             written -= (ssize_t)at->iov_len;
@@ -539,15 +554,25 @@ static int write_through_fd(const Batch *batches, Py_ssize_t n, int fd, int64_t 
             at->iov_len -= (size_t)written;
         }
     }
-    return 1;
+    Py_END_ALLOW_THREADS
+    return ok;
 }
 
 /* The whole request, or None (nothing changed) for the Python path to take. */
 static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, int single) {
     PyObject *result = NULL;
-    /* The checks first, as the Python path validates before it takes the lock or the time. */
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!check_batch(&batches[i], self->max_batch_bytes)) Py_RETURN_NONE;
+    /* The checks first, as the Python path validates before it takes the lock or the time.
+     * Large requests let the GIL go meanwhile (the CRC of 1 MiB takes some 50 us). */
+    int64_t request_bytes = 0, valid = 1;
+    for (Py_ssize_t i = 0; i < n; i++) request_bytes += batches[i].size;
+    if (request_bytes >= RELEASE_GIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n && valid; i++) valid = check_batch(&batches[i], self->max_batch_bytes);
+        Py_END_ALLOW_THREADS
+    } else {
+        for (Py_ssize_t i = 0; i < n && valid; i++) valid = check_batch(&batches[i], self->max_batch_bytes);
+    }
+    if (!valid) Py_RETURN_NONE;
     PyObject *locked = PyObject_CallNoArgs(self->acquire);
     if (locked == NULL) return NULL;
     Py_DECREF(locked);
@@ -706,7 +731,7 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
             view[at + 16] = 2;
             at += b->size;
         }
-        populate_ahead(seg, view, at);
+        if (seg[SEG_WRITE_FD] >= 0) populate_ahead(seg, view, at); /* a real file (not the twin's memory) */
     }
     at = position + write_bytes;
     uint8_t *oview = (uint8_t *)(intptr_t)oidx[IDX_ADDR], *tview = (uint8_t *)(intptr_t)tidx[IDX_ADDR];

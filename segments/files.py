@@ -33,8 +33,10 @@ class FileHandle(Protocol):
 
     def direct_write_fd(self) -> int:
         """The descriptor a compiled writer may pwrite() to itself, or -1: every write must
-        come through this handle (a double that observes or fails writes, the fault twin)."""
-        ...
+        come through this handle (a double that observes or fails writes, the fault twin).
+        A handle that overrides pwritev to see writes must return -1 (the mapping for small
+        writes bypasses pwritev in any case)."""
+        return -1
 
     def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
         """Write every buffer back to back at `offset`; returns the bytes written.

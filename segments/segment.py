@@ -192,7 +192,10 @@ class LogSegment:
         self.cursor = cur.new_cursor(cur.SEG_FIELDS)
         self._cursor_view = cur.cursor_view(self.cursor)
         self.cursor[cur.SEG_BASE_OFFSET] = base_offset
-        self.cursor[cur.SEG_WRITE_FD] = handle.direct_write_fd()
+        # A handle that does not say (an older double) gets every write through the seam.
+        direct = getattr(handle, "direct_write_fd", None)
+        fd = direct() if direct is not None else -1
+        self.cursor[cur.SEG_WRITE_FD] = fd if isinstance(fd, int) and fd >= 0 else -1
         self._handle = handle
         # None until first used (a sealed segment opened lazily, see open()).
         self._offset_index = offset_index
@@ -481,7 +484,7 @@ class LogSegment:
             self.offset_index.append(last_offset, position)
             self.time_index.maybe_append(c[_MAX_TS], c[_OFFSET_OF_MAX_TS])
             c[_BYTES_SINCE_INDEX] = 0
-            if self.indexes_full:  # they were not before this entry: only now may the limit change
+            if self.offset_index.is_full or self.time_index.is_full:  # only now may the limit change
                 self._update_last_offset_limit()
         c[_BYTES_SINCE_INDEX] += meta.size
         c[_NEXT_OFFSET] = last_offset + 1
