@@ -374,8 +374,6 @@ def _request_append_times(directory: str, calls: int, repeats: int) -> tuple[lis
     by one, into one log (plain batches: the producer rules are timed in the idempotent row)."""
     batch = batch_of_size(170)
     request = [batch] * REQUEST_BATCHES
-    request_s: list[float] = []
-    singles_s: list[float] = []
     with scratch_dir(directory, "log-request") as path, Log.open(path, APPEND_CONFIG) as log:
         append, append_batches = log.append, log.append_batches
 
@@ -388,12 +386,7 @@ def _request_append_times(directory: str, calls: int, repeats: int) -> tuple[lis
                 for one in request:
                     append(one)
 
-        run_requests(max(calls // 10, 2))
-        run_singles(max(calls // 10, 2))
-        for _ in range(repeats):
-            request_s.append(timed(run_requests))
-            singles_s.append(timed(run_singles))
-    return request_s, singles_s
+        return _interleaved(run_requests, run_singles, max(calls // 10, 2), repeats)
 
 
 def _append_times(directory: str, batch: bytes, count: int, repeats: int) -> tuple[list[float], list[float]]:
@@ -402,8 +395,6 @@ def _append_times(directory: str, batch: bytes, count: int, repeats: int) -> tup
     Steady state on both sides: one log and one reference file, each warmed up,
     then timed rounds that keep appending to them, interleaved.
     """
-    oncelog_s: list[float] = []
-    reference_s: list[float] = []
     with (
         scratch_dir(directory, "log-0") as path,
         Log.open(path, APPEND_CONFIG) as log,
@@ -419,12 +410,22 @@ def _append_times(directory: str, batch: bytes, count: int, repeats: int) -> tup
             for _ in range(n):
                 write(fd, batch)
 
-        run_log(max(count // 10, 2))
-        run_reference(max(count // 10, 2))
-        for _ in range(repeats):
-            oncelog_s.append(timed(run_log))
-            reference_s.append(timed(run_reference))
-    return oncelog_s, reference_s
+        return _interleaved(run_log, run_reference, max(count // 10, 2), repeats)
+
+
+def _interleaved(
+    run: Callable[..., None], reference: Callable[..., None], warm_up: int, repeats: int
+) -> tuple[list[float], list[float]]:
+    """Seconds of `repeats` rounds of `run()` and of `reference()`, interleaved, after one warm-up
+    round of `warm_up` each (the rounds' own size is the callables' default)."""
+    run(warm_up)
+    reference(warm_up)
+    run_s: list[float] = []
+    reference_s: list[float] = []
+    for _ in range(repeats):
+        run_s.append(timed(run))
+        reference_s.append(timed(reference))
+    return run_s, reference_s
 
 
 @contextlib.contextmanager
