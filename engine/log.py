@@ -719,8 +719,11 @@ class Log:
         """Cut the log back to `offset`, as a follower whose log diverged from its leader's.
 
         Returns the new log end: `offset`, or the start of the batch holding it when
-        it falls inside one. Segments past it go, with their indexes and snapshots;
-        producer state and open transactions are rebuilt as recovery rebuilds them
+        it falls inside one, or the end of the batches before it when it falls in a gap
+        a leader's compaction left (Kafka's log end would be `offset`; here it is where
+        the kept batches end, which is what a reopen finds). Segments past it go, with
+        their indexes and snapshots; producer state and open transactions are rebuilt as
+        recovery rebuilds them
         (the newest snapshot at or below the cut, then the batches after it).
 
         Ordered for crashes: the recovery point moves back to the cut first, so a
@@ -742,6 +745,8 @@ class Log:
             cut = self._segments[n]
             with self._fsync_lock, self._failing_closed(f"truncating {self.directory} to {offset}"):
                 self._raise_if_failed()  # a flush may have failed while this waited for the lock
+                # The end of the batches kept: `offset`, or below it when the cut takes a batch
+                # holding it or lands in a gap a leader's compaction left.
                 position, new_end = cut.batch_start_at_or_after(offset)
                 with self._recovery_point_lock:
                     # A flush that captured the log before this cut must not commit it.

@@ -627,16 +627,22 @@ class LogSegment:
         return self.max_timestamp_ms
 
     def batch_start_at_or_after(self, offset: int) -> tuple[int, int]:
-        """(position, base offset) of the first batch whose last offset is at or after `offset`.
+        """(position, kept end): where the first batch whose last offset is at or after
+        `offset` starts (the size when none does), and the offset after the batches before
+        it (the segment's base when there are none).
 
-        (size, next offset) when there is none. Truncation cuts there, so a cut that
-        falls inside a batch takes the whole batch.
+        Truncation cuts there, so a cut that falls inside a batch takes the whole batch.
+        The kept end is the next batch's base offset unless a leader's log has a gap
+        there (compaction): then it is below it, and it is what the log ends at, what
+        recovery finds the kept batches end at.
         """
-        entry = self.offset_index.lookup(offset)
+        entry = self.offset_index.lookup(offset - 1)  # a batch wholly before `offset`, or the start
+        kept_end = self.base_offset
         for position, batch in scan_file(self._handle, entry.position, self.size):
             if batch.last_offset >= offset:
-                return position, batch.base_offset
-        return self.size, self.next_offset
+                return position, kept_end
+            kept_end = batch.last_offset + 1
+        return self.size, kept_end
 
     def cut_at(self, position: int, next_offset: int) -> None:
         """Cut the segment at a batch boundary: file, indexes and transaction index, then fsync."""

@@ -348,3 +348,32 @@ def test_close_lets_go_of_the_directory_even_when_a_segment_close_raises_somethi
     monkeypatch.undo()
     with Log.open(directory, CONFIG, clock=clock) as reopened:
         assert reopened.log_end_offset == 12  # 3 rounds of two producers, 2 records each
+
+
+def _leader_batch(base_offset: int, records: int) -> bytes:
+    data = bytearray(encode_batch([(b"k", b"v%d" % n) for n in range(records)], timestamp_ms=1))
+    data[0:8] = base_offset.to_bytes(8, "big")  # the base offset is outside the CRC
+    return bytes(data)
+
+
+@pytest.mark.parametrize("roll_at_the_gap", [False, True], ids=["gap in a segment", "gap between segments"])
+def test_truncating_into_a_compaction_gap_keeps_the_batches_before_it_and_reopens(
+    tmp_path: Path, roll_at_the_gap: bool
+) -> None:
+    # A leader's compacted log: offsets 0-2, then 7-9 and 12-13. A follower truncating to 5
+    # (in the gap) keeps 0-2; its recovery point must say where those end, or the next
+    # load takes the fsynced bytes for corruption.
+    log = Log.open(tmp_path / "log", CONFIG, clock=clock)
+    log.append_batches([_leader_batch(0, 3)], origin="replication")
+    if roll_at_the_gap:
+        log.roll()
+    log.append_batches([_leader_batch(7, 3), _leader_batch(12, 2)], origin="replication")
+    log.flush()
+    assert log.truncate_to(5) == 3 == log.log_end_offset
+    assert [int.from_bytes(data[:8], "big") for data in stored_batches(log)] == [0]
+    log.close()
+    log = Log.open(tmp_path / "log", CONFIG, clock=clock)
+    assert log.log_end_offset == 3
+    assert log.append_batches([_leader_batch(7, 2)], origin="replication")[0].first_offset == 7
+    assert log.append(batch(-1, -1)).first_offset == 9
+    log.close()
