@@ -1011,19 +1011,8 @@ static PyObject *py_crc32c(PyObject *module, PyObject *data) {
     return PyLong_FromUnsignedLong(crc);
 }
 
-static PyObject *py_address(PyObject *module, PyObject *data) {
-    (void)module;
-    Py_buffer view;
-    if (PyObject_GetBuffer(data, &view, PyBUF_WRITABLE) < 0) return NULL;
-    void *buf = view.buf;
-    PyBuffer_Release(&view);
-    return PyLong_FromVoidPtr(buf);
-}
-
 static PyMethodDef module_methods[] = {
     {"crc32c", py_crc32c, METH_O, "crc32c(data) -> the CRC-32C of the bytes (what batches carry)."},
-    {"address", py_address, METH_O,
-     "address(writable buffer) -> where its memory starts (valid while the buffer's memory is)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 from typing import Any
@@ -145,6 +146,14 @@ def _subprocess(code: str, **env: str) -> subprocess.CompletedProcess[str]:
         env={**os.environ, **env},
         check=True,
     )
+
+
+def test_a_machine_with_a_c_compiler_builds_the_compiled_append() -> None:
+    # Otherwise every test above would skip and `make test` would pass on the Python path alone.
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}): the Python path is the one to test")
+    assert compiled is not None, f"{compiler} is here, yet oncelog._append is not built"
 
 
 def test_oncelog_pure_forces_the_python_path_without_a_warning() -> None:
