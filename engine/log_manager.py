@@ -3,7 +3,8 @@
 A root holds `<topic>-<partition>/` partition directories (engine/layout.py), one
 root lock (`.lock`: a second manager on the root fails with LogDirLockedError), a
 metadata store (`meta.lmdb`: the root's config, per-topic config overrides and pending
-deletes) and the root's ProducerIdManager (`producer_ids.lmdb`).
+deletes), the root's ProducerIdManager (`producer_ids.lmdb`) and its id (`root.id`,
+engine/root_identity.py: how a process elsewhere knows it opened this very root).
 
 Other processes (Spark tasks) open the root's partitions directly with `Log.open`
 while no manager holds them, with the config `read_topic_config` reads, and lease PIDs
@@ -54,6 +55,7 @@ from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.fs import DEFAULT_FS, DirLock, FileSystem, MetadataStore
 from oncelog.recovery.loader import RecoveryReport
 from oncelog.recovery_progress import RecoveryProgress, RecoverySummary
+from oncelog.root_identity import ensure_root_id
 
 ROOT_LOCK_FILE = ".lock"
 ROOT_METADATA_DIR = "meta.lmdb"
@@ -360,6 +362,8 @@ class LogManager:
                 # fsync(store dir): a power loss must not drop the store's data file while a
                 # partition created next survives (it would read as a lost store).
                 fs.fsync_dir(store_path)
+            # Other processes (Spark tasks) check they opened this very root by its id.
+            ensure_root_id(fs, directory)
             root_config = _settle_root_config(store, config)
             if on_corruption is not None:
                 root_config = dataclasses.replace(root_config, on_corruption=on_corruption)

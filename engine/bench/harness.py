@@ -110,6 +110,7 @@ class BenchSettings:
     wire_messages: int = 160_000  # messages each wire throughput repeat sends (oncelog bench --wire)
     wire_repeats: int = 5  # wire repeats: each one starts clients and sends wire_messages
     wire_latency_s: float = 3.0  # each wire latency measurement offers its fixed rate this long
+    spark_master: str = "local[2]"  # the Spark figures' master URL (a standalone cluster: spark://host:7077)
 
     def scaled(self, scale: float) -> BenchSettings:
         if scale == 1:

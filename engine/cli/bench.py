@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.util
 import logging
@@ -158,6 +159,12 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         "spark.read.parquet of the same rows (needs the spark extra and Java 17+; adds about a minute)",
     )
     parser.add_argument(
+        "--spark-master",
+        metavar="URL",
+        help="the Spark master for --spark (default: local[2]); a standalone cluster's spark://host:7077 "
+        "needs --dir on a filesystem its workers share and oncelog installed there",
+    )
+    parser.add_argument(
         "--wire",
         action="store_true",
         help="also measure oncelog serve over Kafka's wire protocol (a subprocess on a free port) against "
@@ -194,6 +201,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(f"oncelog bench: {option} {path} cannot be written (a directory, or no parent)", file=err)
             return 2
     settings = settings_for(args.quick, scale)
+    if args.spark_master:
+        settings = dataclasses.replace(settings, spark_master=args.spark_master)
     # Each unclean open logs the tail it cuts; dozens of them would drown the progress lines.
     engine_logger = logging.getLogger("oncelog")
     level = engine_logger.level

@@ -2,12 +2,20 @@
 
 Spark hands options over as a case-insensitive map with lower-cased keys; every
 option is read here so that a typo or a bad value fails the query at planning time
-with the option's name, not deep inside a task. Pure: no I/O.
+with the option's name, not deep inside a task. An option this source does not take
+fails too, naming the closest one it does (spark-sql-kafka's habit of ignoring
+unknown options hides typos such as `startingOffset`).
+
+The root path is made absolute here, on the driver: a relative path means the
+driver's working directory, which executors do not share. Pure apart from reading
+the working directory: no I/O.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +32,50 @@ OffsetSpec = int | dict[int, int]
 
 class OptionError(ValueError):
     """A missing or malformed option; the message names it."""
+
+
+# Every option by its documented spelling (Spark lower-cases the keys it hands over).
+COMMON_OPTIONS = ("path", "topic")
+READ_OPTIONS = (
+    "startingOffsets",
+    "endingOffsets",
+    "failOnDataLoss",
+    "isolation",
+    "minPartitions",
+    "maxRecordsPerPartition",
+    "maxOffsetsPerTrigger",
+    "maxRowsPerBatch",
+)
+WRITE_OPTIONS = (
+    "writeId",
+    "numPartitions",
+    "batchRecords",
+    "maxPendingBytes",
+    "lockTimeoutMs",
+    "transactionTimeoutMs",
+)
+# Options Spark itself passes along to a source: the query's checkpoint (streaming writes),
+# and the several paths of load(a, b) (refused below with a clearer message).
+SPARK_OPTIONS = ("checkpointLocation", "paths")
+
+
+def check_option_names(options: Mapping[str, str], *, reading: bool) -> None:
+    """Refuse an option this direction does not take, naming the closest one that it does."""
+    own = (*COMMON_OPTIONS, *(READ_OPTIONS if reading else WRITE_OPTIONS))
+    other = WRITE_OPTIONS if reading else READ_OPTIONS
+    by_key = {name.lower(): name for name in own}
+    allowed = set(by_key) | {name.lower() for name in SPARK_OPTIONS}
+    for key in sorted(options):
+        if key.lower() in allowed:
+            continue
+        direction = "read" if reading else "write"
+        if key.lower() in {name.lower() for name in other}:
+            raise OptionError(f"option {key} is for {'writes' if reading else 'reads'}, not a {direction}")
+        close = difflib.get_close_matches(key.lower(), list(by_key), n=1, cutoff=0.6)
+        hint = f"; did you mean {by_key[close[0]]}?" if close else ""
+        raise OptionError(
+            f"unknown option {key} for an oncelog {direction}{hint} (options: {', '.join(own)})"
+        )
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -54,10 +106,14 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def root_path(options: Mapping[str, str]) -> str:
+    """The root as an absolute path, resolved against the driver's working directory."""
+    if _get(options, "paths") not in (None, "[]"):
+        raise OptionError("load() takes one oncelog root, not several paths")
     path = _get(options, "path")
     if not path:
         raise OptionError("no path: load(root) / save(root) takes the oncelog root directory")
-    return path
+    # Joined, not normalised: a lexical ".." is wrong where the path crosses a symlink.
+    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
 
 
 def topic(options: Mapping[str, str]) -> str:
@@ -116,9 +172,14 @@ class ReadOptions:
     max_records_per_partition: int  # and no range holds more offsets than this
     max_offsets_per_trigger: int | None  # streaming: rows per micro-batch
     max_rows_per_arrow_batch: int
+    # Filled on the driver at planning (planning.plan_read_root): the root's id and the
+    # driver's host, which every task checks against the root it opens. None: unchecked.
+    root_id: str | None = None
+    planned_on: str | None = None
 
 
 def read_options(options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
+    check_option_names(options, reading=True)
     name = topic(options)
     isolation = (_get(options, "isolation") or "read_committed").lower()
     if isolation not in ("read_committed", "read_uncommitted"):
@@ -165,6 +226,7 @@ class WriteOptions:
 
 
 def write_options(options: Mapping[str, str]) -> WriteOptions:
+    check_option_names(options, reading=False)
     given = _get(options, "writeId")
     try:
         write_id = check_write_id(given) if given is not None else f"job-{uuid.uuid4()}"

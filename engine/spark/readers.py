@@ -15,11 +15,12 @@ micro-batches.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import socket
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Filter, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -29,6 +30,7 @@ from pyspark.sql.streaming.datasource import (
 
 from oncelog.layout import TopicPartition
 from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
+from oncelog.root_identity import SHARED_ROOT_HINT, RootIdentityError, check_root_identity
 from oncelog.spark.arrow_batches import arrow_batches
 from oncelog.spark.options import ReadOptions
 from oncelog.spark.planning import (
@@ -36,10 +38,14 @@ from oncelog.spark.planning import (
     OffsetRange,
     PartitionBounds,
     batch_ranges,
+    check_offset_partitions,
     partition_bounds,
+    partition_numbers,
     resolve,
     split_ranges,
+    timestamp_search,
 )
+from oncelog.spark.pushdown import ScanBounds, push_filters
 from oncelog.tools.partition_reader import AbortedRange, OffsetBelowLogStartError, read_batches
 
 
@@ -62,10 +68,28 @@ def range_partitions(ranges: list[OffsetRange], bounds: dict[int, PartitionBound
     return out
 
 
+def read_partition(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """A task's rows. Spark hands a read with nothing planned one InputPartition(None): no rows."""
+    if isinstance(partition, RangePartition):
+        return read_range(options, partition)
+    if partition.value is None:
+        return iter(())
+    raise TypeError(f"not an oncelog input partition: {partition!r}")
+
+
 def read_range(options: ReadOptions, part: RangePartition) -> Iterator[pa.RecordBatch]:
     tp = TopicPartition(options.topic, part.partition)
     directory = os.path.join(options.root, str(tp))
     fs = ReadOnlyFileSystem(DEFAULT_FS)
+    if options.planned_on is not None:
+        # The root this task sees must be the driver's: same path is not same directory.
+        check_root_identity(fs, options.root, options.root_id, options.planned_on)
+        if not fs.exists(os.path.join(directory, "")):
+            raise RootIdentityError(
+                f"partition {tp} is missing on host {socket.gethostname()}, though the driver on host "
+                f"{options.planned_on} planned to read it (deleted since, or {SHARED_ROOT_HINT})",
+                path=directory,
+            )
     aborted = [AbortedRange(*t) for t in part.aborted]
     start = part.start
     try:
@@ -91,17 +115,32 @@ def read_range(options: ReadOptions, part: RangePartition) -> Iterator[pa.Record
 
 
 class OncelogBatchReader(DataSourceReader):
+    """A batch read; filters are not pushed (Spark's python filter pushdown is off)."""
+
     def __init__(self, options: ReadOptions):
         self.options = options
+        self.scan = ScanBounds()
 
     def partitions(self) -> list[RangePartition]:
-        bounds = partition_bounds(self.options.root, self.options.topic, self.options.isolation)
-        by_partition = {bound.partition: bound for bound in bounds}
-        return range_partitions(batch_ranges(self.options, bounds), by_partition)
+        options = self.options
+        numbers = partition_numbers(options.root, options.topic)
+        check_offset_partitions(options, numbers)
+        wanted = [n for n in numbers if self.scan.wants_partition(n)]
+        bounds = partition_bounds(options.root, options.topic, options.isolation, numbers=wanted)
+        search = timestamp_search(options.root, options.topic)
+        ranges = batch_ranges(options, bounds, self.scan, search)
+        return range_partitions(ranges, {bound.partition: bound for bound in bounds})
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition), partition
-        return read_range(self.options, partition)
+        return read_partition(self.options, partition)
+
+
+class OncelogFilteringReader(OncelogBatchReader):
+    """A batch read that takes Spark's filters on partition, offset and timestamp (pushdown.py)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        self.scan, left = push_filters(filters)
+        return left
 
 
 Offsets = dict[str, dict[str, int]]
@@ -120,7 +159,10 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {int(p): int(offset) for p, offset in offsets.get(self.options.topic, {}).items()}
 
     def _bounds(self) -> dict[int, PartitionBounds]:
-        bounds = partition_bounds(self.options.root, self.options.topic, self.options.isolation)
+        # A topic not created yet has no partitions: the stream waits for it.
+        bounds = partition_bounds(
+            self.options.root, self.options.topic, self.options.isolation, missing_ok=True
+        )
         return {bound.partition: bound for bound in bounds}
 
     def initialOffset(self) -> Offsets:
@@ -182,8 +224,7 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return range_partitions(split, bounds)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition), partition
-        return read_range(self.options, partition)
+        return read_partition(self.options, partition)
 
     def commit(self, end: Offsets) -> None:
         pass  # nothing to release: reads take no locks and leave nothing behind

@@ -19,11 +19,19 @@ Why the result is exactly once:
   (InvalidProducerEpochError) instead of opening a transaction nobody would close;
 - a re-run of a decided write id writes nothing, and finishes the markers if the
   driver died half way.
+
+Who creates what. The driver does, before any task runs (`prepare_write_root`,
+`ensure_topic`): the root, its id, the write registry and every partition of a new
+topic. A task given the driver's plan (`WritePlan`) creates nothing: it checks the
+root it sees has the driver's id, and that each partition it appends to exists, so a
+root path that means another directory on an executor (a relative path, a local disk)
+fails the task with both paths named instead of writing where nobody reads.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -33,9 +41,11 @@ from oncelog.config import LogConfig
 from oncelog.layout import TopicPartition, parse_partition_dir_name
 from oncelog.lock_wait import wait_while_locked
 from oncelog.log import Log
+from oncelog.log_dirs import create_dir
 from oncelog.log_manager import ROOT_METADATA_DIR, read_topic_config
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.fs import DEFAULT_FS, FileSystem
+from oncelog.root_identity import SHARED_ROOT_HINT, RootIdentityError, check_root_identity, ensure_root_id
 from oncelog.segments.batch import encode_batch
 from oncelog.spark.partitioner import partition_for_key
 from oncelog.spark.write_registry import REGISTRY_DIR, WriteRegistry
@@ -86,17 +96,36 @@ def topic_partitions(root: str, topic: str, fs: FileSystem = DEFAULT_FS) -> list
     return sorted(found)
 
 
+@dataclass(frozen=True)
+class WritePlan:
+    """What the driver resolved for a write, carried to every task."""
+
+    root_id: str
+    planned_on: str  # the driver's host, for the messages
+    partition_count: int
+
+
+def prepare_write_root(root: str, fs: FileSystem = DEFAULT_FS) -> str:
+    """On the driver: the root (created if missing), its id and its write registry; returns the id."""
+    create_dir(fs, root)
+    root_id = ensure_root_id(fs, root)
+    WriteRegistry.open(root, fs).close()  # created here, never by a task
+    return root_id
+
+
 def ensure_topic(
     root: str, topic: str, partitions: int, timeout_s: float, fs: FileSystem = DEFAULT_FS
-) -> None:
+) -> int:
     """Create a topic that does not exist yet with all its partitions (empty logs), so every
-    task of every job sees the same partition count."""
-    if topic_partitions(root, topic, fs):
-        return
+    task of every job sees the same partition count; returns that count."""
+    existing = topic_partitions(root, topic, fs)
+    if existing:
+        return existing[-1] + 1
     config = read_topic_config(root, topic, fs)
     for partition in range(partitions):
         with open_partition(root, TopicPartition(topic, partition), config, timeout_s, fs):
             pass
+    return partitions
 
 
 def abort_stale_writes(root: str, timeout_s: float, fs: FileSystem = DEFAULT_FS) -> list[str]:
@@ -136,21 +165,29 @@ class TaskWriter:
         batch_records: int = 1000,
         max_pending_bytes: int = 64 << 20,
         lock_timeout_s: float = 60.0,
+        plan: WritePlan | None = None,
         fs: FileSystem = DEFAULT_FS,
     ):
         self.root, self.topic, self.write_id, self.job, self.attempt = root, topic, write_id, job, attempt
         self.batch_records = batch_records
         self.max_pending_bytes = max_pending_bytes
         self.lock_timeout_s = lock_timeout_s
+        self.plan = plan
         self._fs = fs
+        if plan is not None:
+            # Before anything is opened (opening creates): this must be the driver's root.
+            check_root_identity(fs, root, plan.root_id, plan.planned_on)
         # The registry is opened per use: LMDB allows one open per process, and the
         # driver's commit or another task may run in this process too.
         with WriteRegistry.open(root, fs) as registry:
             self.skipped = registry.state(write_id).decided
-        existing = topic_partitions(root, topic, fs)
-        # A topic that does not exist yet gets `new_topic_partitions` (the data source
-        # creates them all before the job, see ensure_topic); a missing one is created on write.
-        self.partition_count = existing[-1] + 1 if existing else new_topic_partitions
+        if plan is not None:
+            self.partition_count = plan.partition_count
+        else:
+            # Without a plan (the library used directly), a topic that does not exist yet
+            # gets `new_topic_partitions`, each created on its first write.
+            existing = topic_partitions(root, topic, fs)
+            self.partition_count = existing[-1] + 1 if existing else new_topic_partitions
         self._config = read_topic_config(root, topic, fs)
         # Cut batches by size too, well under the topic's limit (a batch's overhead is small).
         self.batch_bytes = max(1024, self._config.max_batch_bytes // 2)
@@ -217,6 +254,13 @@ class TaskWriter:
         for partition in sorted(self._encoded):
             batches = self._encoded.pop(partition)
             tp = TopicPartition(self.topic, partition)
+            if self.plan is not None and not self._fs.exists(os.path.join(self.root, str(tp), "")):
+                raise RootIdentityError(
+                    f"partition {tp} is missing on host {socket.gethostname()}, though the driver on host "
+                    f"{self.plan.planned_on} created it before the write "
+                    f"(deleted since, or {SHARED_ROOT_HINT})",
+                    path=os.path.join(self.root, str(tp)),
+                )
             if tp not in self._touched:
                 # Durable before the first append: an abort must be able to find it.
                 with WriteRegistry.open(self.root, self._fs) as registry:

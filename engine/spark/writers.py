@@ -14,6 +14,7 @@ commits exactly those, aborting every other attempt registered under the write i
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,8 +24,16 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
 
+from oncelog.errors import CorruptMetadataError, LogDirectoryError
 from oncelog.spark.options import OptionError, WriteOptions
-from oncelog.spark.transactional_writes import TaskWriter, abort_stale_writes, ensure_topic, finish_write
+from oncelog.spark.transactional_writes import (
+    TaskWriter,
+    WritePlan,
+    abort_stale_writes,
+    ensure_topic,
+    finish_write,
+    prepare_write_root,
+)
 
 _BINARY_OR_STRING = (BinaryType, StringType)
 
@@ -68,7 +77,7 @@ def _bytes(value: Any) -> bytes | None:
 
 
 def _write_rows(
-    options: WriteOptions, write_id: str, job: str, attempt: str, rows: Iterator[Any]
+    options: WriteOptions, plan: WritePlan, write_id: str, job: str, attempt: str, rows: Iterator[Any]
 ) -> AttemptMessage:
     writer = TaskWriter(
         options.root,
@@ -80,6 +89,7 @@ def _write_rows(
         batch_records=options.batch_records,
         max_pending_bytes=options.max_pending_bytes,
         lock_timeout_s=options.lock_timeout_s,
+        plan=plan,
     )
     try:
         if not writer.skipped:
@@ -112,10 +122,18 @@ def _attempt_key() -> str:
     return f"{context.stageId()}.{context.partitionId()}.{context.attemptNumber()}.{context.taskAttemptId()}"
 
 
-def prepare_write(options: WriteOptions) -> None:
-    """Once per job, before any task: time out abandoned writes, create a new topic whole."""
+def prepare_write(options: WriteOptions) -> WritePlan:
+    """Once per job, on the driver, before any task: the root with its id and registry, a
+    new topic whole, abandoned writes timed out. Tasks create none of it."""
+    try:
+        root_id = prepare_write_root(options.root)
+    except CorruptMetadataError:
+        raise
+    except LogDirectoryError as exc:
+        raise OptionError(str(exc)) from None
     abort_stale_writes(options.root, options.transaction_timeout_s)
-    ensure_topic(options.root, options.topic, options.new_topic_partitions, options.lock_timeout_s)
+    count = ensure_topic(options.root, options.topic, options.new_topic_partitions, options.lock_timeout_s)
+    return WritePlan(root_id, socket.gethostname(), count)
 
 
 class OncelogBatchWriter(DataSourceWriter):
@@ -124,10 +142,10 @@ class OncelogBatchWriter(DataSourceWriter):
         # Built once per job and pickled to every task: attempt keys never collide with
         # those of another job (a new application numbers its stages and tasks from 0 again).
         self.job = uuid.uuid4().hex
-        prepare_write(options)
+        self.plan = prepare_write(options)
 
     def write(self, iterator: Iterator[Any]) -> AttemptMessage:
-        return _write_rows(self.options, self.options.write_id, self.job, _attempt_key(), iterator)
+        return _write_rows(self.options, self.plan, self.options.write_id, self.job, _attempt_key(), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         winners = [m.attempt for m in _attempts(messages) if not m.skipped]
@@ -149,7 +167,7 @@ class OncelogStreamWriter(DataSourceStreamWriter):
         self.prefix = options.write_id if options.user_write_id else "stream"
         # One instance serves one micro-batch's tasks (Spark builds it per batch).
         self.job = uuid.uuid4().hex
-        prepare_write(options)
+        self.plan = prepare_write(options)
 
     def _write_id(self, query_id: str, batch_id: int | str) -> str:
         return f"{self.prefix}/{query_id}/{batch_id}"
@@ -162,7 +180,7 @@ class OncelogStreamWriter(DataSourceStreamWriter):
         if not query_id or batch_id is None:
             raise RuntimeError("the streaming writer found no query id or batch id in its task")
         return _write_rows(
-            self.options, self._write_id(query_id, batch_id), self.job, _attempt_key(), iterator
+            self.options, self.plan, self._write_id(query_id, batch_id), self.job, _attempt_key(), iterator
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

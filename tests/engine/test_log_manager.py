@@ -125,6 +125,8 @@ class TestPartitions:
             "meta.lmdb",
             "producer_ids.lmdb",
             "producer_ids.lock",
+            "root.id",
+            "root.id.lock",
         ]
 
     def test_unrelated_entries_in_the_root_are_left_alone(self, tmp_path: Path) -> None:

@@ -25,6 +25,13 @@ pyarrow). Workers start in the current directory with site-packages (so the edit
 ``oncelog`` package imports), but without the directories pytest prepends to ``sys.path``:
 classes and functions defined at module level in a test file or a helper module here are
 pickled by reference, so this directory is put on the workers' PYTHONPATH.
+
+A standalone cluster (``spark_cluster``, marker ``cluster``): a master and two workers started
+per test module by tests/spark/cluster.py, and the same shared session pointed at
+``spark://127.0.0.1:port`` with ``CLUSTER_CONF`` added for that session only. There executors
+are JVMs of their own whose Python workers run in ``<worker work dir>/<app id>/<executor id>``;
+they run ``PYSPARK_PYTHON`` as the driver saw it (each Python function carries the driver's
+interpreter path), not whatever the workers' environment says.
 """
 
 from __future__ import annotations
@@ -35,11 +42,12 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from cluster import ClusterSession, StandaloneCluster
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -47,6 +55,13 @@ if TYPE_CHECKING:
 SPARK_TESTS_DIR = Path(__file__).resolve().parent
 DEFAULT_MASTER = "local[2]"
 RETRY_MASTER = "local[2,4]"  # two cores, each task tried up to 4 times
+# Added to SparkSessions.conf for the standalone-cluster session only. Each worker offers 1 core
+# and 1 GiB: a 512 MiB single-core executor fits on each, and cores.max=2 asks for both.
+CLUSTER_CONF = {
+    "spark.executor.memory": "512m",
+    "spark.executor.cores": "1",
+    "spark.cores.max": "2",
+}
 MIN_JAVA = 17
 
 LOG4J2_PROPERTIES = """\
@@ -85,6 +100,9 @@ class SparkSessions:
         self.workdir = workdir
         self.session: SparkSession | None = None
         self.master: str | None = None
+        self.extra_conf: dict[str, str] = {}
+        # JVM system properties to put back when the session with extra_conf stops.
+        self._saved_properties: dict[str, str | None] = {}
         self.startups: list[tuple[str, float]] = []
         log4j = workdir / "log4j2.properties"
         log4j.write_text(LOG4J2_PROPERTIES)
@@ -112,15 +130,19 @@ class SparkSessions:
             "spark.local.dir": str(workdir / "local"),
         }
 
-    def get(self, master: str) -> SparkSession:
-        if self.session is not None and self.master == master:
+    def get(self, master: str, extra_conf: Mapping[str, str] | None = None) -> SparkSession:
+        """The session for ``master`` with ``self.conf`` plus ``extra_conf`` (which applies to
+        this session only); restarts the shared session if either differs."""
+        extra = dict(extra_conf or {})
+        if self.session is not None and self.master == master and self.extra_conf == extra:
             return self.session
         self.stop()
-        self.session = self._start(master)
+        self.session = self._start(master, extra)
         self.master = master
+        self.extra_conf = extra
         return self.session
 
-    def _start(self, master: str) -> SparkSession:
+    def _start(self, master: str, extra_conf: dict[str, str]) -> SparkSession:
         version = java_major_version()
         if version is None or version < MIN_JAVA:
             found = "no java" if version is None else f"Java {version}"
@@ -133,8 +155,9 @@ class SparkSessions:
 
         started = time.perf_counter()
         builder = SparkSession.builder.master(master).appName("oncelog-tests")
-        for key, value in self.conf.items():
+        for key, value in {**self.conf, **extra_conf}.items():
             builder = builder.config(key, value)
+        self._saved_properties = self._system_properties(extra_conf.keys() - self.conf.keys())
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("ERROR")
         self.startups.append((master, time.perf_counter() - started))
@@ -147,6 +170,32 @@ class SparkSessions:
             self.session.stop()
             self.session = None
             self.master = None
+            self.extra_conf = {}
+            self._restore_system_properties()
+
+    # The first session's conf reaches the JVM as spark-submit --conf, i.e. as system properties,
+    # and every later SparkConf loads those. A cluster session that launched the JVM would thus
+    # hand spark.cores.max etc. to every later local session; restoring keeps extra_conf local.
+    @staticmethod
+    def _system_properties(keys: Iterable[str]) -> dict[str, str | None]:
+        from pyspark import SparkContext
+
+        jvm = SparkContext._jvm
+        if jvm is None:  # no JVM yet: none of these can be set
+            return dict.fromkeys(keys)
+        return {key: jvm.java.lang.System.getProperty(key) for key in keys}
+
+    def _restore_system_properties(self) -> None:
+        from pyspark import SparkContext
+
+        jvm = SparkContext._jvm
+        if jvm is not None:
+            for key, value in self._saved_properties.items():
+                if value is None:
+                    jvm.java.lang.System.clearProperty(key)
+                else:
+                    jvm.java.lang.System.setProperty(key, value)
+        self._saved_properties = {}
 
 
 _sessions: SparkSessions | None = None
@@ -187,7 +236,59 @@ def spark_retry(spark_sessions: SparkSessions) -> Iterator[SparkSession]:
     _stop_streams(session)
 
 
+_cluster_startups: list[float] = []
+
+
+@pytest.fixture(scope="module")
+def standalone_cluster(
+    spark_sessions: SparkSessions, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StandaloneCluster]:
+    """A master and two workers on 127.0.0.1 (tests/spark/cluster.py), for one test module.
+
+    Module-scoped: start-up is 13-20 s here, too slow per test, but a module may kill executors or
+    workers, and the three daemons and two executors would otherwise stay up for the rest of
+    the run beside the local sessions. A module starts with a fresh cluster and leaves none.
+    """
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        cluster.start()
+        assert cluster.startup_seconds is not None
+        _cluster_startups.append(cluster.startup_seconds)
+        yield cluster
+    finally:
+        # The driver first: a session left on a dead master retries it until stopped.
+        if spark_sessions.master == cluster.master_url:
+            spark_sessions.stop()
+        cluster.stop()
+
+
+@pytest.fixture
+def spark_cluster(
+    spark_sessions: SparkSessions, standalone_cluster: StandaloneCluster
+) -> Iterator[ClusterSession]:
+    """The shared session, connected to the module's cluster with an executor on each worker.
+
+    Per test, like ``spark``: a test in between may have switched the session to local mode,
+    or killed an executor that the master is still replacing.
+    """
+    session = spark_sessions.get(standalone_cluster.master_url, CLUSTER_CONF)
+    on_cluster = ClusterSession(session, standalone_cluster)
+    on_cluster.wait_for_executors()
+    yield on_cluster
+    _stop_streams(session)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test on the cluster gets the marker, so -m "not cluster" skips them all.
+    for item in items:
+        if "standalone_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _sessions is not None and _sessions.startups:
         starts = ", ".join(f"{master} {seconds:.1f}s" for master, seconds in _sessions.startups)
         terminalreporter.write_line(f"spark session starts: {starts}")
+    if _cluster_startups:
+        starts = ", ".join(f"{seconds:.1f}s" for seconds in _cluster_startups)
+        terminalreporter.write_line(f"spark standalone cluster starts: {starts}")
