@@ -7,6 +7,7 @@ abort) against a real root, then reads back with the engine in read_committed.
 from __future__ import annotations
 
 import multiprocessing
+import shutil
 import time
 from pathlib import Path
 
@@ -16,12 +17,15 @@ from kafka.partitioner.default import murmur2 as kafka_murmur2
 from oncelog import InvalidProducerEpochError, Log, LogConfig
 from oncelog.layout import TopicPartition
 from oncelog.results import Isolation
+from oncelog.root_identity import RootIdentityError
 from oncelog.spark.partitioner import murmur2, partition_for_key
 from oncelog.spark.transactional_writes import (
     TaskWriter,
+    WritePlan,
     abort_stale_writes,
     ensure_topic,
     finish_write,
+    prepare_write_root,
     topic_partitions,
 )
 from oncelog.spark.write_registry import WriteAbortedError, WriteDecidedError, WriteRegistry, check_write_id
@@ -266,3 +270,48 @@ def test_committed_attempts_free_their_producer_slots_and_aborted_ones_stay_fenc
 def test_task_attempts_lease_consecutive_producer_ids(tmp_path: Path) -> None:
     pids = [TaskWriter(str(tmp_path), TOPIC, "w16", "job-a", f"0.{n}.0").producer_id for n in range(3)]
     assert pids == list(range(pids[0], pids[0] + 3))  # no block of 100 wasted per attempt
+
+
+def _planned_root(root: Path, partitions: int) -> WritePlan:
+    """What a write's driver makes before any task runs."""
+    root_id = prepare_write_root(str(root))
+    count = ensure_topic(str(root), TOPIC, partitions, 10.0)
+    return WritePlan(root_id, "driver-host", count)
+
+
+def test_a_task_with_the_drivers_plan_writes_into_the_drivers_root(tmp_path: Path) -> None:
+    plan = _planned_root(tmp_path, 2)
+    writer = TaskWriter(str(tmp_path), TOPIC, "w", "job", "job/a0", plan=plan)
+    for n in range(10):
+        writer.add(None, b"v%d" % n)
+    finish_write(str(tmp_path), "w", [writer.finish().attempt])
+    assert sorted(read_topic(tmp_path, 2)) == sorted(b"v%d" % n for n in range(10))
+
+
+def test_a_task_that_finds_no_root_creates_nothing(tmp_path: Path) -> None:
+    plan = _planned_root(tmp_path / "driver", 2)
+    elsewhere = tmp_path / "executor"
+    with pytest.raises(RootIdentityError, match=r"no such directory.*driver-host"):
+        TaskWriter(str(elsewhere), TOPIC, "w", "job", "job/a0", plan=plan)
+    assert not elsewhere.exists()
+
+
+def test_a_task_that_finds_another_root_at_the_path_writes_nothing_there(tmp_path: Path) -> None:
+    plan = _planned_root(tmp_path / "driver", 2)
+    other = tmp_path / "other"
+    _planned_root(other, 2)  # a root of its own, the same topic: a local disk at the same path
+    before = sorted(p.name for p in other.rglob("*"))
+    with pytest.raises(RootIdentityError, match="different directories"):
+        TaskWriter(str(other), TOPIC, "w", "job", "job/a0", plan=plan)
+    assert sorted(p.name for p in other.rglob("*")) == before
+
+
+def test_a_task_never_recreates_a_partition_deleted_after_planning(tmp_path: Path) -> None:
+    plan = _planned_root(tmp_path, 2)
+    writer = TaskWriter(str(tmp_path), TOPIC, "w", "job", "job/a0", plan=plan)
+    shutil.rmtree(tmp_path / f"{TOPIC}-1")
+    for n in range(4):
+        writer.add(None, b"v%d" % n, partition=n % 2)
+    with pytest.raises(RootIdentityError, match=f"partition {TOPIC}-1 is missing"):
+        writer.finish()
+    assert not (tmp_path / f"{TOPIC}-1").exists()
