@@ -68,10 +68,48 @@ def range_partitions(ranges: list[OffsetRange], bounds: dict[int, PartitionBound
     return out
 
 
+@dataclass(frozen=True)
+class PackedRanges(InputPartition):
+    """Several small ranges read by one task, one after the other."""
+
+    ranges: tuple[RangePartition, ...]
+
+
+# Ranges smaller than this are read several to a task, up to this many offsets in all: a
+# Spark task costs tens of milliseconds whatever it reads (its Python worker, the reader's
+# pickle, the scheduling), as much as reading ~100k records here. Never above
+# maxRecordsPerPartition, and never into fewer tasks than minPartitions.
+PACK_RECORDS = 250_000
+
+
+def pack_ranges(parts: list[RangePartition], max_records: int, min_tasks: int) -> list[InputPartition]:
+    """`parts` as tasks: each range of PACK_RECORDS or more alone, the smaller ones packed in
+    plan order into tasks of at most PACK_RECORDS (and `max_records`) offsets."""
+    limit = min(PACK_RECORDS, max_records)
+    tasks: list[InputPartition] = []
+    pack: list[RangePartition] = []
+    packed = 0
+    for part in parts:
+        size = part.end - part.start
+        if size >= limit:
+            tasks.append(part)
+            continue
+        if pack and packed + size > limit:
+            tasks.append(pack[0] if len(pack) == 1 else PackedRanges(tuple(pack)))
+            pack, packed = [], 0
+        pack.append(part)
+        packed += size
+    if pack:
+        tasks.append(pack[0] if len(pack) == 1 else PackedRanges(tuple(pack)))
+    return tasks if len(tasks) >= min_tasks else list(parts)
+
+
 def read_partition(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """A task's rows. Spark hands a read with nothing planned one InputPartition(None): no rows."""
     if isinstance(partition, RangePartition):
         return read_range(options, partition)
+    if isinstance(partition, PackedRanges):
+        return (batch for part in partition.ranges for batch in read_range(options, part))
     if partition.value is None:
         return iter(())
     raise TypeError(f"not an oncelog input partition: {partition!r}")
@@ -121,7 +159,7 @@ class OncelogBatchReader(DataSourceReader):
         self.options = options
         self.scan = ScanBounds()
 
-    def partitions(self) -> list[RangePartition]:
+    def partitions(self) -> list[InputPartition]:
         options = self.options
         numbers = partition_numbers(options.root, options.topic)
         check_offset_partitions(options, numbers)
@@ -129,7 +167,8 @@ class OncelogBatchReader(DataSourceReader):
         bounds = partition_bounds(options.root, options.topic, options.isolation, numbers=wanted)
         search = timestamp_search(options.root, options.topic)
         ranges = batch_ranges(options, bounds, self.scan, search)
-        return range_partitions(ranges, {bound.partition: bound for bound in bounds})
+        parts = range_partitions(ranges, {bound.partition: bound for bound in bounds})
+        return pack_ranges(parts, options.max_records_per_partition, options.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.options, partition)
@@ -211,7 +250,7 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return checked
 
     # -- reading ---------------------------------------------------------------------
-    def partitions(self, start: Offsets, end: Offsets) -> list[RangePartition]:
+    def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
         bounds = self._bounds()
         starts = self._checked_starts(self._unwrap(start), bounds)
         # A partition gone since `end` was planned (deleted) is skipped.
@@ -221,7 +260,7 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if p in starts and stop > starts[p]
         ]
         split = split_ranges(ranges, 1, self.options.max_records_per_partition)
-        return range_partitions(split, bounds)
+        return pack_ranges(range_partitions(split, bounds), self.options.max_records_per_partition, 1)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.options, partition)

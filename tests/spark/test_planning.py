@@ -31,7 +31,16 @@ from oncelog.spark.planning import (
     resolve,
     split_ranges,
 )
-from oncelog.spark.readers import OncelogStreamReader, RangePartition, cap_rows, range_partitions, read_range
+from oncelog.spark.readers import (
+    PACK_RECORDS,
+    OncelogStreamReader,
+    PackedRanges,
+    RangePartition,
+    cap_rows,
+    pack_ranges,
+    range_partitions,
+    read_range,
+)
 
 
 def test_offsets_are_earliest_latest_or_kafkas_json() -> None:
@@ -173,3 +182,22 @@ def test_offsets_lost_after_planning_are_skipped_only_when_allowed(tmp_path: Pat
         _values(read_options({"path": str(root), "topic": "t"}), [planned])
     lenient = read_options({"path": str(root), "topic": "t", "failondataloss": "false"})
     assert _values(lenient, [planned]) == [b"v%d" % n for n in range(30, 60)]
+
+
+def test_small_ranges_are_read_several_to_a_task_large_ones_alone() -> None:
+    parts = [
+        RangePartition(p, 0, size) for p, size in enumerate([10, 20, PACK_RECORDS, 30, PACK_RECORDS - 40])
+    ]
+    tasks = pack_ranges(parts, 1_000_000, 1)
+    assert tasks == [parts[2], PackedRanges((parts[0], parts[1], parts[3])), parts[4]]
+    covered = sorted(
+        (r.partition, r.start, r.end)
+        for t in tasks
+        for r in (t.ranges if isinstance(t, PackedRanges) else (t,))
+    )
+    assert covered == sorted((r.partition, r.start, r.end) for r in parts)
+    assert all(
+        sum(r.end - r.start for r in t.ranges) <= PACK_RECORDS for t in tasks if isinstance(t, PackedRanges)
+    )
+    assert sorted(map(repr, pack_ranges(parts, 15, 1))) == sorted(map(repr, parts))  # 15 bounds a pack
+    assert pack_ranges(parts, 1_000_000, 5) == parts  # minPartitions wins over packing

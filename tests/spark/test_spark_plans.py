@@ -238,10 +238,13 @@ def test_every_filter_gives_the_same_rows_with_and_without_pushdown(spark: Spark
 
 
 def test_a_partition_filter_plans_only_that_partition(spark: SparkSession, root: Path) -> None:
-    assert load(spark, root).rdd.getNumPartitions() == PARTITIONS
-    assert load(spark, root).filter("partition = 1").rdd.getNumPartitions() == 1
+    whole = {"maxRecordsPerPartition": PER_PARTITION}  # a task per partition, none packed
+    assert load(spark, root, **whole).rdd.getNumPartitions() == PARTITIONS
+    assert load(spark, root, **whole).filter("partition = 1").rdd.getNumPartitions() == 1
     narrowed = load(spark, root, maxRecordsPerPartition=10).filter("offset >= 50")
     assert narrowed.rdd.getNumPartitions() == PARTITIONS  # one range of 10 per partition, not 6
+    assert load(spark, root).rdd.getNumPartitions() == 1  # small ranges: packed into one task
+    assert load(spark, root, minPartitions=3).rdd.getNumPartitions() == 3
 
 
 def test_spark_shares_a_pushed_down_plan_across_one_loaded_frame(spark: SparkSession, root: Path) -> None:
