@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,6 +29,10 @@ Isolation = Literal["read_committed", "read_uncommitted"]
 EARLIEST, LATEST = -2, -1  # Kafka's sentinels in JSON offsets
 # An offset spec: "earliest", "latest", or per partition (absent partitions: the default).
 OffsetSpec = int | dict[int, int]
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() takes any script's
+_PARTITION = re.compile(r"0|[1-9][0-9]*")
 
 
 class OptionError(ValueError):
@@ -87,10 +92,9 @@ def _int(options: Mapping[str, str], name: str, default: int, minimum: int) -> i
     raw = _get(options, name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise OptionError(f"option {name} must be an integer, got {raw!r}") from None
+    if not _INTEGER.fullmatch(raw.strip()):
+        raise OptionError(f"option {name} must be an integer, got {raw!r}")
+    value = int(raw)
     if value < minimum:
         raise OptionError(f"option {name} must be >= {minimum}, got {value}")
     return value
@@ -137,7 +141,9 @@ def parse_offsets(raw: str | None, name: str, topic_name: str, default: int) -> 
     if text.lower() == "latest":
         return LATEST
     try:
-        parsed = json.loads(text)
+        parsed = json.loads(text, object_pairs_hook=_refuse_duplicates)
+    except _DuplicateKeyError as exc:
+        raise OptionError(f"option {name}: {exc}") from None
     except json.JSONDecodeError:
         raise OptionError(f'option {name} must be "earliest", "latest" or JSON, got {raw!r}') from None
     if (
@@ -150,14 +156,31 @@ def parse_offsets(raw: str | None, name: str, topic_name: str, default: int) -> 
         )
     offsets: dict[int, int] = {}
     for partition, offset in parsed[topic_name].items():
-        try:
-            number = int(partition)
-        except ValueError:
-            raise OptionError(f"option {name}: partition {partition!r} is not a number") from None
-        if not isinstance(offset, int) or offset < EARLIEST:
+        if not _PARTITION.fullmatch(partition):
+            raise OptionError(f"option {name}: partition {partition!r} is not a partition number")
+        number = int(partition)
+        # bool is an int to Python, not an offset to anyone.
+        if type(offset) is not int or offset < EARLIEST:
             raise OptionError(f"option {name}: offset {offset!r} of partition {number} is not >= -2")
         offsets[number] = offset
     return offsets
+
+
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _refuse_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise _DuplicateKeyError(f"{repeated[0]!r} is given twice")
+    return dict(pairs)
+
+
+def _named(spec: OffsetSpec, sentinel: int) -> list[int]:
+    """The partitions a JSON spec gives the sentinel."""
+    return sorted(p for p, offset in spec.items() if offset == sentinel) if isinstance(spec, dict) else []
 
 
 @dataclass(frozen=True)
@@ -191,10 +214,14 @@ def read_options(options: Mapping[str, str], *, streaming: bool = False) -> Read
     ending = parse_offsets(_get(options, "endingOffsets"), "endingOffsets", name, LATEST)
     if streaming and _get(options, "endingOffsets") is not None:
         raise OptionError("option endingOffsets is for batch reads; a stream reads on")
-    if starting == LATEST and not streaming:
-        raise OptionError('option startingOffsets "latest" would read nothing in a batch query')
-    if ending == EARLIEST:
-        raise OptionError('option endingOffsets cannot be "earliest"')
+    batch_latest = [] if streaming else _named(starting, LATEST)
+    if (starting == LATEST and not streaming) or batch_latest:
+        raise OptionError(
+            'option startingOffsets "latest" (-1) would read nothing in a batch query'
+            + (f" (partitions {batch_latest})" if batch_latest else "")
+        )
+    if ending == EARLIEST or _named(ending, EARLIEST):
+        raise OptionError('option endingOffsets cannot be "earliest" (-2)')
     trigger = _get(options, "maxOffsetsPerTrigger")
     return ReadOptions(
         root=root_path(options),

@@ -4,16 +4,18 @@ Spark hands a batch read the conjuncts of its WHERE clause (`pushFilters`, pyspa
 4.1+, with `spark.sql.python.filterPushdown.enabled`); the reader keeps what it can
 apply while planning and returns the rest, which Spark then evaluates on every row.
 
-| column      | operators                    | what planning does                     | handed back |
-|-------------|------------------------------|----------------------------------------|-------------|
-| `partition` | = <=> < <= > >= IN           | reads only the matching partitions     | no: exact   |
-| `offset`    | = <=> < <= > >=              | cuts every range to [low, high)        | no: exact   |
-| `offset`    | IN                           | cuts every range to [min, max]         | yes         |
-| `timestamp` | > >= = <=> IN                | starts each partition at the first     | yes         |
-|             |                              | batch whose max timestamp can match    |             |
+| column      | operators                    | what planning does                     | exact |
+|-------------|------------------------------|----------------------------------------|-------|
+| `partition` | = <=> < <= > >= IN           | reads only the matching partitions     | yes   |
+| `offset`    | = <=> < <= > >=              | cuts every range to [low, high)        | yes   |
+| `offset`    | IN                           | cuts every range to [min, max]         | no    |
+| `timestamp` | > >= = <=> IN                | starts each partition at the first     | no    |
+|             |                              | batch whose max timestamp can match    |       |
 
 Exact means every row of the narrowed ranges satisfies the filter: the readers drop
-records outside [start, end) even inside a stored batch. Timestamps are not ordered
+records outside [start, end) even inside a stored batch. `push_filters` returns the
+inexact ones as Spark's to evaluate; the reader hands back every filter all the same
+(readers.OncelogFilteringReader says why). Timestamps are not ordered
 by offset (clients stamp them), so only a lower bound can be found, from the time
 indexes as ListOffsets does; the filter stays with Spark. An upper timestamp bound
 says nothing about offsets and is handed back untouched, as is anything else (other

@@ -39,6 +39,7 @@ from oncelog.spark.planning import (
     PartitionBounds,
     batch_ranges,
     check_offset_partitions,
+    checked_batch_range,
     partition_bounds,
     partition_numbers,
     resolve,
@@ -163,8 +164,15 @@ class OncelogBatchReader(DataSourceReader):
         options = self.options
         numbers = partition_numbers(options.root, options.topic)
         check_offset_partitions(options, numbers)
-        wanted = [n for n in numbers if self.scan.wants_partition(n)]
-        bounds = partition_bounds(options.root, options.topic, options.isolation, numbers=wanted)
+        wanted = {n for n in numbers if self.scan.wants_partition(n)}
+        # Offsets the options name are checked whatever the filters keep: a bad option fails
+        # the same with and without pushdown.
+        named = {n for spec in (options.starting, options.ending) if isinstance(spec, dict) for n in spec}
+        stats = sorted(wanted | named)
+        bounds = partition_bounds(options.root, options.topic, options.isolation, numbers=stats)
+        for bound in bounds:
+            checked_batch_range(options, bound)
+        bounds = [bound for bound in bounds if bound.partition in wanted]
         search = timestamp_search(options.root, options.topic)
         ranges = batch_ranges(options, bounds, self.scan, search)
         parts = range_partitions(ranges, {bound.partition: bound for bound in bounds})
@@ -175,11 +183,18 @@ class OncelogBatchReader(DataSourceReader):
 
 
 class OncelogFilteringReader(OncelogBatchReader):
-    """A batch read that takes Spark's filters on partition, offset and timestamp (pushdown.py)."""
+    """A batch read that takes Spark's filters on partition, offset and timestamp (pushdown.py).
+
+    Every filter is handed back to Spark, even those the narrowed ranges apply exactly:
+    Spark 4.1-4.3 keep the plan of a relation's last pushdown and reuse it for its other
+    scans (a union or self-join of one loaded DataFrame, a view queried twice), so a scan
+    may read ranges narrowed for another. Evaluated again by Spark, no row can then
+    contradict its own filter; what is narrowed away is still missing (README, Spark).
+    """
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        self.scan, left = push_filters(filters)
-        return left
+        self.scan, _ = push_filters(filters)
+        return filters
 
 
 Offsets = dict[str, dict[str, int]]

@@ -201,3 +201,35 @@ def test_small_ranges_are_read_several_to_a_task_large_ones_alone() -> None:
     )
     assert sorted(map(repr, pack_ranges(parts, 15, 1))) == sorted(map(repr, parts))  # 15 bounds a pack
     assert pack_ranges(parts, 1_000_000, 5) == parts  # minPartitions wins over packing
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ('{"t": {"0": true}}', "offset True of partition 0"),
+        ('{"t": {"+1": 5}}', "partition '\\+1' is not a partition number"),
+        ('{"t": {"01": 5}}', "partition '01' is not a partition number"),
+        ('{"t": {" 1": 5}}', "partition ' 1' is not a partition number"),
+        ('{"t": {"1": 5, "1": 6}}', "'1' is given twice"),
+    ],
+)
+def test_json_offsets_are_read_strictly(raw: str, message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        parse_offsets(raw, "startingOffsets", "t", EARLIEST)
+
+
+def test_sentinels_that_read_nothing_are_refused_per_partition_too() -> None:
+    with pytest.raises(OptionError, match=r"startingOffsets \"latest\" \(-1\).*partitions \[1\]"):
+        read_options({"path": "/r", "topic": "t", "startingoffsets": '{"t": {"0": 0, "1": -1}}'})
+    with pytest.raises(OptionError, match="endingOffsets cannot be"):
+        read_options({"path": "/r", "topic": "t", "endingoffsets": '{"t": {"0": -2}}'})
+    streaming = read_options(
+        {"path": "/r", "topic": "t", "startingoffsets": '{"t": {"0": -1}}'}, streaming=True
+    )
+    assert streaming.starting == {0: LATEST}
+
+
+def test_integer_options_take_ascii_digits_only() -> None:
+    with pytest.raises(OptionError, match="minPartitions must be an integer"):
+        read_options({"path": "/r", "topic": "t", "minpartitions": "\u0967"})  # a Devanagari 1
+    assert read_options({"path": "/r", "topic": "t", "minpartitions": " 3 "}).min_partitions == 3
