@@ -233,7 +233,9 @@ def read_options(options: Mapping[str, str], *, streaming: bool = False) -> Read
         min_partitions=_int(options, "minPartitions", 1, 1),
         max_records_per_partition=_int(options, "maxRecordsPerPartition", 1_000_000, 1),
         max_offsets_per_trigger=None if trigger is None else _int(options, "maxOffsetsPerTrigger", 0, 1),
-        max_rows_per_arrow_batch=_int(options, "maxRowsPerBatch", 65_536, 1),
+        # Spark takes a few large Arrow batches faster than many small ones (bench/README.md);
+        # a batch's bytes stay under arrow_batches.MAX_GROUP_BYTES whatever the row count.
+        max_rows_per_arrow_batch=_int(options, "maxRowsPerBatch", 262_144, 1),
     )
 
 
