@@ -5,8 +5,9 @@
 One local[2] session reads the same 1M rows (8 partitions, 100-byte values) three ways,
 alternating, 7 rounds after a warm-up, each as `write.format("noop")`: the `floor`
 source, which re-yields Arrow batches decoded once in advance (so it measures only
-Spark taking rows from a Python worker), the oncelog source, and spark.read.parquet.
-Prints each one's median time and range.
+Spark taking rows from a Python worker), the oncelog source, and spark.read.parquet;
+then one partition's 125k rows the same three ways (`partition = 3` for oncelog, with
+pushdown, and parquet). Prints each one's median time and range.
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ def _batches(root: str) -> list[pa.RecordBatch]:
 
 
 class FloorReader(DataSourceReader):
-    def __init__(self, root: str):
-        self.root = root
+    def __init__(self, root: str, tasks: int, copies: int):
+        self.root, self.tasks, self.copies = root, tasks, copies
 
     def partitions(self) -> list[InputPartition]:
-        return [InputPartition(n) for n in range(TASKS)]
+        return [InputPartition(n) for n in range(self.tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        for _ in range(8 // TASKS):  # 8 partitions' worth of rows in all
+        for _ in range(self.copies):  # one partition's decoded rows, `copies` times per task
             yield from _batches(self.root)
 
 
@@ -61,7 +62,8 @@ class FloorSource(DataSource):
         return DDL
 
     def reader(self, schema: Any) -> DataSourceReader:
-        return FloorReader(self.options["path"])
+        tasks = int(self.options.get("tasks", TASKS))
+        return FloorReader(self.options["path"], tasks, int(self.options.get("copies", 8 // tasks)))
 
 
 def main() -> int:
@@ -85,10 +87,21 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as root:
         build_topic(root, Layout(RECORDS_PER_PARTITION))
         spark.read.format("oncelog").option("topic", "bench").load(root).write.parquet(root + "/parquet")
+        oncelog.spark.register(spark, filter_pushdown=True)
+
+        def floor() -> Any:
+            return spark.read.format("oncelog_floor")  # a reader of its own: option() changes it
+
+        def ours() -> Any:
+            return spark.read.format("oncelog").option("topic", "bench")
+
         reads: dict[str, Callable[[], Any]] = {
-            "floor (pre-decoded Arrow)": lambda: spark.read.format("oncelog_floor").load(root),
-            "oncelog": lambda: spark.read.format("oncelog").option("topic", "bench").load(root),
-            "spark.read.parquet": lambda: spark.read.parquet(root + "/parquet"),
+            "1M rows, floor": lambda: floor().load(root),
+            "1M rows, oncelog": lambda: ours().load(root),
+            "1M rows, parquet": lambda: spark.read.parquet(root + "/parquet"),
+            "125k rows, floor (1 task)": lambda: floor().option("tasks", 1).option("copies", 1).load(root),
+            "125k rows, oncelog p = 3": lambda: ours().load(root).where("partition = 3"),
+            "125k rows, parquet p = 3": lambda: spark.read.parquet(root + "/parquet").where("partition = 3"),
         }
         times: dict[str, list[float]] = {name: [] for name in reads}
         for rounds in range(8):
@@ -98,7 +111,7 @@ def main() -> int:
                 if rounds:  # the first round warms the workers up
                     times[name].append(time.perf_counter() - started)
         for name, spent in times.items():
-            print(f"{name:28} median {statistics.median(spent):.3f} s  ({min(spent):.3f}-{max(spent):.3f})")
+            print(f"{name:30} median {statistics.median(spent):.3f} s  ({min(spent):.3f}-{max(spent):.3f})")
     spark.stop()
     return 0
 
