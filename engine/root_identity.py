@@ -117,6 +117,17 @@ def check_root_directory(fs: FileSystem, root: str) -> None:
         raise LogDirectoryError("this is a file, not an oncelog root directory", path=root)
 
 
+def check_partition_present(fs: FileSystem, directory: str, planned_on: str) -> None:
+    """Refuse a partition directory the driver on `planned_on` planned with that is not here:
+    a task never creates one (deleted since planning, or another directory at the root's path)."""
+    if not fs.exists(os.path.join(directory, "")):
+        raise RootIdentityError(
+            f"partition {os.path.basename(directory)} is missing on host {socket.gethostname()}, though "
+            f"the driver on host {planned_on} planned with it (deleted since, or {SHARED_ROOT_HINT})",
+            path=directory,
+        )
+
+
 def check_root_identity(fs: FileSystem, root: str, expected_id: str | None, planned_on: str) -> None:
     """Refuse a root that is not the one planned on host `planned_on` with id `expected_id`.
 

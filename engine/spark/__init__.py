@@ -25,10 +25,10 @@ def register(spark: Any, *, filter_pushdown: bool = False) -> None:
 
     `filter_pushdown=True` turns on the session's Python filter pushdown
     (FILTER_PUSHDOWN_CONF), so that filters on partition, offset and timestamp narrow
-    what is read. It is off by default because Spark 4.1-4.3 keep the plan of the last
-    pushed-down scan on the loaded DataFrame and reuse it for later queries on that
-    DataFrame: `df.filter("partition = 1").count()` then `df.count()` counts partition 1
-    only. With it on, load a new DataFrame for each filtered query (README, Spark).
+    what is read. It is off by default because Spark 4.1-4.3 keep the plan of a
+    relation's last pushdown and reuse it for its other scans: `df.filter("partition =
+    1").count()` then `df.count()` counts partition 1 only, and so does a union or a
+    view of one DataFrame. With it on, scan each loaded DataFrame once (README, Spark).
     """
     from oncelog.spark.source import OncelogDataSource
 

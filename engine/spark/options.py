@@ -13,15 +13,17 @@ the working directory: no I/O.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from oncelog.errors import CorruptMetadataError, LogDirectoryError
 from oncelog.layout import validate_topic_partition
 from oncelog.spark.write_registry import check_write_id
 
@@ -62,6 +64,18 @@ WRITE_OPTIONS = (
 # Options Spark itself passes along to a source: the query's checkpoint (streaming writes),
 # and the several paths of load(a, b) (refused below with a clearer message).
 SPARK_OPTIONS = ("checkpointLocation", "paths")
+
+
+@contextlib.contextmanager
+def root_as_option() -> Iterator[None]:
+    """A root that is missing or not a directory fails the query as a bad `path` (one line);
+    a damaged id file (CorruptMetadataError) stays what it is."""
+    try:
+        yield
+    except CorruptMetadataError:
+        raise
+    except LogDirectoryError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def check_option_names(options: Mapping[str, str], *, reading: bool) -> None:

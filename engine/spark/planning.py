@@ -20,11 +20,19 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from oncelog.errors import CorruptMetadataError, LogDirectoryError, OffsetOutOfRangeError
+from oncelog.errors import OffsetOutOfRangeError
 from oncelog.layout import TopicPartition, parse_partition_dir_name
 from oncelog.recovery.fs import DEFAULT_FS, FileSystem, ReadOnlyFileSystem
 from oncelog.root_identity import read_root_id
-from oncelog.spark.options import EARLIEST, LATEST, Isolation, OffsetSpec, OptionError, ReadOptions
+from oncelog.spark.options import (
+    EARLIEST,
+    LATEST,
+    Isolation,
+    OffsetSpec,
+    OptionError,
+    ReadOptions,
+    root_as_option,
+)
 from oncelog.spark.pushdown import ScanBounds
 from oncelog.spark.transactional_writes import topic_partitions
 from oncelog.tools.partition_dirs import Partition, read_kafka_log_starts
@@ -38,12 +46,8 @@ TimestampSearch = Callable[[int, int, int, int], int]  # (partition, timestamp_m
 def plan_read_root(options: ReadOptions, fs: FileSystem = DEFAULT_FS) -> ReadOptions:
     """The options with the root's id and the driver's host filled in, for the tasks to check;
     OptionError in one line if the root is missing or not a directory."""
-    try:
+    with root_as_option():
         root_id = read_root_id(ReadOnlyFileSystem(fs), options.root)
-    except CorruptMetadataError:
-        raise
-    except LogDirectoryError as exc:
-        raise OptionError(str(exc)) from None
     return dataclasses.replace(options, root_id=root_id, planned_on=socket.gethostname())
 
 
@@ -164,7 +168,8 @@ def batch_ranges(
 ) -> list[OffsetRange]:
     """The ranges of a batch read, cut to the pushed filters (`scan`; `search` finds where a
     timestamp bound starts), split so no range exceeds maxRecordsPerPartition and there
-    are at least minPartitions of them (split in proportion to size, as Kafka's source)."""
+    are at least minPartitions of them (split in proportion to size, as Kafka's source).
+    Every bound's offsets are checked, those of partitions the filters drop too."""
     scan = scan or ScanBounds()
     whole: list[OffsetRange] = []
     for bound in bounds:

@@ -15,7 +15,6 @@ micro-batches.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -30,7 +29,7 @@ from pyspark.sql.streaming.datasource import (
 
 from oncelog.layout import TopicPartition
 from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
-from oncelog.root_identity import SHARED_ROOT_HINT, RootIdentityError, check_root_identity
+from oncelog.root_identity import check_partition_present, check_root_identity
 from oncelog.spark.arrow_batches import arrow_batches
 from oncelog.spark.options import ReadOptions
 from oncelog.spark.planning import (
@@ -39,7 +38,6 @@ from oncelog.spark.planning import (
     PartitionBounds,
     batch_ranges,
     check_offset_partitions,
-    checked_batch_range,
     partition_bounds,
     partition_numbers,
     resolve,
@@ -123,12 +121,7 @@ def read_range(options: ReadOptions, part: RangePartition) -> Iterator[pa.Record
     if options.planned_on is not None:
         # The root this task sees must be the driver's: same path is not same directory.
         check_root_identity(fs, options.root, options.root_id, options.planned_on)
-        if not fs.exists(os.path.join(directory, "")):
-            raise RootIdentityError(
-                f"partition {tp} is missing on host {socket.gethostname()}, though the driver on host "
-                f"{options.planned_on} planned to read it (deleted since, or {SHARED_ROOT_HINT})",
-                path=directory,
-            )
+        check_partition_present(fs, directory, options.planned_on)
     aborted = [AbortedRange(*t) for t in part.aborted]
     start = part.start
     try:
@@ -168,11 +161,9 @@ class OncelogBatchReader(DataSourceReader):
         # Offsets the options name are checked whatever the filters keep: a bad option fails
         # the same with and without pushdown.
         named = {n for spec in (options.starting, options.ending) if isinstance(spec, dict) for n in spec}
-        stats = sorted(wanted | named)
-        bounds = partition_bounds(options.root, options.topic, options.isolation, numbers=stats)
-        for bound in bounds:
-            checked_batch_range(options, bound)
-        bounds = [bound for bound in bounds if bound.partition in wanted]
+        bounds = partition_bounds(
+            options.root, options.topic, options.isolation, numbers=sorted(wanted | named)
+        )
         search = timestamp_search(options.root, options.topic)
         ranges = batch_ranges(options, bounds, self.scan, search)
         parts = range_partitions(ranges, {bound.partition: bound for bound in bounds})

@@ -78,7 +78,8 @@ def _filter_pushdown_disabled() -> bool:
     planning worker (pyspark.sql.worker.plan_data_source_read) holds the conf in the
     local `enable_pushdown` of the frame calling reader(); with the conf on, another
     worker calls reader(), without that local. So: off only where that frame says so;
-    anywhere else the filtering reader is the right one. `register` turns the conf on.
+    anywhere else the filtering reader is the right one. `register(spark,
+    filter_pushdown=True)` turns the conf on.
     """
     caller = sys._getframe(2)  # reader() is frame 1
     return caller.f_locals.get("enable_pushdown") is False

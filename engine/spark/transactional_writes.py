@@ -31,7 +31,6 @@ fails the task with both paths named instead of writing where nobody reads.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -45,7 +44,7 @@ from oncelog.log_dirs import create_dir
 from oncelog.log_manager import ROOT_METADATA_DIR, read_topic_config
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.fs import DEFAULT_FS, FileSystem
-from oncelog.root_identity import SHARED_ROOT_HINT, RootIdentityError, check_root_identity, ensure_root_id
+from oncelog.root_identity import check_partition_present, check_root_identity, ensure_root_id
 from oncelog.segments.batch import encode_batch
 from oncelog.spark.partitioner import partition_for_key
 from oncelog.spark.write_registry import REGISTRY_DIR, WriteRegistry
@@ -254,13 +253,8 @@ class TaskWriter:
         for partition in sorted(self._encoded):
             batches = self._encoded.pop(partition)
             tp = TopicPartition(self.topic, partition)
-            if self.plan is not None and not self._fs.exists(os.path.join(self.root, str(tp), "")):
-                raise RootIdentityError(
-                    f"partition {tp} is missing on host {socket.gethostname()}, though the driver on host "
-                    f"{self.plan.planned_on} created it before the write "
-                    f"(deleted since, or {SHARED_ROOT_HINT})",
-                    path=os.path.join(self.root, str(tp)),
-                )
+            if self.plan is not None:
+                check_partition_present(self._fs, os.path.join(self.root, str(tp)), self.plan.planned_on)
             if tp not in self._touched:
                 # Durable before the first append: an abort must be able to find it.
                 with WriteRegistry.open(self.root, self._fs) as registry:

@@ -24,8 +24,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
 
-from oncelog.errors import CorruptMetadataError, LogDirectoryError
-from oncelog.spark.options import OptionError, WriteOptions
+from oncelog.spark.options import OptionError, WriteOptions, root_as_option
 from oncelog.spark.transactional_writes import (
     TaskWriter,
     WritePlan,
@@ -125,12 +124,8 @@ def _attempt_key() -> str:
 def prepare_write(options: WriteOptions) -> WritePlan:
     """Once per job, on the driver, before any task: the root with its id and registry, a
     new topic whole, abandoned writes timed out. Tasks create none of it."""
-    try:
+    with root_as_option():
         root_id = prepare_write_root(options.root)
-    except CorruptMetadataError:
-        raise
-    except LogDirectoryError as exc:
-        raise OptionError(str(exc)) from None
     abort_stale_writes(options.root, options.transaction_timeout_s)
     count = ensure_topic(options.root, options.topic, options.new_topic_partitions, options.lock_timeout_s)
     return WritePlan(root_id, socket.gethostname(), count)
