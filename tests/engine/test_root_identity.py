@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import socket
 from pathlib import Path
@@ -119,3 +120,14 @@ def test_a_root_planned_without_an_id_only_has_to_exist(tmp_path: Path) -> None:
     check_root_identity(DEFAULT_FS, str(tmp_path), None, "driver-host")
     with pytest.raises(RootIdentityError, match="no such directory"):
         check_root_identity(DEFAULT_FS, str(tmp_path / "gone"), None, "driver-host")
+
+
+@pytest.mark.parametrize("op", ["write", "fsync", "rename"])
+def test_a_full_disk_or_failed_fsync_leaves_no_id_and_a_retry_makes_one(op: str) -> None:
+    fs = _fresh_root()
+    fs.fail_next(op, errno.ENOSPC if op == "write" else errno.EIO)
+    with pytest.raises(OSError):
+        ensure_root_id(fs, "/r")
+    assert read_root_id(fs, "/r") is None  # never a half-written id
+    made = ensure_root_id(fs, "/r")  # the lock was let go: the next writer is not stuck
+    assert read_root_id(fs, "/r") == made
