@@ -131,23 +131,58 @@ class FileSystem(SegmentFileSystem, Protocol):
         ...
 
 
+# The mapping calls themselves, so a mapping keeps no descriptor: Python's mmap.mmap
+# dup()s the file's descriptor for the mapping's life, which cost every index and every
+# active segment one more descriptor than its open file.
+_MMAP = _LIBC.mmap
+_MMAP.restype = ctypes.c_void_p
+_MMAP.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+_MUNMAP = _LIBC.munmap
+_MUNMAP.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MSYNC = _LIBC.msync
+_MSYNC.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_MS_SYNC = 4  # Linux's value, what mmap.mmap.flush passes
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
 class OsMappedRegion:
-    def __init__(self, mapping: mmap.mmap):
-        self._mapping = mapping
-        self._view = memoryview(mapping)
+    """A shared mapping made with mmap(2) directly: it outlives the descriptor it was made from.
+
+    Callers drop every view of `buffer` before `close` (the segment and index code clear
+    theirs first): after munmap a view left behind would fault, not raise.
+    """
+
+    def __init__(self, fd: int, size: int, *, writable: bool, path: str):
+        assert size > 0, (path, size)
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        address = _MMAP(None, size, prot, mmap.MAP_SHARED, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            code = ctypes.get_errno()
+            raise OSError(code, f"mmap of {size} bytes failed: {os.strerror(code)}", path)
+        self._address: int | None = address
+        self._size = size
+        self._path = path
+        view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+        self._view = view if writable else view.toreadonly()
 
     @property
     def buffer(self) -> memoryview:
         return self._view
 
     def flush(self) -> None:
-        self._mapping.flush()
+        if self._address is not None and _MSYNC(self._address, self._size, _MS_SYNC) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"msync failed: {os.strerror(code)}", self._path)
 
     def close(self) -> None:
-        # Views derived from the buffer (numpy arrays) must be gone by now, or the
-        # mmap refuses to close; that is a bug in the caller, so let it raise.
+        address, self._address = self._address, None
+        if address is None:
+            return
         self._view.release()
-        self._mapping.close()
+        self._view = memoryview(b"")
+        if _MUNMAP(address, self._size) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"munmap failed: {os.strerror(code)}", self._path)
 
 
 class OsFile:
@@ -225,8 +260,7 @@ class OsFile:
         os.fdatasync(self._fd)
 
     def mmap(self, size: int, *, writable: bool) -> MappedRegion:
-        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-        return OsMappedRegion(mmap.mmap(self._fd, size, access=access))
+        return OsMappedRegion(self._fd, size, writable=writable, path=self._path)
 
     def close(self) -> None:
         if self._fd >= 0:

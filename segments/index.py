@@ -8,7 +8,10 @@ While the segment is active an index is written through a shared mapping of spac
 reserved ahead of its entries (see reservation: a mapped write to a block never
 reserved is SIGBUS on a full disk), in steps up to `max_index_bytes`, and trimmed to
 its entries when the segment is closed or rolled, as Kafka does, so a closed index's
-size is its entry count. A sealed index is mapped read-only. A reserved file left by
+size is its entry count. A sealed index is read into memory once. Neither keeps a
+descriptor: the file is opened for each change of its size and closed again (a
+mapping outlives its descriptor), so a log of many segments holds no index files
+open. A reserved file left by
 a crash has a zero-filled tail, found by binary search; the loader rebuilds the
 active segment's indexes after a crash anyway, and sanity-checks a sealed one's last
 entry (as Kafka does) rather than reading every entry.
@@ -19,7 +22,9 @@ big-endian fields would first copy the whole column.
 
 from __future__ import annotations
 
+import contextlib
 import struct
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from oncelog.segments import cursor as cur
@@ -65,46 +70,65 @@ class _MappedIndex:
         truncates and reserves nothing.
         """
         self.path = path
+        self._fs = fs
         self.base_offset = base_offset
         self.max_index_bytes = max_index_bytes
         self.cursor = cur.new_cursor(cur.IDX_FIELDS)
         self._cursor_view = cur.cursor_view(self.cursor)
-        self._handle: FileHandle = fs.open(path, create=True)
         self._region: MappedRegion | None = None
         self._view: memoryview = memoryview(b"")
         self.is_sealed = True
         try:
-            entries_on_disk = self._handle.size() // self.ENTRY.size
-            self._map(entries_on_disk, writable=False)
-            self.max_entries = entries_on_disk
-            self.entries = self._entries_before_zero_tail(entries_on_disk)
-            if not sealed:
-                self._make_writable()
+            with self._opened(create=True) as handle:
+                entries_on_disk = handle.size() // self.ENTRY.size
+                self._map(handle, entries_on_disk, writable=False)
+                self.max_entries = entries_on_disk
+                self.entries = self._entries_before_zero_tail(entries_on_disk)
+                if not sealed:
+                    self._make_writable(handle)
         except BaseException:
-            # A full disk while reserving: nothing stays open.
+            # A full disk while reserving: nothing stays mapped.
             self._unmap()
-            self._handle.close()
             raise
 
-    def _map(self, capacity: int, *, writable: bool) -> None:
-        """Map the first `capacity` entries, cutting or extending the file to exactly them."""
+    @contextlib.contextmanager
+    def _opened(self, *, create: bool = False) -> Iterator[FileHandle]:
+        """The index file, open only for the change being made."""
+        handle = self._fs.open(self.path, create=create)
+        try:
+            yield handle
+        finally:
+            handle.close()
+
+    def _map(self, handle: FileHandle, capacity: int, *, writable: bool) -> None:
+        """Hold the first `capacity` entries, cutting or extending the file to exactly them:
+        mapped when writable, read into memory when sealed."""
         self._unmap()
         size = capacity * self.ENTRY.size
-        if self._handle.size() != size:
-            self._handle.truncate(size)
+        if handle.size() != size:
+            handle.truncate(size)
         self._capacity = capacity
-        if capacity:
-            self._region = self._handle.mmap(size, writable=writable)
+        if not capacity:
+            return
+        if writable:
+            self._region = handle.mmap(size, writable=True)
             self._view = self._region.buffer
-            if writable:
-                self.cursor[cur.IDX_ADDR] = cur.mapped_address(self._view)
+            self.cursor[cur.IDX_ADDR] = cur.mapped_address(self._view)
+        else:
+            data = handle.pread(size, 0)
+            assert len(data) == size, (self.path, len(data), size)  # just cut to exactly this
+            self._view = memoryview(data)
 
-    def _reserve(self, needed: int, limit: int) -> None:
+    def _reserve(self, needed: int, limit: int, handle: FileHandle | None = None) -> None:
         """Map the file writable over at least `needed` entries (`limit` at most), reserved first.
 
         The blocks are reserved while the old mapping is still in place, so a full disk
         (OSError) leaves the index as it was.
         """
+        if handle is None:
+            with self._opened() as opened:
+                self._reserve(needed, limit, opened)
+            return
         capacity = self._capacity
         if needed > capacity:
             entry = self.ENTRY.size
@@ -112,13 +136,13 @@ class _MappedIndex:
                 capacity, needed, limit, INDEX_MIN_GROW_BYTES // entry, INDEX_MAX_GROW_BYTES // entry
             )
         if capacity:
-            self._handle.allocate(capacity * self.ENTRY.size)
-        self._map(capacity, writable=True)
+            handle.allocate(capacity * self.ENTRY.size)
+        self._map(handle, capacity, writable=True)
 
-    def _make_writable(self) -> None:
+    def _make_writable(self, handle: FileHandle | None = None) -> None:
         """Ready the index for appends: up to `max_index_bytes` of entries, reserved in steps."""
         max_entries = max(self.max_index_bytes // self.ENTRY.size, self._capacity)
-        self._reserve(min(self._entries + 1, max_entries), max_entries)
+        self._reserve(min(self._entries + 1, max_entries), max_entries, handle)
         self.max_entries = max_entries
         self.is_sealed = False
 
@@ -220,21 +244,21 @@ class _MappedIndex:
         Done when a segment is sealed, so a closed index's size is its entry count,
         as in Kafka.
         """
-        self._map(self.entries, writable=False)
-        self.max_entries = self.entries
-        self.is_sealed = True
-        # fsync: a crash must not bring back the zero-filled reserved tail, and on
-        # Linux it also writes back the entries written through the mapping.
-        self._handle.fsync()
+        with self._opened() as handle:
+            self._map(handle, self.entries, writable=False)
+            self.max_entries = self.entries
+            self.is_sealed = True
+            # fsync: a crash must not bring back the zero-filled reserved tail, and on
+            # Linux it also writes back the entries written through the mapping.
+            handle.fsync()
 
     def close(self, *, trim: bool = True) -> None:
-        """Unmap, trim the file to its entries (unless `trim` is False), and close it."""
+        """Trim the file to its entries (unless `trim` is False) and unmap."""
         try:
             if trim and not self.is_sealed:
                 self.trim()
         finally:
             self._unmap()
-            self._handle.close()
 
 
 class OffsetIndex(_MappedIndex):

@@ -4,6 +4,11 @@ The segment knows byte positions and offsets. It does not validate batches (the
 log does that before `append`) and it does not decide what a bad batch means: the
 scan raises, and the loader decides whether that is a torn tail or corruption.
 All I/O goes through the filesystem seam.
+
+Descriptors: the active segment keeps its `.log` open (and nothing else: its indexes
+are mappings, which need none). A sealed segment holds none until it is read; its
+`.log` then goes through the process's bounded FileCache, and its indexes, read into
+memory, are dropped again when the cache evicts the file.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, batch_size_at
 from oncelog.segments.cursor import mapped_address
 from oncelog.segments.errors import CorruptLogError, CorruptRecordError
+from oncelog.segments.file_cache import CachedFile
 from oncelog.segments.files import Buffer, FileHandle, MappedRegion, SegmentFileSystem
 from oncelog.segments.index import OffsetIndex, TimeIndex, TimestampOffset
 from oncelog.segments.reservation import next_reservation
@@ -185,6 +191,8 @@ class LogSegment:
         index_interval_bytes: int,
         max_segment_bytes: int = fmt.INT32_MAX,
         max_index_bytes: int = 0,
+        *,
+        size: int | None = None,
     ):
         self.fs = fs
         self.directory = directory
@@ -196,8 +204,11 @@ class LogSegment:
         direct = getattr(handle, "direct_write_fd", None)
         fd = direct() if direct is not None else -1
         self.cursor[cur.SEG_WRITE_FD] = fd if isinstance(fd, int) and fd >= 0 else -1
-        self._handle = handle
-        # None until first used (a sealed segment opened lazily, see open()).
+        self._handle: FileHandle = handle
+        if isinstance(handle, CachedFile):
+            handle.on_evict = self._drop_sealed_indexes
+        # None until first used (a sealed segment opened lazily, see open()), and again
+        # once the file cache closes a sealed segment's file.
         self._offset_index = offset_index
         self._time_index = time_index
         self._max_index_bytes = max_index_bytes
@@ -206,7 +217,7 @@ class LogSegment:
             fs, _index_path(directory, base_offset, TXN_INDEX_SUFFIX), base_offset
         )
         self.index_interval_bytes = index_interval_bytes
-        self.size = handle.size()
+        self.size = handle.size() if size is None else size
         self.next_offset = base_offset
         self.max_timestamp_ms = fmt.NO_TIMESTAMP
         self.offset_of_max_timestamp = base_offset
@@ -279,8 +290,14 @@ class LogSegment:
         log_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
         limits = (index_interval_bytes, max_segment_bytes, max_index_bytes)
         if next_base_offset is not None:
-            # Listed by the loader, so it exists: no stat, and no index opened.
-            segment = cls(fs, directory, base_offset, fs.open(log_path), None, None, *limits)
+            # Listed by the loader, so it exists. Its size now, then no descriptor until read.
+            handle = fs.open(log_path)
+            try:
+                size = handle.size()
+            finally:
+                handle.close()
+            cached = CachedFile(fs, log_path)
+            segment = cls(fs, directory, base_offset, cached, None, None, *limits, size=size)
             segment.next_offset = next_base_offset
             return segment
         is_new = not fs.exists(log_path)
@@ -316,36 +333,46 @@ class LogSegment:
         return cls(fs, directory, base_offset, handle, offset_index, time_index, *limits)
 
     # -- indexes, mapped on first use for a lazily opened segment --------------------
+    # (Read into locals: the file cache may drop a sealed segment's indexes from another
+    # thread at any moment; an index already in hand stays valid, being only bytes.)
     @property
     def offset_index(self) -> OffsetIndex:
-        if self._offset_index is None:
-            self._load_lazy_indexes()
-        assert self._offset_index is not None
-        return self._offset_index
+        index = self._offset_index
+        return index if index is not None else self._load_lazy_indexes()[0]
 
     @property
     def time_index(self) -> TimeIndex:
-        if self._time_index is None:
-            self._load_lazy_indexes()
-        assert self._time_index is not None
-        return self._time_index
+        index = self._time_index
+        return index if index is not None else self._load_lazy_indexes()[1]
 
     @property
     def indexes_loaded(self) -> bool:
         return self._offset_index is not None
 
-    def _load_lazy_indexes(self) -> None:
-        """Map a sealed segment's indexes; rebuild them from the log if they fail the sanity check."""
+    def _drop_sealed_indexes(self) -> None:
+        """The file cache closed this segment's file: drop its indexes too (reloaded on use).
+
+        Only indexes read into memory (sealed): a writable one (a rebuild under way) stays.
+        """
+        offset_index, time_index = self._offset_index, self._time_index
+        if offset_index is None or time_index is None:
+            return
+        if offset_index.is_sealed and time_index.is_sealed:
+            self._offset_index = self._time_index = None
+
+    def _load_lazy_indexes(self) -> tuple[OffsetIndex, TimeIndex]:
+        """Read a sealed segment's indexes; rebuild them from the log if they fail the sanity check."""
         directory, base = self.directory, self.base_offset
-        self._offset_index = OffsetIndex(
+        offset_index = OffsetIndex(
             self.fs, _index_path(directory, base, INDEX_SUFFIX), base, self._max_index_bytes, sealed=True
         )
-        self._time_index = TimeIndex(
+        time_index = TimeIndex(
             self.fs, _index_path(directory, base, TIME_INDEX_SUFFIX), base, self._max_index_bytes, sealed=True
         )
+        self._offset_index, self._time_index = offset_index, time_index
         next_offset = self.next_offset
         if self.load_from_indexes(next_offset):
-            return
+            return offset_index, time_index
         log.warning("rebuilding the indexes of %s: they fail the sanity check", self.path)
         # Only the offset and time indexes: the transaction index (fsynced at the seal) does
         # not depend on them, and rebuilding it needs the producers' state at this base.
@@ -362,6 +389,7 @@ class LogSegment:
                 position=self.size,
             )
         self.seal()
+        return offset_index, time_index
 
     # -- appends -----------------------------------------------------------------
     # Writes are copies into a shared mapping of space allocated ahead of the end:
@@ -790,12 +818,22 @@ class LogSegment:
         # fsync: the recovery point is about to pass this segment, and recovery rebuilds
         # only the tail's transaction index; a lost entry would serve aborted data.
         self.txn_index.flush()
-        if self._offset_index is None or (self.offset_index.is_sealed and self.time_index.is_sealed):
-            return
-        if self.max_timestamp_ms != fmt.NO_TIMESTAMP:
-            self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
-        self.offset_index.trim()
-        self.time_index.trim()
+        self.txn_index.close()  # its entries stay in memory; a sealed segment keeps no descriptor
+        offset_index, time_index = self._offset_index, self._time_index
+        if (
+            offset_index is not None
+            and time_index is not None
+            and not (offset_index.is_sealed and time_index.is_sealed)
+        ):
+            if self.max_timestamp_ms != fmt.NO_TIMESTAMP:
+                time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+            offset_index.trim()
+            time_index.trim()
+        if not isinstance(self._handle, CachedFile):
+            # From here the file is only read: its descriptor joins the bounded cache.
+            cached = CachedFile.adopting(self.fs, self._handle)
+            cached.on_evict = self._drop_sealed_indexes
+            self._handle = cached
 
     def close(self, *, durable: bool = True) -> None:
         """Close the files; `durable` also writes the final time entry and trims the indexes.

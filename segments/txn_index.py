@@ -87,8 +87,15 @@ class TransactionIndex:
         entries: list[AbortedTxn] = []
         data = b""
         if self._exists:
-            handle = self._open()
-            data = handle.pread(handle.size(), 0)
+            if self._handle is not None:
+                data = self._handle.pread(self._handle.size(), 0)
+            else:
+                # A read keeps no descriptor: the entries stay in memory from here on.
+                handle = self._fs.open(self.path)
+                try:
+                    data = handle.pread(handle.size(), 0)
+                finally:
+                    handle.close()
         # A trailing partial entry (len(data) % 34) is a crash mid-append: EOF, not corruption.
         for position in range(0, len(data) - ENTRY_SIZE + 1, ENTRY_SIZE):
             version, *fields = ENTRY.unpack_from(data, position)

@@ -31,6 +31,7 @@ from typing import Final, TypeVar
 from oncelog.layout import InvalidTopicError, TopicPartition, validate_topic_partition
 from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
+from oncelog.segments import file_cache
 from oncelog.server.coordinator_store import CoordinatorStore
 from oncelog.server.group_state import GroupLimits
 from oncelog.server.groups import GroupCoordinator
@@ -42,10 +43,12 @@ CLUSTER_ID_NAME: Final = "kafka-cluster-id"
 # Where each topic's partition count is kept in the root (root_value names).
 TOPIC_PARTITIONS_PREFIX: Final = "kafka-topic-partitions/"
 MAX_PARTITIONS_PER_TOPIC: Final = 10_000
-# File descriptors one partition holds open (segment, indexes, transaction index, locks)
-# with room for a few segments, and those kept for connections and the process itself:
-# what bounds the partitions a server may create (max_partitions_for).
-FDS_PER_PARTITION: Final = 16
+# File descriptors one idle partition holds open: its directory lock, its metadata store
+# (LMDB: three) and its active segment's .log. Sealed segments read are the segment file
+# cache's (a quarter of the limit, segments.file_cache), and those kept for connections and
+# the process itself are reserved: together what bounds the partitions a server may create
+# (max_partitions_for).
+FDS_PER_PARTITION: Final = 5
 FDS_RESERVED: Final = 1024
 
 
@@ -71,8 +74,10 @@ def raise_open_files_limit() -> int:
 
 
 def max_partitions_for(open_files_limit: int, max_connections: int) -> int:
-    """How many partitions fit the file descriptors left after connections and the process's own."""
-    return max((open_files_limit - FDS_RESERVED - max_connections) // FDS_PER_PARTITION, 1)
+    """How many partitions fit the file descriptors left after connections, the segment file
+    cache and the process's own."""
+    left = open_files_limit - FDS_RESERVED - max_connections - file_cache.default_capacity(open_files_limit)
+    return max(left // FDS_PER_PARTITION, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +142,8 @@ class Broker:
         self.config = config
         # Partitions in all: what the open-files limit leaves room for (raise it first).
         soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        # Sized when first imported, perhaps before `serve` raised the limit.
+        file_cache.SEGMENT_FILES.resize(file_cache.default_capacity(soft_limit))
         self.max_partitions = max_partitions_for(soft_limit, config.max_connections)
         self.cluster_id = manager.root_value(CLUSTER_ID_NAME, new_cluster_id().encode()).decode("ascii")
         self._partitions: dict[str, int] = {}

@@ -1,0 +1,248 @@
+"""Open descriptors of sealed segments: a bounded, least-recently-used cache.
+
+A log keeps its active segment's file open (appends write to it). A sealed segment's
+`.log` is opened only when it is read, through a `CachedFile`, and the descriptor is
+kept in one process-wide `FileCache` for the next read; when the cache holds
+`capacity` descriptors, the least recently used one nobody is using is closed. So the
+descriptors a process holds no longer grow with every roll: a broker that rolls for
+months stays within its open-files limit, and reading an old segment again costs one
+open().
+
+Every call through a `CachedFile` pins its descriptor for the call's length, so an
+eviction (from any thread) never closes a descriptor a read or write is using: its
+number could otherwise be reused by another open() before the call reached the kernel.
+When every descriptor is pinned the cache runs over its capacity for that moment
+rather than fail the read.
+
+Evicting a segment also calls its owner back (`on_evict`), which drops what it holds in
+memory for reads only (a sealed segment's indexes), so memory follows the same bound.
+"""
+
+from __future__ import annotations
+
+import resource
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from oncelog.segments.files import Buffer, FileHandle, MappedRegion, SegmentFileSystem
+
+# The share of the open-files limit the cache may take by default: the rest is for the
+# active segments, metadata stores, locks, sockets and the process itself.
+DEFAULT_LIMIT_SHARE: Final = 4
+MIN_CAPACITY: Final = 8
+MAX_DEFAULT_CAPACITY: Final = 4096
+
+
+def default_capacity(open_files_limit: int | None = None) -> int:
+    """A quarter of the soft open-files limit, within [MIN_CAPACITY, MAX_DEFAULT_CAPACITY]."""
+    if open_files_limit is None:
+        open_files_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if open_files_limit == resource.RLIM_INFINITY:
+            return MAX_DEFAULT_CAPACITY
+    return max(MIN_CAPACITY, min(open_files_limit // DEFAULT_LIMIT_SHARE, MAX_DEFAULT_CAPACITY))
+
+
+class FileCache:
+    """Descriptors of `CachedFile`s, at most `capacity` open when none is in use."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"a file cache holds at least one descriptor, got capacity {capacity}")
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        # Files holding a descriptor, least recently used first.
+        self._open: OrderedDict[CachedFile, None] = OrderedDict()
+        self.opens = 0
+        self.evictions = 0
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def resize(self, capacity: int) -> None:
+        """Change the bound; descriptors past it close now (those not in use)."""
+        if capacity < 1:
+            raise ValueError(f"a file cache holds at least one descriptor, got capacity {capacity}")
+        with self._lock:
+            self.capacity = capacity
+            self._evict_locked()
+
+    def acquire(self, file: CachedFile) -> FileHandle:
+        """The file's descriptor, opened if needed and pinned until `release`."""
+        with self._lock:
+            handle = file._handle
+            if handle is None:
+                # Opened under the lock: two readers of one file share one descriptor.
+                handle = file._fs.open(file.path, writable=file.writable)
+                file._handle = handle
+                self.opens += 1
+                self._open[file] = None
+                file._pins += 1
+                self._evict_locked()
+            else:
+                if file in self._open:
+                    self._open.move_to_end(file)
+                file._pins += 1
+            return handle
+
+    def release(self, file: CachedFile) -> None:
+        with self._lock:
+            assert file._pins > 0, file.path
+            file._pins -= 1
+            if file._pins == 0 and len(self._open) > self.capacity:
+                self._evict_locked()
+
+    def adopt(self, file: CachedFile, handle: FileHandle) -> None:
+        """Take an already open descriptor (a segment just sealed) as the file's, evictable."""
+        with self._lock:
+            assert file._handle is None, file.path
+            file._handle = handle
+            self._open[file] = None
+            self._evict_locked()
+
+    def discard(self, file: CachedFile) -> FileHandle | None:
+        """Stop caching the file; its descriptor, if open, is the caller's to close."""
+        with self._lock:
+            assert file._pins == 0, f"{file.path} closed while in use"
+            self._open.pop(file, None)
+            handle, file._handle = file._handle, None
+            return handle
+
+    def _evict_locked(self) -> None:
+        if len(self._open) <= self.capacity:
+            return
+        for victim in list(self._open):
+            if len(self._open) <= self.capacity:
+                break
+            if victim._pins:
+                continue  # in use: closing it could hand its number to another open()
+            del self._open[victim]
+            handle, victim._handle = victim._handle, None
+            self.evictions += 1
+            if handle is not None:
+                handle.close()
+            if victim.on_evict is not None:
+                victim.on_evict()
+
+
+# The process's cache: descriptors are a process-wide resource.
+SEGMENT_FILES: Final = FileCache(default_capacity())
+
+
+class CachedFile:
+    """A FileHandle whose descriptor lives in a FileCache: opened on use, closed on eviction.
+
+    For sealed segments, which are read and, rarely, cut (truncation) or fsynced. The
+    compiled append never writes to one (`direct_write_fd` is -1).
+    """
+
+    def __init__(
+        self,
+        fs: SegmentFileSystem,
+        path: str,
+        *,
+        cache: FileCache = SEGMENT_FILES,
+        writable: bool = True,
+        on_evict: Callable[[], None] | None = None,
+    ):
+        self._fs = fs
+        self._path = path
+        self._cache = cache
+        self.writable = writable
+        self.on_evict = on_evict
+        self._handle: FileHandle | None = None
+        self._pins = 0
+
+    @classmethod
+    def adopting(
+        cls, fs: SegmentFileSystem, handle: FileHandle, *, cache: FileCache = SEGMENT_FILES
+    ) -> CachedFile:
+        """A CachedFile that starts with `handle` open (and evictable)."""
+        file = cls(fs, handle.path, cache=cache)
+        cache.adopt(file, handle)
+        return file
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def is_open(self) -> bool:
+        return self._handle is not None
+
+    def size(self) -> int:
+        handle = self._cache.acquire(self)
+        try:
+            return handle.size()
+        finally:
+            self._cache.release(self)
+
+    def pread(self, size: int, offset: int) -> bytes:
+        handle = self._cache.acquire(self)
+        try:
+            return handle.pread(size, offset)
+        finally:
+            self._cache.release(self)
+
+    def pread_into(self, buffer: memoryview, offset: int) -> int:
+        handle = self._cache.acquire(self)
+        try:
+            return handle.pread_into(buffer, offset)
+        finally:
+            self._cache.release(self)
+
+    def direct_write_fd(self) -> int:
+        return -1  # the number may be closed and reused at any eviction
+
+    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+        handle = self._cache.acquire(self)
+        try:
+            return handle.pwritev(buffers, offset)
+        finally:
+            self._cache.release(self)
+
+    def truncate(self, size: int) -> None:
+        handle = self._cache.acquire(self)
+        try:
+            handle.truncate(size)
+        finally:
+            self._cache.release(self)
+
+    def allocate(self, size: int, *, start: int = 0) -> None:
+        handle = self._cache.acquire(self)
+        try:
+            handle.allocate(size, start=start)
+        finally:
+            self._cache.release(self)
+
+    def fsync(self) -> None:
+        # The same inode whatever descriptor: Linux's fsync covers pages written through any.
+        handle = self._cache.acquire(self)
+        try:
+            handle.fsync()
+        finally:
+            self._cache.release(self)
+
+    def fdatasync(self) -> None:
+        handle = self._cache.acquire(self)
+        try:
+            handle.fdatasync()
+        finally:
+            self._cache.release(self)
+
+    def mmap(self, size: int, *, writable: bool) -> MappedRegion:
+        handle = self._cache.acquire(self)
+        try:
+            return handle.mmap(size, writable=writable)  # a mapping outlives its descriptor
+        finally:
+            self._cache.release(self)
+
+    def close(self) -> None:
+        handle = self._cache.discard(self)
+        if handle is not None:
+            handle.close()
+
+    def __repr__(self) -> str:
+        return f"CachedFile({self._path}, open={self.is_open})"

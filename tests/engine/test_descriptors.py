@@ -1,0 +1,51 @@
+"""Descriptors stay bounded however many segments a log rolls (issue 28).
+
+A running log used to keep five descriptors per rolled segment, so a small open-files
+limit failed a roll with EMFILE. Now sealed segments are opened when read, through a
+bounded cache sized from the limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CHILD = Path(__file__).with_name("many_rolls_child.py")
+ROLLS = 10_000
+LIMIT = 256
+
+
+@pytest.fixture
+def fast_directory(tmp_path: Path) -> Iterator[Path]:
+    """A directory on tmpfs when there is one: 10,000 rolls are 40,000 fsyncs."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        with tempfile.TemporaryDirectory(dir=shm, prefix="oncelog-rolls-") as directory:
+            yield Path(directory)
+    else:
+        yield tmp_path
+
+
+def test_10000_rolls_under_an_open_files_limit_of_256_read_back_everything(fast_directory: Path) -> None:
+    child = subprocess.run(
+        [sys.executable, str(CHILD), str(fast_directory / "t-0"), str(ROLLS), str(LIMIT)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    report = json.loads(child.stdout)
+    expected = [str(n) for n in range(ROLLS)]
+    assert report["segments"] == ROLLS + 1
+    assert report["first_read"] == expected
+    assert report["second_read"] == expected
+    # The cache's share of the limit, plus the process's own and the log's fixed few.
+    assert report["cache_capacity"] == LIMIT // 4
+    assert report["most_descriptors"] <= LIMIT // 4 + 32
