@@ -32,19 +32,34 @@ region as after a reboot:
   disk before the clock starts. Closing is not timed; the sequential reference's logs
   are closed in parallel, as a LogManager closes its own.
 
+Beside the open times: descriptors and resident memory per idle partition (what the
+open added to the process, divided by the partitions), and, in a full run, a root of ten
+times the partitions opened clean and unclean, read from and closed under the process's
+own limits.
+
 Conventions (ratio, medians) are those of oncelog.bench.harness.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from oncelog.bench.harness import BenchResults, BenchSettings, Progress, Target, make_row, median, now_ms
+from oncelog.bench.harness import (
+    KIB,
+    BenchResults,
+    BenchSettings,
+    Progress,
+    Target,
+    make_row,
+    median,
+    now_ms,
+)
 from oncelog.config import LogConfig
 from oncelog.log import Log
 from oncelog.log_manager import LogManager, default_recovery_threads
@@ -60,6 +75,9 @@ from oncelog.segments.segment import (
 from oncelog.segments.txn_index import TXN_INDEX_SUFFIX
 
 TOPIC = "bench"
+# Issue 28's targets: a clean open of 1,000 partitions, and of 10,000.
+OPEN_1000_CLEAN_S = 0.5
+OPEN_10000_CLEAN_S = 5.0
 # A small partition: a few producers, one sealed segment and a short active one.
 CONFIG = LogConfig(segment_bytes=16 * 1024)
 PRODUCERS = 4
@@ -87,6 +105,8 @@ def partition_open_figures(
     for state, paths in roots.items():  # every root before any open: see the module docstring
         for root in paths:
             build_root(root, images[state], count, root_store=state == "clean")
+    idle: list[IdleCost] = []
+    clean_open_s = 0.0
     for state, paths in roots.items():
         fresh = itertools.cycle(paths)
         managed: list[float] = []
@@ -94,18 +114,48 @@ def partition_open_figures(
         threads = 0
         for _ in range(rounds):
             # Interleaved, so drift in the machine hits both alike.
-            elapsed_s, threads = _time_manager_open(next(fresh), state)
-            managed.append(elapsed_s)
+            opened = _time_manager_open(next(fresh), state)
+            managed.append(opened.elapsed_s)
+            threads = opened.threads
+            if state == "clean":
+                idle.append(opened.idle)
             sequential.append(_time_sequential_open(next(fresh), state))
+        if state == "clean":
+            clean_open_s = median(managed)
+        # Issue 28's target, for 1,000 partitions (scaled with the count in a scaled run).
+        target = (
+            Target(max_value=OPEN_1000_CLEAN_S * count / 1000, max_ratio=0.5)
+            if state == "clean"
+            else Target()
+        )
         results.rows.append(
             make_row(
                 f"open {count:,} partitions, {state} ({threads} threads vs one Log.open at a time)",
                 median(managed),
                 "s",
                 median(sequential),
-                Target(),
+                target,
             )
         )
+    files_per_partition = len(os.listdir(os.path.join(roots["clean"][0], f"{TOPIC}-0")))
+    results.rows.append(
+        make_row(
+            f"descriptors per idle partition, {count:,} open (vs its files)",
+            median([cost.descriptors for cost in idle]),
+            "fds",
+            files_per_partition,
+            Target(max_value=1),
+        )
+    )
+    results.rows.append(
+        make_row(
+            f"memory per idle partition, {count:,} open (vs its bytes on disk)",
+            median([cost.resident_bytes for cost in idle]) / KIB,
+            "KiB",
+            _bytes_on_disk(os.path.join(roots["clean"][0], f"{TOPIC}-0")) / KIB,
+            Target(max_value=64),
+        )
+    )
     for image in images.values():
         image.check_unwritten()
     for paths in roots.values():
@@ -114,6 +164,52 @@ def partition_open_figures(
     # Written back, the deleted inodes slow the next step's file creations for a minute
     # (see the module docstring), not for up to six.
     os.sync()
+    if settings.mode.startswith("full"):
+        _ten_times_the_partitions(directory, images, count, clean_open_s, results, progress)
+
+
+def _ten_times_the_partitions(
+    directory: str,
+    images: dict[str, PartitionImage],
+    count: int,
+    clean_open_s: float,
+    results: BenchResults,
+    progress: Progress,
+) -> None:
+    """Ten times the partitions, clean and unclean, under the process's limits: each root
+    opens, serves a read from every hundredth partition, and closes. The clean open is timed
+    against ten times the smaller root's (1.0: opening scales linearly)."""
+    many = 10 * count
+    progress(f"  {many:,} partitions: clean and unclean roots")
+    elapsed: dict[str, float] = {}
+    for state in ("clean", "unclean"):
+        root = os.path.join(directory, f"{state}-x10")
+        build_root(root, images[state], many, root_store=state == "clean")
+        opened = _time_manager_open(root, state, read_every=100)
+        elapsed[state] = opened.elapsed_s
+        shutil.rmtree(root, ignore_errors=True)
+        os.sync()
+    results.rows.append(
+        make_row(
+            f"open {many:,} partitions, clean (vs 10x the {count:,}-partition open)",
+            elapsed["clean"],
+            "s",
+            10 * clean_open_s,
+            Target(max_value=OPEN_10000_CLEAN_S * many / 10_000),
+        )
+    )
+    results.notes.append(
+        f"manager: {many:,} partitions opened clean in {elapsed['clean']:.2f} s and unclean in "
+        f"{elapsed['unclean']:.2f} s; a read from every 100th partition returned its batches"
+    )
+
+
+def _bytes_on_disk(path: str) -> int:
+    return sum(
+        os.path.getsize(os.path.join(path, name))
+        for name in os.listdir(path)
+        if os.path.isfile(os.path.join(path, name))
+    )
 
 
 def unclean_image(image: str) -> None:
@@ -234,16 +330,52 @@ def fill_root(root: str, image: str, count: int, *, clean: bool) -> None:
     os.sync()
 
 
-def _time_manager_open(root: str, state: str) -> tuple[float, int]:
+@dataclasses.dataclass(frozen=True)
+class IdleCost:
+    """What an open, idle partition costs the process: descriptors and resident memory."""
+
+    descriptors: float
+    resident_bytes: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ManagedOpen:
+    elapsed_s: float
+    threads: int
+    idle: IdleCost
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _time_manager_open(root: str, state: str, *, read_every: int = 0) -> ManagedOpen:
     os.sync()  # what setup or the last close wrote is on disk before the clock starts
+    gc.collect()
+    descriptors, resident = _descriptors(), _resident_bytes()
     started = time.perf_counter()
     manager = LogManager.open(root, CONFIG, progress=False)
     elapsed_s = time.perf_counter() - started
     threads = manager.recovery_threads
     summary = manager.recovery_summary
+    gc.collect()
+    partitions = max(summary.partitions, 1)
+    idle = IdleCost(
+        (_descriptors() - descriptors) / partitions, max(_resident_bytes() - resident, 0) / partitions
+    )
+    if read_every:
+        for partition in range(0, summary.partitions, read_every):
+            log = manager.log(TOPIC, partition, create=False)
+            if not log.read(log.log_start_offset, 1 << 20).batches:
+                raise AssertionError(f"partition {partition} of {root} read back nothing")
     manager.close()
     _check_state(root, state, summary.partitions, summary.clean)
-    return elapsed_s, threads
+    return ManagedOpen(elapsed_s, threads, idle)
 
 
 def _time_sequential_open(root: str, state: str) -> float:
