@@ -49,6 +49,7 @@ from oncelog.recovery.checkpoint import (
 )
 from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore
 from oncelog.recovery.loader import LoadedLog, LogLoader, RecoveryReport
+from oncelog.recovery.partition_store import PartitionStore
 from oncelog.recovery.plan import RecoveryPoint
 from oncelog.results import ISOLATIONS, AppendResult, FetchResult, Isolation
 from oncelog.segments import format as fmt
@@ -225,7 +226,8 @@ class Log:
                 if clean:
                     # fsync(dir): a crash during loading must find no marker and count as unclean.
                     fs.fsync_dir(directory)
-            store = fs.open_store(os.path.join(directory, METADATA_DIR))
+            # Opened for writing by its first commit: an idle log holds no store open.
+            store = PartitionStore(fs, os.path.join(directory, METADATA_DIR))
             log_clock = engine_clock(clock)
             loaded = LogLoader(fs, directory, config, store, clean=clean, now_ms=log_clock()).load()
         except BaseException as exc:

@@ -67,32 +67,48 @@ class FileCache:
             raise ValueError(f"a file cache holds at least one descriptor, got capacity {capacity}")
         with self._lock:
             self.capacity = capacity
-            self._evict_locked()
+            evicted = self._evict_locked()
+        _close_evicted(evicted)
 
     def acquire(self, file: CachedFile) -> FileHandle:
-        """The file's descriptor, opened if needed and pinned until `release`."""
+        """The file's descriptor, opened if needed and pinned until `release`.
+
+        No I/O runs under the cache's lock (opens and closes go through the seam, where the
+        torture harness may pause a thread): two threads opening one file at once keep the
+        first descriptor and close the other.
+        """
         with self._lock:
             handle = file._handle
-            if handle is None:
-                # Opened under the lock: two readers of one file share one descriptor.
-                handle = file._fs.open(file.path, writable=file.writable)
-                file._handle = handle
-                self.opens += 1
-                self._open[file] = None
-                file._pins += 1
-                self._evict_locked()
-            else:
+            if handle is not None:
                 if file in self._open:
                     self._open.move_to_end(file)
                 file._pins += 1
-            return handle
+                return handle
+        opened = file._fs.open(file.path, writable=file.writable)
+        spare: FileHandle | None = None
+        with self._lock:
+            handle = file._handle
+            if handle is None:
+                handle = file._handle = opened
+                self.opens += 1
+                self._open[file] = None
+            else:
+                spare = opened  # another thread opened it meanwhile
+                if file in self._open:
+                    self._open.move_to_end(file)
+            file._pins += 1
+            evicted = self._evict_locked()
+        if spare is not None:
+            spare.close()
+        _close_evicted(evicted)
+        return handle
 
     def release(self, file: CachedFile) -> None:
         with self._lock:
             assert file._pins > 0, file.path
             file._pins -= 1
-            if file._pins == 0 and len(self._open) > self.capacity:
-                self._evict_locked()
+            evicted = self._evict_locked() if file._pins == 0 else []
+        _close_evicted(evicted)
 
     def adopt(self, file: CachedFile, handle: FileHandle) -> None:
         """Take an already open descriptor (a segment just sealed) as the file's, evictable."""
@@ -100,7 +116,8 @@ class FileCache:
             assert file._handle is None, file.path
             file._handle = handle
             self._open[file] = None
-            self._evict_locked()
+            evicted = self._evict_locked()
+        _close_evicted(evicted)
 
     def discard(self, file: CachedFile) -> FileHandle | None:
         """Stop caching the file; its descriptor, if open, is the caller's to close."""
@@ -110,9 +127,12 @@ class FileCache:
             handle, file._handle = file._handle, None
             return handle
 
-    def _evict_locked(self) -> None:
+    def _evict_locked(self) -> list[tuple[CachedFile, FileHandle]]:
+        """Take the least recently used descriptors nobody is using out of the cache, down to
+        the capacity; the caller closes them once the lock is released."""
+        evicted: list[tuple[CachedFile, FileHandle]] = []
         if len(self._open) <= self.capacity:
-            return
+            return evicted
         for victim in list(self._open):
             if len(self._open) <= self.capacity:
                 break
@@ -122,9 +142,15 @@ class FileCache:
             handle, victim._handle = victim._handle, None
             self.evictions += 1
             if handle is not None:
-                handle.close()
-            if victim.on_evict is not None:
-                victim.on_evict()
+                evicted.append((victim, handle))
+        return evicted
+
+
+def _close_evicted(evicted: list[tuple[CachedFile, FileHandle]]) -> None:
+    for file, handle in evicted:
+        handle.close()
+        if file.on_evict is not None:
+            file.on_evict()
 
 
 # The process's cache: descriptors are a process-wide resource.

@@ -1,0 +1,156 @@
+"""A log's metadata store, opened for writing by its first commit (recovery.partition_store).
+
+An idle log (opened, read, not written) holds no metadata store open: its values were
+read once, read-only, and kept in memory. A commit opens the writable store and keeps
+it; a failed commit changes neither the store nor the memory copy.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from oncelog import Log, encode_batch
+from oncelog.errors import LogFailedError
+from oncelog.log import METADATA_DIR
+from oncelog.recovery.checkpoint import LOG_START_KEY, RECOVERY_POINT_KEY, read_offset, write_offsets
+from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, MetadataStore
+from oncelog.recovery.partition_store import PartitionStore
+
+T0 = 1_700_000_000_000
+
+
+def store_descriptors(directory: Path) -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(directory / METADATA_DIR)):
+            found.append(target)
+    return found
+
+
+def written_log(directory: Path, batches: int) -> None:
+    with Log.open(directory) as log:
+        for n in range(batches):
+            log.append(encode_batch([(b"k", b"v%d" % n)], timestamp_ms=T0))
+            if n % 3 == 2:
+                log.roll()
+
+
+def test_a_reopened_log_that_is_only_read_holds_no_store_open(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written_log(directory, 10)
+    with Log.open(directory) as log:
+        assert log.read(0, 1 << 20).batches
+        assert store_descriptors(directory) == []
+        assert log.recovery_point == 10  # the values were read all the same
+
+
+def test_the_first_commit_opens_the_store_and_a_reopen_reads_what_it_wrote(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written_log(directory, 4)
+    with Log.open(directory) as log:
+        assert store_descriptors(directory) == []
+        log.append(encode_batch([(b"k", b"late")], timestamp_ms=T0))
+        log.flush()  # commits the recovery point
+        assert store_descriptors(directory) != []
+        log.delete_records(2)
+    assert store_descriptors(directory) == []
+    with Log.open(directory) as log:
+        assert log.log_start_offset == 2
+        assert log.recovery_point == 5
+
+
+def test_a_new_log_creates_its_store_with_its_first_commit(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    with Log.open(directory):
+        assert (directory / METADATA_DIR).is_dir()  # the new log's client-only flag is committed
+    store = PartitionStore(DEFAULT_FS, str(directory / METADATA_DIR))
+    assert store.keys("") != [] and not store.is_open_for_writing
+
+
+class _FailingStore:
+    """A store whose commits fail with ENOSPC while `failing` is set."""
+
+    def __init__(self, inner: MetadataStore, failing: list[bool]):
+        self._inner = inner
+        self._failing = failing
+
+    @property
+    def path(self) -> str:
+        return self._inner.path
+
+    def _check(self) -> None:
+        if self._failing[0]:
+            raise OSError(errno.ENOSPC, "no space left on device", self.path)
+
+    def get(self, key: str) -> bytes | None:
+        return self._inner.get(key)
+
+    def keys(self, prefix: str) -> list[str]:
+        return self._inner.keys(prefix)
+
+    def put(self, values: Mapping[str, bytes]) -> None:
+        self._check()
+        self._inner.put(values)
+
+    def delete(self, keys: Sequence[str]) -> None:
+        self._check()
+        self._inner.delete(keys)
+
+    def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
+        self._check()
+        return self._inner.update(key, change)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _FullDiskStores(DelegatingFileSystem):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = [False]
+
+    def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
+        return _FailingStore(super().open_store(path, readonly=readonly), self.failing)
+
+
+def test_a_failed_commit_changes_neither_the_store_nor_the_values_read(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written_log(directory, 4)
+    fs = _FullDiskStores()
+    store = PartitionStore(fs, str(directory / METADATA_DIR))
+    before = read_offset(store, LOG_START_KEY)
+    fs.failing[0] = True
+    with pytest.raises(OSError):
+        write_offsets(store, {LOG_START_KEY: 99})
+    assert read_offset(store, LOG_START_KEY) == before
+    fs.failing[0] = False
+    store.close()
+    assert read_offset(PartitionStore(DEFAULT_FS, str(directory / METADATA_DIR)), LOG_START_KEY) == before
+
+
+def test_a_log_whose_commit_fails_is_failed_closed_and_reopens_at_what_was_committed(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written_log(directory, 4)
+    fs = _FullDiskStores()
+    log = Log.open(directory, fs=fs)
+    log.append(encode_batch([(b"k", b"late")], timestamp_ms=T0))
+    fs.failing[0] = True
+    with pytest.raises(LogFailedError):
+        log.flush()
+    with pytest.raises(LogFailedError, match="the next open recovers it"):
+        log.close()
+    # The commit that failed left the store at the recovery point before it.
+    assert read_offset(PartitionStore(DEFAULT_FS, str(directory / METADATA_DIR)), RECOVERY_POINT_KEY) == 4
+    with Log.open(directory) as log:
+        assert not log.recovery_report.clean
+        assert log.log_end_offset == 5
+        assert [b.base_offset for b in log.read(0, 1 << 20).batches][:1] == [0]
