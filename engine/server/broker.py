@@ -146,6 +146,8 @@ class Broker:
         self.stopping = False
         # Response bytes written to connections whose clients have not read them yet.
         self.bytes_unsent = 0
+        # Requests answered although bytes followed their body (Kafka ignores such bytes).
+        self.requests_with_trailing_bytes = 0
         self._finish_creations()
         self.coordinator_store = CoordinatorStore.open(manager.fs, manager.root)
         self.groups = GroupCoordinator(self.coordinator_store, config.groups)

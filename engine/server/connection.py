@@ -122,6 +122,15 @@ class Connection:
             size = frame_size(prefix)
             frame = await asyncio.wait_for(self.reader.readexactly(size), config.frame_read_ms / 1000)
             request = decode_request(frame)
+            if request.trailing_bytes:
+                self.broker.requests_with_trailing_bytes += 1
+                log.debug(
+                    "%s v%d from %s: %d bytes after the body ignored, as Kafka ignores them",
+                    request.spec.name,
+                    request.api_version,
+                    self.peer,
+                    request.trailing_bytes,
+                )
             self.busy = True
             response = await self._answer(request, frame)
             self.busy = False  # answered: a draining shutdown need not wait for the client to read it
