@@ -22,21 +22,25 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import resource
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
+from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition, validate_topic_partition
 from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
 from oncelog.server.coordinator_store import CoordinatorStore
 from oncelog.server.group_state import GroupLimits
 from oncelog.server.groups import GroupCoordinator
+from oncelog.server.rate_limited_log import RateLimitedLog
 from oncelog.server.txn_coordinator import TransactionCoordinator
 
 _T = TypeVar("_T")
+log = logging.getLogger("oncelog.serve")
 NODE_ID: Final = 0
 CLUSTER_ID_NAME: Final = "kafka-cluster-id"
 # Where each topic's partition count is kept in the root (root_value names).
@@ -89,9 +93,16 @@ class ServeConfig:
     # acks=all is answered only once the batch is fsynced (group commit) when set.
     fsync_acks: bool = False
     max_connections: int = 4096
-    # Kafka's connections.max.idle.ms.
+    # Connections one client address may hold (Kafka's max.connections.per.ip); None for a
+    # quarter of max_connections, so one client cannot take every slot (connections_per_ip).
+    max_connections_per_ip: int | None = None
+    # A new connection must have sent one complete request within this, or it is closed: a
+    # peer that connects and sends nothing, or trickles its first request, holds no slot long.
+    first_request_ms: int = 10_000
+    # Kafka's connections.max.idle.ms: how long a connection may wait between requests (idle
+    # producers and consumers are legitimate).
     idle_ms: int = 600_000
-    # A request's bytes must arrive within this once its size prefix has.
+    # A request's bytes, its size prefix included, must all arrive within this once its first has.
     frame_read_ms: int = 30_000
     # A response must be taken by the client within this, or the connection is closed.
     write_timeout_ms: int = 60_000
@@ -110,7 +121,14 @@ class ServeConfig:
             raise ValueError(f"partitions must be 1..{MAX_PARTITIONS_PER_TOPIC}, got {self.partitions}")
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listen port must be 0..65535, got {self.listen_port}")
-        positive = (self.max_connections, self.idle_ms, self.frame_read_ms, self.write_timeout_ms)
+        positive = (
+            self.max_connections,
+            self.connections_per_ip,
+            self.first_request_ms,
+            self.idle_ms,
+            self.frame_read_ms,
+            self.write_timeout_ms,
+        )
         durations = (
             self.retention_check_ms,
             self.transaction_max_timeout_ms,
@@ -118,6 +136,13 @@ class ServeConfig:
         )
         if min(positive) <= 0 or min(durations) <= 0:
             raise ValueError("connection limits, timeouts and the retention interval must be positive")
+
+    @property
+    def connections_per_ip(self) -> int:
+        """The most connections one client address may hold."""
+        if self.max_connections_per_ip is not None:
+            return self.max_connections_per_ip
+        return max(self.max_connections // 4, 1)
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -148,6 +173,9 @@ class Broker:
         self.bytes_unsent = 0
         # Requests answered although bytes followed their body (Kafka ignores such bytes).
         self.requests_with_trailing_bytes = 0
+        # Warnings a client can repeat at will (a topic that cannot be created, refused
+        # connections): once a minute per topic or address.
+        self.warnings = RateLimitedLog(log)
         self._finish_creations()
         self.coordinator_store = CoordinatorStore.open(manager.fs, manager.root)
         self.groups = GroupCoordinator(self.coordinator_store, config.groups)
@@ -199,8 +227,14 @@ class Broker:
         validate_topic_partition(topic, 0)
         if not (auto_create and self.config.auto_create_topics):
             return None
-        with contextlib.suppress(TopicExistsError):  # created meanwhile by another request
-            await self.create_topic(topic, self.config.partitions)
+        try:
+            with contextlib.suppress(TopicExistsError):  # created meanwhile by another request
+                await self.create_topic(topic, self.config.partitions)
+        except (OncelogError, InvalidPartitionsError) as exc:  # past the partition budget, say
+            self.warnings.warning(
+                ("auto-create", topic), "creating topic %r on first use failed: %s", topic, exc
+            )
+            raise
         return self._partitions.get(topic)
 
     async def create_topic(self, topic: str, partitions: int, *, validate_only: bool = False) -> None:

@@ -7,7 +7,6 @@ single node with no leader changes has no use for.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -18,7 +17,6 @@ from oncelog.server.broker import NODE_ID, Broker, InvalidPartitionsError, Topic
 from oncelog.server.errors import error_code_for
 from oncelog.server.protocol import API_VERSIONS_KEY, APIS, NO_THROTTLE, Request, build, nested, response_type
 
-log = logging.getLogger("oncelog.serve")
 _GROUP_KEY = 0
 _TRANSACTION_KEY = 1
 
@@ -55,11 +53,8 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
         try:
             count = await broker.partition_count(name, auto_create=auto_create)
             code = ErrorCode.none if count is not None else ErrorCode.unknown_topic_or_partition
-        except InvalidTopicError:
-            count, code = None, ErrorCode.invalid_topic_exception
-        except (OncelogError, InvalidPartitionsError) as exc:  # past the partition budget, say
-            log.warning("metadata: creating topic %r failed: %s", name, exc)
-            count, code = None, error_code_for(exc)
+        except (InvalidTopicError, OncelogError, InvalidPartitionsError) as exc:
+            count, code = None, error_code_for(exc)  # a creation that failed is logged where it failed
         partitions = tuple(
             build(
                 partition_type,

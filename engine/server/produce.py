@@ -129,11 +129,8 @@ async def _check_partitions(broker: Broker, topic: str, entries: dict[int, _Outc
     code = ErrorCode.none
     try:
         count = await broker.partition_count(topic, auto_create=True)
-    except InvalidTopicError:
-        count, code = None, ErrorCode.invalid_topic_exception
-    except (OncelogError, InvalidPartitionsError) as exc:  # past the partition budget, say
-        log.warning("produce: creating topic %r failed: %s", topic, exc)
-        count, code = None, error_code_for(exc)
+    except (InvalidTopicError, OncelogError, InvalidPartitionsError) as exc:
+        count, code = None, error_code_for(exc)  # a creation that failed is logged where it failed
     for outcome in entries.values():
         if code != ErrorCode.none:
             outcome.code = code

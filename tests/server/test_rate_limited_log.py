@@ -1,11 +1,21 @@
-"""RateLimitedLog on an injected clock: one line per key per minute, and a count of what was held back."""
+"""RateLimitedLog on an injected clock: one line per key per minute, and a count of what was held back.
+
+Then at the server's sites, with the broker's limiter on the same clock: a topic whose
+creation fails, asked for by a real client, and connections refused past an address's cap.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, Producer
+from in_process import InProcessServer
+from wire_client import WireSocket, decode_response, encode_request, request_body
 
+from oncelog.server.broker import ServeConfig
 from oncelog.server.rate_limited_log import RateLimitedLog
 
 LOGGER = "oncelog.test.rate_limited"
@@ -108,3 +118,60 @@ def test_other_levels_are_limited_the_same_way(
 def test_a_window_or_table_that_is_not_positive_is_refused(interval_ms: int, max_keys: int) -> None:
     with pytest.raises(ValueError, match="must be positive"):
         RateLimitedLog(logging.getLogger(LOGGER), interval_ms=interval_ms, max_keys=max_keys)
+
+
+# -- at the server's sites: a topic that cannot be created, connections refused -------------------
+
+SERVE_LOGGER = "oncelog.serve"
+
+
+def _serve_lines(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == SERVE_LOGGER and words in r.getMessage()]
+
+
+def _held_back(line: str) -> int:
+    found = re.search(r"\((\d+) more like this", line)
+    assert found, line
+    return int(found.group(1))
+
+
+def test_a_topic_that_cannot_be_created_is_warned_about_once_a_minute_however_often_clients_ask(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, clock: FakeClock
+) -> None:
+    caplog.set_level(logging.WARNING, SERVE_LOGGER)
+    running = InProcessServer(tmp_path / "root")
+    running.server.broker.max_partitions = 0  # no partition fits the budget: every creation fails
+    running.server.broker.warnings = RateLimitedLog(logging.getLogger(SERVE_LOGGER), clock=clock)
+    with running:
+        producer = Producer({"bootstrap.servers": running.bootstrap})  # asks for auto-creation
+        for _ in range(20):
+            answer = producer.list_topics(topic="uncreatable", timeout=30).topics["uncreatable"]
+            assert answer.error is not None and answer.error.code() == KafkaError.INVALID_PARTITIONS
+        assert len(_serve_lines(caplog, "'uncreatable'")) == 1
+        clock.now_ms += MINUTE_MS
+        producer.list_topics(topic="uncreatable", timeout=30)
+    lines = _serve_lines(caplog, "'uncreatable'")
+    assert len(lines) == 2
+    assert _held_back(lines[1]) >= 19  # librdkafka may ask again on its own, never less
+    assert not (tmp_path / "root" / "uncreatable-0").exists()
+
+
+def test_connections_refused_from_one_address_are_warned_about_once_a_minute(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, clock: FakeClock
+) -> None:
+    caplog.set_level(logging.WARNING, SERVE_LOGGER)
+    running = InProcessServer(tmp_path / "root", ServeConfig(listen_port=0, max_connections_per_ip=1))
+    running.server.broker.warnings = RateLimitedLog(logging.getLogger(SERVE_LOGGER), clock=clock)
+    with running, WireSocket(running.bootstrap) as holder:
+        holder.send_raw(encode_request(18, 3, 1, request_body(18, 3, "t")))
+        assert decode_response(18, 3, holder.read_frame())[0] == 1  # its one slot is taken
+        for _ in range(10):
+            with WireSocket(running.bootstrap) as refused:
+                assert refused.closed_by_peer(timeout_s=30)
+        assert len(_serve_lines(caplog, "refusing a connection from 127.0.0.1")) == 1
+        clock.now_ms += MINUTE_MS
+        with WireSocket(running.bootstrap) as refused:
+            assert refused.closed_by_peer(timeout_s=30)
+    lines = _serve_lines(caplog, "refusing a connection from 127.0.0.1")
+    assert len(lines) == 2 and _held_back(lines[1]) == 9
+    assert "1 connections open from this address (limit 1)" in lines[0]
