@@ -42,7 +42,9 @@ fsynced (it survives power loss). acks=0 gets no response.
 Connections: at most --max-connections, and --max-connections-per-ip from one client
 address; a connection past either is closed at once. A new connection must send a
 complete request within --first-request-ms; after that it may idle between requests
-for 10 minutes (Kafka's connections.max.idle.ms)."""
+for 10 minutes (Kafka's connections.max.idle.ms). Kafka's internal topics
+(__consumer_offsets, __transaction_state) are neither created, written nor read by
+clients: the coordinators keep their state in ROOT/coordinator.lmdb."""
 
 EPILOG = """\
 exit status:

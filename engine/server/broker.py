@@ -10,6 +10,13 @@ loop, one creation per topic at a time.
 The cluster id is kept in the root's metadata store, so clients see the same
 cluster after a restart.
 
+Kafka's internal topics (`__consumer_offsets`, `__transaction_state`,
+`__share_group_state`) are not client topics here: the coordinators keep their state
+in the coordinator store, not in them. None is ever created (CreateTopics, auto-
+creation), and clients may not write or read one (check_client_topic); one already
+in the root (a copied Kafka log.dir, or a topic an older server created) is still
+described by Metadata, marked internal.
+
 The group and transaction coordinators live here too, over one store in the root
 (`coordinator.lmdb`, see coordinator_store).
 
@@ -51,6 +58,13 @@ MAX_PARTITIONS_PER_TOPIC: Final = 10_000
 # what bounds the partitions a server may create (max_partitions_for).
 FDS_PER_PARTITION: Final = 16
 FDS_RESERVED: Final = 1024
+# Kafka's internal topics (org.apache.kafka.common.internals.Topic.INTERNAL_TOPICS).
+INTERNAL_TOPICS: Final = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
+
+
+def is_internal_topic(topic: str) -> bool:
+    """Whether `topic` is one of Kafka's internal topics, which clients neither create, write nor read."""
+    return topic in INTERNAL_TOPICS
 
 
 class TopicExistsError(Exception):
@@ -59,6 +73,14 @@ class TopicExistsError(Exception):
 
 class InvalidPartitionsError(Exception):
     """A partition count out of 1..MAX_PARTITIONS_PER_TOPIC or past the server budget (INVALID_PARTITIONS)."""
+
+
+class InternalTopicError(Exception):
+    """A client asked to create, write or read one of Kafka's internal topics.
+
+    INVALID_TOPIC_EXCEPTION, as Kafka answers a client's append to one; CreateTopics
+    answers INVALID_REQUEST, as Kafka answers for its own internal metadata topic.
+    """
 
 
 def raise_open_files_limit() -> int:
@@ -219,12 +241,14 @@ class Broker:
     async def partition_count(self, topic: str, *, auto_create: bool) -> int | None:
         """`topic`'s partition count, creating it with the default count if allowed; None if absent.
 
-        InvalidTopicError for a name no partition directory can have.
+        InvalidTopicError for a name no partition directory can have, InternalTopicError for
+        an internal topic the root does not hold (never created).
         """
         count = self._partitions.get(topic)
         if count is not None:
             return count
         validate_topic_partition(topic, 0)
+        self.check_client_topic(topic)  # not a name a client topic may have here
         if not (auto_create and self.config.auto_create_topics):
             return None
         try:
@@ -259,6 +283,7 @@ class Broker:
             raise TopicExistsError(
                 f"topic {topic!r} already exists with {self._partitions[topic]} partitions"
             )
+        self.check_client_topic(topic)
         if not 1 <= partitions <= MAX_PARTITIONS_PER_TOPIC:
             raise InvalidPartitionsError(
                 f"partitions must be 1..{MAX_PARTITIONS_PER_TOPIC}, got {partitions}"
@@ -281,6 +306,20 @@ class Broker:
         for partition in range(count):
             self.manager.log(topic, partition, create=True)
         return count
+
+    @staticmethod
+    def check_client_topic(topic: str) -> None:
+        """InternalTopicError if `topic` is not one clients may create, write or read."""
+        if is_internal_topic(topic):
+            raise InternalTopicError(
+                f"{topic} is one of Kafka's internal topics; this server keeps that state in "
+                "coordinator.lmdb, and no client may create, write or read the topic"
+            )
+
+    def client_log(self, topic: str, partition: int) -> Log:
+        """The log of a partition a client may write or read: `log`, refusing internal topics."""
+        self.check_client_topic(topic)
+        return self.log(topic, partition)
 
     def log(self, topic: str, partition: int) -> Log:
         """The log of an existing partition; UnknownTopicOrPartitionError otherwise."""

@@ -68,6 +68,7 @@ def test_help_says_what_is_served_what_is_not_and_when_an_ack_is_sent(
         "exit status",
         "--max-connections-per-ip",
         "--first-request-ms",
+        "__consumer_offsets",
     ):
         assert words in out, words
 
