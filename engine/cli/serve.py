@@ -126,6 +126,14 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="the longest transaction.timeout.ms a producer may ask for; an open transaction is "
         "aborted once its own timeout passes (default: %(default)s)",
     )
+    _add_connection_arguments(parser)
+    parser.add_argument("--threads", type=int, default=None, help="partitions recovered at once on start")
+    parser.add_argument("--no-progress", action="store_true", help="no recovery progress bar on stderr")
+    parser.set_defaults(handler=run)
+
+
+def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """The connection limits: how many, from one address, and how soon the first request."""
     parser.add_argument(
         "--max-connections",
         type=int,
@@ -149,9 +157,6 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="a new connection that has not sent a complete request within MS is closed "
         "(default: %(default)s)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="partitions recovered at once on start")
-    parser.add_argument("--no-progress", action="store_true", help="no recovery progress bar on stderr")
-    parser.set_defaults(handler=run)
 
 
 def parse_address(text: str) -> tuple[str, int]:
