@@ -37,7 +37,14 @@ Ctrl-C answers the requests in hand, closes every log cleanly and exits 0.
 
 When an acknowledgement is sent: acks=1 and acks=all once the batch is in the page
 cache (it survives kill -9 of the server); with --fsync-acks, acks=all once it is
-fsynced (it survives power loss). acks=0 gets no response."""
+fsynced (it survives power loss). acks=0 gets no response.
+
+Connections: at most --max-connections, and --max-connections-per-ip from one client
+address; a connection past either is closed at once. A new connection must send a
+complete request within --first-request-ms; after that it may idle between requests
+for 10 minutes (Kafka's connections.max.idle.ms). Kafka's internal topics
+(__consumer_offsets, __transaction_state) are neither created, written nor read by
+clients: the coordinators keep their state in ROOT/coordinator.lmdb."""
 
 EPILOG = """\
 exit status:
@@ -50,10 +57,12 @@ exit status:
 examples:
   oncelog serve /var/lib/oncelog
   oncelog serve data --listen 0.0.0.0:9092 --advertise broker1.example.com:9092
-  oncelog serve data --partitions 6 --fsync-acks"""
+  oncelog serve data --partitions 6 --fsync-acks
+  oncelog serve data --max-connections 8192 --max-connections-per-ip 512"""
 
 EXIT_FAILED = 1
 _DEFAULT_GROUPS = GroupLimits()
+_DEFAULTS = ServeConfig()
 
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
@@ -112,14 +121,42 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     parser.add_argument(
         "--transaction-max-timeout-ms",
         type=int,
-        default=ServeConfig().transaction_max_timeout_ms,
+        default=_DEFAULTS.transaction_max_timeout_ms,
         metavar="MS",
         help="the longest transaction.timeout.ms a producer may ask for; an open transaction is "
         "aborted once its own timeout passes (default: %(default)s)",
     )
+    _add_connection_arguments(parser)
     parser.add_argument("--threads", type=int, default=None, help="partitions recovered at once on start")
     parser.add_argument("--no-progress", action="store_true", help="no recovery progress bar on stderr")
     parser.set_defaults(handler=run)
+
+
+def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """The connection limits: how many, from one address, and how soon the first request."""
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=_DEFAULTS.max_connections,
+        metavar="N",
+        help="connections open at once; one more is closed as soon as it is accepted (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-connections-per-ip",
+        type=int,
+        default=None,
+        metavar="N",
+        help="connections open at once from one client address (Kafka's max.connections.per.ip; "
+        "default: a quarter of --max-connections)",
+    )
+    parser.add_argument(
+        "--first-request-ms",
+        type=int,
+        default=_DEFAULTS.first_request_ms,
+        metavar="MS",
+        help="a new connection that has not sent a complete request within MS is closed "
+        "(default: %(default)s)",
+    )
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -165,6 +202,9 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 min_session_timeout_ms=args.group_min_session_timeout_ms,
             ),
             transaction_max_timeout_ms=args.transaction_max_timeout_ms,
+            max_connections=args.max_connections,
+            max_connections_per_ip=args.max_connections_per_ip,
+            first_request_ms=args.first_request_ms,
         )
     except ValueError as exc:
         print(f"oncelog serve: {exc}", file=err)

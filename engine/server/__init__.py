@@ -11,5 +11,6 @@ the client sent and the bytes stored on disk.
 - `cluster`, `produce`, `fetch`, `offsets`: one handler per API, from a decoded request to a response
 - `errors`: oncelog's exceptions as Kafka error codes
 - `connection`: one client connection: bounded reads, requests answered in order
+- `rate_limited_log`: warnings a client can repeat at will, once a minute per topic or address
 - `app`: the asyncio server, SIGTERM draining and the recovery summary
 """

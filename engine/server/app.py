@@ -4,6 +4,13 @@ Start: LogManager.open recovers every partition (in parallel; after a SIGKILL th
 crash recovery) and its summary is printed before the listener opens, so no client
 is answered from a log that is still being checked.
 
+Connections: at most max_connections in all and connections_per_ip from one client
+address (a quarter of the total by default), so one local client opening thousands
+of connections that never send a request cannot take every slot while it waits for
+first_request_ms to close them. A connection past either limit is closed as soon as
+it is accepted, as Kafka closes one past max.connections.per.ip; the warning says
+so once a minute per address.
+
 Stop (SIGTERM or SIGINT): the listener closes, waiting fetches return what they have,
 every request being handled is answered, then every log is closed cleanly (flushed,
 snapshotted, clean-shutdown marker written) and the process exits 0.
@@ -34,6 +41,8 @@ class Server:
         self._retention: asyncio.Task[None] | None = None
         self._coordination: list[asyncio.Task[None]] = []
         self._connections: set[Connection] = set()
+        # Open connections by client address (Connection.host).
+        self._per_host: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._listener: asyncio.Server | None = None
         self.port = config.listen_port
@@ -81,19 +90,23 @@ class Server:
                 log.info("retention deleted %d segments", deleted)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.broker.stopping or len(self._connections) >= self.config.max_connections:
-            log.warning(
-                "refusing a connection: %d open (limit %d)",
-                len(self._connections),
-                self.config.max_connections,
+        if self.broker.stopping:
+            writer.close()
+            return
+        connection = Connection(self.broker, reader, writer)
+        host = connection.host
+        refusal = self._refusal(host)
+        if refusal is not None:
+            self.broker.warnings.warning(
+                ("refused", host), "refusing a connection from %s: %s", connection.peer, refusal
             )
             writer.close()
             return
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection = Connection(self.broker, reader, writer)
         self._connections.add(connection)
+        self._per_host[host] = self._per_host.get(host, 0) + 1
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -101,8 +114,20 @@ class Server:
             await connection.run()
         finally:
             self._connections.discard(connection)
+            left = self._per_host.pop(host) - 1
+            if left:
+                self._per_host[host] = left
             if task is not None:
                 self._tasks.discard(task)
+
+    def _refusal(self, host: str) -> str | None:
+        """Why a new connection from `host` is refused, or None."""
+        if len(self._connections) >= self.config.max_connections:
+            return f"{len(self._connections)} connections open (limit {self.config.max_connections})"
+        from_host = self._per_host.get(host, 0)
+        if from_host >= self.config.connections_per_ip:
+            return f"{from_host} connections open from this address (limit {self.config.connections_per_ip})"
+        return None
 
     async def stop(self) -> None:
         """Stop accepting, answer what is in hand, close every connection."""

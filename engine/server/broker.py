@@ -10,6 +10,13 @@ loop, one creation per topic at a time.
 The cluster id is kept in the root's metadata store, so clients see the same
 cluster after a restart.
 
+Kafka's internal topics (`__consumer_offsets`, `__transaction_state`,
+`__share_group_state`) are not client topics here: the coordinators keep their state
+in the coordinator store, not in them. None is ever created (CreateTopics, auto-
+creation), and clients may not write or read one (check_client_topic); one already
+in the root (a copied Kafka log.dir, or a topic an older server created) is still
+described by Metadata, marked internal.
+
 The group and transaction coordinators live here too, over one store in the root
 (`coordinator.lmdb`, see coordinator_store).
 
@@ -22,12 +29,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import resource
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
+from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition, validate_topic_partition
 from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
@@ -35,9 +44,11 @@ from oncelog.segments import file_cache
 from oncelog.server.coordinator_store import CoordinatorStore
 from oncelog.server.group_state import GroupLimits
 from oncelog.server.groups import GroupCoordinator
+from oncelog.server.rate_limited_log import RateLimitedLog
 from oncelog.server.txn_coordinator import TransactionCoordinator
 
 _T = TypeVar("_T")
+log = logging.getLogger("oncelog.serve")
 NODE_ID: Final = 0
 CLUSTER_ID_NAME: Final = "kafka-cluster-id"
 # Where each topic's partition count is kept in the root (root_value names).
@@ -50,6 +61,13 @@ MAX_PARTITIONS_PER_TOPIC: Final = 10_000
 # (max_partitions_for).
 FDS_PER_PARTITION: Final = 5
 FDS_RESERVED: Final = 1024
+# Kafka's internal topics (org.apache.kafka.common.internals.Topic.INTERNAL_TOPICS).
+INTERNAL_TOPICS: Final = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
+
+
+def is_internal_topic(topic: str) -> bool:
+    """Whether `topic` is one of Kafka's internal topics, which clients neither create, write nor read."""
+    return topic in INTERNAL_TOPICS
 
 
 class TopicExistsError(Exception):
@@ -58,6 +76,14 @@ class TopicExistsError(Exception):
 
 class InvalidPartitionsError(Exception):
     """A partition count out of 1..MAX_PARTITIONS_PER_TOPIC or past the server budget (INVALID_PARTITIONS)."""
+
+
+class InternalTopicError(Exception):
+    """A client asked to create, write or read one of Kafka's internal topics.
+
+    INVALID_TOPIC_EXCEPTION, as Kafka answers a client's append to one; CreateTopics
+    answers INVALID_REQUEST, as Kafka answers for its own internal metadata topic.
+    """
 
 
 def raise_open_files_limit() -> int:
@@ -94,9 +120,16 @@ class ServeConfig:
     # acks=all is answered only once the batch is fsynced (group commit) when set.
     fsync_acks: bool = False
     max_connections: int = 4096
-    # Kafka's connections.max.idle.ms.
+    # Connections one client address may hold (Kafka's max.connections.per.ip); None for a
+    # quarter of max_connections, so one client cannot take every slot (connections_per_ip).
+    max_connections_per_ip: int | None = None
+    # A new connection must have sent one complete request within this, or it is closed: a
+    # peer that connects and sends nothing, or trickles its first request, holds no slot long.
+    first_request_ms: int = 10_000
+    # Kafka's connections.max.idle.ms: how long a connection may wait between requests (idle
+    # producers and consumers are legitimate).
     idle_ms: int = 600_000
-    # A request's bytes must arrive within this once its size prefix has.
+    # A request's bytes, its size prefix included, must all arrive within this once its first has.
     frame_read_ms: int = 30_000
     # A response must be taken by the client within this, or the connection is closed.
     write_timeout_ms: int = 60_000
@@ -115,7 +148,14 @@ class ServeConfig:
             raise ValueError(f"partitions must be 1..{MAX_PARTITIONS_PER_TOPIC}, got {self.partitions}")
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listen port must be 0..65535, got {self.listen_port}")
-        positive = (self.max_connections, self.idle_ms, self.frame_read_ms, self.write_timeout_ms)
+        positive = (
+            self.max_connections,
+            self.connections_per_ip,
+            self.first_request_ms,
+            self.idle_ms,
+            self.frame_read_ms,
+            self.write_timeout_ms,
+        )
         durations = (
             self.retention_check_ms,
             self.transaction_max_timeout_ms,
@@ -123,6 +163,13 @@ class ServeConfig:
         )
         if min(positive) <= 0 or min(durations) <= 0:
             raise ValueError("connection limits, timeouts and the retention interval must be positive")
+
+    @property
+    def connections_per_ip(self) -> int:
+        """The most connections one client address may hold."""
+        if self.max_connections_per_ip is not None:
+            return self.max_connections_per_ip
+        return max(self.max_connections // 4, 1)
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -153,6 +200,11 @@ class Broker:
         self.stopping = False
         # Response bytes written to connections whose clients have not read them yet.
         self.bytes_unsent = 0
+        # Requests answered although bytes followed their body (Kafka ignores such bytes).
+        self.requests_with_trailing_bytes = 0
+        # Warnings a client can repeat at will (a topic that cannot be created, refused
+        # connections): once a minute per topic or address.
+        self.warnings = RateLimitedLog(log)
         self._finish_creations()
         self.coordinator_store = CoordinatorStore.open(manager.fs, manager.root)
         self.groups = GroupCoordinator(self.coordinator_store, config.groups)
@@ -196,16 +248,24 @@ class Broker:
     async def partition_count(self, topic: str, *, auto_create: bool) -> int | None:
         """`topic`'s partition count, creating it with the default count if allowed; None if absent.
 
-        InvalidTopicError for a name no partition directory can have.
+        InvalidTopicError for a name no partition directory can have, InternalTopicError for
+        an internal topic the root does not hold (never created).
         """
         count = self._partitions.get(topic)
         if count is not None:
             return count
         validate_topic_partition(topic, 0)
+        self.check_client_topic(topic)  # not a name a client topic may have here
         if not (auto_create and self.config.auto_create_topics):
             return None
-        with contextlib.suppress(TopicExistsError):  # created meanwhile by another request
-            await self.create_topic(topic, self.config.partitions)
+        try:
+            with contextlib.suppress(TopicExistsError):  # created meanwhile by another request
+                await self.create_topic(topic, self.config.partitions)
+        except (OncelogError, InvalidPartitionsError) as exc:  # past the partition budget, say
+            self.warnings.warning(
+                ("auto-create", topic), "creating topic %r on first use failed: %s", topic, exc
+            )
+            raise
         return self._partitions.get(topic)
 
     async def create_topic(self, topic: str, partitions: int, *, validate_only: bool = False) -> None:
@@ -230,6 +290,7 @@ class Broker:
             raise TopicExistsError(
                 f"topic {topic!r} already exists with {self._partitions[topic]} partitions"
             )
+        self.check_client_topic(topic)
         if not 1 <= partitions <= MAX_PARTITIONS_PER_TOPIC:
             raise InvalidPartitionsError(
                 f"partitions must be 1..{MAX_PARTITIONS_PER_TOPIC}, got {partitions}"
@@ -252,6 +313,20 @@ class Broker:
         for partition in range(count):
             self.manager.log(topic, partition, create=True)
         return count
+
+    @staticmethod
+    def check_client_topic(topic: str) -> None:
+        """InternalTopicError if `topic` is not one clients may create, write or read."""
+        if is_internal_topic(topic):
+            raise InternalTopicError(
+                f"{topic} is one of Kafka's internal topics; this server keeps that state in "
+                "coordinator.lmdb, and no client may create, write or read the topic"
+            )
+
+    def client_log(self, topic: str, partition: int) -> Log:
+        """The log of a partition a client may write or read: `log`, refusing internal topics."""
+        self.check_client_topic(topic)
+        return self.log(topic, partition)
 
     def log(self, topic: str, partition: int) -> Log:
         """The log of an existing partition; UnknownTopicOrPartitionError otherwise."""

@@ -3,22 +3,35 @@
 One node (id 0) leads every partition and is every coordinator. Leader epochs are
 reported as -1 (unknown), so clients skip the epoch validation (KIP-320) that a
 single node with no leader changes has no use for.
+
+Kafka's internal topics: Metadata marks them is_internal and describes one only if
+the root holds it; named and absent, it is INVALID_TOPIC_EXCEPTION (not a name a
+client topic may have here, so librdkafka fails a producer's messages at once instead
+of waiting topic.metadata.propagation.max.ms for it to appear), and it is never
+auto-created.
+CreateTopics refuses one with INVALID_REQUEST, Kafka's answer for its own internal
+metadata topic (ControllerApis.createTopics), unless it exists (TOPIC_ALREADY_EXISTS).
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError
-from oncelog.server.broker import NODE_ID, Broker, InvalidPartitionsError, TopicExistsError
+from oncelog.server.broker import (
+    NODE_ID,
+    Broker,
+    InternalTopicError,
+    InvalidPartitionsError,
+    TopicExistsError,
+    is_internal_topic,
+)
 from oncelog.server.errors import error_code_for
 from oncelog.server.protocol import API_VERSIONS_KEY, APIS, NO_THROTTLE, Request, build, nested, response_type
 
-log = logging.getLogger("oncelog.serve")
 _GROUP_KEY = 0
 _TRANSACTION_KEY = 1
 
@@ -55,11 +68,8 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
         try:
             count = await broker.partition_count(name, auto_create=auto_create)
             code = ErrorCode.none if count is not None else ErrorCode.unknown_topic_or_partition
-        except InvalidTopicError:
-            count, code = None, ErrorCode.invalid_topic_exception
-        except (OncelogError, InvalidPartitionsError) as exc:  # past the partition budget, say
-            log.warning("metadata: creating topic %r failed: %s", name, exc)
-            count, code = None, error_code_for(exc)
+        except (InvalidTopicError, InternalTopicError, OncelogError, InvalidPartitionsError) as exc:
+            count, code = None, error_code_for(exc)  # a creation that failed is logged where it failed
         partitions = tuple(
             build(
                 partition_type,
@@ -73,7 +83,15 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
             )
             for index in range(count or 0)
         )
-        topics.append(build(topic_type, error_code=code, name=name, is_internal=False, partitions=partitions))
+        topics.append(
+            build(
+                topic_type,
+                error_code=code,
+                name=name,
+                is_internal=is_internal_topic(name),
+                partitions=partitions,
+            )
+        )
     return build(
         response,
         throttle_time=NO_THROTTLE,
@@ -143,6 +161,8 @@ async def handle_create_topics(broker: Broker, request: Request) -> Any:
         else:
             try:
                 await broker.create_topic(wanted.name, count, validate_only=body.validate_only)
+            except InternalTopicError as exc:
+                code, message = ErrorCode.invalid_request, str(exc)
             except (TopicExistsError, InvalidPartitionsError, InvalidTopicError, OncelogError) as exc:
                 code, message = error_code_for(exc), str(exc)
         ok = code == ErrorCode.none

@@ -9,6 +9,14 @@ buffers, which bounds what a connection holds in memory to one request
 A frame that cannot be answered (an absurd size, a truncated frame, garbage, an
 unknown API key, a version neither served nor advertised) closes the connection
 with one log line. The engine has not been called for it, so nothing is written.
+
+Time limits. A new connection must send one complete request within
+first_request_ms (10 s): a peer that connects and sends nothing, or trickles its
+first request, holds no slot for long. That limit is for the first request only:
+a client then waits between requests as long as Kafka's connections.max.idle.ms
+(idle_ms, 10 min) allows, since an idle producer is legitimate, and each later
+request must be complete within frame_read_ms (30 s) of its first byte. Warnings
+about a peer are rate-limited per address (Broker.warnings).
 """
 
 from __future__ import annotations
@@ -83,6 +91,11 @@ HANDLERS: dict[int, Handler] = {
 }
 
 
+class SlowRequestError(Exception):
+    """A peer sent no complete request in time: its first within first_request_ms, or a later
+    one within frame_read_ms of its first byte."""
+
+
 class Connection:
     def __init__(self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.broker = broker
@@ -90,18 +103,24 @@ class Connection:
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        # The client's address: what per-address limits and rate-limited warnings count by.
+        self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         # True while a request is being handled: a draining shutdown waits for these.
         self.busy = False
 
     async def run(self) -> None:
+        warnings = self.broker.warnings
         try:
             await self._serve()
-        except MalformedRequestError as exc:
-            log.warning("closing connection from %s: %s", self.peer, exc)
+        except (MalformedRequestError, SlowRequestError) as exc:
+            warnings.warning((type(exc), self.host), "closing connection from %s: %s", self.peer, exc)
         except asyncio.IncompleteReadError as exc:
             if exc.partial:
-                log.warning(
-                    "closing connection from %s: a frame was cut after %d bytes", self.peer, len(exc.partial)
+                warnings.warning(
+                    ("cut", self.host),
+                    "closing connection from %s: a frame was cut after %d bytes",
+                    self.peer,
+                    len(exc.partial),
                 )
         except TimeoutError:
             log.info("closing idle connection from %s", self.peer)
@@ -117,11 +136,31 @@ class Connection:
 
     async def _serve(self) -> None:
         config = self.broker.config
+        first_request = True
         while not self.broker.stopping:
-            prefix = await asyncio.wait_for(self.reader.readexactly(SIZE.size), config.idle_ms / 1000)
-            size = frame_size(prefix)
-            frame = await asyncio.wait_for(self.reader.readexactly(size), config.frame_read_ms / 1000)
+            if first_request:
+                start, limit_ms, limit_name = b"", config.first_request_ms, "first_request_ms"
+            else:
+                async with asyncio.timeout(config.idle_ms / 1000):  # TimeoutError: idle, closed quietly
+                    start = await self.reader.readexactly(1)
+                limit_ms, limit_name = config.frame_read_ms, "frame_read_ms"
+            try:
+                async with asyncio.timeout(limit_ms / 1000):
+                    prefix = start + await self.reader.readexactly(SIZE.size - len(start))
+                    frame = await self.reader.readexactly(frame_size(prefix))
+            except TimeoutError as exc:
+                raise SlowRequestError(f"no complete request within {limit_name} ({limit_ms} ms)") from exc
+            first_request = False
             request = decode_request(frame)
+            if request.trailing_bytes:
+                self.broker.requests_with_trailing_bytes += 1
+                log.debug(
+                    "%s v%d from %s: %d bytes after the body ignored, as Kafka ignores them",
+                    request.spec.name,
+                    request.api_version,
+                    self.peer,
+                    request.trailing_bytes,
+                )
             self.busy = True
             response = await self._answer(request, frame)
             self.busy = False  # answered: a draining shutdown need not wait for the client to read it

@@ -19,7 +19,7 @@ from oncelog.errors import (
 )
 from oncelog.layout import InvalidTopicError
 from oncelog.log_manager import UnknownTopicOrPartitionError
-from oncelog.server.broker import InvalidPartitionsError, TopicExistsError
+from oncelog.server.broker import InternalTopicError, InvalidPartitionsError, TopicExistsError
 
 # Most specific first: RecordTooLargeError is an InvalidRecordError.
 _CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
@@ -30,6 +30,8 @@ _CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (InvalidRecordError, ErrorCode.invalid_record),
     (UnknownTopicOrPartitionError, ErrorCode.unknown_topic_or_partition),
     (InvalidTopicError, ErrorCode.invalid_topic_exception),
+    # Kafka's answer to a client's append to an internal topic (ReplicaManager.appendToLocalLog).
+    (InternalTopicError, ErrorCode.invalid_topic_exception),
     (TopicExistsError, ErrorCode.topic_already_exists),
     (InvalidPartitionsError, ErrorCode.invalid_partitions),
     (OffsetOutOfRangeError, ErrorCode.offset_out_of_range),

@@ -23,7 +23,7 @@ from kio.schema.errors import ErrorCode
 from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.results import Isolation
-from oncelog.server.broker import Broker
+from oncelog.server.broker import Broker, InternalTopicError
 from oncelog.server.errors import error_code_for
 from oncelog.server.protocol import (
     NO_THROTTLE,
@@ -138,11 +138,11 @@ def _read_one(
 ) -> dict[str, Any]:
     """The fields of one partition's response (plus "aborted": (pid, first offset) pairs)."""
     try:
-        target = broker.log(tp.topic, tp.partition)
+        target = broker.client_log(tp.topic, tp.partition)  # no client reads an internal topic
         high_watermark = target.log_end_offset
         stable = target.last_stable_offset
         start = target.log_start_offset
-    except (OncelogError, InvalidTopicError) as exc:
+    except (OncelogError, InvalidTopicError, InternalTopicError) as exc:
         return {"error_code": error_code_for(exc), "high_watermark": -1, "records": b""}
     fields: dict[str, Any] = {
         "error_code": ErrorCode.none,

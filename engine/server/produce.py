@@ -8,6 +8,9 @@ batch and of its producer's sequence and epoch is the engine's. A duplicate (a r
 of one of the producer's last 5 batches) is answered as Kafka answers it: success,
 with the offsets of the original append.
 
+A batch for one of Kafka's internal topics is INVALID_TOPIC_EXCEPTION, as Kafka answers
+a client's append to one (ReplicaManager.appendToLocalLog), and creates nothing.
+
 A transactional batch is appended only while its producer's transaction is open at
 its epoch and holds the partition (AddPartitionsToTxn), else INVALID_TXN_STATE: a
 batch stored outside a transaction its coordinator will end would hold the
@@ -39,7 +42,7 @@ from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.log import Log
 from oncelog.segments import format as fmt
-from oncelog.server.broker import Broker, InvalidPartitionsError
+from oncelog.server.broker import Broker, InternalTopicError, InvalidPartitionsError
 from oncelog.server.errors import error_code_for
 from oncelog.server.protocol import NO_THROTTLE, Request, build, nested, response_type
 
@@ -128,12 +131,10 @@ async def _check_partitions(broker: Broker, topic: str, entries: dict[int, _Outc
     """Set the error of each entry that cannot be appended: topic, partition, batch shape."""
     code = ErrorCode.none
     try:
+        broker.check_client_topic(topic)
         count = await broker.partition_count(topic, auto_create=True)
-    except InvalidTopicError:
-        count, code = None, ErrorCode.invalid_topic_exception
-    except (OncelogError, InvalidPartitionsError) as exc:  # past the partition budget, say
-        log.warning("produce: creating topic %r failed: %s", topic, exc)
-        count, code = None, error_code_for(exc)
+    except (InvalidTopicError, InternalTopicError, OncelogError, InvalidPartitionsError) as exc:
+        count, code = None, error_code_for(exc)  # a creation that failed is logged where it failed
     for outcome in entries.values():
         if code != ErrorCode.none:
             outcome.code = code

@@ -13,6 +13,12 @@ wire: kio reads a `records` field as bytes, and a fetch response writes stored b
 What the caller decides: a frame that is malformed, or of an API or version this
 table neither serves nor advertises, raises MalformedRequestError and the
 connection closes (Kafka closes it too); nothing has been touched.
+
+Bytes left in a frame after the body are ignored, as Kafka ignores them: its broker
+reads a request's fields from the frame and never checks what remains
+(RequestContext.parseRequest, AbstractRequest.parseRequest). librdkafka relies on it:
+2.16's all-topics Metadata v9 keeps the 4-byte placeholder of its topic count where a
+1-byte varint goes, so 3 bytes follow the body. A body cut short is still malformed.
 """
 
 from __future__ import annotations
@@ -110,6 +116,8 @@ class Request:
     # ApiVersions request at a version this table does not know).
     body: Any
     size_bytes: int
+    # Bytes after the body, which were ignored.
+    trailing_bytes: int = 0
 
     @property
     def spec(self) -> ApiSpec:
@@ -142,6 +150,7 @@ def decode_request(frame: bytes) -> Request:
             return Request(api_key, api_version, correlation_id, None, None, len(frame))
         raise MalformedRequestError(f"{spec.name} v{api_version} is neither served nor advertised")
     request_type = _request_type(api_key, api_version)
+    size_bytes = len(frame)
     try:
         header, offset, body, size = _kio_decode(request_type, frame)
     except KeyError as exc:
@@ -155,11 +164,12 @@ def decode_request(frame: bytes) -> Request:
             raise _undecodable(spec, api_version, frame, again) from again
     except Exception as exc:
         raise _undecodable(spec, api_version, frame, exc) from exc
-    if offset + size != len(frame):
+    trailing_bytes = len(frame) - offset - size
+    if trailing_bytes < 0:
         raise MalformedRequestError(
-            f"{spec.name} v{api_version} leaves {len(frame) - offset - size} bytes of its frame unread"
+            f"{spec.name} v{api_version} needs {-trailing_bytes} bytes past its frame"
         )
-    return Request(api_key, api_version, correlation_id, header.client_id, body, len(frame))
+    return Request(api_key, api_version, correlation_id, header.client_id, body, size_bytes, trailing_bytes)
 
 
 def _kio_decode(request_type: type[Any], frame: bytes) -> tuple[Any, int, Any, int]:

@@ -9,6 +9,10 @@ TransactionCoordinator.
 A fenced producer gets PRODUCER_FENCED (90) from the versions that know it (KIP-588:
 InitProducerId v4, AddPartitionsToTxn, AddOffsetsToTxn and EndTxn v2, TxnOffsetCommit
 v3) and INVALID_PRODUCER_EPOCH (47) before them.
+
+AddPartitionsToTxn adds nothing if one partition cannot be added: an internal topic
+is TOPIC_AUTHORIZATION_FAILED (Kafka authorizes no client to write one), an unknown
+or invalid one UNKNOWN_TOPIC_OR_PARTITION, and every other OPERATION_NOT_ATTEMPTED.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
-from oncelog.layout import TopicPartition
-from oncelog.server.broker import Broker
+from oncelog.layout import InvalidTopicError, TopicPartition
+from oncelog.server.broker import Broker, is_internal_topic
 from oncelog.server.errors import error_code_for
 from oncelog.server.group_apis import offsets_of, partition_answers
 from oncelog.server.protocol import NO_THROTTLE, Request, build, milliseconds, nested, response_type
@@ -65,13 +69,20 @@ async def handle_add_partitions_to_txn(broker: Broker, request: Request) -> Any:
     body = request.body
     response = response_type(request.api_key, request.api_version)
     topics = [(topic.name, tuple(topic.partitions)) for topic in body.v3_and_below_topics]
-    unknown = set()
+    refused: dict[tuple[str, int], ErrorCode] = {}
     for name, partitions in topics:
-        count = await broker.partition_count(name, auto_create=False)
-        unknown |= {(name, p) for p in partitions if count is None or not 0 <= p < count}
+        if is_internal_topic(name):  # as Kafka's handleAddPartitionsToTxnRequest answers a client
+            refused |= dict.fromkeys(((name, p) for p in partitions), ErrorCode.topic_authorization_failed)
+            continue
+        try:
+            count = await broker.partition_count(name, auto_create=False)
+        except InvalidTopicError:
+            count = None
+        unknown = (p for p in partitions if count is None or not 0 <= p < count)
+        refused |= dict.fromkeys(((name, p) for p in unknown), ErrorCode.unknown_topic_or_partition)
     code = ErrorCode.none
-    if unknown:
-        code = ErrorCode.operation_not_attempted  # Kafka adds none when one is unknown
+    if refused:
+        code = ErrorCode.operation_not_attempted  # Kafka adds none when one is refused
     else:
         try:
             broker.transactions.add_partitions(
@@ -92,9 +103,7 @@ async def handle_add_partitions_to_txn(broker: Broker, request: Request) -> Any:
                 build(
                     partition_type,
                     partition_index=p,
-                    partition_error_code=ErrorCode.unknown_topic_or_partition
-                    if (name, p) in unknown
-                    else code,
+                    partition_error_code=refused.get((name, p), code),
                 )
                 for p in partitions
             ),

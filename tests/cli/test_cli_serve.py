@@ -26,6 +26,8 @@ def _run(*argv: str) -> tuple[int, str, str]:
         (["--advertise", "host:"], "expected HOST:PORT"),
         (["--partitions", "0"], "partitions must be 1..10000"),
         (["--threads", "0"], "recovery_threads must be 1..64"),
+        (["--max-connections-per-ip", "0"], "must be positive"),
+        (["--first-request-ms", "0"], "must be positive"),
     ],
 )
 def test_bad_options_exit_2_with_one_line_and_create_nothing(
@@ -64,6 +66,9 @@ def test_help_says_what_is_served_what_is_not_and_when_an_ack_is_sent(
         "SIGTERM",
         "kill -9",
         "exit status",
+        "--max-connections-per-ip",
+        "--first-request-ms",
+        "__consumer_offsets",
     ):
         assert words in out, words
 

@@ -2,7 +2,8 @@
 
 Each scenario sends something a real client never would, then checks three things:
 the connection was closed, a new connection is answered, and no topic was created
-or written (the root's partitions and their end offsets are as before).
+or written (the root's partitions and their end offsets are as before). Bytes after a
+request's body are not hostile: Kafka ignores them, and so does this server.
 """
 
 from __future__ import annotations
@@ -59,12 +60,10 @@ HOSTILE_BYTES: dict[str, bytes] = {
     "a length prefix shorter than a header": struct.pack(">i", 3) + b"abc",
     "garbage after a valid size": _frame(b"\xde\xad\xbe\xef" * 16),
     "an unknown API key": _frame(struct.pack(">hhi", 9999, 0, 1) + b"\xff\xff"),
-    "an API this server does not serve (JoinGroup)": _frame(struct.pack(">hhi", 11, 5, 1) + b"\x00" * 40),
+    # Kafka 4 dropped it; only controllers ever sent it to brokers.
+    "an inter-broker API (LeaderAndIsr)": _frame(struct.pack(">hhi", 4, 5, 1) + b"\x00" * 40),
     "a version neither served nor advertised": _frame(struct.pack(">hhi", 0, 100, 1) + b"\x00" * 40),
     "a Produce body cut short": encode_request(0, 9, 5, request_body(0, 9, "hostile-new"))[:-20],
-    "a Produce frame with trailing bytes": _frame(
-        encode_request(0, 9, 5, request_body(0, 9, "hostile-new"))[4:] + b"xx"
-    ),
     "a header-only Produce": _frame(_produce_v9_prefix()),
 }
 
@@ -81,6 +80,22 @@ def test_a_bad_frame_closes_the_connection_and_touches_nothing(hostile: ServePro
             assert sock.closed_by_peer(), f"{case}: the connection stayed open"
     assert _state(hostile) == before
     assert hostile.proc is not None and hostile.proc.poll() is None
+
+
+def test_a_produce_with_bytes_after_its_body_is_answered_and_appended_once_as_kafka_does(
+    hostile: ServeProcess,
+) -> None:
+    _, end_before = _state(hostile)
+    frame = encode_request(0, 9, 5, request_body(0, 9, SEED_TOPIC))[4:] + b"xx"
+    with WireSocket(hostile.bootstrap) as sock:
+        sock.send_raw(_frame(frame))
+        correlation_id, body = decode_response(0, 9, sock.read_frame())
+        answer = body.responses[0].partition_responses[0]
+        assert (correlation_id, answer.error_code, answer.base_offset) == (5, 0, end_before)
+        # The connection stays open and in step: the next request is answered.
+        sock.send_raw(encode_request(18, 3, 6, request_body(18, 3, SEED_TOPIC)))
+        assert decode_response(18, 3, sock.read_frame())[0] == 6
+    assert _state(hostile)[1] == end_before + 1  # one batch of one record, appended once
 
 
 def test_a_frame_truncated_by_a_hang_up_leaves_the_server_serving(hostile: ServeProcess) -> None:

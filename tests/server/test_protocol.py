@@ -19,7 +19,9 @@ from oncelog.server.protocol import (
 )
 
 # Metadata v9 as librdkafka 2.16 sends it on a refresh: null topics, three false flags,
-# and one tagged field (tag 0, empty) that the spec kio is generated from lacks.
+# and one tagged field (tag 0, empty) that the spec kio is generated from lacks. (It is
+# librdkafka's all-topics request with allow_auto_topic_creation true, read as Kafka reads
+# it: the 4-byte placeholder of its topic count, then the flag taken for a tag count.)
 LIBRDKAFKA_METADATA_V9_WITH_UNKNOWN_TAG = bytes.fromhex(
     "0003000900000004000772646b61666b61000000000001000000"
 )
@@ -35,6 +37,25 @@ def test_a_request_with_a_tagged_field_the_spec_lacks_is_decoded_and_the_tag_ign
     )
     assert request.body.topics is None
     assert request.body.allow_auto_topic_creation is False
+
+
+def test_bytes_after_any_served_request_body_are_ignored_and_counted() -> None:
+    for spec in APIS.values():
+        for version in range(spec.served[0], spec.served[1] + 1):
+            body = request_body(spec.key, version, "codec")
+            frame = encode_request(spec.key, version, 99, body)[4:]
+            request = decode_request(frame + b"\x00\xff\x7f")
+            assert (request.body, request.trailing_bytes) == (body, 3), f"{spec.name} v{version}"
+            assert decode_request(frame).trailing_bytes == 0
+
+
+def test_a_body_cut_short_is_malformed_for_every_served_request() -> None:
+    for spec in APIS.values():
+        for version in range(spec.served[0], spec.served[1] + 1):
+            frame = encode_request(spec.key, version, 99, request_body(spec.key, version, "codec"))[4:]
+            for cut in (1, 2, len(frame) // 2):
+                with pytest.raises(MalformedRequestError, match=r"does not decode|past its frame"):
+                    decode_request(frame[:-cut])
 
 
 @pytest.mark.parametrize("size", [-1, 0, 7, MAX_REQUEST_BYTES + 1, 2**31 - 1])

@@ -27,9 +27,11 @@ _correlation_ids = count(1)
 
 
 class WireSocket:
-    def __init__(self, bootstrap: str, timeout_s: float = 10.0):
+    def __init__(self, bootstrap: str, timeout_s: float = 10.0, *, source_host: str | None = None):
+        """Connect to `bootstrap`, from `source_host` if given (any 127.x address on Linux's loopback)."""
         host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        source = (source_host, 0) if source_host is not None else None
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s, source_address=source)
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)
