@@ -249,14 +249,7 @@ class LogLoader:
         first = first_validated(bases, point, clean=self.clean, store_found=not self.metadata_missing)
         first_unsafe = len(bases) if first is None else first
         last = len(bases) - 1
-        for n, base in enumerate(bases):
-            if n < min(first_unsafe, last):
-                # Sealed and below the recovery point: trusted, and its indexes are
-                # mapped and sanity-checked on first use (as Kafka's LazyIndex), so
-                # the cost of opening does not grow with the number of segments.
-                self.segments.append(self._open(base, next_base=bases[n + 1]))
-            else:
-                self.segments.append(self._open(base, sealed=n != last))
+        self._open_segments(bases, first_unsafe)
         if first_unsafe == len(bases) and not self._load_active_cleanly(self.segments[last]):
             # The marker said clean but the active segment disagrees: validate it.
             first = first_validated(bases, point, clean=True, store_found=True, active_tail_ok=False)
@@ -282,6 +275,22 @@ class LogLoader:
             self._replay_trusted(snapshot_offset, until=None)
             self._flush_replay()
         return snapshot_offset
+
+    def _open_segments(self, bases: list[int], first_unsafe: int) -> None:
+        last = len(bases) - 1
+        for n, base in enumerate(bases):
+            if n < min(first_unsafe, last):
+                # Sealed and below the recovery point: trusted, and its indexes are
+                # mapped and sanity-checked on first use (as Kafka's LazyIndex), so
+                # the cost of opening does not grow with the number of segments.
+                self.segments.append(self._open(base, next_base=bases[n + 1]))
+                continue
+            segment = self._open(base, sealed=n != last)
+            if n != last:
+                # Validated later one at a time: a log whose every segment needs it (a
+                # Kafka directory, a lost store) must not hold a descriptor for each.
+                segment.park_descriptor()
+            self.segments.append(segment)
 
     def _open(
         self, base: int, *, create: bool = False, sealed: bool = False, next_base: int | None = None

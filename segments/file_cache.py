@@ -14,16 +14,17 @@ number could otherwise be reused by another open() before the call reached the k
 When every descriptor is pinned the cache runs over its capacity for that moment
 rather than fail the read.
 
-Evicting a segment also calls its owner back (`on_evict`), which drops what it holds in
-memory for reads only (a sealed segment's indexes), so memory follows the same bound.
+An eviction closes a descriptor and changes nothing else: the segment that owns the
+file may be in use by another thread (its owner's lock is not the evicting thread's).
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from oncelog.segments.files import Buffer, FileHandle, MappedRegion, SegmentFileSystem
@@ -60,6 +61,11 @@ class FileCache:
     @property
     def open_count(self) -> int:
         return len(self._open)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: a fresh lock (the parent's may have been held by a thread the
+        child does not have). The descriptors are the child's copies and stay cached."""
+        self._lock = threading.Lock()
 
     def resize(self, capacity: int) -> None:
         """Change the bound; descriptors past it close now (those not in use)."""
@@ -147,14 +153,14 @@ class FileCache:
 
 
 def _close_evicted(evicted: list[tuple[CachedFile, FileHandle]]) -> None:
-    for file, handle in evicted:
+    for _, handle in evicted:
         handle.close()
-        if file.on_evict is not None:
-            file.on_evict()
 
 
 # The process's cache: descriptors are a process-wide resource.
 SEGMENT_FILES: Final = FileCache(default_capacity())
+# A child forked while another thread held the lock would wait on it forever.
+os.register_at_fork(after_in_child=SEGMENT_FILES.reset_after_fork)
 
 
 class CachedFile:
@@ -171,13 +177,11 @@ class CachedFile:
         *,
         cache: FileCache = SEGMENT_FILES,
         writable: bool = True,
-        on_evict: Callable[[], None] | None = None,
     ):
         self._fs = fs
         self._path = path
         self._cache = cache
         self.writable = writable
-        self.on_evict = on_evict
         self._handle: FileHandle | None = None
         self._pins = 0
 

@@ -8,10 +8,11 @@ While the segment is active an index is written through a shared mapping of spac
 reserved ahead of its entries (see reservation: a mapped write to a block never
 reserved is SIGBUS on a full disk), in steps up to `max_index_bytes`, and trimmed to
 its entries when the segment is closed or rolled, as Kafka does, so a closed index's
-size is its entry count. A sealed index is read into memory once. Neither keeps a
-descriptor: the file is opened for each change of its size and closed again (a
-mapping outlives its descriptor), so a log of many segments holds no index files
-open. A reserved file left by
+size is its entry count. A sealed index is mapped read-only. Neither keeps a
+descriptor: the file is opened for each change of its size or mapping and closed
+again (a mapping outlives its descriptor), so a log of many segments holds no index
+files open; what a mapping holds is page cache, which the kernel reclaims. A
+reserved file left by
 a crash has a zero-filled tail, found by binary search; the loader rebuilds the
 active segment's indexes after a crash anyway, and sanity-checks a sealed one's last
 entry (as Kafka does) rather than reading every entry.
@@ -101,23 +102,17 @@ class _MappedIndex:
             handle.close()
 
     def _map(self, handle: FileHandle, capacity: int, *, writable: bool) -> None:
-        """Hold the first `capacity` entries, cutting or extending the file to exactly them:
-        mapped when writable, read into memory when sealed."""
+        """Map the first `capacity` entries, cutting or extending the file to exactly them."""
         self._unmap()
         size = capacity * self.ENTRY.size
         if handle.size() != size:
             handle.truncate(size)
         self._capacity = capacity
-        if not capacity:
-            return
-        if writable:
-            self._region = handle.mmap(size, writable=True)
+        if capacity:
+            self._region = handle.mmap(size, writable=writable)
             self._view = self._region.buffer
-            self.cursor[cur.IDX_ADDR] = cur.mapped_address(self._view)
-        else:
-            data = handle.pread(size, 0)
-            assert len(data) == size, (self.path, len(data), size)  # just cut to exactly this
-            self._view = memoryview(data)
+            if writable:
+                self.cursor[cur.IDX_ADDR] = cur.mapped_address(self._view)
 
     def _reserve(self, needed: int, limit: int, handle: FileHandle | None = None) -> None:
         """Map the file writable over at least `needed` entries (`limit` at most), reserved first.

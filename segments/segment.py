@@ -7,8 +7,8 @@ All I/O goes through the filesystem seam.
 
 Descriptors: the active segment keeps its `.log` open (and nothing else: its indexes
 are mappings, which need none). A sealed segment holds none until it is read; its
-`.log` then goes through the process's bounded FileCache, and its indexes, read into
-memory, are dropped again when the cache evicts the file.
+`.log` then goes through the process's bounded FileCache. Its indexes, mapped when
+first used, stay mapped (page cache, no descriptor) until the segment is closed.
 """
 
 from __future__ import annotations
@@ -205,10 +205,7 @@ class LogSegment:
         fd = direct() if direct is not None else -1
         self.cursor[cur.SEG_WRITE_FD] = fd if isinstance(fd, int) and fd >= 0 else -1
         self._handle: FileHandle = handle
-        if isinstance(handle, CachedFile):
-            handle.on_evict = self._drop_sealed_indexes
-        # None until first used (a sealed segment opened lazily, see open()), and again
-        # once the file cache closes a sealed segment's file.
+        # None until first used (a sealed segment opened lazily, see open()).
         self._offset_index = offset_index
         self._time_index = time_index
         self._max_index_bytes = max_index_bytes
@@ -333,8 +330,6 @@ class LogSegment:
         return cls(fs, directory, base_offset, handle, offset_index, time_index, *limits)
 
     # -- indexes, mapped on first use for a lazily opened segment --------------------
-    # (Read into locals: the file cache may drop a sealed segment's indexes from another
-    # thread at any moment; an index already in hand stays valid, being only bytes.)
     @property
     def offset_index(self) -> OffsetIndex:
         index = self._offset_index
@@ -349,19 +344,8 @@ class LogSegment:
     def indexes_loaded(self) -> bool:
         return self._offset_index is not None
 
-    def _drop_sealed_indexes(self) -> None:
-        """The file cache closed this segment's file: drop its indexes too (reloaded on use).
-
-        Only indexes read into memory (sealed): a writable one (a rebuild under way) stays.
-        """
-        offset_index, time_index = self._offset_index, self._time_index
-        if offset_index is None or time_index is None:
-            return
-        if offset_index.is_sealed and time_index.is_sealed:
-            self._offset_index = self._time_index = None
-
     def _load_lazy_indexes(self) -> tuple[OffsetIndex, TimeIndex]:
-        """Read a sealed segment's indexes; rebuild them from the log if they fail the sanity check."""
+        """Map a sealed segment's indexes; rebuild them from the log if they fail the sanity check."""
         directory, base = self.directory, self.base_offset
         offset_index = OffsetIndex(
             self.fs, _index_path(directory, base, INDEX_SUFFIX), base, self._max_index_bytes, sealed=True
@@ -442,6 +426,11 @@ class LogSegment:
         position = c[_SIZE]
         size = len(buffer)
         end = position + size
+        if c[_BYTES_SINCE_INDEX] > c[_INDEX_INTERVAL] and not self.indexes_full:
+            # This batch gets index entries: room for them first, so a failure to grow an
+            # index (a full disk, no descriptor to reopen it with) comes before the write.
+            self.offset_index.reserve_room(1)
+            self.time_index.reserve_room(1)
         if size >= WRITE_SYSCALL_MIN_BYTES:
             prefix = _PREFIX_PACK(base_offset, size - fmt.LOG_OVERHEAD, _NO_LEADER_EPOCH, _MAGIC)
             written = self._handle.pwritev([prefix, memoryview(buffer)[fmt.SIZE_AND_MAGIC_BYTES :]], position)
@@ -829,11 +818,15 @@ class LogSegment:
                 time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
             offset_index.trim()
             time_index.trim()
+        self.park_descriptor()
+
+    def park_descriptor(self) -> None:
+        """For a segment that takes no more appends (sealed, or about to be validated and
+        sealed): its `.log` descriptor joins the bounded file cache, to be closed when the
+        cache needs room and opened again by the next read."""
+        self.cursor[cur.SEG_WRITE_FD] = -1  # the compiled path never writes to a parked file
         if not isinstance(self._handle, CachedFile):
-            # From here the file is only read: its descriptor joins the bounded cache.
-            cached = CachedFile.adopting(self.fs, self._handle)
-            cached.on_evict = self._drop_sealed_indexes
-            self._handle = cached
+            self._handle = CachedFile.adopting(self.fs, self._handle)
 
     def close(self, *, durable: bool = True) -> None:
         """Close the files; `durable` also writes the final time entry and trims the indexes.

@@ -54,12 +54,14 @@ CLUSTER_ID_NAME: Final = "kafka-cluster-id"
 # Where each topic's partition count is kept in the root (root_value names).
 TOPIC_PARTITIONS_PREFIX: Final = "kafka-topic-partitions/"
 MAX_PARTITIONS_PER_TOPIC: Final = 10_000
-# File descriptors one idle partition holds open: its directory lock, its metadata store
-# (LMDB: three) and its active segment's .log. Sealed segments read are the segment file
-# cache's (a quarter of the limit, segments.file_cache), and those kept for connections and
-# the process itself are reserved: together what bounds the partitions a server may create
+# File descriptors one partition may hold open: its directory lock and its active segment's
+# .log always; its metadata store (an LMDB environment: three) once the log has committed
+# to it (a flush, a roll, a truncation); its active segment's .txnindex once an aborted
+# transaction's marker is in it. Sealed segments being read hold the segment file cache's (a
+# quarter of the limit, segments.file_cache); those kept for connections and the process
+# itself are reserved: together what bounds the partitions a server may create
 # (max_partitions_for).
-FDS_PER_PARTITION: Final = 5
+FDS_PER_PARTITION: Final = 6
 FDS_RESERVED: Final = 1024
 # Kafka's internal topics (org.apache.kafka.common.internals.Topic.INTERNAL_TOPICS).
 INTERNAL_TOPICS: Final = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})

@@ -64,6 +64,8 @@ FIGURES = [
     "durable appends, 1 thread, vs raw os.write+fsync loop",
     "open ",  # N partitions, clean (LogManager vs one Log.open at a time)
     "open ",  # N partitions, unclean
+    "descriptors per idle partition, ",
+    "memory per idle partition, ",
 ]
 OPTIONS = ["--quick", "--json", "--plot", "--dir"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

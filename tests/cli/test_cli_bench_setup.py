@@ -94,8 +94,9 @@ class TestPartitionRoots:
     ) -> None:
         root = str(tmp_path / "root")
         bench_manager.build_root(root, images[state], PARTITIONS, root_store=state == "clean")
-        elapsed_s, threads = bench_manager._time_manager_open(root, state)
-        assert elapsed_s > 0 and threads >= 1
+        opened = bench_manager._time_manager_open(root, state, read_every=2)
+        assert opened.elapsed_s > 0 and opened.threads >= 1
+        assert opened.idle.descriptors > 0 and opened.idle.resident_bytes >= 0
         if state == "clean":  # a clean open and close leaves it clean
             assert bench_manager._time_sequential_open(root, state) > 0
         images[state].check_unwritten()

@@ -1,10 +1,12 @@
 """The child process of test_descriptors: many rolls under a small open-files limit.
 
-Run as `python many_rolls_child.py DIRECTORY ROLLS LIMIT`. Lowers its own soft
-RLIMIT_NOFILE to LIMIT before oncelog is imported (so the segment file cache sizes
-itself from it), appends one batch and rolls ROLLS times, then reads every segment
-back, closes, reopens and reads again. Prints, as JSON, what it read and the most
-descriptors it held; an EMFILE ends it with a traceback and a non-zero status.
+Run as `python many_rolls_child.py DIRECTORY ROLLS LIMIT [--lose-store]`. Lowers its
+own soft RLIMIT_NOFILE to LIMIT before oncelog is imported (so the segment file cache
+sizes itself from it), appends one batch and rolls ROLLS times, then reads every
+segment back, closes, reopens and reads again. With --lose-store the metadata store
+is removed before the reopen, so the reopen validates every segment (as for a Kafka
+directory). Prints, as JSON, what it read and the most descriptors it held; an EMFILE
+ends it with a traceback and a non-zero status.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import sys
 
 
 def main() -> None:
     directory, rolls, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    lose_store = "--lose-store" in sys.argv[4:]
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     from oncelog import Log, encode_batch
+    from oncelog.log import METADATA_DIR
     from oncelog.segments import file_cache
 
     def descriptors() -> int:
@@ -44,6 +49,8 @@ def main() -> None:
         most = max(most, descriptors())
         first_read = read_values(log)
         most = max(most, descriptors())
+    if lose_store:
+        shutil.rmtree(os.path.join(directory, METADATA_DIR))
     with Log.open(directory) as log:
         second_read = read_values(log)
         most = max(most, descriptors())

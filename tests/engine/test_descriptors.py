@@ -49,3 +49,21 @@ def test_10000_rolls_under_an_open_files_limit_of_256_read_back_everything(fast_
     # The cache's share of the limit, plus the process's own and the log's fixed few.
     assert report["cache_capacity"] == LIMIT // 4
     assert report["most_descriptors"] <= LIMIT // 4 + 32
+
+
+def test_a_log_whose_every_segment_is_validated_opens_under_a_small_limit(fast_directory: Path) -> None:
+    # A lost metadata store (or a Kafka directory): every segment is validated at the open,
+    # one at a time, each handing its descriptor to the cache once it is checked.
+    rolls = 600
+    child = subprocess.run(
+        [sys.executable, str(CHILD), str(fast_directory / "t-0"), str(rolls), str(LIMIT), "--lose-store"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    report = json.loads(child.stdout)
+    expected = [str(n) for n in range(rolls)]
+    assert report["first_read"] == expected
+    assert report["second_read"] == expected
+    assert report["most_descriptors"] <= LIMIT // 4 + 32

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from oncelog import pid_map
 from oncelog.pid_map import EMPTY, PidSlotMap
 
 MAX_PID = 2**63 - 1
@@ -318,7 +319,12 @@ class TestBulkLoad:
         assert len(table) == 0
         assert table.get(3) is None
 
-    def test_load_of_a_full_wrapping_cluster_then_delete_every_key(self) -> None:
+    @pytest.mark.parametrize("one_put_at_a_time", [True, False])
+    def test_load_of_a_full_wrapping_cluster_then_delete_every_key(
+        self, one_put_at_a_time: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        if not one_put_at_a_time:
+            monkeypatch.setattr(pid_map, "SMALL_LOAD", 0)  # the vectorised rounds, even for six ids
         table = PidSlotMap(6)
         pids = pids_homed_near_the_end(table, 6, last=2)
         table.load(np.array(pids, dtype=np.int64), np.arange(6, dtype=np.int32))

@@ -96,19 +96,45 @@ def test_a_rolled_segment_leaves_the_cache_bounded_and_reads_reopen_what_it_clos
     assert segment_descriptors(tmp_path) == []
 
 
-def test_an_evicted_segment_drops_its_indexes_and_a_read_loads_them_again(tmp_path: Path) -> None:
+def test_evictions_from_another_thread_leave_truncations_and_closes_of_a_log_intact(tmp_path: Path) -> None:
+    # An eviction closes a descriptor and nothing else: a log cutting into or closing its
+    # sealed segments on one thread never sees them change under it from another.
     cache = file_cache.SEGMENT_FILES
     capacity = cache.capacity
+    cache.resize(1)
+    stop = threading.Event()
+    errors: list[BaseException] = []
     try:
-        with rolled_log(tmp_path / "t-0", 4) as log:
-            first = log.segments[0]
-            assert log.read(0, 1).batches[0].base_offset == 0
-            assert first.indexes_loaded
-            cache.resize(1)
-            assert log.read(2, 1).batches[0].base_offset == 2  # opens segment 2: segment 0 is evicted
-            assert not first.indexes_loaded
-            assert log.read(0, 1).batches[0].base_offset == 0
-            assert first.indexes_loaded
+        others = [rolled_log(tmp_path / f"o-{n}", 6) for n in range(2)]
+
+        def evict_by_reading() -> None:
+            try:
+                while not stop.is_set():
+                    for log in others:
+                        values(log)
+            except BaseException as exc:
+                errors.append(exc)
+
+        reader = threading.Thread(target=evict_by_reading)
+        reader.start()
+        try:
+            for round_ in range(15):
+                directory = tmp_path / f"t-{round_}"
+                log = rolled_log(directory, 8)
+                values(log)  # every sealed segment opened, indexes mapped
+                log.truncate_to(5)
+                assert values(log) == [b"value %d" % n for n in range(5)]
+                log.append(encode_batch([(b"k", b"again")], timestamp_ms=T0))
+                log.close()
+                with Log.open(directory) as reopened:
+                    assert values(reopened) == [b"value %d" % n for n in range(5)] + [b"again"]
+        finally:
+            stop.set()
+            reader.join()
+        assert errors == []
+        assert cache.evictions > 0
+        for log in others:
+            log.close()
     finally:
         cache.resize(capacity)
 
