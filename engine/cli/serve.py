@@ -117,6 +117,15 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="the longest transaction.timeout.ms a producer may ask for; an open transaction is "
         "aborted once its own timeout passes (default: %(default)s)",
     )
+    parser.add_argument(
+        "--max-unsent-bytes",
+        type=int,
+        default=ServeConfig().max_unsent_bytes,
+        metavar="BYTES",
+        help="bytes all connections may hold for responses their clients have not read yet; past "
+        "it a fetch is not read until some are taken, and answers without records at its "
+        "max wait (default: %(default)s)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="partitions recovered at once on start")
     parser.add_argument("--no-progress", action="store_true", help="no recovery progress bar on stderr")
     parser.set_defaults(handler=run)
@@ -165,6 +174,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 min_session_timeout_ms=args.group_min_session_timeout_ms,
             ),
             transaction_max_timeout_ms=args.transaction_max_timeout_ms,
+            max_unsent_bytes=args.max_unsent_bytes,
         )
     except ValueError as exc:
         print(f"oncelog serve: {exc}", file=err)

@@ -25,6 +25,7 @@ import contextlib
 import resource
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -35,6 +36,7 @@ from oncelog.server.coordinator_store import CoordinatorStore
 from oncelog.server.group_state import GroupLimits
 from oncelog.server.groups import GroupCoordinator
 from oncelog.server.txn_coordinator import TransactionCoordinator
+from oncelog.server.unsent import UnsentBytes
 
 _T = TypeVar("_T")
 NODE_ID: Final = 0
@@ -47,6 +49,9 @@ MAX_PARTITIONS_PER_TOPIC: Final = 10_000
 # what bounds the partitions a server may create (max_partitions_for).
 FDS_PER_PARTITION: Final = 16
 FDS_RESERVED: Final = 1024
+# Fetches read and framed at once: a read is CPU (CRCs) and copies, so more than the
+# machine's few cores only adds reads held in memory at the same time.
+FETCH_THREADS: Final = 2
 
 
 class TopicExistsError(Exception):
@@ -97,6 +102,8 @@ class ServeConfig:
     write_timeout_ms: int = 60_000
     # Kafka's fetch.max.wait upper bound; a client asking longer waits this long.
     max_fetch_wait_ms: int = 30_000
+    # Bytes all connections may hold for responses their clients have not taken (see unsent).
+    max_unsent_bytes: int = 256 * 1024 * 1024
     # How often retention (retention_ms, retention_bytes) runs: Kafka's log.retention.check.interval.ms.
     retention_check_ms: int = 300_000
     groups: GroupLimits = field(default_factory=GroupLimits)
@@ -110,14 +117,22 @@ class ServeConfig:
             raise ValueError(f"partitions must be 1..{MAX_PARTITIONS_PER_TOPIC}, got {self.partitions}")
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listen port must be 0..65535, got {self.listen_port}")
-        positive = (self.max_connections, self.idle_ms, self.frame_read_ms, self.write_timeout_ms)
+        positive = (
+            self.max_connections,
+            self.idle_ms,
+            self.frame_read_ms,
+            self.write_timeout_ms,
+            self.max_unsent_bytes,
+        )
         durations = (
             self.retention_check_ms,
             self.transaction_max_timeout_ms,
             self.transactional_id_expiration_ms,
         )
         if min(positive) <= 0 or min(durations) <= 0:
-            raise ValueError("connection limits, timeouts and the retention interval must be positive")
+            raise ValueError(
+                "connection limits, timeouts, max unsent bytes and the retention interval must be positive"
+            )
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -144,8 +159,11 @@ class Broker:
         self._creating: dict[str, asyncio.Future[None]] = {}
         self._watchers: dict[TopicPartition, set[asyncio.Event]] = {}
         self.stopping = False
-        # Response bytes written to connections whose clients have not read them yet.
-        self.bytes_unsent = 0
+        # Bytes held for responses whose clients have not taken them yet, and their limit.
+        self.unsent = UnsentBytes(config.max_unsent_bytes)
+        # Fetch reads and framing run on their own threads, never the loop's, and never
+        # queue an append behind a 50 MB read.
+        self._fetch_threads = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="oncelog-fetch")
         self._finish_creations()
         self.coordinator_store = CoordinatorStore.open(manager.fs, manager.root)
         self.groups = GroupCoordinator(self.coordinator_store, config.groups)
@@ -327,11 +345,17 @@ class Broker:
         for watchers in self._watchers.values():
             for event in watchers:
                 event.set()
+        self.unsent.wake_all()
 
     def close(self) -> None:
-        """Close the coordinators' store (the logs are the LogManager's to close)."""
+        """Close the coordinators' store and the fetch threads (the logs are the LogManager's to close)."""
+        self._fetch_threads.shutdown(wait=True)
         self.coordinator_store.close()
 
     async def in_thread(self, call: Callable[[], _T]) -> _T:
         """Run blocking engine work (appends, topic creation, an fsync wait) off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(None, call)
+
+    async def in_fetch_thread(self, call: Callable[[], _T]) -> _T:
+        """Run a fetch's reads and framing off the event loop, on the fetch threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._fetch_threads, call)
