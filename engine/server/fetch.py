@@ -107,7 +107,11 @@ async def handle_fetch(broker: Broker, request: Request) -> Frame:
     partitions = [want.tp for want in wants]
     wait_s = min(body.max_wait.total_seconds(), broker.config.max_fetch_wait_ms / 1000)
     deadline = time.monotonic() + max(wait_s, 0.0)
-    asked = max(min(body.max_bytes, MAX_FETCH_BYTES), 1)
+    # What the records may take (a first batch past it is counted when read): a consumer
+    # asking 50 MiB in all but 1 MiB a partition from two partitions reserves 2 MiB.
+    asked = max(
+        min(body.max_bytes, MAX_FETCH_BYTES, sum(max(want.partition_max_bytes, 0) for want in wants)), 1
+    )
     needed = min(asked, MIN_GRANT_BYTES) + READ_SLACK_BYTES
     while True:
         event = broker.watch(partitions)  # before reading: an append after the read sets it
