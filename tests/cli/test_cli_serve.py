@@ -26,6 +26,7 @@ def _run(*argv: str) -> tuple[int, str, str]:
         (["--advertise", "host:"], "expected HOST:PORT"),
         (["--partitions", "0"], "partitions must be 1..10000"),
         (["--threads", "0"], "recovery_threads must be 1..64"),
+        (["--max-unsent-bytes", "0"], "max unsent bytes"),
     ],
 )
 def test_bad_options_exit_2_with_one_line_and_create_nothing(
