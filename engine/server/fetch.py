@@ -264,7 +264,8 @@ def _read_one(
     aborted: dict[tuple[int, int], None] = {}  # in order, each once
     offset, size = want.fetch_offset, 0
     while True:
-        step_bytes = min(max(limit - size, 1), READ_STEP_BYTES)
+        left = limit - size
+        step_bytes = min(max(left, 1), READ_STEP_BYTES)
         try:
             # Up to the high watermark reported with them, as Kafka does.
             fetched = target.read(offset, step_bytes, max_offset=high_watermark, isolation=isolation)
@@ -274,11 +275,13 @@ def _read_one(
             fields["error_code"] = error_code_for(exc)
             fields["aborted"] = None
             return fields, _NO_RECORDS
-        taken = _within(fetched.batches, limit - size, whole_first and not kept)
+        taken = _within(fetched.batches, left, whole_first and not kept)
         kept += taken
         size += sum(batch.size for batch in taken)
         aborted.update(dict.fromkeys(fetched.aborted_transactions))
-        if len(taken) < len(fetched.batches) or not taken or size >= limit:
+        # Done when a batch did not fit, the step had all that was left, or the data ran out.
+        done = not taken or len(taken) < len(fetched.batches) or step_bytes >= left
+        if done or fetched.next_offset >= high_watermark:
             break
         offset = fetched.next_offset
     if isolation == "read_committed":
