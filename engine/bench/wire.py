@@ -36,6 +36,8 @@ What is measured, each repeat on a fresh topic, messages sent to partition n % 4
    includes linger.ms=5. p50 and p99 per repeat.
 4. transactional produce throughput and a consumer group's rebalance time (see
    wire_groups).
+5. on oncelog serve alone, another client's produce latency beside 50 MiB fetches,
+   against the same client idle (see wire_fetch).
 
 Throughput rows are medians over the repeats with target ratio oncelog / mock
 ≥ 0.8; the latency rows are the medians of the per-repeat percentiles,
@@ -107,6 +109,9 @@ class Side:
 def wire_figures(settings: BenchSettings, directory: str, results: BenchResults, progress: Progress) -> None:
     import confluent_kafka
 
+    # Imported here: wire_fetch uses this module's clients.
+    from oncelog.bench import wire_fetch
+
     count = settings.wire_messages
     if count // PARTITIONS * RECORD_BYTES > MOCK_PARTITION_BYTES * 0.9:
         raise ValueError(f"{count} messages would overflow the mock's {MOCK_PARTITION_BYTES} B per partition")
@@ -133,6 +138,7 @@ def wire_figures(settings: BenchSettings, directory: str, results: BenchResults,
                         f"transactional {count / side.txn_s[-1]:9,.0f}/s  "
                         f"rebalance {side.rebalance_s[-1] * 1000:6.0f} ms"
                     )
+            beside_fetches = wire_fetch.measure(confluent_kafka, server.bootstrap, settings, progress)
         except Exception as exc:
             exc.add_note(f"oncelog serve's output:\n{server.log()}")
             raise
@@ -144,6 +150,7 @@ def wire_figures(settings: BenchSettings, directory: str, results: BenchResults,
     wire_groups.add_rows(
         results, count, (ours.txn_s, reference.txn_s), (ours.rebalance_s, reference.rebalance_s)
     )
+    wire_fetch.add_rows(results, beside_fetches, settings.wire_fetch_bytes)
     results.notes.append(
         f"wire: reference is librdkafka {confluent_kafka.libversion()[0]}'s mock cluster "
         "(test.mock.num.brokers=1: in memory, in the bench process, no disk); oncelog serve ran as a "
@@ -215,12 +222,12 @@ def _add_rows(results: BenchResults, sides: list[Side], count: int) -> None:
 # -- the clients -----------------------------------------------------------------------
 
 
-def producer_config(bootstrap: str) -> dict[str, object]:
+def producer_config(bootstrap: str, linger_ms: int = LINGER_MS) -> dict[str, object]:
     return {
         "bootstrap.servers": bootstrap,
         "enable.idempotence": True,
         "acks": "all",
-        "linger.ms": LINGER_MS,
+        "linger.ms": linger_ms,
         "log_level": LOG_LEVEL,
     }
 
@@ -324,10 +331,15 @@ def fetch_seconds(kafka: Any, bootstrap: str, topic: str) -> tuple[int, float]:
 
 
 def produce_latencies_ms(
-    kafka: Any, bootstrap: str, topic: str, window_s: float
+    kafka: Any,
+    bootstrap: str,
+    topic: str,
+    window_s: float,
+    rate: int = LATENCY_RATE,
+    linger_ms: int = LINGER_MS,
 ) -> tuple[list[float], float]:
-    """(Each message's delivery latency in ms, messages/s actually offered) at LATENCY_RATE for `window_s`."""
-    producer = kafka.Producer(producer_config(bootstrap))
+    """(Each message's delivery latency in ms, messages/s actually offered) at `rate` for `window_s`."""
+    producer = kafka.Producer(producer_config(bootstrap, linger_ms))
     _warm_up(producer, topic, bootstrap)
     latencies_ms: list[float] = []
     errors: list[str] = []
@@ -341,17 +353,17 @@ def produce_latencies_ms(
 
     produce, poll = producer.produce, producer.poll
     value = b"l" * VALUE_BYTES
-    count = max(1, round(LATENCY_RATE * window_s))
+    count = max(1, round(rate * window_s))
     gc.collect()
     start = clock()
     n = 0
     while n < count:
-        due = min(count, int((clock() - start) * LATENCY_RATE) + 1)
+        due = min(count, int((clock() - start) * rate) + 1)
         while n < due:
             produce(topic, value, partition=n % PARTITIONS, on_delivery=functools.partial(report, clock()))
             n += 1
         # Serve delivery reports until the next message is due.
-        poll(max(0.0, start + n / LATENCY_RATE - clock()))
+        poll(max(0.0, start + n / rate - clock()))
     offered = count / (clock() - start)
     left = producer.flush(DELIVERY_TIMEOUT_S)
     if errors or left or len(latencies_ms) != count:

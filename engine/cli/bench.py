@@ -106,9 +106,15 @@ oncelog serve runs as a subprocess on a free port over a fresh root in --dir
   wire: consumer group rebalance, 2 -> 3 members
       Two consumers share a topic; a third subscribes; the time until all
       three hold a complete, disjoint assignment; reported.
+  wire: worst produce latency / p99 beside 50 MiB fetches (oncelog serve only)
+      An idempotent producer (linger.ms=0) offers 1,000 messages/s while a
+      consumer in another process (fetch.max.bytes = max.partition.fetch.bytes
+      = 50 MiB) reads a preloaded 150 MiB partition from offset 0 over and over,
+      against the same producer with no fetcher, alternating; the worst latency
+      has target ratio ≤ 3 or ≤ 50 ms, p99 is reported.
 
 The full run takes a minute or two here; --quick under a minute (at most two);
---wire adds about two minutes (40 s with --quick)."""
+--wire adds about three minutes (a minute with --quick)."""
 
 EPILOG = """\
 examples:

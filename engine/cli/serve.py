@@ -133,7 +133,17 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
 
 
 def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """The connection limits: how many, from one address, and how soon the first request."""
+    """The connection limits: how many, from one address, how soon the first request, and
+    how many bytes of responses their clients have not read yet."""
+    parser.add_argument(
+        "--max-unsent-bytes",
+        type=int,
+        default=_DEFAULTS.max_unsent_bytes,
+        metavar="BYTES",
+        help="bytes all connections may hold for responses their clients have not read yet; past "
+        "it a fetch is not read until some are taken, and answers without records at its "
+        "max wait (default: %(default)s)",
+    )
     parser.add_argument(
         "--max-connections",
         type=int,
@@ -205,6 +215,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             max_connections=args.max_connections,
             max_connections_per_ip=args.max_connections_per_ip,
             first_request_ms=args.first_request_ms,
+            max_unsent_bytes=args.max_unsent_bytes,
         )
     except ValueError as exc:
         print(f"oncelog serve: {exc}", file=err)

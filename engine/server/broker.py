@@ -33,6 +33,7 @@ import logging
 import resource
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -46,6 +47,7 @@ from oncelog.server.group_state import GroupLimits
 from oncelog.server.groups import GroupCoordinator
 from oncelog.server.rate_limited_log import RateLimitedLog
 from oncelog.server.txn_coordinator import TransactionCoordinator
+from oncelog.server.unsent import UnsentBytes
 
 _T = TypeVar("_T")
 log = logging.getLogger("oncelog.serve")
@@ -63,6 +65,9 @@ MAX_PARTITIONS_PER_TOPIC: Final = 10_000
 # (max_partitions_for).
 FDS_PER_PARTITION: Final = 6
 FDS_RESERVED: Final = 1024
+# Fetches read and framed at once: a read is CPU (CRCs) and copies, so more than the
+# machine's few cores only adds reads held in memory at the same time.
+FETCH_THREADS: Final = 2
 # Kafka's internal topics (org.apache.kafka.common.internals.Topic.INTERNAL_TOPICS).
 INTERNAL_TOPICS: Final = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
 
@@ -137,6 +142,8 @@ class ServeConfig:
     write_timeout_ms: int = 60_000
     # Kafka's fetch.max.wait upper bound; a client asking longer waits this long.
     max_fetch_wait_ms: int = 30_000
+    # Bytes all connections may hold for responses their clients have not taken (see unsent).
+    max_unsent_bytes: int = 256 * 1024 * 1024
     # How often retention (retention_ms, retention_bytes) runs: Kafka's log.retention.check.interval.ms.
     retention_check_ms: int = 300_000
     groups: GroupLimits = field(default_factory=GroupLimits)
@@ -157,6 +164,7 @@ class ServeConfig:
             self.idle_ms,
             self.frame_read_ms,
             self.write_timeout_ms,
+            self.max_unsent_bytes,
         )
         durations = (
             self.retention_check_ms,
@@ -164,7 +172,9 @@ class ServeConfig:
             self.transactional_id_expiration_ms,
         )
         if min(positive) <= 0 or min(durations) <= 0:
-            raise ValueError("connection limits, timeouts and the retention interval must be positive")
+            raise ValueError(
+                "connection limits, timeouts, max unsent bytes and the retention interval must be positive"
+            )
 
     @property
     def connections_per_ip(self) -> int:
@@ -207,6 +217,11 @@ class Broker:
         # Warnings a client can repeat at will (a topic that cannot be created, refused
         # connections): once a minute per topic or address.
         self.warnings = RateLimitedLog(log)
+        # Bytes held for responses whose clients have not taken them yet, and their limit.
+        self.unsent = UnsentBytes(config.max_unsent_bytes)
+        # Fetch reads and framing run on their own threads, never the loop's, and never
+        # queue an append behind a 50 MB read.
+        self._fetch_threads = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="oncelog-fetch")
         self._finish_creations()
         self.coordinator_store = CoordinatorStore.open(manager.fs, manager.root)
         self.groups = GroupCoordinator(self.coordinator_store, config.groups)
@@ -411,11 +426,17 @@ class Broker:
         for watchers in self._watchers.values():
             for event in watchers:
                 event.set()
+        self.unsent.wake_all()
 
     def close(self) -> None:
-        """Close the coordinators' store (the logs are the LogManager's to close)."""
+        """Close the coordinators' store and the fetch threads (the logs are the LogManager's to close)."""
+        self._fetch_threads.shutdown(wait=True)
         self.coordinator_store.close()
 
     async def in_thread(self, call: Callable[[], _T]) -> _T:
         """Run blocking engine work (appends, topic creation, an fsync wait) off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(None, call)
+
+    async def in_fetch_thread(self, call: Callable[[], _T]) -> _T:
+        """Run a fetch's reads and framing off the event loop, on the fetch threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._fetch_threads, call)

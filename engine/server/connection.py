@@ -17,6 +17,12 @@ a client then waits between requests as long as Kafka's connections.max.idle.ms
 (idle_ms, 10 min) allows, since an idle producer is legitimate, and each later
 request must be complete within frame_read_ms (30 s) of its first byte. Warnings
 about a peer are rate-limited per address (Broker.warnings).
+
+A response is written a chunk at a time (WRITE_CHUNK_BYTES), each only once the
+transport has handed the last to the kernel, so the transport never copies more
+than one chunk of it; its pieces (stored batches, for a fetch) go out uncopied
+when they are a chunk or more. Every byte a response holds is counted in the
+broker's unsent budget until the kernel has taken the last (see unsent).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import contextlib
 import logging
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from oncelog.server.broker import Broker
@@ -51,10 +57,11 @@ from oncelog.server.produce import handle_produce
 from oncelog.server.protocol import (
     API_VERSIONS_KEY,
     SIZE,
+    Frame,
     MalformedRequestError,
     Request,
     decode_request,
-    encode_response,
+    encode_frame,
     frame_size,
 )
 from oncelog.server.txn_apis import (
@@ -67,7 +74,11 @@ from oncelog.server.txn_apis import (
 
 log = logging.getLogger("oncelog.serve")
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
+# What a connection hands the transport at once: the most the transport ever copies of a
+# response, and the most a write joins from small pieces.
+WRITE_CHUNK_BYTES = 256 * 1024
 
+# A handler returns a body to encode, None (no response), or a Frame it built and counted itself.
 Handler = Callable[[Broker, Request], Awaitable[Any]]
 HANDLERS: dict[int, Handler] = {
     0: handle_produce,
@@ -107,6 +118,11 @@ class Connection:
         self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         # True while a request is being handled: a draining shutdown waits for these.
         self.busy = False
+        # True while a response is being written.
+        self.sending = False
+        # The transport pauses us as soon as it holds anything the kernel did not take, and
+        # resumes once it holds nothing: it never buffers more than the chunk last written.
+        writer.transport.set_write_buffer_limits(high=0)
 
     async def run(self) -> None:
         warnings = self.broker.warnings
@@ -167,26 +183,40 @@ class Connection:
             if response is not None:
                 await self._send(response)
 
-    async def _send(self, response: bytes) -> None:
-        """Write a response; a client that does not take it within write_timeout_ms is dropped."""
-        self.broker.bytes_unsent += len(response)
+    async def _send(self, response: Frame) -> None:
+        """Write a counted response; a client that does not take it within write_timeout_ms is dropped."""
+        unsent = self.broker.unsent
+        # Beside the frame: the transport's copy of the chunk the kernel has not taken, and the
+        # chunk joined from small pieces (a frame of one piece joins none).
+        chunks_held = 1 if len(response.pieces) == 1 else 2
+        in_flight = min(response.size_bytes, WRITE_CHUNK_BYTES) * chunks_held
+        unsent.take(in_flight)
+        self.sending = True
         try:
-            self.writer.write(response)
-            await asyncio.wait_for(self.writer.drain(), self.broker.config.write_timeout_ms / 1000)
+            async with asyncio.timeout(self.broker.config.write_timeout_ms / 1000):
+                for chunk in _chunks(response.pieces, WRITE_CHUNK_BYTES):
+                    self.writer.write(chunk)
+                    await self.writer.drain()  # until the kernel has it all
+                    await asyncio.sleep(0)  # a fast reader's large response still lets others in
         except TimeoutError as exc:
             self._reset()
             raise ConnectionError(
                 f"{self.peer} took no response for {self.broker.config.write_timeout_ms} ms"
             ) from exc
         finally:
-            self.broker.bytes_unsent -= len(response)
+            self.sending = False
+            unsent.release(response.held_bytes + in_flight)
 
     def close(self) -> None:
-        """Close at shutdown: gracefully when idle, with a reset when a response is stuck unread."""
-        if self.broker.bytes_unsent and self.writer.transport.get_write_buffer_size():
-            self._reset()
-        else:
+        """Close at shutdown: idle now; reset if stuck on a response its client is not taking.
+
+        A connection moving a response finishes it and closes itself (the broker is stopping);
+        closing under it would cut the response short.
+        """
+        if not self.sending:
             self.writer.close()
+        elif self.writer.transport.get_write_buffer_size():
+            self._reset()
 
     def _reset(self) -> None:
         """Drop the connection with a TCP reset: what is buffered for it, ours and the kernel's, is freed.
@@ -199,7 +229,8 @@ class Connection:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
         self.writer.transport.abort()
 
-    async def _answer(self, request: Request, frame: bytes) -> bytes | None:
+    async def _answer(self, request: Request, frame: bytes) -> Frame | None:
+        """The response to `request`, its bytes counted in the unsent budget; None for acks=0."""
         if request.body is None and request.api_key != API_VERSIONS_KEY:
             log.info(
                 "%s v%d from %s: advertised but not served (v%d-%d); answering UNSUPPORTED_VERSION",
@@ -209,10 +240,39 @@ class Connection:
                 *request.spec.served,
             )
             try:
-                return unsupported_version_response(request.api_key, request.api_version, frame)
+                response = Frame.of(unsupported_version_response(request.api_key, request.api_version, frame))
             except FallbackDecodeError as exc:
                 raise MalformedRequestError(str(exc)) from exc
-        body = await HANDLERS[request.api_key](self.broker, request)
-        if body is None:
-            return None  # acks=0
-        return encode_response(request, body)
+        else:
+            body = await HANDLERS[request.api_key](self.broker, request)
+            if body is None:
+                return None  # acks=0
+            if isinstance(body, Frame):
+                return body  # a fetch's: framed off the loop and counted from before its read
+            response = encode_frame(request, body)
+        self.broker.unsent.take(response.held_bytes)
+        return response
+
+
+def _chunks(pieces: Sequence[bytes | memoryview], chunk_bytes: int) -> Iterator[bytes | memoryview]:
+    """`pieces` regrouped into writes of at most `chunk_bytes`.
+
+    A piece of a chunk or more goes out as slices of itself, uncopied; runs of smaller
+    pieces are joined into one chunk (one bounded copy instead of a write per piece).
+    """
+    run: list[bytes | memoryview] = []
+    run_bytes = 0
+    for piece in pieces:
+        size = len(piece)
+        if run and run_bytes + size > chunk_bytes:
+            yield run[0] if len(run) == 1 else b"".join(run)
+            run, run_bytes = [], 0
+        if size >= chunk_bytes:
+            view = memoryview(piece)
+            for start in range(0, size, chunk_bytes):
+                yield view[start : start + chunk_bytes]
+        else:
+            run.append(piece)
+            run_bytes += size
+    if run:
+        yield run[0] if len(run) == 1 else b"".join(run)

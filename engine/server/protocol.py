@@ -8,7 +8,8 @@ its API and version, as the generated schema classes record.
 
 kio, generated from Kafka's JSON message specs, encodes and decodes every header
 and body; nothing here hand-writes a struct. Record batches stay the bytes on the
-wire: kio reads a `records` field as bytes, and a fetch response writes stored bytes.
+wire: kio reads a `records` field as bytes, and a fetch response writes stored bytes,
+as pieces of its frame that are never joined (encode_frame, Records).
 
 What the caller decides: a frame that is malformed, or of an API or version this
 table neither serves nor advertises, raises MalformedRequestError and the
@@ -26,10 +27,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import io
 import struct
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -185,16 +185,106 @@ def _undecodable(spec: ApiSpec, api_version: int, frame: bytes, exc: BaseExcepti
 
 
 def encode_response(request: Request, body: Any) -> bytes:
-    """The response frame, size prefix included, answering `request` with `body`."""
+    """The response frame, size prefix included, answering `request` with `body`, in one piece."""
+    return b"".join(encode_frame(request, body).pieces)
+
+
+# -- frames as pieces: stored batches go out as they are held, never joined --------------
+
+
+class Records:
+    """A records field made of stored batch buffers, which the frame carries uncopied.
+
+    kio writes a records field as its len() and then one write() of the value; the
+    writer of encode_frame takes this value's views as pieces of the frame instead of
+    copying them, so a 50 MB fetch response is the 50 MB its reads hold plus a header.
+    """
+
+    __slots__ = ("size_bytes", "views")
+
+    def __init__(self, views: Sequence[memoryview]):
+        self.views = list(views)
+        self.size_bytes = sum(view.nbytes for view in self.views)
+
+    def __len__(self) -> int:
+        return self.size_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A response frame, size prefix included, as the pieces to write in order."""
+
+    pieces: list[bytes | memoryview]
+    size_bytes: int
+    # What keeping the frame keeps alive: its own bytes, and the whole of every buffer
+    # its views are cut from (a view keeps all of its buffer).
+    held_bytes: int
+
+    @classmethod
+    def of(cls, data: bytes) -> Frame:
+        return cls([data], len(data), len(data))
+
+
+class _PieceWriter:
+    """What kio writes a frame into: bytes are gathered; a Records value becomes its views."""
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes | memoryview] = []
+        self._gathered = bytearray(SIZE.size)  # the size prefix, filled in last
+
+    def write(self, data: Any) -> int:
+        if isinstance(data, Records):
+            self._close_gathered()
+            self.pieces.extend(data.views)
+        else:
+            self._gathered += data
+        return len(data)
+
+    def _close_gathered(self) -> None:
+        if self._gathered:
+            self.pieces.append(bytes(self._gathered))
+            self._gathered = bytearray()
+
+    def frame(self) -> Frame:
+        self._close_gathered()
+        size = sum(len(piece) for piece in self.pieces)
+        first = bytearray(self.pieces[0])
+        SIZE.pack_into(first, 0, size - SIZE.size)
+        self.pieces[0] = bytes(first)
+        return Frame(self.pieces, size, held_bytes(self.pieces))
+
+
+def held_bytes(pieces: Sequence[bytes | memoryview]) -> int:
+    """The bytes `pieces` keep alive: each distinct buffer they are or are cut from, whole.
+
+    A view of something other than bytes (a mapped file, say) counts only its own length:
+    it holds no heap of its own.
+    """
+    held = 0
+    buffers: dict[int, int] = {}
+    for piece in pieces:
+        source = buffer_of(piece)
+        if source is None:
+            held += len(piece)
+        else:
+            buffers[id(source)] = len(source)
+    return held + sum(buffers.values())
+
+
+def buffer_of(piece: bytes | memoryview) -> bytes | bytearray | None:
+    """The heap buffer `piece` is or is cut from (which it keeps alive whole); None if not on the heap."""
+    source = piece.obj if isinstance(piece, memoryview) else piece
+    return source if isinstance(source, bytes | bytearray) else None
+
+
+def encode_frame(request: Request, body: Any) -> Frame:
+    """The response frame answering `request` with `body`; Records fields stay uncopied views."""
     header_type: type[Any] = type(body).__header_schema__
-    buffer = io.BytesIO()
-    buffer.write(b"\0\0\0\0")
-    entity_writer(header_type)(buffer, header_type(correlation_id=request.correlation_id))
-    entity_writer(type(body))(buffer, body)
-    frame = buffer.getbuffer()
-    SIZE.pack_into(frame, 0, len(frame) - SIZE.size)
-    del frame  # release the export before getvalue()
-    return buffer.getvalue()
+    pieces = _PieceWriter()
+    writer = typing.cast(typing.IO[bytes], pieces)  # kio only ever calls write()
+    entity_writer(header_type)(writer, header_type(correlation_id=request.correlation_id))
+    entity_writer(type(body))(writer, body)
+    return pieces.frame()
 
 
 def response_type(api_key: int, api_version: int) -> type[Any]:

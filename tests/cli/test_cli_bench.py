@@ -209,6 +209,13 @@ class TestPieces:
         row = make_row("f", 1.0, "ms", 2.0, Target())
         assert (row.target, row.met, row.ratio) == (REPORT, True, 0.5)
 
+    def test_a_target_of_either_bound_is_met_by_one_of_them(self) -> None:
+        target = Target(max_ratio=3, max_value=50, either=True)
+        assert target.text("ms") == "ratio ≤ 3 or ≤ 50 ms"
+        assert make_row("f", 90, "ms", 40, target).met  # the ratio holds, the value does not
+        assert make_row("f", 40, "ms", 5, target).met  # the value holds, the ratio does not
+        assert not make_row("f", 90, "ms", 10, target).met
+
     def test_missing_kafka_python_skips_the_codec_rows_with_a_note(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -36,6 +36,8 @@ P50 = "wire: produce latency p50 at 10k messages/s"
 P99 = "wire: produce latency p99 at 10k messages/s"
 TXN = "wire: transactional produce, "
 REBALANCE = "wire: consumer group rebalance, 2 -> 3 members"
+BESIDE_WORST = "wire: worst produce latency beside "
+BESIDE_P99 = "wire: produce latency p99 beside "
 # The run takes 10-15 s on the 2-CPU machine; the bound catches a stall (a client waiting out
 # its timeouts), not a slow machine.
 TIME_LIMIT_S = 60.0
@@ -80,8 +82,8 @@ class TestWireRun:
         assert wire_run.elapsed_s < TIME_LIMIT_S, wire_run.err
 
     def test_every_wire_figure_is_a_row(self, wire_run: WireRun) -> None:
-        assert len(wire_run.rows) == 7, sorted(wire_run.rows)
-        for prefix in (PRODUCE_MB, FETCH, P50, P99, TXN, REBALANCE):
+        assert len(wire_run.rows) == 9, sorted(wire_run.rows)
+        for prefix in (PRODUCE_MB, FETCH, P50, P99, TXN, REBALANCE, BESIDE_WORST, BESIDE_P99):
             assert any(figure.startswith(prefix) for figure in wire_run.rows), prefix
         produce = _row(wire_run, PRODUCE)
         messages = settings_for(True, float(SMOKE_SCALE)).wire_messages
@@ -129,6 +131,18 @@ class TestWireRun:
             assert float(row["ratio"]) == pytest.approx(float(row["value"]) / float(row["reference"]))
         for side in ("value", "reference"):  # oncelog, then the mock
             assert 0 < float(p50[side]) <= float(p99[side]) < 2000, (p50, p99)
+
+    def test_latency_beside_big_fetches_is_against_the_same_producer_idle(self, wire_run: WireRun) -> None:
+        worst, p99 = _row(wire_run, BESIDE_WORST), _row(wire_run, BESIDE_P99)
+        fetch_mib = settings_for(True, float(SMOKE_SCALE)).wire_fetch_bytes // 2**20
+        assert worst["figure"] == f"wire: worst produce latency beside {fetch_mib} MiB fetches"
+        assert worst["target"] == "ratio ≤ 3 or ≤ 50 ms"
+        assert worst["met"] is (float(worst["ratio"]) <= 3 or float(worst["value"]) <= 50), worst
+        assert p99["target"] == "report"
+        for side in ("value", "reference"):  # beside fetches, then idle
+            assert 0 < float(p99[side]) <= float(worst[side]), (p99, worst)
+        (note,) = [line for line in wire_run.out.splitlines() if "the fetcher read" in line]
+        assert "MiB per Fetch response" in note
 
     def test_the_table_and_the_notes_name_the_reference(self, wire_run: WireRun) -> None:
         for figure, row in wire_run.rows.items():

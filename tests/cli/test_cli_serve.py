@@ -28,6 +28,7 @@ def _run(*argv: str) -> tuple[int, str, str]:
         (["--threads", "0"], "recovery_threads must be 1..64"),
         (["--max-connections-per-ip", "0"], "must be positive"),
         (["--first-request-ms", "0"], "must be positive"),
+        (["--max-unsent-bytes", "0"], "max unsent bytes"),
     ],
 )
 def test_bad_options_exit_2_with_one_line_and_create_nothing(

@@ -362,13 +362,13 @@ def test_a_client_that_never_reads_its_responses_is_dropped_and_its_bytes_releas
                 body = _fetch_body(n, max_wait_ms=0, min_bytes=0)
                 idle_reader.send_raw(encode_request(1, 12, 100 + n, body))
             deadline = time.monotonic() + 10
-            while running.server.broker.bytes_unsent == 0 and time.monotonic() < deadline:
+            while running.server.broker.unsent.held_bytes == 0 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert running.server.broker.bytes_unsent > 0  # a response is stuck in its socket
+            assert running.server.broker.unsent.held_bytes > 0  # a response is stuck in its socket
             deadline = time.monotonic() + 10
-            while running.server.broker.bytes_unsent and time.monotonic() < deadline:
+            while running.server.broker.unsent.held_bytes and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert running.server.broker.bytes_unsent == 0
+            assert running.server.broker.unsent.held_bytes == 0
             assert idle_reader.closed_by_peer(timeout_s=5)
 
 
