@@ -101,6 +101,11 @@ class Log:
         self._clock = clock
         self._segments = loaded.segments
         self._base_offsets = [segment.base_offset for segment in self._segments]
+        # Sealed segments whose indexes are mapped: at most one stays so between operations
+        # (the one the last read ended in, for the next sequential read), so a log keeps a
+        # few of the process's vm.max_map_count mappings, however many segments it has.
+        self._mapped_sealed: set[LogSegment] = set()
+        self._watch_index_maps(self._segments)
         self._producers = loaded.producers
         self._transactions = OpenTransactions(self._producers.open_transactions())
         self._store = store
@@ -694,6 +699,7 @@ class Log:
             # fsync the old segment: the recovery point below moves past it.
             old.flush()
             old.seal()
+            old.unmap_sealed_indexes()  # mapped again when read (see _unmap_cold_indexes)
             # The snapshot is durable (write_snapshot fsyncs) before the recovery
             # point relies on it (KAFKA-5829).
             snapshots.write_snapshot(self._fs, self.directory, base_offset, self._producers.live_rows())
@@ -714,8 +720,20 @@ class Log:
         self._group_commit.mark_durable(base_offset)
         self._segments.append(segment)
         self._base_offsets.append(base_offset)
+        self._watch_index_maps([segment])
         self._refresh_fast()
         return segment
+
+    def _watch_index_maps(self, segments: Sequence[LogSegment]) -> None:
+        for segment in segments:
+            segment.on_indexes_mapped = self._mapped_sealed.add
+
+    def _unmap_cold_indexes(self, keep: LogSegment | None = None) -> None:
+        """Unmap the sealed segments' indexes an operation mapped, but `keep`'s. Under the
+        log's lock, at the end of an operation: nothing is using them."""
+        for segment in [s for s in self._mapped_sealed if s is not keep]:
+            segment.unmap_sealed_indexes()
+            self._mapped_sealed.discard(segment)
 
     def truncate_to(self, offset: int) -> int:
         """Cut the log back to `offset`, as a follower whose log diverged from its leader's.
@@ -817,6 +835,7 @@ class Log:
                     break
                 excess_bytes -= segment.size
                 expired += 1
+            self._unmap_cold_indexes()  # the old segments' time indexes, read for their newest timestamps
             if expired:
                 self._advance_log_start(max(self._segments[expired].base_offset, self._log_start_offset))
             return expired
@@ -861,6 +880,8 @@ class Log:
             raise
         self._segments = loaded.segments
         self._base_offsets = [segment.base_offset for segment in self._segments]
+        self._mapped_sealed.clear()  # the old segments are closed
+        self._watch_index_maps(self._segments)
         self._producers = loaded.producers
         self._transactions = OpenTransactions(self._producers.open_transactions())
         self._client_only = loaded.client_only
@@ -1103,30 +1124,40 @@ class Log:
             if isolation == "read_committed":
                 stable = self._transactions.last_stable_offset(self.log_end_offset)
                 max_offset = stable if max_offset is None else min(max_offset, stable)
-            fetched = read_log(
-                self._segments,
-                self._base_offsets,
-                start_offset,
-                max_bytes,
-                max_offset,
-                self.directory,
-                client_only=self._client_only,
-                log_start_offset=self._log_start_offset,
-            )
-            if isolation == "read_uncommitted":
-                return fetched
-            aborted = aborted_between(self._segments, self._base_offsets, start_offset, fetched.next_offset)
-            return fetched._replace(isolation=isolation, aborted_transactions=aborted)
+            try:
+                fetched = read_log(
+                    self._segments,
+                    self._base_offsets,
+                    start_offset,
+                    max_bytes,
+                    max_offset,
+                    self.directory,
+                    client_only=self._client_only,
+                    log_start_offset=self._log_start_offset,
+                )
+                if isolation == "read_uncommitted":
+                    return fetched
+                aborted = aborted_between(
+                    self._segments, self._base_offsets, start_offset, fetched.next_offset
+                )
+                return fetched._replace(isolation=isolation, aborted_transactions=aborted)
+            finally:
+                # The segment the next sequential read starts in stays mapped.
+                where = max(bisect.bisect_right(self._base_offsets, start_offset) - 1, 0)
+                self._unmap_cold_indexes(keep=self._segments[where] if self._segments else None)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampOffset | None:
         """The first record whose timestamp is at or after `timestamp_ms`, if any."""
         fmt.check_int("timestamp_ms", timestamp_ms, "i64")
         with self._lock:
             self._check_open()
-            for segment in self._segments:
-                found = segment.find_offset_for_timestamp(timestamp_ms)
-                if found is not None:
-                    return found
+            try:
+                for segment in self._segments:
+                    found = segment.find_offset_for_timestamp(timestamp_ms)
+                    if found is not None:
+                        return found
+            finally:
+                self._unmap_cold_indexes()
         return None
 
     def __repr__(self) -> str:

@@ -363,6 +363,7 @@ class LogLoader:
                 return
             if n + 1 < len(self.segments):
                 self.segments[n].seal()
+                self.segments[n].unmap_sealed_indexes()  # mapped again when read
             n += 1
 
     def _validate_segment(self, n: int, recovery_point: RecoveryPoint, replay_from: int) -> bool:

@@ -209,6 +209,9 @@ class LogSegment:
         self._offset_index = offset_index
         self._time_index = time_index
         self._max_index_bytes = max_index_bytes
+        # Told when a sealed segment's indexes are mapped: the owner bounds how many stay
+        # mapped (each is one of the process's vm.max_map_count mappings).
+        self.on_indexes_mapped: Callable[[LogSegment], None] | None = None
         # Aborted transactions whose ABORT marker is in this segment; no I/O until used.
         self.txn_index = TransactionIndex(
             fs, _index_path(directory, base_offset, TXN_INDEX_SUFFIX), base_offset
@@ -354,6 +357,8 @@ class LogSegment:
             self.fs, _index_path(directory, base, TIME_INDEX_SUFFIX), base, self._max_index_bytes, sealed=True
         )
         self._offset_index, self._time_index = offset_index, time_index
+        if self.on_indexes_mapped is not None:
+            self.on_indexes_mapped(self)
         next_offset = self.next_offset
         if self.load_from_indexes(next_offset):
             return offset_index, time_index
@@ -819,6 +824,20 @@ class LogSegment:
             offset_index.trim()
             time_index.trim()
         self.park_descriptor()
+
+    def unmap_sealed_indexes(self) -> None:
+        """Unmap a sealed segment's indexes (mapped again on next use). The owner calls this
+        between operations, never while one is using them."""
+        offset_index, time_index = self._offset_index, self._time_index
+        if (
+            offset_index is None
+            or time_index is None
+            or not (offset_index.is_sealed and time_index.is_sealed)
+        ):
+            return
+        self._offset_index = self._time_index = None
+        offset_index.close(trim=False)
+        time_index.close(trim=False)
 
     def park_descriptor(self) -> None:
         """For a segment that takes no more appends (sealed, or about to be validated and

@@ -251,3 +251,24 @@ class FileCacheMachine(RuleBasedStateMachine):
 
 TestFileCacheMachine = FileCacheMachine.TestCase
 TestFileCacheMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def mappings_under(directory: Path) -> list[str]:
+    """This process's mappings of segment files below `directory` (each one of vm.max_map_count)."""
+    with open("/proc/self/maps") as maps:
+        paths = [line.split()[-1] for line in maps if str(directory) in line]
+    return [path for path in paths if path.endswith((".log", ".index", ".timeindex"))]
+
+
+def test_rolls_and_reads_of_every_segment_leave_a_few_mappings_not_one_per_segment(tmp_path: Path) -> None:
+    # A sealed segment's indexes are mapped while an operation uses them; between operations
+    # only the segment the last read ended in keeps its pair, besides the active segment's.
+    directory = tmp_path / "t-0"
+    with rolled_log(directory, 200) as log:
+        after_rolls = mappings_under(directory)
+        assert len(after_rolls) <= 3, after_rolls  # the active segment's indexes and write mapping
+        assert values(log) == [b"value %d" % n for n in range(200)]
+        assert log.offset_for_timestamp(T0 + 10**9) is None  # every time index searched
+        log.apply_retention()
+        assert len(mappings_under(directory)) <= 5, mappings_under(directory)
+    assert mappings_under(directory) == []
