@@ -27,6 +27,7 @@ from oncelog.append_rules import ProducerAppendInfo
 from oncelog.clock import Clock, MonotonicClock, engine_clock
 from oncelog.config import LogConfig
 from oncelog.errors import (
+    CorruptMetadataError,
     InvalidRecordError,
     LogClosedError,
     LogFailedError,
@@ -695,6 +696,7 @@ class Log:
 
     def _roll_fsync_locked(self, old: LogSegment, base_offset: int) -> LogSegment:
         self._raise_if_failed()  # a flush may have failed while this waited for the lock
+        segment: LogSegment | None = None
         try:
             # fsync the old segment: the recovery point below moves past it.
             old.flush()
@@ -714,7 +716,14 @@ class Log:
             )
             self._set_recovery_point(base_offset, base_offset, 0)
             self._forget_retirements()  # the snapshot just written holds them
-        except OSError as exc:
+        except BaseException as exc:
+            if segment is not None:
+                try:
+                    segment.close(durable=False)  # the half-done roll's new segment: reopen finds it
+                except Exception as close_error:
+                    exc.add_note(f"closing {segment.path} after the failed roll also failed: {close_error}")
+            if not isinstance(exc, (OSError, CorruptMetadataError)):
+                raise  # named already (a failed commit), or not ours to name
             self._failure = exc
             raise LogFailedError(f"rolling {old.path} failed: {exc}") from exc
         self._group_commit.mark_durable(base_offset)
@@ -904,7 +913,7 @@ class Log:
         """`write(store, value)`, failing the log closed if the store cannot commit (a full disk)."""
         try:
             write(self._store, value)
-        except OSError as exc:
+        except (OSError, CorruptMetadataError) as exc:
             # The data is safe, but no later point could be committed either: as after a
             # failed fsync, nothing more is accepted until a reopen recovers.
             self._failure = exc
@@ -981,7 +990,7 @@ class Log:
                 try:
                     # Outside the append lock: appenders go on during the store's commit too.
                     self._set_recovery_point(end, active.base_offset, active_size)
-                except OSError as exc:
+                except (OSError, CorruptMetadataError) as exc:
                     self._failure = exc  # fail closed, as for a failed fsync (a full disk, say)
                     raise LogFailedError(f"recovery point commit in {self.directory} failed: {exc}") from exc
             self._group_commit.mark_durable(end)

@@ -25,6 +25,7 @@ import os
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol, TypeVar
 
@@ -268,6 +269,36 @@ class OsFile:
             self._fd = -1
 
 
+class _OpenEnvironments:
+    """py-lmdb refuses a second open of one environment in a process ("already open in this
+    process"), read-only or not. So opens of one store take turns: a later one waits, up to
+    TURN_WAIT_S, for the earlier to close (a tool's short read-only look beside a log's
+    store opened for its first commit), and only then meets LMDB's refusal."""
+
+    TURN_WAIT_S = 5.0
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._open: set[str] = set()
+
+    def enter(self, path: str) -> str:
+        key = os.path.realpath(path)
+        deadline = time.monotonic() + self.TURN_WAIT_S
+        with self._changed:
+            while key in self._open and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(left)
+            self._open.add(key)  # (if still open, LMDB's own refusal names the store)
+        return key
+
+    def leave(self, key: str) -> None:
+        with self._changed:
+            self._open.discard(key)
+            self._changed.notify_all()
+
+
+_ENVIRONMENTS = _OpenEnvironments()
+
+
 class LmdbStore:
     """A metadata store in LMDB. Its errors are the seam's (see MetadataStore).
 
@@ -293,8 +324,18 @@ class LmdbStore:
         check_lmdb_files(path)
         # Growing the map needs no transaction open in this process: every one takes this.
         self._txn_lock = threading.Lock()
-        with _lmdb_errors(path):
-            self._env = self._open_env(path)
+        self._turn: str | None = _ENVIRONMENTS.enter(path)
+        try:
+            with _lmdb_errors(path):
+                self._env = self._open_env(path)
+        except BaseException:
+            self._leave()
+            raise
+
+    def _leave(self) -> None:
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            _ENVIRONMENTS.leave(turn)
 
     def _open_env(self, path: str) -> lmdb.Environment:
         os.makedirs(path, exist_ok=True)
@@ -381,7 +422,10 @@ class LmdbStore:
 
     def close(self) -> None:
         with self._txn_lock:
-            self._env.close()
+            try:
+                self._env.close()
+            finally:
+                self._leave()
 
 
 class ReadOnlyLmdbStore(LmdbStore):

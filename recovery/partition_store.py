@@ -16,10 +16,14 @@ through the filesystem seam (`open_store`), so the fault twin stands in as befor
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 
 from oncelog import threads
 from oncelog.recovery.fs import FileSystem, MetadataStore
+
+log = logging.getLogger(__name__)
 
 
 class PartitionStore:
@@ -62,7 +66,21 @@ class PartitionStore:
 
     def _writable(self) -> MetadataStore:
         if self._writer is None:
-            self._writer = self._fs.open_store(self._path)
+            writer = self._fs.open_store(self._path)
+            if self._values and not writer.keys(""):
+                # Removed since the log read it (by hand, by a tool): the values this log
+                # holds are the store's, so they go back whole before anything else, not a
+                # lone recovery point that would hide the loss from the next open.
+                log.warning("%s was lost while its log was open: writing back what it held", self._path)
+                try:
+                    writer.put(dict(self._values))
+                    # fsync(dirs): the recreated store's files must not vanish in a power loss.
+                    self._fs.fsync_dir(self._path)
+                    self._fs.fsync_dir(os.path.dirname(self._path) or ".")
+                except BaseException:
+                    writer.close()
+                    raise
+            self._writer = writer
         return self._writer
 
     def get(self, key: str) -> bytes | None:

@@ -363,20 +363,31 @@ class LogSegment:
         if self.load_from_indexes(next_offset):
             return offset_index, time_index
         log.warning("rebuilding the indexes of %s: they fail the sanity check", self.path)
+        size = self.size
         # Only the offset and time indexes: the transaction index (fsynced at the seal) does
         # not depend on them, and rebuilding it needs the producers' state at this base.
         error = self.rebuild(validate=False, keep_txn_index=True)
+        problem: CorruptLogError | None = None
         if error is not None:
             # Below the recovery point, so it was fsynced: corruption, not a torn write.
-            raise CorruptLogError(
+            problem = CorruptLogError(
                 f"{error.reason} (found rebuilding its indexes)", path=self.path, position=self.size
             )
-        if self.next_offset != next_offset:
-            raise CorruptLogError(
+        elif self.next_offset != next_offset:
+            problem = CorruptLogError(
                 f"its batches end at offset {self.next_offset}, but the next segment starts at {next_offset}",
                 path=self.path,
                 position=self.size,
             )
+        if problem is not None:
+            # The segment as it was: a later clean close must not cut the file at the damage
+            # (the batches after it are good) nor keep the half-rebuilt indexes.
+            self.size, self.next_offset = size, next_offset
+            for index in (self._offset_index, self._time_index):
+                if index is not None:
+                    index.close(trim=False)
+            self._offset_index = self._time_index = None
+            raise problem
         self.seal()
         return offset_index, time_index
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 from oncelog import Log, encode_batch
-from oncelog.errors import LogFailedError
+from oncelog.errors import CorruptMetadataError, LogFailedError
 from oncelog.log import METADATA_DIR
 from oncelog.recovery.checkpoint import LOG_START_KEY, RECOVERY_POINT_KEY, read_offset, write_offsets
 from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, MetadataStore
@@ -24,16 +26,18 @@ from oncelog.recovery.partition_store import PartitionStore
 T0 = 1_700_000_000_000
 
 
-def store_descriptors(directory: Path) -> list[str]:
+def open_paths() -> list[str]:
     found = []
     for fd in os.listdir("/proc/self/fd"):
         try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
+            found.append(os.readlink(f"/proc/self/fd/{fd}"))
         except OSError:
-            continue
-        if target.startswith(str(directory / METADATA_DIR)):
-            found.append(target)
+            continue  # the listing's own descriptor
     return found
+
+
+def store_descriptors(directory: Path) -> list[str]:
+    return [path for path in open_paths() if path.startswith(str(directory / METADATA_DIR))]
 
 
 def written_log(directory: Path, batches: int) -> None:
@@ -77,11 +81,12 @@ def test_a_new_log_creates_its_store_with_its_first_commit(tmp_path: Path) -> No
 
 
 class _FailingStore:
-    """A store whose commits fail with ENOSPC while `failing` is set."""
+    """A store whose commits fail (ENOSPC unless told otherwise) while `failing` is set."""
 
-    def __init__(self, inner: MetadataStore, failing: list[bool]):
+    def __init__(self, inner: MetadataStore, failing: list[bool], error: Callable[[str], Exception]):
         self._inner = inner
         self._failing = failing
+        self._error = error
 
     @property
     def path(self) -> str:
@@ -89,7 +94,7 @@ class _FailingStore:
 
     def _check(self) -> None:
         if self._failing[0]:
-            raise OSError(errno.ENOSPC, "no space left on device", self.path)
+            raise self._error(self.path)
 
     def get(self, key: str) -> bytes | None:
         return self._inner.get(key)
@@ -113,13 +118,18 @@ class _FailingStore:
         self._inner.close()
 
 
+def _full_disk(path: str) -> Exception:
+    return OSError(errno.ENOSPC, "no space left on device", path)
+
+
 class _FullDiskStores(DelegatingFileSystem):
-    def __init__(self) -> None:
+    def __init__(self, error: Callable[[str], Exception] = _full_disk) -> None:
         super().__init__()
         self.failing = [False]
+        self._error = error
 
     def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
-        return _FailingStore(super().open_store(path, readonly=readonly), self.failing)
+        return _FailingStore(super().open_store(path, readonly=readonly), self.failing, self._error)
 
 
 def test_a_failed_commit_changes_neither_the_store_nor_the_values_read(tmp_path: Path) -> None:
@@ -154,3 +164,57 @@ def test_a_log_whose_commit_fails_is_failed_closed_and_reopens_at_what_was_commi
         assert not log.recovery_report.clean
         assert log.log_end_offset == 5
         assert [b.base_offset for b in log.read(0, 1 << 20).batches][:1] == [0]
+
+
+def test_a_store_damaged_where_only_a_commit_looks_fails_the_log_closed_and_a_roll_leaks_nothing(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "t-0"
+    written_log(directory, 4)
+    fs = _FullDiskStores(lambda path: CorruptMetadataError("MDB_CORRUPTED at a commit", path=path))
+    log = Log.open(directory, fs=fs)
+    log.append(encode_batch([(b"k", b"late")], timestamp_ms=T0))
+    fs.failing[0] = True
+    with pytest.raises(LogFailedError, match="MDB_CORRUPTED"):
+        log.roll()
+    new_segment = str(directory / "00000000000000000005")
+    assert not [path for path in open_paths() if path.startswith(new_segment)]  # the half-done roll's
+    with pytest.raises(LogFailedError, match="refuses appends"):
+        log.append(encode_batch([(b"k", b"after")], timestamp_ms=T0))
+    with pytest.raises(LogFailedError):
+        log.close()
+    fs.failing[0] = False
+    with Log.open(directory) as reopened:
+        assert reopened.log_end_offset == 5
+
+
+def test_a_store_removed_while_the_log_is_idle_is_written_back_whole_at_the_next_commit(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "t-0"
+    written_log(directory, 10)
+    with Log.open(directory) as log:
+        log.delete_records(4)
+    with Log.open(directory) as log:
+        shutil.rmtree(directory / METADATA_DIR)  # while the log is idle: nothing of it is open
+        log.append(encode_batch([(b"k", b"late")], timestamp_ms=T0))
+        log.flush()
+    with Log.open(directory) as log:
+        assert log.log_start_offset == 4  # not the lone recovery point of a fresh store
+        assert log.read(4, 1 << 20).batches[0].base_offset == 4
+
+
+def test_a_read_only_look_at_the_store_in_the_same_process_does_not_fail_the_first_commit(
+    tmp_path: Path,
+) -> None:
+    # LMDB refuses two opens of one store in a process; the log's first commit waits its turn.
+    directory = tmp_path / "t-0"
+    written_log(directory, 4)
+    with Log.open(directory) as log:
+        log.append(encode_batch([(b"k", b"late")], timestamp_ms=T0))
+        look = DEFAULT_FS.open_store(str(directory / METADATA_DIR), readonly=True)
+        closer = threading.Timer(0.2, look.close)
+        closer.start()
+        log.flush()  # opens the store for writing once the look is over
+        closer.join()
+        assert log.recovery_point == 5
