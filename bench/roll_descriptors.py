@@ -2,9 +2,9 @@
 
 Run as `python bench/roll_descriptors.py [LIMIT] [ROLLS]` (defaults 512 and 100,000): lowers
 the soft open-files limit to LIMIT, then appends one batch and rolls, ROLLS times, on a log
-in /dev/shm (or the temporary directory). Prints the descriptors and segment-file mappings
-held every 10,000 rolls (the mappings of the log's files), and the roll that failed, if one did. Issue 28's figure: the 125th
-roll failed with EMFILE before the segment file cache.
+in /dev/shm (or the temporary directory). Prints the descriptors and the mappings of the
+log's files held every 10,000 rolls, and the roll that failed, if one did. Issue 28's
+figure: the 125th roll failed with EMFILE before the segment file cache.
 """
 
 from __future__ import annotations
