@@ -9,7 +9,7 @@ at most 4,096), and index and write mappings hold none. Before that change a run
 log kept 5 descriptors per rolled segment, so a server that rolled often ran out of
 descriptors (here: after ~3,000 rolls). This soak shows whether the descriptors a server holds, and its
 memory, stop growing once the cache is full, while segments keep rolling and piling up
-on disk (nothing is deleted: retention is Kafka's default 7 days).
+on disk up to their topic's retention (SOAK_RETENTION_MS, 120 s; 0 keeps every segment).
 
 What it does:
 
@@ -87,6 +87,8 @@ from oncelog.segments import file_cache
 TOPICS: Final = 10
 PARTITIONS_PER_TOPIC: Final = 100
 PARTITIONS: Final = TOPICS * PARTITIONS_PER_TOPIC
+# How often the server applies retention (`--retention-check-ms`): well inside SOAK_RETENTION_MS.
+RETENTION_CHECK_MS: Final = 10_000
 PRODUCERS: Final = int(os.environ.get("SOAK_PRODUCERS", "2"))
 CONSUMERS: Final = int(os.environ.get("SOAK_CONSUMERS", "10"))
 GROUP: Final = "soak-resources"
@@ -110,6 +112,7 @@ class Settings:
     seconds: float
     rate: int
     segment_ms: int
+    retention_ms: int  # each topic's retention.ms (0: none), so segments on disk level off
     segment_bytes: int
     warmup_s: float
     sample_s: float
@@ -128,6 +131,7 @@ class Settings:
             seconds=seconds,
             rate=int(env.get("SOAK_RATE", "1000")),
             segment_ms=int(env.get("SOAK_SEGMENT_MS", "5000")),
+            retention_ms=int(env.get("SOAK_RETENTION_MS", "120000")),
             segment_bytes=int(env.get("SOAK_SEGMENT_BYTES", str(64 * 1024))),
             warmup_s=float(env.get("SOAK_WARMUP_SECONDS", str(min(120.0, seconds / 2)))),
             sample_s=float(env.get("SOAK_SAMPLE_SECONDS", "10")),
@@ -295,6 +299,7 @@ class Sample:
     rss_anon_mib: float
     rss_file_mib: float
     segment_files: int  # .log files under the root
+    segments_made: int  # distinct .log files seen so far (retention deletes the oldest)
     files: int  # all files under the root's partition directories
     produced: int
     acked: int
@@ -338,6 +343,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# Every segment file any sample saw: retention (SOAK_RETENTION_MS, far longer than a sample's
+# interval) deletes segments, so the rolls are counted from the names seen, not the files left.
+SEEN_SEGMENTS: set[str] = set()
+
+
 def files_on_disk(root: str) -> tuple[int, int]:
     """(segment .log files, all files) in the root's partition directories."""
     segments = files = 0
@@ -349,6 +359,7 @@ def files_on_disk(root: str) -> tuple[int, int]:
                 files += 1
                 if entry.name.endswith(".log"):
                     segments += 1
+                    SEEN_SEGMENTS.add(entry.path)
     return segments, files
 
 
@@ -368,6 +379,7 @@ def take_sample(pid: int, root: str, t_s: float, phase: str, ledger: Ledger) -> 
         rss_anon_mib=memory["RssAnon"],
         rss_file_mib=memory["RssFile"],
         segment_files=segment_files,
+        segments_made=len(SEEN_SEGMENTS),
         files=files,
         produced=sum(ledger.produced),
         acked=acked,
@@ -608,7 +620,10 @@ def prepare_root(root: str, settings: Settings) -> None:
     try:
         for topic in range(TOPICS):
             manager.set_topic_config(
-                topic_name(topic), segment_ms=settings.segment_ms, segment_bytes=settings.segment_bytes
+                topic_name(topic),
+                segment_ms=settings.segment_ms,
+                segment_bytes=settings.segment_bytes,
+                retention_ms=settings.retention_ms or None,
             )
     finally:
         manager.close()
@@ -703,7 +718,9 @@ def drive(settings: Settings, root: str) -> Outcome:
     import confluent_kafka.admin
 
     ledger = Ledger()
-    with ServeProcess(root, "--partitions", str(PARTITIONS_PER_TOPIC)) as server:
+    with ServeProcess(
+        root, "--partitions", str(PARTITIONS_PER_TOPIC), "--retention-check-ms", str(RETENTION_CHECK_MS)
+    ) as server:
         try:
             configs_answer = create_topics(confluent_kafka, confluent_kafka.admin, server.bootstrap, settings)
             print(
@@ -774,12 +791,12 @@ def report(settings: Settings, outcome: Outcome, cache_capacity: int, loads: tup
     fds_flat = fds.growth <= settings.fd_tolerance * fds.first_third
     rss_flat = rss.growth <= RSS_FLAT_SHARE * rss.first_third
     last = samples[-1]
-    rolled = last.segment_files - PARTITIONS  # no retention: every segment but the active ones was rolled
+    rolled = last.segments_made - PARTITIONS  # every segment seen but the first of each partition
     run_end = [s for s in samples if s.phase == "run"][-1]
     cpu = run_end.server_cpu_s - samples[0].server_cpu_s
     client_cpu = run_end.client_cpu_s - samples[0].client_cpu_s
     # Seconds between two rolls of a partition, on average over the run (not the drain).
-    rolled_in_run = run_end.segment_files - samples[0].segment_files
+    rolled_in_run = run_end.segments_made - samples[0].segments_made
     roll_s = PARTITIONS * run_end.t_s / rolled_in_run if rolled_in_run else float("inf")
     per_segment = per_segment_added(steady, lambda s: s.rss_mib)
     anon_per_segment = per_segment_added(steady, lambda s: s.rss_anon_mib)

@@ -134,7 +134,15 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
 
 def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     """The connection limits: how many, from one address, how soon the first request, and
-    how many bytes of responses their clients have not read yet."""
+    how many bytes of responses their clients have not read yet; and how often retention runs."""
+    parser.add_argument(
+        "--retention-check-ms",
+        type=int,
+        default=_DEFAULTS.retention_check_ms,
+        metavar="MS",
+        help="how often segments past their topic's retention.ms or retention.bytes are deleted "
+        "(Kafka's log.retention.check.interval.ms; default: %(default)s)",
+    )
     parser.add_argument(
         "--max-unsent-bytes",
         type=int,
@@ -216,6 +224,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             max_connections_per_ip=args.max_connections_per_ip,
             first_request_ms=args.first_request_ms,
             max_unsent_bytes=args.max_unsent_bytes,
+            retention_check_ms=args.retention_check_ms,
         )
     except ValueError as exc:
         print(f"oncelog serve: {exc}", file=err)
