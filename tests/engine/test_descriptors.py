@@ -14,12 +14,26 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 CHILD = Path(__file__).with_name("many_rolls_child.py")
 ROLLS = 10_000
 LIMIT = 256
+
+
+def run_child(directory: Path, rolls: int, *options: str) -> dict[str, Any]:
+    """The child's report; an EMFILE (or any failure) in it fails the test with its traceback."""
+    child = subprocess.run(
+        [sys.executable, str(CHILD), str(directory), str(rolls), str(LIMIT), *options],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    report: dict[str, Any] = json.loads(child.stdout)
+    return report
 
 
 @pytest.fixture
@@ -34,14 +48,7 @@ def fast_directory(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_10000_rolls_under_an_open_files_limit_of_256_read_back_everything(fast_directory: Path) -> None:
-    child = subprocess.run(
-        [sys.executable, str(CHILD), str(fast_directory / "t-0"), str(ROLLS), str(LIMIT)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    report = json.loads(child.stdout)
+    report = run_child(fast_directory / "t-0", ROLLS)
     expected = [str(n) for n in range(ROLLS)]
     assert report["segments"] == ROLLS + 1
     assert report["first_read"] == expected
@@ -55,14 +62,7 @@ def test_a_log_whose_every_segment_is_validated_opens_under_a_small_limit(fast_d
     # A lost metadata store (or a Kafka directory): every segment is validated at the open,
     # one at a time, each handing its descriptor to the cache once it is checked.
     rolls = 600
-    child = subprocess.run(
-        [sys.executable, str(CHILD), str(fast_directory / "t-0"), str(rolls), str(LIMIT), "--lose-store"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    report = json.loads(child.stdout)
+    report = run_child(fast_directory / "t-0", rolls, "--lose-store")
     expected = [str(n) for n in range(rolls)]
     assert report["first_read"] == expected
     assert report["second_read"] == expected
