@@ -55,8 +55,11 @@ def test_reads_up_to_the_planned_end_never_meet_a_batch_being_written(tmp_path: 
     writer.start()
     reads = 0
     try:
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
+        # As many reads as it takes, beside the writer, however slow the machine (the bound
+        # only stops a hang).
+        give_up = time.monotonic() + 300.0
+        while reads < 20:
+            assert time.monotonic() < give_up, f"only {reads} reads in 300 s"
             end = plan(directory)
             if end:
                 read = list(read_batches(DEFAULT_FS, str(directory), max(0, end - 50), end))
@@ -66,4 +69,3 @@ def test_reads_up_to_the_planned_end_never_meet_a_batch_being_written(tmp_path: 
         stop.set()
         writer.join()
         log.close()
-    assert reads > 10
