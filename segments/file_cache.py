@@ -20,11 +20,12 @@ file may be in use by another thread (its owner's lock is not the evicting threa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 from oncelog.segments.files import Buffer, FileHandle, MappedRegion, SegmentFileSystem
@@ -202,72 +203,54 @@ class CachedFile:
     def is_open(self) -> bool:
         return self._handle is not None
 
-    def size(self) -> int:
+    @contextlib.contextmanager
+    def _pinned(self) -> Iterator[FileHandle]:
+        """The descriptor, opened if the cache closed it, and kept from eviction meanwhile."""
         handle = self._cache.acquire(self)
         try:
-            return handle.size()
+            yield handle
         finally:
             self._cache.release(self)
+
+    def size(self) -> int:
+        with self._pinned() as handle:
+            return handle.size()
 
     def pread(self, size: int, offset: int) -> bytes:
-        handle = self._cache.acquire(self)
-        try:
+        with self._pinned() as handle:
             return handle.pread(size, offset)
-        finally:
-            self._cache.release(self)
 
     def pread_into(self, buffer: memoryview, offset: int) -> int:
-        handle = self._cache.acquire(self)
-        try:
+        with self._pinned() as handle:
             return handle.pread_into(buffer, offset)
-        finally:
-            self._cache.release(self)
 
     def direct_write_fd(self) -> int:
         return -1  # the number may be closed and reused at any eviction
 
     def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
-        handle = self._cache.acquire(self)
-        try:
+        with self._pinned() as handle:
             return handle.pwritev(buffers, offset)
-        finally:
-            self._cache.release(self)
 
     def truncate(self, size: int) -> None:
-        handle = self._cache.acquire(self)
-        try:
+        with self._pinned() as handle:
             handle.truncate(size)
-        finally:
-            self._cache.release(self)
 
     def allocate(self, size: int, *, start: int = 0) -> None:
-        handle = self._cache.acquire(self)
-        try:
+        with self._pinned() as handle:
             handle.allocate(size, start=start)
-        finally:
-            self._cache.release(self)
 
     def fsync(self) -> None:
         # The same inode whatever descriptor: Linux's fsync covers pages written through any.
-        handle = self._cache.acquire(self)
-        try:
+        with self._pinned() as handle:
             handle.fsync()
-        finally:
-            self._cache.release(self)
 
     def fdatasync(self) -> None:
-        handle = self._cache.acquire(self)
-        try:
+        with self._pinned() as handle:
             handle.fdatasync()
-        finally:
-            self._cache.release(self)
 
     def mmap(self, size: int, *, writable: bool) -> MappedRegion:
-        handle = self._cache.acquire(self)
-        try:
+        with self._pinned() as handle:
             return handle.mmap(size, writable=writable)  # a mapping outlives its descriptor
-        finally:
-            self._cache.release(self)
 
     def close(self) -> None:
         handle = self._cache.discard(self)

@@ -7,8 +7,9 @@ All I/O goes through the filesystem seam.
 
 Descriptors: the active segment keeps its `.log` open (and nothing else: its indexes
 are mappings, which need none). A sealed segment holds none until it is read; its
-`.log` then goes through the process's bounded FileCache. Its indexes, mapped when
-first used, stay mapped (page cache, no descriptor) until the segment is closed.
+`.log` then goes through the process's bounded FileCache. Its indexes are mapped when
+first used (page cache, no descriptor); its owner unmaps them between operations
+(`unmap_sealed_indexes`), so mappings do not grow with the segments either.
 """
 
 from __future__ import annotations
