@@ -36,7 +36,7 @@ from oncelog.errors import (
     ProducerStateFullError,
 )
 from oncelog.group_commit import GroupCommit
-from oncelog.log_dirs import create_dir, lock_dir, opening_failed, unnamed_os_error
+from oncelog.log_dirs import LEGACY_LOCK_FILE, create_dir, lock_log_dir, opening_failed, unnamed_os_error
 from oncelog.producer_state import BatchMetadata, CompletedTxn, ProducerStateEntry, WorkingState
 from oncelog.reads import read_log
 from oncelog.recovery import snapshot as snapshots
@@ -66,7 +66,7 @@ T = TypeVar("T")
 # Builds a NamedTuple without its Python-level __new__: half the cost on the append path.
 _new_result = tuple.__new__
 
-LOCK_FILE = ".lock"
+LOCK_FILE = LEGACY_LOCK_FILE  # where a log outside a LogManager root keeps its lock
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 METADATA_DIR = "meta.lmdb"
 
@@ -207,7 +207,7 @@ class Log:
         producers were last appended and when they expire, LogAppendTime stamps,
         flush_ms and retention. The Log never lets it go backwards (MonotonicClock).
 
-        `dir_lock` is the directory's lock (`fs.lock(<path>/.lock)`) for a caller that
+        `dir_lock` is the directory's lock (`log_dirs.lock_log_dir`) for a caller that
         took it itself: the Log takes it over (releases it at close, or here if opening
         fails). None: take it here (LogDirLockedError if another Log holds it).
 
@@ -221,9 +221,7 @@ class Log:
         fs = fs or DEFAULT_FS
         if dir_lock is None:
             create_dir(fs, directory)
-            dir_lock = lock_dir(
-                fs, os.path.join(directory, LOCK_FILE), f"{directory} is already open in another Log"
-            )
+            dir_lock = lock_log_dir(fs, directory, f"{directory} is already open in another Log")
         store: MetadataStore | None = None
         try:
             clean = clean_shutdown

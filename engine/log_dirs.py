@@ -5,15 +5,28 @@ library's errors: LogDirLockedError while another holder has the lock,
 LogDirectoryError when a path is not what it must be (a file where the directory
 belongs, a directory where the lock file belongs, no permission), which no retry
 fixes, and LogFailedError for an I/O failure, which reopening may.
+
+Where a partition's lock lives. A LogManager's root holds a lock table
+(PARTITION_LOCKS_FILE, `FileSystem.lock_table`): an idle partition then costs no
+descriptor for its lock. A directory whose parent has no table is locked by its own
+`.lock` file, as before tables existed. Every opener decides the same way
+(`lock_log_dir`), so a Spark task's `Log.open` and a manager exclude each other:
+
+- The manager creates the table before it locks any partition.
+- An opener that found no table takes `.lock`, then looks again; a table made
+  meanwhile sends it to the table (`.lock` released).
+- An opener through the table also tries `.lock` (if the file exists): one who took it
+  before the table existed, and has not looked again yet, still excludes it.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 from typing import TypeGuard
 
 from oncelog.errors import LogDirectoryError, LogDirLockedError, LogFailedError, OncelogError
-from oncelog.recovery.fs import DirLock, FileSystem
+from oncelog.recovery.fs import DirLock, FileSystem, LockTable
 
 # What an OSError says about the path itself rather than the device. (ENOENT: a file the
 # directory lists cannot be opened, a dangling link; nothing else deletes under the lock.
@@ -49,6 +62,62 @@ def lock_dir(fs: FileSystem, lock_path: str, held: str) -> DirLock:
         raise LogDirLockedError(held) from None
     except OSError as exc:
         raise opening_failed(exc, lock_path) from exc
+
+
+PARTITION_LOCKS_FILE = ".partition-locks"
+LEGACY_LOCK_FILE = ".lock"
+
+
+def lock_log_dir(fs: FileSystem, directory: str, held: str) -> DirLock:
+    """Lock the log directory `directory` (which exists) where its openers lock it (module
+    docstring); LogDirLockedError(`held`) if another holder has it."""
+    table_path = os.path.join(os.path.dirname(os.path.normpath(directory)), PARTITION_LOCKS_FILE)
+    if not fs.exists(table_path):
+        lock = lock_dir(fs, os.path.join(directory, LEGACY_LOCK_FILE), held)
+        if not fs.exists(table_path):
+            return lock
+        lock.release()  # a manager made its table meanwhile: lock through it, as it does
+    try:
+        table = fs.lock_table(table_path)
+    except OSError as exc:
+        raise opening_failed(exc, table_path) from exc
+    try:
+        return _TableOwnedLock(lock_in_table(fs, table, directory, held), table)
+    except BaseException:
+        table.close()
+        raise
+
+
+def lock_in_table(fs: FileSystem, table: LockTable, directory: str, held: str) -> DirLock:
+    """Lock `directory` through `table`, and exclude a holder of its `.lock` (module docstring)."""
+    try:
+        lock = table.lock(directory)
+    except BlockingIOError:
+        raise LogDirLockedError(held) from None
+    except OSError as exc:
+        raise opening_failed(exc, directory) from exc
+    legacy = os.path.join(directory, LEGACY_LOCK_FILE)
+    try:
+        if fs.exists(legacy):
+            lock_dir(fs, legacy, held).release()
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+class _TableOwnedLock:
+    """A lock through a table opened for it alone: releasing it closes the table."""
+
+    def __init__(self, lock: DirLock, table: LockTable):
+        self._lock = lock
+        self._table = table
+
+    def release(self) -> None:
+        try:
+            self._lock.release()
+        finally:
+            self._table.close()
 
 
 def unnamed_os_error(exc: BaseException) -> TypeGuard[OSError]:

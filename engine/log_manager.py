@@ -49,10 +49,17 @@ from oncelog.errors import (
 from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_topic_partition
 from oncelog.lock_wait import wait_while_locked
 from oncelog.log import LOCK_FILE, Log, take_clean_marker
-from oncelog.log_dirs import create_dir, lock_dir, opening_failed, unnamed_os_error
+from oncelog.log_dirs import (
+    PARTITION_LOCKS_FILE,
+    create_dir,
+    lock_dir,
+    lock_in_table,
+    opening_failed,
+    unnamed_os_error,
+)
 from oncelog.metadata_values import committing, read_value
 from oncelog.producer_ids import ProducerIdManager
-from oncelog.recovery.fs import DEFAULT_FS, DirLock, FileSystem, MetadataStore
+from oncelog.recovery.fs import DEFAULT_FS, DirLock, FileSystem, LockTable, MetadataStore
 from oncelog.recovery.loader import RecoveryReport
 from oncelog.recovery_progress import RecoveryProgress, RecoverySummary
 from oncelog.root_identity import ensure_root_id
@@ -286,6 +293,7 @@ class LogManager:
         fs: FileSystem,
         clock: Clock | None,
         dir_lock: DirLock,
+        lock_table: LockTable,
         store: MetadataStore,
         producer_ids: ProducerIdManager,
         recovery_threads: int,
@@ -298,6 +306,8 @@ class LogManager:
         self._fs = fs
         self._clock = clock
         self._dir_lock = dir_lock
+        # Every partition's lock, through one descriptor (log_dirs: where locks live).
+        self._lock_table = lock_table
         self._store = store
         self._logs: dict[TopicPartition, Log] = {}
         self._partition_locks: dict[TopicPartition, _PartitionLock] = {}
@@ -347,9 +357,12 @@ class LogManager:
         lock_path = os.path.join(directory, ROOT_LOCK_FILE)
         had_lock_file = fs.exists(lock_path)
         dir_lock = lock_dir(fs, lock_path, f"{directory} is already open in another LogManager")
+        lock_table: LockTable | None = None
         store: MetadataStore | None = None
         producer_ids: ProducerIdManager | None = None
         try:
+            # Before any partition is locked: from here on, openers lock through it.
+            lock_table = fs.lock_table(os.path.join(directory, PARTITION_LOCKS_FILE))
             store_path = os.path.join(directory, ROOT_METADATA_DIR)
             store_missing = _store_missing(fs, store_path)
             if store_missing:
@@ -368,7 +381,9 @@ class LogManager:
             if on_corruption is not None:
                 root_config = dataclasses.replace(root_config, on_corruption=on_corruption)
             producer_ids = _open_producer_ids(directory, fs, clock, PRODUCER_IDS_LOCK_TIMEOUT_S)
-            manager = cls(directory, root_config, fs, clock, dir_lock, store, producer_ids, threads)
+            manager = cls(
+                directory, root_config, fs, clock, dir_lock, lock_table, store, producer_ids, threads
+            )
             manager.lock_timeout_s = lock_timeout_s
             manager._finish_pending_deletes()
             manager._recover_all(progress)
@@ -378,6 +393,8 @@ class LogManager:
                 releases.append(producer_ids.close)
             if store is not None:
                 releases.append(store.close)
+            if lock_table is not None:
+                releases.append(lock_table.close)
             releases.append(dir_lock.release)
             _release_after_failure(exc, releases)
             if unnamed_os_error(exc):
@@ -577,6 +594,7 @@ class LogManager:
                 self.producer_ids.close()
             finally:
                 self._store.close()
+                self._lock_table.close()
                 self._dir_lock.release()
         if errors:
             raise next(iter(errors.values()))
@@ -601,7 +619,7 @@ class LogManager:
         if create:
             create_dir(self._fs, path)
         held = f"{path} is already open in another Log"
-        return _PartitionLock(lock_dir(self._fs, os.path.join(path, LOCK_FILE), held))
+        return _PartitionLock(lock_in_table(self._fs, self._lock_table, path, held))
 
     def _open_partition(
         self, tp: TopicPartition, lock: _PartitionLock, clean_shutdown: bool | None = None
@@ -744,7 +762,7 @@ class LogManager:
             lock = held
             if lock is None:
                 busy = f"cannot delete {tp}: {path} is open in another Log"
-                lock = lock_dir(self._fs, os.path.join(path, LOCK_FILE), busy)
+                lock = lock_in_table(self._fs, self._lock_table, path, busy)
             try:
                 _remove_tree(self._fs, path)
             finally:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import mmap
 import os
 import stat
@@ -32,6 +31,7 @@ from typing import Protocol, TypeVar
 import lmdb
 
 from oncelog.errors import CorruptMetadataError
+from oncelog.recovery.os_locks import OsLockTable, flock_file
 from oncelog.segments.files import Buffer as Buffer
 from oncelog.segments.files import FileHandle as FileHandle
 from oncelog.segments.files import MappedRegion as MappedRegion
@@ -86,6 +86,18 @@ class DirLock(Protocol):
     def release(self) -> None: ...
 
 
+class LockTable(Protocol):
+    """Exclusive locks on many directories through one open file (see `os_locks`)."""
+
+    def lock(self, directory: str) -> DirLock:
+        """Lock the directory `directory`; BlockingIOError if another table, or this one, holds it."""
+        ...
+
+    def close(self) -> None:
+        """Release every lock still held through the table."""
+        ...
+
+
 class FileSystem(SegmentFileSystem, Protocol):
     """The whole seam: segment files' part (open, exists, unlink, fsync_dir) and the rest."""
 
@@ -107,6 +119,10 @@ class FileSystem(SegmentFileSystem, Protocol):
 
     def lock(self, path: str) -> DirLock:
         """Take an exclusive lock on the file `path`; BlockingIOError if already held."""
+        ...
+
+    def lock_table(self, path: str) -> LockTable:
+        """Open (creating) the lock table file `path`: locks on many directories, one descriptor."""
         ...
 
     def listdir(self, path: str) -> list[str]: ...
@@ -583,16 +599,6 @@ def read_only_error(what: str, path: str, other: str | None = None) -> Permissio
     return PermissionError(errno.EROFS, f"read-only: {what} refused", path, None, other)
 
 
-class OsDirLock:
-    def __init__(self, fd: int):
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = -1
-
-
 class OsFileSystem:
     """The real operating system."""
 
@@ -600,15 +606,10 @@ class OsFileSystem:
         return ReadOnlyLmdbStore(path) if readonly else LmdbStore(path)
 
     def lock(self, path: str) -> DirLock:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        try:
-            # flock locks the open file description, so a second open in this very
-            # process conflicts too, not only another process.
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BaseException:
-            os.close(fd)
-            raise
-        return OsDirLock(fd)
+        return flock_file(path)
+
+    def lock_table(self, path: str) -> LockTable:
+        return OsLockTable(path)
 
     def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
         flags = os.O_RDWR if writable else os.O_RDONLY
@@ -735,6 +736,9 @@ class DelegatingFileSystem:
     def lock(self, path: str) -> DirLock:
         return self.inner.lock(path)
 
+    def lock_table(self, path: str) -> LockTable:
+        return self.inner.lock_table(path)
+
     def exists(self, path: str) -> bool:
         return self.inner.exists(path)
 
@@ -780,6 +784,9 @@ class ReadOnlyFileSystem(DelegatingFileSystem):
 
     def lock(self, path: str) -> DirLock:
         raise read_only_error("lock", path)
+
+    def lock_table(self, path: str) -> LockTable:
+        raise read_only_error("lock_table", path)
 
     def mkdir(self, path: str) -> None:
         raise read_only_error("mkdir", path)

@@ -59,6 +59,7 @@ from oncelog.recovery.fs import (
     DirLock,
     FileHandle,
     LmdbStore,
+    LockTable,
     MappedRegion,
     MetadataStore,
     read_only_error,
@@ -312,10 +313,33 @@ class FaultStore:
 class FaultLock:
     def __init__(self, fs: FaultFileSystem, path: str):
         self._fs = fs
-        self._path = path
+        self._path: str | None = path
 
     def release(self) -> None:
-        self._fs._locks.discard(self._path)
+        path, self._path = self._path, None
+        if path is not None:  # twice releases once: the key may be another holder's by then
+            self._fs._locks.discard(path)
+
+
+class FaultLockTable:
+    """Directory locks as the OS table keeps them: one per directory, any two holders conflict."""
+
+    def __init__(self, fs: FaultFileSystem):
+        self._fs = fs
+        self._held: list[FaultLock] = []
+
+    def lock(self, directory: str) -> DirLock:
+        key = _norm(directory)
+        if key not in self._fs._model.dirs:
+            raise FileNotFoundError(errnos.ENOENT, "no such directory", directory)
+        held = self._fs._take_lock(f"directory:{key}", directory)
+        self._held.append(held)
+        return held
+
+    def close(self) -> None:
+        for held in self._held:
+            held.release()
+        self._held.clear()
 
 
 class FaultFileSystem:
@@ -528,7 +552,13 @@ class FaultFileSystem:
 
     def lock(self, path: str) -> DirLock:
         self.open(path, create=True).close()  # the lock file exists, as with flock
-        key = _norm(path)
+        return self._take_lock(_norm(path), path)
+
+    def lock_table(self, path: str) -> LockTable:
+        self.open(path, create=True).close()  # the table file exists, as on the OS
+        return FaultLockTable(self)
+
+    def _take_lock(self, key: str, path: str) -> FaultLock:
         if key in self._locks:
             raise BlockingIOError(errnos.EWOULDBLOCK, "already locked", path)
         self._locks.add(key)

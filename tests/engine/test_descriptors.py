@@ -67,3 +67,35 @@ def test_a_log_whose_every_segment_is_validated_opens_under_a_small_limit(fast_d
     assert report["first_read"] == expected
     assert report["second_read"] == expected
     assert report["most_descriptors"] <= LIMIT // 4 + 32
+
+
+def fill_root(root: Path, partitions: int) -> None:
+    """`partitions` partitions of a few segments each (a producer's batches rolled over)."""
+    from oncelog import LogConfig, LogManager, encode_batch
+
+    with LogManager.open(root, LogConfig(segment_bytes=1024), progress=False) as manager:
+        for partition in range(partitions):
+            log = manager.log("t", partition)
+            for seq in range(0, 40, 4):
+                values = [(b"k", b"v" * 40) for _ in range(4)]
+                log.append(encode_batch(values, producer_id=7, producer_epoch=0, base_sequence=seq))
+            assert len(log.segments) > 2
+
+
+def idle_descriptors(root: Path) -> tuple[int, int]:
+    """Descriptors an open LogManager of `root` adds to the process, and its partitions."""
+    from oncelog import LogConfig, LogManager
+
+    before = len(os.listdir("/proc/self/fd"))
+    with LogManager.open(root, LogConfig(segment_bytes=1024), progress=False) as manager:
+        return len(os.listdir("/proc/self/fd")) - before, len(manager.logs())
+
+
+def test_an_idle_partition_of_a_manager_holds_one_descriptor_its_active_segment(tmp_path: Path) -> None:
+    fill_root(tmp_path / "few", 5)
+    fill_root(tmp_path / "many", 45)
+    few, few_partitions = idle_descriptors(tmp_path / "few")
+    many, many_partitions = idle_descriptors(tmp_path / "many")
+    assert (few_partitions, many_partitions) == (5, 45)
+    # What the root itself holds (its lock, lock table, stores) is the same for both.
+    assert many - few == many_partitions - few_partitions

@@ -39,6 +39,7 @@ from oncelog import (
 from oncelog import log_manager as log_manager_module
 from oncelog.cli.main import main as cli_main
 from oncelog.log import CLEAN_SHUTDOWN_FILE, LOCK_FILE, take_clean_marker
+from oncelog.log_dirs import lock_log_dir
 from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR, read_root_config, read_topic_config
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, MetadataStore
@@ -64,10 +65,14 @@ def open_manager(root: Path | str, **kwargs: object) -> LogManager:
 
 
 def locked(path: Path | str) -> bool:
-    """Whether another opener (another process's Log.open) would find `path` locked."""
+    """Whether another opener (another process's Log.open) would find `path` locked: a
+    lock file, or a log directory wherever its lock lives (log_dirs.lock_log_dir)."""
     try:
-        DEFAULT_FS.lock(str(path)).release()
-    except BlockingIOError:
+        if os.path.isdir(path):
+            lock_log_dir(DEFAULT_FS, str(path), "held").release()
+        else:
+            DEFAULT_FS.lock(str(path)).release()
+    except (BlockingIOError, LogDirLockedError):
         return True
     return False
 
@@ -122,6 +127,7 @@ class TestPartitions:
             manager.log(topic, partition)
         assert sorted(p.name for p in tmp_path.iterdir()) == [
             ".lock",
+            ".partition-locks",
             "meta.lmdb",
             "producer_ids.lmdb",
             "producer_ids.lock",
@@ -536,7 +542,7 @@ class TestOtherOpeners:
         assert unlinked == []
         for p in (0, 2):
             assert (tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE).exists()
-            assert not locked(tmp_path / f"t-{p}" / LOCK_FILE)
+            assert not locked(tmp_path / f"t-{p}")
         squatter.close()
         with open_manager(tmp_path) as manager:
             assert manager.recovery_summary.clean == 3
@@ -613,7 +619,7 @@ class TestFailedOpen:
         assert list(caught.value.failures) == [TopicPartition("t", 1)]
         assert any("closing t-0" in note for note in caught.value.__notes__)
         assert (tmp_path / "t-2" / CLEAN_SHUTDOWN_FILE).exists()  # t-2 was closed after t-0 failed to
-        for name in ("t-0/.lock", "t-1/.lock", "t-2/.lock", ".lock", "producer_ids.lock"):
+        for name in ("t-0", "t-1", "t-2", ".lock", "producer_ids.lock"):
             assert not locked(tmp_path / name), name
         with open_manager(tmp_path) as manager:
             assert len(manager.logs()) == 3
@@ -634,7 +640,7 @@ class TestFailedOpen:
             open_manager(tmp_path, recovery_threads=1)
         # Every log that opened was closed again: its clean-shutdown marker is back.
         assert all((tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE).exists() for p in range(3))
-        assert not any(locked(tmp_path / f"t-{p}" / LOCK_FILE) for p in range(3))
+        assert not any(locked(tmp_path / f"t-{p}") for p in range(3))
         monkeypatch.undo()
         with open_manager(tmp_path) as manager:
             assert manager.recovery_summary.clean == 3
@@ -661,7 +667,7 @@ class TestFailedOpen:
         # t-0 and t-1 opened (t-1 finished loading after the interrupt) and were closed.
         assert (tmp_path / "t-0" / CLEAN_SHUTDOWN_FILE).exists()
         assert (tmp_path / "t-1" / CLEAN_SHUTDOWN_FILE).exists()
-        for name in ("t-0/.lock", "t-1/.lock", "t-2/.lock", ".lock", "producer_ids.lock"):
+        for name in ("t-0", "t-1", "t-2", ".lock", "producer_ids.lock"):
             assert not locked(tmp_path / name), name
         with open_manager(tmp_path) as manager:
             assert len(manager.logs()) == 3
@@ -678,12 +684,12 @@ class TestDeleteAfterFailure:
 
         class Watching(DelegatingFileSystem):
             def watch(self, op: str, path: str) -> None:
-                if not path.startswith(partition + "/") or not inner.exists(f"{partition}/{LOCK_FILE}"):
+                if not path.startswith(partition + "/") or not inner.exists(partition):
                     return
                 try:
-                    inner.lock(f"{partition}/{LOCK_FILE}").release()
+                    lock_log_dir(inner, partition, "held").release()
                     checked.append(f"{op} {path}: another opener got in")
-                except BlockingIOError:
+                except LogDirLockedError:
                     store = inner.open_store(f"{root}/{ROOT_METADATA_DIR}", readonly=True)
                     intent = store.get(DELETE_INTENT_PREFIX + "t-0")
                     checked.append(f"{op} {path}: " + ("ok" if intent is not None else "no intent yet"))

@@ -1,0 +1,152 @@
+"""Directory locks on the real OS: one lock file each, or one lock table for many.
+
+A lock file (`flock` on `<dir>/.lock`) costs a descriptor for as long as it is held. A
+broker with 10,000 idle partitions cannot pay that, so a LogManager keeps one lock
+table: a file at the root on which each partition directory is an open-file-description
+byte-range lock (`F_OFD_SETLK`) of one byte at the directory's inode number. Such a lock
+belongs to the descriptor's open file description, not to the process, so
+
+- another process, or another table opened in this one (a `Log.open` beside the
+  manager), conflicts with it, as two `flock`s would;
+- closing some other descriptor of the file does not drop it (POSIX `fcntl` locks would
+  be dropped: that is why they are not used);
+- it goes when the process dies, or the table is closed.
+
+Two locks through one table do not conflict in the kernel, so the table refuses a second
+lock of a directory it holds itself. An inode number is stable while the directory
+exists and unique on its filesystem, so no registry of slots is needed; a directory made
+anew after a delete may get another number, and `lock` checks, after locking, that the
+directory it stat'ed is still the one at the path.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import struct
+import threading
+
+# struct flock on Linux (x86-64 and arm64 alike): l_type, l_whence, l_start, l_len, l_pid.
+_FLOCK = struct.Struct("hhqqi4x")
+_OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", None)
+# l_start + l_len must fit in a signed 64-bit offset.
+_MAX_OFFSET = (1 << 63) - 2
+# A directory replaced this many times while being locked is reported busy.
+_RELOCK_ATTEMPTS = 8
+
+
+class OsDirLock:
+    """A held `flock`: the descriptor is the lock."""
+
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = -1
+
+
+def flock_file(path: str) -> OsDirLock:
+    """An exclusive `flock` on `path` (created if missing); BlockingIOError if held."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        # flock locks the open file description, so a second open in this very
+        # process conflicts too, not only another process.
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return OsDirLock(fd)
+
+
+class _TableLock:
+    def __init__(self, table: OsLockTable, offset: int):
+        self._table = table
+        self._offset: int | None = offset
+
+    def release(self) -> None:
+        offset, self._offset = self._offset, None
+        if offset is not None:
+            self._table.unlock(offset)
+
+
+class OsLockTable:
+    """Exclusive locks on directories through one descriptor of the table file at `path`."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._held: set[int] = set()  # the offsets locked through this table
+        self._mutex = threading.Lock()
+
+    def lock(self, directory: str) -> OsDirLock | _TableLock:
+        """Lock `directory`; BlockingIOError if another table (or this one) holds it.
+
+        FileNotFoundError / NotADirectoryError if there is no directory at the path.
+        """
+        if _OFD_SETLK is None:  # no open-file-description locks (not Linux): a descriptor each
+            return _flock_directory(directory)
+        for _ in range(_RELOCK_ATTEMPTS):
+            inode = _directory_inode(directory)
+            offset = inode % _MAX_OFFSET
+            self._lock_offset(offset, directory)
+            try:
+                if _directory_inode(directory) == inode:
+                    return _TableLock(self, offset)
+            except BaseException:
+                self.unlock(offset)
+                raise
+            # Deleted and made anew between the stat and the lock: the lock is on the old one.
+            self.unlock(offset)
+        raise BlockingIOError(errno.EWOULDBLOCK, "the directory keeps being replaced", directory)
+
+    def unlock(self, offset: int) -> None:
+        with self._mutex:
+            if offset not in self._held:
+                return
+            self._held.discard(offset)
+            if self._fd >= 0:
+                fcntl.fcntl(self._fd, _OFD_SETLK or 0, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, offset, 1, 0))
+
+    def close(self) -> None:
+        """Close the table: every lock still held through it goes."""
+        with self._mutex:
+            fd, self._fd = self._fd, -1
+            self._held.clear()
+        if fd >= 0:
+            os.close(fd)  # closing the table's only descriptor drops its byte-range locks
+
+    def _lock_offset(self, offset: int, directory: str) -> None:
+        request = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+        with self._mutex:
+            if self._fd < 0:
+                raise ValueError(f"the lock table {self.path} is closed")
+            if offset in self._held:
+                raise BlockingIOError(errno.EWOULDBLOCK, "already locked through this lock table", directory)
+            try:
+                fcntl.fcntl(self._fd, _OFD_SETLK or 0, request)
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    raise BlockingIOError(errno.EWOULDBLOCK, "locked by another holder", directory) from None
+                raise
+            self._held.add(offset)
+
+
+def _flock_directory(path: str) -> OsDirLock:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return OsDirLock(fd)
+
+
+def _directory_inode(path: str) -> int:
+    found = os.stat(path)
+    if not stat.S_ISDIR(found.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+    return found.st_ino

@@ -1,0 +1,158 @@
+"""Where a log directory's lock lives, and that every opener finds it there (log_dirs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from oncelog import LogConfig, LogDirLockedError
+from oncelog.log import Log
+from oncelog.log_dirs import LEGACY_LOCK_FILE, PARTITION_LOCKS_FILE, lock_log_dir
+from oncelog.log_manager import LogManager, PartitionRecoveryError
+from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, DirLock, LockTable
+from oncelog.recovery.torture.faultfs import FaultFileSystem
+
+CONFIG = LogConfig(segment_bytes=4096)
+
+
+def open_manager(root: Path) -> LogManager:
+    return LogManager.open(root, CONFIG, progress=False, lock_timeout_s=0.2)
+
+
+def legacy_lock_is_free(directory: Path) -> bool:
+    try:
+        DEFAULT_FS.lock(str(directory / LEGACY_LOCK_FILE)).release()
+    except BlockingIOError:
+        return False
+    return True
+
+
+def test_a_log_outside_a_root_is_locked_by_its_own_lock_file(tmp_path: Path) -> None:
+    with Log.open(tmp_path / "log", CONFIG):
+        assert not legacy_lock_is_free(tmp_path / "log")
+        with pytest.raises(LogDirLockedError):
+            Log.open(tmp_path / "log", CONFIG)
+    assert not (tmp_path / PARTITION_LOCKS_FILE).exists()  # nothing made beside the log
+    assert legacy_lock_is_free(tmp_path / "log")
+
+
+def test_a_managed_partition_is_locked_through_the_roots_table_with_no_lock_file(tmp_path: Path) -> None:
+    with open_manager(tmp_path) as manager:
+        manager.log("t", 0)
+        assert (tmp_path / PARTITION_LOCKS_FILE).is_file()
+        assert not (tmp_path / "t-0" / LEGACY_LOCK_FILE).exists()
+        with pytest.raises(LogDirLockedError, match="t-0"):
+            Log.open(tmp_path / "t-0", CONFIG)  # a Spark task's open, in this very process
+    with Log.open(tmp_path / "t-0", CONFIG):  # the manager closed: free
+        assert not (tmp_path / "t-0" / LEGACY_LOCK_FILE).exists()
+        with pytest.raises(PartitionRecoveryError, match="t-0"):
+            open_manager(tmp_path).close()
+
+
+OPEN_AND_REPORT = textwrap.dedent(
+    """
+    import sys
+    from oncelog import LogDirLockedError
+    from oncelog.log import Log
+    try:
+        Log.open(sys.argv[1]).close()
+    except LogDirLockedError:
+        print("locked")
+    else:
+        print("opened")
+    """
+)
+
+
+def open_in_another_process(directory: Path) -> str:
+    child = subprocess.run(
+        [sys.executable, "-c", OPEN_AND_REPORT, str(directory)], capture_output=True, text=True, check=True
+    )
+    return child.stdout.strip()
+
+
+def test_another_process_cannot_open_a_partition_the_manager_holds(tmp_path: Path) -> None:
+    with open_manager(tmp_path) as manager:
+        manager.log("t", 0)
+        assert open_in_another_process(tmp_path / "t-0") == "locked"
+    assert open_in_another_process(tmp_path / "t-0") == "opened"
+
+
+def test_a_holder_of_the_old_lock_file_excludes_openers_through_the_table(tmp_path: Path) -> None:
+    open_manager(tmp_path).close()
+    (tmp_path / "t-0").mkdir()
+    old_holder = DEFAULT_FS.lock(str(tmp_path / "t-0" / LEGACY_LOCK_FILE))
+    with pytest.raises(LogDirLockedError):
+        Log.open(tmp_path / "t-0", CONFIG)
+    with pytest.raises(PartitionRecoveryError, match="t-0"):
+        open_manager(tmp_path).close()
+    old_holder.release()
+    with Log.open(tmp_path / "t-0", CONFIG):
+        assert legacy_lock_is_free(tmp_path / "t-0")  # only tried, not kept
+
+
+class TableMadeWhileLocking(DelegatingFileSystem):
+    """A manager makes its table (and locks the directory through it) just after an opener
+    found no table and took the directory's `.lock`."""
+
+    def __init__(self, root: Path, manager_locks: bool):
+        super().__init__()
+        self.root = root
+        self.manager_locks = manager_locks
+        self.manager_table: LockTable | None = None
+
+    def lock(self, path: str) -> DirLock:
+        held = super().lock(path)
+        if self.manager_table is None:
+            self.manager_table = DEFAULT_FS.lock_table(str(self.root / PARTITION_LOCKS_FILE))
+            if self.manager_locks:
+                self.manager_table.lock(os.path.dirname(path))
+        return held
+
+
+def test_an_opener_that_took_the_lock_file_as_a_table_appeared_moves_to_the_table(tmp_path: Path) -> None:
+    (tmp_path / "t-0").mkdir()
+    racing = TableMadeWhileLocking(tmp_path, manager_locks=True)
+    with pytest.raises(LogDirLockedError):
+        Log.open(tmp_path / "t-0", CONFIG, fs=racing)
+    assert legacy_lock_is_free(tmp_path / "t-0")  # the lock file it took was given back
+    assert racing.manager_table is not None
+    racing.manager_table.close()
+
+
+def test_an_opener_moved_to_the_table_holds_the_directory_there(tmp_path: Path) -> None:
+    (tmp_path / "t-0").mkdir()
+    racing = TableMadeWhileLocking(tmp_path, manager_locks=False)
+    with Log.open(tmp_path / "t-0", CONFIG, fs=racing):
+        assert legacy_lock_is_free(tmp_path / "t-0")
+        table = DEFAULT_FS.lock_table(str(tmp_path / PARTITION_LOCKS_FILE))
+        with pytest.raises(BlockingIOError):
+            table.lock(str(tmp_path / "t-0"))
+        table.close()
+    assert racing.manager_table is not None
+    racing.manager_table.close()
+
+
+def test_the_fault_twin_keeps_directory_locks_as_the_os_does() -> None:
+    fs = FaultFileSystem(1)
+    fs.mkdir("/root/t-0")
+    table = fs.lock_table("/root/" + PARTITION_LOCKS_FILE)
+    held = lock_log_dir(fs, "/root/t-0", "busy")
+    with pytest.raises(BlockingIOError):
+        table.lock("/root/t-0")
+    with pytest.raises(LogDirLockedError, match="busy"):
+        lock_log_dir(fs, "/root/t-0", "busy")
+    held.release()
+    mine = table.lock("/root/t-0")
+    with pytest.raises(FileNotFoundError):
+        table.lock("/root/missing")
+    table.close()  # closing releases what it holds
+    lock_log_dir(fs, "/root/t-0", "busy").release()
+    mine.release()  # after the close: nothing, and nobody else's lock dropped
+    assert fs.listdir("/root") == [PARTITION_LOCKS_FILE, "t-0"]
+    assert fs.listdir("/root/t-0") == []
