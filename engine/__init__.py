@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         ProducerStateFullError,
         RecordTooLargeError,
         RetriableError,
+        TooManyOpenFilesError,
         TransactionCoordinatorFencedError,
         TruncatedBeforeDurableError,
     )
@@ -89,6 +90,7 @@ _HOME = {
             "ProducerStateFullError",
             "RecordTooLargeError",
             "RetriableError",
+            "TooManyOpenFilesError",
             "TransactionCoordinatorFencedError",
             "TruncatedBeforeDurableError",
         ],
@@ -155,6 +157,7 @@ __all__ = [
     "RecoverySummary",
     "RetriableError",
     "TimestampOffset",
+    "TooManyOpenFilesError",
     "TopicPartition",
     "TransactionCoordinatorFencedError",
     "TruncatedBeforeDurableError",

@@ -12,6 +12,7 @@ from oncelog.segments.errors import CorruptLogError as CorruptLogError
 from oncelog.segments.errors import CorruptRecordError as CorruptRecordError
 from oncelog.segments.errors import InvalidRecordError as InvalidRecordError
 from oncelog.segments.errors import OncelogError as OncelogError
+from oncelog.segments.errors import TooManyOpenFilesError as TooManyOpenFilesError
 
 
 class RetriableError(OncelogError):

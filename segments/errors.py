@@ -49,3 +49,9 @@ class CorruptLogError(OncelogError):
         super().__init__(f"{path} at position {position}: {message}")
         self.path = path
         self.position = position
+
+
+class TooManyOpenFilesError(OncelogError, OSError):
+    """A sealed segment could not be reopened for a read: the process is at its open-files
+    limit (EMFILE) or the system at its own (ENFILE). Nothing in the log changed; the read
+    may succeed once descriptors are closed. An OSError too, with the errno and the path."""

@@ -21,6 +21,7 @@ file may be in use by another thread (its owner's lock is not the evicting threa
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import resource
 import threading
@@ -28,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Final
 
+from oncelog.segments.errors import TooManyOpenFilesError
 from oncelog.segments.files import Buffer, FileHandle, MappedRegion, SegmentFileSystem
 
 # The share of the open-files limit the cache may take by default: the rest is for the
@@ -91,7 +93,13 @@ class FileCache:
                     self._open.move_to_end(file)
                 file._pins += 1
                 return handle
-        opened = file._fs.open(file.path, writable=file.writable)
+        try:
+            opened = file._fs.open(file.path, writable=file.writable)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE) or isinstance(exc, TooManyOpenFilesError):
+                raise
+            reason = f"reopening a sealed segment: {exc.strerror or exc}"
+            raise TooManyOpenFilesError(exc.errno, reason, file.path) from exc
         spare: FileHandle | None = None
         with self._lock:
             handle = file._handle

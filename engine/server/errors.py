@@ -16,6 +16,7 @@ from oncelog.errors import (
     OutOfOrderSequenceError,
     ProducerStateFullError,
     RecordTooLargeError,
+    TooManyOpenFilesError,
 )
 from oncelog.layout import InvalidTopicError
 from oncelog.log_manager import UnknownTopicOrPartitionError
@@ -44,6 +45,9 @@ _CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     # check on read: Kafka's answer for a failed log directory.
     (LogFailedError, ErrorCode.kafka_storage_error),
     (CorruptLogError, ErrorCode.kafka_storage_error),
+    # A read at the open-files limit: retriable in every client (it refreshes metadata and
+    # fetches again), and nothing changed in the log.
+    (TooManyOpenFilesError, ErrorCode.kafka_storage_error),
     # Closed under a request during shutdown: retriable, and sends the client to
     # Metadata, then to the restarted server.
     (LogClosedError, ErrorCode.not_leader_or_follower),

@@ -7,16 +7,18 @@ its indexes with it. Descriptors in use are never closed under a reader.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from oncelog import Log, LogConfig, encode_batch
-from oncelog.recovery.fs import OsFileSystem
+from oncelog import Log, LogConfig, TooManyOpenFilesError, encode_batch
+from oncelog.recovery.fs import DelegatingFileSystem, FileHandle, OsFileSystem
 from oncelog.segments import file_cache
 from oncelog.segments.file_cache import CachedFile, FileCache
 
@@ -272,3 +274,35 @@ def test_rolls_and_reads_of_every_segment_leave_a_few_mappings_not_one_per_segme
         log.apply_retention()
         assert len(mappings_under(directory)) <= 5, mappings_under(directory)
     assert mappings_under(directory) == []
+
+
+class RefusingOpens(DelegatingFileSystem):
+    """Every open of a `.log` file fails as at the open-files limit while `full` is set."""
+
+    full = False
+
+    def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
+        if self.full and path.endswith(".log"):
+            raise OSError(errno.EMFILE, "Too many open files", path)
+        return super().open(path, create=create, writable=writable)
+
+
+def test_a_read_at_the_open_files_limit_names_the_segment_and_leaves_the_log_serving(tmp_path: Path) -> None:
+    fs = RefusingOpens()
+    log = Log.open(tmp_path / "t-0", LogConfig(), fs=fs, clock=lambda: T0)
+    log.append(encode_batch([(b"k", b"first")], timestamp_ms=T0))
+    log.roll()
+    log.append(encode_batch([(b"k", b"second")], timestamp_ms=T0))
+    log.close()
+    # Reopened, the sealed segment holds no descriptor: the read must open it.
+    log = Log.open(tmp_path / "t-0", LogConfig(), fs=fs, clock=lambda: T0)
+    fs.full = True
+    with pytest.raises(TooManyOpenFilesError) as raised:
+        log.read(0, 1 << 20)
+    assert raised.value.errno == errno.EMFILE
+    assert raised.value.filename == str(tmp_path / "t-0" / "00000000000000000000.log")
+    assert isinstance(raised.value, OSError)  # callers that catch OSError still do
+    log.append(encode_batch([(b"k", b"third")], timestamp_ms=T0))  # the log did not fail
+    fs.full = False
+    assert values(log) == [b"first", b"second", b"third"]
+    log.close()
