@@ -8,15 +8,18 @@ fixes, and LogFailedError for an I/O failure, which reopening may.
 
 Where a partition's lock lives. A LogManager's root holds a lock table
 (PARTITION_LOCKS_FILE, `FileSystem.lock_table`): an idle partition then costs no
-descriptor for its lock. A directory whose parent has no table is locked by its own
-`.lock` file, as before tables existed. Every opener decides the same way
-(`lock_log_dir`), so a Spark task's `Log.open` and a manager exclude each other:
+descriptor for its lock. A directory whose real parent has no table is locked by its
+own `.lock` file, as before tables existed. Every opener decides the same way
+(`lock_log_dir`), from the directory's real path (so "." and symlinks agree), so a
+Spark task's `Log.open` and a manager exclude each other:
 
 - The manager creates the table before it locks any partition.
 - An opener that found no table takes `.lock`, then looks again; a table made
   meanwhile sends it to the table (`.lock` released).
-- An opener through the table also tries `.lock` (if the file exists): one who took it
-  before the table existed, and has not looked again yet, still excludes it.
+- Through the table, an opener then makes the directory's `.lock` a directory (the
+  mark): a `.lock` file is locked first, so a holder from before the table still
+  excludes it, and a release that knows only lock files fails on the mark by name
+  instead of opening beside a manager.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ _PATH_ERRNOS = frozenset(
         errno.ENAMETOOLONG,
         errno.ENOENT,
         errno.EINVAL,
+        errno.ENXIO,  # a socket where a lock file belongs
     }
 )
 
@@ -71,39 +75,75 @@ LEGACY_LOCK_FILE = ".lock"
 def lock_log_dir(fs: FileSystem, directory: str, held: str) -> DirLock:
     """Lock the log directory `directory` (which exists) where its openers lock it (module
     docstring); LogDirLockedError(`held`) if another holder has it."""
-    table_path = os.path.join(os.path.dirname(os.path.normpath(directory)), PARTITION_LOCKS_FILE)
+    # The real path: "." or a symlink must find the table an absolute path finds.
+    real = os.path.realpath(directory)
+    table_path = os.path.join(os.path.dirname(real), PARTITION_LOCKS_FILE)
     if not fs.exists(table_path):
-        lock = lock_dir(fs, os.path.join(directory, LEGACY_LOCK_FILE), held)
-        if not fs.exists(table_path):
-            return lock
-        lock.release()  # a manager made its table meanwhile: lock through it, as it does
+        lock = _lock_file_unless_marked(fs, os.path.join(real, LEGACY_LOCK_FILE), held)
+        if lock is not None:
+            if not fs.exists(table_path):
+                return lock
+            lock.release()  # a manager made its table meanwhile: lock through it, as it does
+        # Else marked for a table its parent lacks (copied out of its root): one is made here.
     try:
         table = fs.lock_table(table_path)
     except OSError as exc:
         raise opening_failed(exc, table_path) from exc
     try:
-        return _TableOwnedLock(lock_in_table(fs, table, directory, held), table)
+        return _TableOwnedLock(lock_in_table(fs, table, real, held), table)
     except BaseException:
         table.close()
         raise
 
 
 def lock_in_table(fs: FileSystem, table: LockTable, directory: str, held: str) -> DirLock:
-    """Lock `directory` through `table`, and exclude a holder of its `.lock` (module docstring)."""
+    """Lock `directory` through `table`, then mark it (module docstring)."""
     try:
         lock = table.lock(directory)
     except BlockingIOError:
         raise LogDirLockedError(held) from None
     except OSError as exc:
         raise opening_failed(exc, directory) from exc
-    legacy = os.path.join(directory, LEGACY_LOCK_FILE)
     try:
-        if fs.exists(legacy):
-            lock_dir(fs, legacy, held).release()
+        _mark_locked_through_table(fs, os.path.join(directory, LEGACY_LOCK_FILE), held)
     except BaseException:
         lock.release()
         raise
     return lock
+
+
+def _mark_locked_through_table(fs: FileSystem, legacy: str, held: str) -> None:
+    """Make `legacy` (the directory's `.lock`) a directory, if it is not one yet.
+
+    A file there may be held by an opener from before the table: it is locked first
+    (LogDirLockedError while that holder lives). Once a directory, a release that
+    knows only lock files fails on it, by name, instead of locking a file nobody else
+    looks at. Not made durable: after a crash the file may be back, and is replaced again.
+    """
+    probe = _lock_file_unless_marked(fs, legacy, held)
+    if probe is None:
+        return
+    try:
+        try:
+            fs.unlink(legacy)
+            fs.mkdir(legacy)
+        except OSError as exc:
+            raise opening_failed(exc, legacy) from exc
+    finally:
+        probe.release()
+
+
+def _lock_file_unless_marked(fs: FileSystem, path: str, held: str) -> DirLock | None:
+    """Lock the lock file `path` (created if missing); None if it is a directory, the mark
+    of a directory locked through its root's table."""
+    try:
+        return fs.lock(path)
+    except IsADirectoryError:
+        return None
+    except BlockingIOError:
+        raise LogDirLockedError(held) from None
+    except OSError as exc:
+        raise opening_failed(exc, path) from exc
 
 
 class _TableOwnedLock:

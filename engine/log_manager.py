@@ -54,6 +54,7 @@ from oncelog.log_dirs import (
     create_dir,
     lock_dir,
     lock_in_table,
+    lock_log_dir,
     opening_failed,
     unnamed_os_error,
 )
@@ -299,6 +300,7 @@ class LogManager:
         recovery_threads: int,
     ):
         self.root = root
+        self._real_root = os.path.realpath(root)
         self.config = config
         self.producer_ids = producer_ids
         self.recovery_threads = recovery_threads
@@ -618,8 +620,15 @@ class LogManager:
         path = self._partition_path(tp)
         if create:
             create_dir(self._fs, path)
-        held = f"{path} is already open in another Log"
-        return _PartitionLock(lock_in_table(self._fs, self._lock_table, path, held))
+        return _PartitionLock(self._lock_partition_dir(path, f"{path} is already open in another Log"))
+
+    def _lock_partition_dir(self, path: str, held: str) -> DirLock:
+        """Through the root's table, unless the directory really lives elsewhere (a symlink
+        to another root's partition): then where that root's openers lock it."""
+        real = os.path.realpath(path)
+        if os.path.dirname(real) != self._real_root:
+            return lock_log_dir(self._fs, path, held)
+        return lock_in_table(self._fs, self._lock_table, real, held)
 
     def _open_partition(
         self, tp: TopicPartition, lock: _PartitionLock, clean_shutdown: bool | None = None
@@ -762,7 +771,7 @@ class LogManager:
             lock = held
             if lock is None:
                 busy = f"cannot delete {tp}: {path} is open in another Log"
-                lock = lock_in_table(self._fs, self._lock_table, path, busy)
+                lock = self._lock_partition_dir(path, busy)
             try:
                 _remove_tree(self._fs, path)
             finally:

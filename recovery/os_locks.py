@@ -16,7 +16,15 @@ Two locks through one table do not conflict in the kernel, so the table refuses 
 lock of a directory it holds itself. An inode number is stable while the directory
 exists and unique on its filesystem, so no registry of slots is needed; a directory made
 anew after a delete may get another number, and `lock` checks, after locking, that the
-directory it stat'ed is still the one at the path.
+directory it stat'ed is still the one at the path. A directory on another filesystem
+than the table (a mount point, a btrfs subvolume: numbers there repeat) is locked by
+`flock` on the directory itself, a descriptor it alone costs. The root's filesystem must
+keep inode numbers stable and the same for every client (not overlayfs without `xino`,
+CIFS with `noserverino`, FUSE without `use_ino`).
+
+A forked child shares the table's open file description, and so its locks: the child
+must not unlock them (the parent still holds the partitions), so tables inherited
+through fork forget their locks without unlocking, and close only the child's descriptor.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import os
 import stat
 import struct
 import threading
+import weakref
 
 # struct flock on Linux (x86-64 and arm64 alike): l_type, l_whence, l_start, l_len, l_pid.
 _FLOCK = struct.Struct("hhqqi4x")
@@ -79,8 +88,11 @@ class OsLockTable:
     def __init__(self, path: str):
         self.path = path
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._device = os.fstat(self._fd).st_dev
         self._held: set[int] = set()  # the offsets locked through this table
         self._mutex = threading.Lock()
+        self._inherited = False  # in a forked child: the locks are the parent's
+        _TABLES.add(self)
 
     def lock(self, directory: str) -> OsDirLock | _TableLock:
         """Lock `directory`; BlockingIOError if another table (or this one) holds it.
@@ -90,11 +102,13 @@ class OsLockTable:
         if _OFD_SETLK is None:  # no open-file-description locks (not Linux): a descriptor each
             return _flock_directory(directory)
         for _ in range(_RELOCK_ATTEMPTS):
-            inode = _directory_inode(directory)
+            device, inode = _directory_id(directory)
+            if device != self._device:  # its inode numbers may repeat the table's filesystem's
+                return _flock_directory(directory)
             offset = inode % _MAX_OFFSET
             self._lock_offset(offset, directory)
             try:
-                if _directory_inode(directory) == inode:
+                if _directory_id(directory) == (device, inode):
                     return _TableLock(self, offset)
             except BaseException:
                 self.unlock(offset)
@@ -108,7 +122,7 @@ class OsLockTable:
             if offset not in self._held:
                 return
             self._held.discard(offset)
-            if self._fd >= 0:
+            if self._fd >= 0 and not self._inherited:
                 fcntl.fcntl(self._fd, _OFD_SETLK or 0, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, offset, 1, 0))
 
     def close(self) -> None:
@@ -117,13 +131,17 @@ class OsLockTable:
             fd, self._fd = self._fd, -1
             self._held.clear()
         if fd >= 0:
-            os.close(fd)  # closing the table's only descriptor drops its byte-range locks
+            # Closing the table's descriptor drops its byte-range locks (in a forked child,
+            # the parent's descriptor keeps them).
+            os.close(fd)
 
     def _lock_offset(self, offset: int, directory: str) -> None:
         request = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
         with self._mutex:
             if self._fd < 0:
                 raise ValueError(f"the lock table {self.path} is closed")
+            if self._inherited:
+                raise ValueError(f"the lock table {self.path} belongs to the parent process")
             if offset in self._held:
                 raise BlockingIOError(errno.EWOULDBLOCK, "already locked through this lock table", directory)
             try:
@@ -145,8 +163,20 @@ def _flock_directory(path: str) -> OsDirLock:
     return OsDirLock(fd)
 
 
-def _directory_inode(path: str) -> int:
+def _directory_id(path: str) -> tuple[int, int]:
     found = os.stat(path)
     if not stat.S_ISDIR(found.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
-    return found.st_ino
+    return found.st_dev, found.st_ino
+
+
+_TABLES: weakref.WeakSet[OsLockTable] = weakref.WeakSet()
+
+
+def _inherit_after_fork() -> None:
+    for table in list(_TABLES):
+        table._inherited = True
+        table._mutex = threading.Lock()  # another thread of the parent may have held it
+
+
+os.register_at_fork(after_in_child=_inherit_after_fork)

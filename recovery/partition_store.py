@@ -4,10 +4,11 @@ A partition's store holds a handful of values (recovery point, log start, the
 client-only flag, producers retired since the last snapshot), and only the log that
 holds the partition directory's lock writes it. So the values are read once, in one
 read-only open of the store (in LMDB: no lock file, no write buffers, closed at once),
-and kept in memory; the writable store is opened by the first commit and kept until
-close. An LMDB environment opened for writing costs three descriptors and about
-150 KiB resident: a broker's idle partitions, opened and perhaps read but not written
-since, hold neither.
+and kept in memory; the writable store is opened by a commit and kept open while its
+log commits often. An LMDB environment opened for writing costs three descriptors and
+150 KiB to 2 MiB resident, so the process keeps at most STORE_WRITERS.capacity of them
+(the least recently committed are closed, and reopened by their next commit): a
+broker's idle partitions, however busy they once were, hold none.
 
 Every commit goes to the writable store first and reaches the memory copy only once
 it returned: a failed commit (a full disk) leaves both as they were. Everything goes
@@ -18,12 +19,59 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 from oncelog import threads
 from oncelog.recovery.fs import FileSystem, MetadataStore
 
 log = logging.getLogger(__name__)
+
+# Writable stores kept open in the process: a commit's LMDB environment open costs about
+# as much as the commit, so a few dozen hot partitions keep theirs.
+DEFAULT_STORE_WRITERS = 32
+
+
+class StoreWriters:
+    """The stores open for writing, least recently committed first; past `capacity` the
+    oldest idle ones close. No I/O runs under its lock: closes run after, each under its
+    own store's lock, and a store busy committing is skipped (its commit lists it again)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.closes = 0  # writers closed to make room (for tests and benchmarks)
+        self._open: OrderedDict[PartitionStore, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def committed(self, store: PartitionStore) -> None:
+        """`store` just committed (its writer is open): most recent, and room made."""
+        with self._lock:
+            self._open[store] = None
+            self._open.move_to_end(store)
+            victims = []
+            while len(self._open) > self.capacity:
+                victim, _ = self._open.popitem(last=False)
+                victims.append(victim)
+        for victim in victims:
+            if victim is not store and victim.close_writer_if_idle():
+                self.closes += 1
+
+    def forget(self, store: PartitionStore) -> None:
+        with self._lock:
+            self._open.pop(store, None)
+
+    def resize(self, capacity: int) -> None:
+        self.capacity = capacity
+
+    def reset_after_fork(self) -> None:
+        # A child's copies of the parent's stores are not its to close.
+        self._open = OrderedDict()
+        self._lock = threading.Lock()
+
+
+STORE_WRITERS = StoreWriters(DEFAULT_STORE_WRITERS)
+os.register_at_fork(after_in_child=STORE_WRITERS.reset_after_fork)
 
 
 class PartitionStore:
@@ -96,6 +144,7 @@ class PartitionStore:
             current = self._loaded()
             self._writable().put(values)
             current.update(values)
+        STORE_WRITERS.committed(self)
 
     def delete(self, keys: Sequence[str]) -> None:
         with self._lock:
@@ -103,6 +152,7 @@ class PartitionStore:
             self._writable().delete(keys)
             for key in keys:
                 current.pop(key, None)
+        STORE_WRITERS.committed(self)
 
     def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
         with self._lock:
@@ -112,9 +162,24 @@ class PartitionStore:
                 current.pop(key, None)
             else:
                 current[key] = new
-            return new
+        STORE_WRITERS.committed(self)
+        return new
+
+    def close_writer_if_idle(self) -> bool:
+        """Close the writable store unless a commit is using it; whether it closed. The
+        values stay in memory, and the next commit opens the store again."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                writer.close()
+            return writer is not None
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
+        STORE_WRITERS.forget(self)
         with self._lock:
             writer, self._writer = self._writer, None
             if writer is not None:

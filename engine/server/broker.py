@@ -41,6 +41,7 @@ from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition, validate_topic_partition
 from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
+from oncelog.recovery.partition_store import STORE_WRITERS
 from oncelog.segments import file_cache
 from oncelog.server.coordinator_store import CoordinatorStore
 from oncelog.server.group_state import GroupLimits
@@ -56,14 +57,15 @@ CLUSTER_ID_NAME: Final = "kafka-cluster-id"
 # Where each topic's partition count is kept in the root (root_value names).
 TOPIC_PARTITIONS_PREFIX: Final = "kafka-topic-partitions/"
 MAX_PARTITIONS_PER_TOPIC: Final = 10_000
-# File descriptors one partition may hold open: its directory lock and its active segment's
-# .log always; its metadata store (an LMDB environment: three) once the log has committed
-# to it (a flush, a roll, a truncation); its active segment's .txnindex once an aborted
-# transaction's marker is in it. Sealed segments being read hold the segment file cache's (a
-# quarter of the limit, segments.file_cache); those kept for connections and the process
-# itself are reserved: together what bounds the partitions a server may create
-# (max_partitions_for).
-FDS_PER_PARTITION: Final = 6
+# File descriptors one partition may hold open: its active segment's .log always; its active
+# segment's .txnindex once an aborted transaction's marker is in it. Its directory lock is the
+# root's lock table's (one descriptor in all). Held by the process, not by a partition: the
+# metadata stores open for writing (three each, at most partition_store.STORE_WRITERS), and
+# sealed segments being read (the segment file cache: a quarter of the limit,
+# segments.file_cache); those kept for connections and the process itself are reserved:
+# together what bounds the partitions a server may create (max_partitions_for).
+FDS_PER_PARTITION: Final = 2
+FDS_PER_STORE_WRITER: Final = 3
 FDS_RESERVED: Final = 1024
 # Fetches read and framed at once: a read is CPU (CRCs) and copies, so more than the
 # machine's few cores only adds reads held in memory at the same time.
@@ -109,7 +111,13 @@ def raise_open_files_limit() -> int:
 def max_partitions_for(open_files_limit: int, max_connections: int) -> int:
     """How many partitions fit the file descriptors left after connections, the segment file
     cache and the process's own."""
-    left = open_files_limit - FDS_RESERVED - max_connections - file_cache.default_capacity(open_files_limit)
+    left = (
+        open_files_limit
+        - FDS_RESERVED
+        - max_connections
+        - file_cache.default_capacity(open_files_limit)
+        - FDS_PER_STORE_WRITER * STORE_WRITERS.capacity
+    )
     return max(left // FDS_PER_PARTITION, 1)
 
 

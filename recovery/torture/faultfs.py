@@ -324,11 +324,14 @@ class FaultLock:
 class FaultLockTable:
     """Directory locks as the OS table keeps them: one per directory, any two holders conflict."""
 
-    def __init__(self, fs: FaultFileSystem):
+    def __init__(self, fs: FaultFileSystem, path: str):
         self._fs = fs
-        self._held: list[FaultLock] = []
+        self._path = path
+        self._held: list[FaultLock] | None = []
 
     def lock(self, directory: str) -> DirLock:
+        if self._held is None:
+            raise ValueError(f"the lock table {self._path} is closed")
         key = _norm(directory)
         if key not in self._fs._model.dirs:
             raise FileNotFoundError(errnos.ENOENT, "no such directory", directory)
@@ -337,9 +340,9 @@ class FaultLockTable:
         return held
 
     def close(self) -> None:
-        for held in self._held:
-            held.release()
-        self._held.clear()
+        held, self._held = self._held or [], None
+        for lock in held:
+            lock.release()
 
 
 class FaultFileSystem:
@@ -556,7 +559,7 @@ class FaultFileSystem:
 
     def lock_table(self, path: str) -> LockTable:
         self.open(path, create=True).close()  # the table file exists, as on the OS
-        return FaultLockTable(self)
+        return FaultLockTable(self, path)
 
     def _take_lock(self, key: str, path: str) -> FaultLock:
         if key in self._locks:

@@ -41,17 +41,99 @@ def test_a_log_outside_a_root_is_locked_by_its_own_lock_file(tmp_path: Path) -> 
     assert legacy_lock_is_free(tmp_path / "log")
 
 
-def test_a_managed_partition_is_locked_through_the_roots_table_with_no_lock_file(tmp_path: Path) -> None:
+def test_a_managed_partition_is_locked_through_the_roots_table_and_marked(tmp_path: Path) -> None:
     with open_manager(tmp_path) as manager:
         manager.log("t", 0)
         assert (tmp_path / PARTITION_LOCKS_FILE).is_file()
-        assert not (tmp_path / "t-0" / LEGACY_LOCK_FILE).exists()
+        assert (tmp_path / "t-0" / LEGACY_LOCK_FILE).is_dir()  # the mark
         with pytest.raises(LogDirLockedError, match="t-0"):
             Log.open(tmp_path / "t-0", CONFIG)  # a Spark task's open, in this very process
-    with Log.open(tmp_path / "t-0", CONFIG):  # the manager closed: free
-        assert not (tmp_path / "t-0" / LEGACY_LOCK_FILE).exists()
+    # The manager closed: free.
+    with Log.open(tmp_path / "t-0", CONFIG), pytest.raises(PartitionRecoveryError, match="t-0"):
+        open_manager(tmp_path).close()
+
+
+def test_a_release_that_knows_only_lock_files_fails_on_the_mark_by_name(tmp_path: Path) -> None:
+    """An older opener takes `<dir>/.lock` with flock and nothing else."""
+    open_manager(tmp_path).close()
+    (tmp_path / "t-0").mkdir()
+    (tmp_path / "t-0" / LEGACY_LOCK_FILE).write_bytes(b"")  # from before the table
+    with open_manager(tmp_path) as manager:
+        manager.log("t", 0)
+        with pytest.raises(IsADirectoryError):
+            DEFAULT_FS.lock(str(tmp_path / "t-0" / LEGACY_LOCK_FILE))
+
+
+@pytest.mark.parametrize("alias", ["dot", "symlink", "trailing slash"])
+def test_every_path_to_a_managed_partition_finds_it_locked(
+    tmp_path: Path, alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    with open_manager(root) as manager:
+        manager.log("t", 0)
+        if alias == "dot":
+            monkeypatch.chdir(root / "t-0")
+            path = "."
+        elif alias == "symlink":
+            (tmp_path / "elsewhere").mkdir()
+            os.symlink(root / "t-0", tmp_path / "elsewhere" / "t-0")
+            path = str(tmp_path / "elsewhere" / "t-0")
+        else:
+            path = str(root / "t-0") + "/"
+        with pytest.raises(LogDirLockedError):
+            Log.open(path, CONFIG)
+        assert open_in_another_process(Path(path).absolute()) == "locked"
+
+
+def test_a_partition_symlinked_into_a_second_root_is_held_by_one_manager(tmp_path: Path) -> None:
+    with open_manager(tmp_path / "a") as first:
+        first.log("t", 0)
+        (tmp_path / "b").mkdir()
+        os.symlink(tmp_path / "a" / "t-0", tmp_path / "b" / "t-0")
         with pytest.raises(PartitionRecoveryError, match="t-0"):
-            open_manager(tmp_path).close()
+            open_manager(tmp_path / "b").close()
+    with open_manager(tmp_path / "b") as second:  # and the other way round
+        assert list(second.logs()) == [("t", 0)]
+        with pytest.raises(PartitionRecoveryError, match="t-0"):
+            open_manager(tmp_path / "a").close()
+
+
+FORK_AND_CLOSE = textwrap.dedent(
+    """
+    import os, sys
+    from oncelog import LogManager
+    manager = LogManager.open(sys.argv[1], progress=False)
+    manager.log("t", 0)
+    child = os.fork()
+    if child == 0:
+        manager.close()  # what a `with` block in the child does on its way out
+        os._exit(0)
+    os.waitpid(child, 0)
+    print("forked", flush=True)
+    sys.stdin.readline()
+    manager.close()
+    """
+)
+
+
+def test_a_forked_child_that_closes_the_manager_leaves_the_parents_partitions_locked(tmp_path: Path) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", FORK_AND_CLOSE, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdin is not None and parent.stdout is not None
+    try:
+        assert parent.stdout.readline().strip() == "forked"
+        assert open_in_another_process(tmp_path / "t-0") == "locked"
+        parent.stdin.write("\n")
+        parent.stdin.flush()
+        assert parent.wait() == 0
+        assert open_in_another_process(tmp_path / "t-0") == "opened"
+    finally:
+        parent.kill()
+        parent.wait()
 
 
 OPEN_AND_REPORT = textwrap.dedent(
@@ -93,7 +175,7 @@ def test_a_holder_of_the_old_lock_file_excludes_openers_through_the_table(tmp_pa
         open_manager(tmp_path).close()
     old_holder.release()
     with Log.open(tmp_path / "t-0", CONFIG):
-        assert legacy_lock_is_free(tmp_path / "t-0")  # only tried, not kept
+        assert (tmp_path / "t-0" / LEGACY_LOCK_FILE).is_dir()  # marked once its holder left
 
 
 class TableMadeWhileLocking(DelegatingFileSystem):
@@ -120,7 +202,7 @@ def test_an_opener_that_took_the_lock_file_as_a_table_appeared_moves_to_the_tabl
     racing = TableMadeWhileLocking(tmp_path, manager_locks=True)
     with pytest.raises(LogDirLockedError):
         Log.open(tmp_path / "t-0", CONFIG, fs=racing)
-    assert legacy_lock_is_free(tmp_path / "t-0")  # the lock file it took was given back
+    assert legacy_lock_is_free(tmp_path / "t-0")  # the lock file it took was given back, unmarked
     assert racing.manager_table is not None
     racing.manager_table.close()
 
@@ -129,7 +211,7 @@ def test_an_opener_moved_to_the_table_holds_the_directory_there(tmp_path: Path) 
     (tmp_path / "t-0").mkdir()
     racing = TableMadeWhileLocking(tmp_path, manager_locks=False)
     with Log.open(tmp_path / "t-0", CONFIG, fs=racing):
-        assert legacy_lock_is_free(tmp_path / "t-0")
+        assert (tmp_path / "t-0" / LEGACY_LOCK_FILE).is_dir()
         table = DEFAULT_FS.lock_table(str(tmp_path / PARTITION_LOCKS_FILE))
         with pytest.raises(BlockingIOError):
             table.lock(str(tmp_path / "t-0"))
@@ -152,7 +234,11 @@ def test_the_fault_twin_keeps_directory_locks_as_the_os_does() -> None:
     with pytest.raises(FileNotFoundError):
         table.lock("/root/missing")
     table.close()  # closing releases what it holds
+    with pytest.raises(ValueError, match="closed"):
+        table.lock("/root/t-0")
     lock_log_dir(fs, "/root/t-0", "busy").release()
     mine.release()  # after the close: nothing, and nobody else's lock dropped
     assert fs.listdir("/root") == [PARTITION_LOCKS_FILE, "t-0"]
-    assert fs.listdir("/root/t-0") == []
+    assert fs.listdir("/root/t-0") == [LEGACY_LOCK_FILE]
+    with pytest.raises(IsADirectoryError):
+        fs.lock("/root/t-0/" + LEGACY_LOCK_FILE)  # the mark, as on the OS

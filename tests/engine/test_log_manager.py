@@ -775,7 +775,7 @@ class TestDeleteAfterFailure:
     ) -> None:
         manager, _ = self.fail_a_delete(tmp_path)
         manager.close()
-        holder = DEFAULT_FS.lock(str(tmp_path / "t-0" / LOCK_FILE))
+        holder = lock_log_dir(DEFAULT_FS, str(tmp_path / "t-0"), "held")  # as another process's Log.open
         with pytest.raises(PartitionRecoveryError, match="t-0") as caught:
             open_manager(tmp_path)
         assert isinstance(caught.value.failures[TopicPartition("t", 0)], LogDirLockedError)

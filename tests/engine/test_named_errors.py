@@ -11,6 +11,7 @@ import errno
 import logging
 import os
 import shutil
+import socket
 import struct
 import threading
 from collections.abc import Callable
@@ -153,14 +154,14 @@ def test_a_root_that_is_a_file_gives_log_directory_error(tmp_path: Path) -> None
         ProducerIdManager.open(tmp_path / "root")
 
 
-def test_a_partition_lock_that_is_a_directory_fails_that_partition_by_name(tmp_path: Path) -> None:
-    make_root(tmp_path)
-    # The manager's table locks the partition; the `.lock` file of a log opened before
-    # tables existed is still tried, and a directory there is named.
-    os.mkdir(tmp_path / "orders-0" / ".lock")
-    with pytest.raises(LogDirectoryError) as raised:
-        Log.open(tmp_path / "orders-0")
-    assert raised.value.path == str(tmp_path / "orders-0" / ".lock")
+def test_a_partition_lock_file_that_is_a_socket_fails_that_partition_by_name(tmp_path: Path) -> None:
+    log_dir = tmp_path / "standalone"
+    log_dir.mkdir()
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(log_dir / ".lock"))
+        with pytest.raises(LogDirectoryError) as raised:
+            Log.open(log_dir)
+    assert raised.value.path == str(log_dir / ".lock")
 
 
 def test_a_partition_lock_table_that_is_a_directory_fails_the_root_by_name(tmp_path: Path) -> None:

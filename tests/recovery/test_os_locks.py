@@ -104,17 +104,17 @@ def test_a_directory_replaced_between_the_stat_and_the_lock_is_locked_as_it_is_n
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "d").mkdir()
-    real = os_locks._directory_inode
+    real = os_locks._directory_id
     seen: list[int] = []
 
-    def replaced_once(path: str) -> int:
-        inode = real(path)
+    def replaced_once(path: str) -> tuple[int, int]:
+        device, inode = real(path)
         if not seen:  # the first stat saw the directory before it was deleted and made anew
             inode += 1
         seen.append(inode)
-        return inode
+        return device, inode
 
-    monkeypatch.setattr(os_locks, "_directory_inode", replaced_once)
+    monkeypatch.setattr(os_locks, "_directory_id", replaced_once)
     table = OsLockTable(str(tmp_path / "table"))
     table.lock(str(tmp_path / "d"))
     monkeypatch.undo()
@@ -122,7 +122,7 @@ def test_a_directory_replaced_between_the_stat_and_the_lock_is_locked_as_it_is_n
     other = OsLockTable(str(tmp_path / "table"))
     with pytest.raises(BlockingIOError):
         other.lock(str(tmp_path / "d"))  # the lock is on the directory that is there
-    assert table._held == {real(str(tmp_path / "d")) % os_locks._MAX_OFFSET}
+    assert table._held == {real(str(tmp_path / "d"))[1] % os_locks._MAX_OFFSET}
     table.close()
     other.close()
 
@@ -158,3 +158,47 @@ def test_another_process_excludes_this_one_until_it_dies(tmp_path: Path) -> None
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_directory_on_another_filesystem_is_locked_by_its_own_descriptor(tmp_path: Path) -> None:
+    """Inode numbers repeat across filesystems (every btrfs subvolume's root is 256)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the test's directory")
+    (tmp_path / "d").mkdir()
+    table_path = shm / f"oncelog-test-table-{os.getpid()}"
+    try:
+        first, second = OsLockTable(str(table_path)), OsLockTable(str(table_path))
+        before = descriptors()
+        lock = first.lock(str(tmp_path / "d"))
+        assert descriptors() == before + 1  # flock on the directory itself
+        with pytest.raises(BlockingIOError):
+            second.lock(str(tmp_path / "d"))
+        lock.release()
+        assert descriptors() == before
+        second.lock(str(tmp_path / "d")).release()
+        first.close()
+        second.close()
+    finally:
+        table_path.unlink()
+
+
+def test_a_table_inherited_through_fork_leaves_the_parents_locks_alone(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    table = OsLockTable(str(tmp_path / "table"))
+    lock = table.lock(str(tmp_path / "d"))
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's exit status is the result
+        try:
+            lock.release()
+            table.close()
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    other = OsLockTable(str(tmp_path / "table"))
+    with pytest.raises(BlockingIOError):
+        other.lock(str(tmp_path / "d"))  # still the parent's
+    table.close()
+    other.lock(str(tmp_path / "d")).release()
+    other.close()

@@ -2,7 +2,8 @@
 
 An idle log (opened, read, not written) holds no metadata store open: its values were
 read once, read-only, and kept in memory. A commit opens the writable store and keeps
-it; a failed commit changes neither the store nor the memory copy.
+it while it commits often (at most STORE_WRITERS.capacity in the process); a failed
+commit changes neither the store nor the memory copy.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import errno
 import os
 import shutil
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from oncelog.errors import CorruptMetadataError, LogFailedError
 from oncelog.log import METADATA_DIR
 from oncelog.recovery.checkpoint import LOG_START_KEY, RECOVERY_POINT_KEY, read_offset, write_offsets
 from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, MetadataStore
-from oncelog.recovery.partition_store import PartitionStore
+from oncelog.recovery.partition_store import STORE_WRITERS, PartitionStore, StoreWriters
 
 T0 = 1_700_000_000_000
 
@@ -34,6 +35,11 @@ def open_paths() -> list[str]:
         except OSError:
             continue  # the listing's own descriptor
     return found
+
+
+def store_descriptors_under(root: Path) -> list[str]:
+    """Descriptors on LMDB files below `root`."""
+    return [path for path in open_paths() if path.startswith(str(root)) and path.endswith(".mdb")]
 
 
 def store_descriptors(directory: Path) -> list[str]:
@@ -218,3 +224,66 @@ def test_a_read_only_look_at_the_store_in_the_same_process_does_not_fail_the_fir
         log.flush()  # opens the store for writing once the look is over
         closer.join()
         assert log.recovery_point == 5
+
+
+@pytest.fixture
+def two_writers() -> Iterator[StoreWriters]:
+    capacity = STORE_WRITERS.capacity
+    STORE_WRITERS.resize(2)
+    try:
+        yield STORE_WRITERS
+    finally:
+        STORE_WRITERS.resize(capacity)
+
+
+def test_past_the_writer_limit_the_least_recently_committed_stores_close_and_reopen(
+    tmp_path: Path, two_writers: StoreWriters
+) -> None:
+    stores = [PartitionStore(DEFAULT_FS, str(tmp_path / f"s{n}")) for n in range(5)]
+    closes = two_writers.closes
+    for round_ in range(3):
+        for n, store in enumerate(stores):
+            store.put({"k": b"%d-%d" % (n, round_)})
+    assert [store.is_open_for_writing for store in stores] == [False, False, False, True, True]
+    assert two_writers.closes - closes >= 13  # every commit but the first two made room
+    assert len(store_descriptors_under(tmp_path)) == 2 * 3  # two LMDB environments
+    for n, store in enumerate(stores):  # memory and disk agree, closed or not
+        assert store.get("k") == b"%d-2" % n
+        store.close()
+        reader = DEFAULT_FS.open_store(str(tmp_path / f"s{n}"), readonly=True)
+        assert reader.get("k") == b"%d-2" % n
+        reader.close()
+    assert store_descriptors_under(tmp_path) == []
+
+
+def test_a_store_busy_committing_is_not_closed_under_its_commit(
+    tmp_path: Path, two_writers: StoreWriters
+) -> None:
+    busy = PartitionStore(DEFAULT_FS, str(tmp_path / "busy"))
+    busy.put({"k": b"0"})
+    with busy._lock:  # as during its next commit
+        for n in range(3):
+            PartitionStore(DEFAULT_FS, str(tmp_path / f"s{n}")).put({"k": b"x"})
+        assert busy.is_open_for_writing  # skipped, not closed
+    busy.put({"k": b"1"})  # listed again by its commit
+    assert busy.get("k") == b"1"
+    busy.close()
+
+
+def test_idle_partitions_that_once_committed_hold_only_their_active_segment(
+    tmp_path: Path, two_writers: StoreWriters
+) -> None:
+    logs = []
+    for n in range(20):
+        log = Log.open(tmp_path / f"t-{n}")
+        log.append(encode_batch([(b"k", b"v")], timestamp_ms=T0))
+        log.roll()  # commits a recovery point: the store opens for writing
+        logs.append(log)
+    writers = [log for log in logs if log._store.is_open_for_writing]  # type: ignore[attr-defined]
+    assert len(writers) == 2
+    assert len(store_descriptors_under(tmp_path)) == 2 * 3
+    for log in logs:
+        log.close()
+    for n in range(20):
+        with Log.open(tmp_path / f"t-{n}") as reopened:
+            assert reopened.log_end_offset == 1
