@@ -228,9 +228,8 @@ class ProducerStateManager:
         # due_s: due times in whole seconds, rounded down: never later than the real due
         # time, which is all expiry needs, at half the memory of milliseconds.
         self.table, self.due_s = lazy_zeros_group((capacity, PRODUCER_DTYPE), (capacity, np.uint32))
-        self._bytes = self.table.view(
-            np.uint8
-        ).data  # (a structured array's .data builds its format in Python)
+        # Through a uint8 view: a structured array's own .data builds its format each time.
+        self._bytes = self.table.view(np.uint8).data
         self._due = self.due_s.data
         self._slots = PidSlotMap(capacity)
         self._hot: dict[int, WorkingState] = {}
