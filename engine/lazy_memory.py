@@ -25,3 +25,23 @@ def lazy_zeros(count: int, dtype: Any) -> np.ndarray:
     region = mmap.mmap(-1, max(1, count * dtype.itemsize))
     # The array holds the mapping through its buffer; dropping the array unmaps it.
     return np.frombuffer(region, dtype=dtype, count=count)
+
+
+def lazy_zeros_group(*arrays: tuple[int, Any]) -> tuple[np.ndarray, ...]:
+    """lazy_zeros of each (count, dtype), all in one anonymous mapping: one mmap instead of
+    one each (a producer table's arrays, made at every Log open). Each array starts on a
+    page of its own, so pages one array never touches still cost nothing."""
+    dtypes = [np.dtype(dtype) for _, dtype in arrays]
+    starts: list[int] = []
+    end = 0
+    for (count, _), dtype in zip(arrays, dtypes, strict=True):
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        starts.append(end)
+        end += -(-count * dtype.itemsize // mmap.PAGESIZE) * mmap.PAGESIZE
+    region = mmap.mmap(-1, max(1, end))
+    # Each array holds the mapping through its buffer; it is unmapped when the last is dropped.
+    return tuple(
+        np.frombuffer(region, dtype=dtype, count=count, offset=start)
+        for (count, _), dtype, start in zip(arrays, dtypes, starts, strict=True)
+    )

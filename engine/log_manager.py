@@ -13,9 +13,10 @@ every partition's lock from before it reads the partition's clean-shutdown marke
 until the partition's files are closed (or deleted), and waits a bounded time for the
 PID manager's lock.
 
-Opening recovers every partition in a bounded thread pool (each partition's own
-loader: tail-only recovery); the pool overlaps the fsyncs and file opens
-that dominate a restart. `recovery_summary` says what it read and did.
+Opening recovers every partition with its own loader (tail-only recovery): the unclean
+ones in a bounded thread pool, which overlaps the fsyncs that dominate their recovery,
+and the clean ones (Python throughout, which threads cannot overlap) in turn on one of
+its threads. `recovery_summary` says what it read and did.
 
 Deleting a partition is made crash-safe with a durable intent, not a directory
 rename: `delete/<topic>-<partition>` is committed before the log is closed and
@@ -631,10 +632,21 @@ class LogManager:
         return lock_in_table(self._fs, self._lock_table, real, held)
 
     def _open_partition(
-        self, tp: TopicPartition, lock: _PartitionLock, clean_shutdown: bool | None = None
+        self,
+        tp: TopicPartition,
+        lock: _PartitionLock,
+        clean_shutdown: bool | None = None,
+        configs: dict[str, LogConfig] | None = None,
     ) -> Log:
-        """The partition's Log, which takes `lock` over (and releases it if opening fails)."""
-        config = self.topic_config(tp.topic)
+        """The partition's Log, which takes `lock` over (and releases it if opening fails).
+
+        `configs` keeps each topic's config for the next of its partitions (an open of
+        the root: nothing changes them meanwhile), instead of a store read each."""
+        config = None if configs is None else configs.get(tp.topic)
+        if config is None:
+            config = self.topic_config(tp.topic)
+            if configs is not None:
+                configs[tp.topic] = config
         path = self._partition_path(tp)
         return Log.open(
             path, config, fs=self._fs, clock=self._clock, clean_shutdown=clean_shutdown, dir_lock=lock
@@ -676,22 +688,13 @@ class LogManager:
 
             def open_one(tp: TopicPartition) -> None:
                 handed_over.add(tp)
-                log = self._open_partition(tp, locks[tp], clean[tp])
+                log = self._open_partition(tp, locks[tp], clean[tp], configs)
                 opened[tp] = log  # first: whatever fails after this, the log is closed below
                 tracker.advance(log.recovery_report)
 
-            pool = ThreadPoolExecutor(self.recovery_threads, thread_name_prefix="oncelog-recovery")
-            try:
-                with tracker:
-                    futures = {tp: pool.submit(open_one, tp) for tp in partitions}
-                    for tp, future in futures.items():
-                        open_error = future.exception()
-                        if open_error is not None:
-                            failures[tp] = open_error
-            finally:
-                # Interrupted (Ctrl-C): no more opens start, and the running ones finish so
-                # that their logs are among those closed below.
-                pool.shutdown(wait=True, cancel_futures=True)
+            configs: dict[str, LogConfig] = {}
+            with tracker:
+                self._open_partitions(partitions, clean, open_one, failures)
             if failures:
                 raise PartitionRecoveryError(self.root, failures)
         except BaseException as exc:
@@ -710,6 +713,47 @@ class LogManager:
         self.recovery_summary = RecoverySummary.of(
             reports, time.perf_counter() - started, self.recovery_threads
         )
+
+    def _open_partitions(
+        self,
+        partitions: list[TopicPartition],
+        clean: Mapping[TopicPartition, bool],
+        open_one: Callable[[TopicPartition], None],
+        failures: dict[TopicPartition, BaseException],
+    ) -> None:
+        """Run `open_one` for every partition, each failure into `failures`.
+
+        An unclean open waits on fsyncs and commits, so those go to the pool one each. A
+        clean one is Python throughout (the GIL): threads only took turns, at a cost (8
+        threads took 1.4 s for 1,000 where one took 0.8 s), so they all go in turn on one
+        of the pool's threads, beside the unclean ones. Interrupted (Ctrl-C): no more opens
+        start, and the running ones finish so that their logs are among those closed.
+        """
+        stop = threading.Event()
+
+        def open_in_turn(tps: list[TopicPartition]) -> dict[TopicPartition, BaseException]:
+            errors: dict[TopicPartition, BaseException] = {}
+            for tp in tps:
+                if stop.is_set():
+                    break
+                try:
+                    open_one(tp)
+                except BaseException as exc:  # as a future would: every partition is tried
+                    errors[tp] = exc
+            return errors
+
+        pool = ThreadPoolExecutor(self.recovery_threads, thread_name_prefix="oncelog-recovery")
+        try:
+            in_turn = pool.submit(open_in_turn, [tp for tp in partitions if clean[tp]])
+            futures = {tp: pool.submit(open_one, tp) for tp in partitions if not clean[tp]}
+            for tp, future in futures.items():
+                open_error = future.exception()
+                if open_error is not None:
+                    failures[tp] = open_error
+            failures.update(in_turn.result())
+        finally:
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _lock_partitions(
         self,

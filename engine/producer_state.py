@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from oncelog.errors import ProducerStateFullError
-from oncelog.lazy_memory import lazy_zeros
+from oncelog.lazy_memory import lazy_zeros_group
 from oncelog.pid_map import PidSlotMap
 from oncelog.segments import format as fmt
 from oncelog.segments.control import TxnMarker
@@ -225,11 +225,11 @@ class ProducerStateManager:
         self.expiration_ms = expiration_ms
         # Untouched pages cost nothing (lazy_memory), so a large capacity costs memory
         # only as slots are used (they are used in ring order, from the head).
-        self.table = lazy_zeros(capacity, PRODUCER_DTYPE)
-        self._bytes = self.table.data.cast("B")
-        # Due times in whole seconds, rounded down: never later than the real due
+        # due_s: due times in whole seconds, rounded down: never later than the real due
         # time, which is all expiry needs, at half the memory of milliseconds.
-        self.due_s = lazy_zeros(capacity, np.uint32)
+        self.table, self.due_s = lazy_zeros_group((capacity, PRODUCER_DTYPE), (capacity, np.uint32))
+        # Through a uint8 view: a structured array's own .data builds its format each time.
+        self._bytes = self.table.view(np.uint8).data
         self._due = self.due_s.data
         self._slots = PidSlotMap(capacity)
         self._hot: dict[int, WorkingState] = {}
@@ -449,7 +449,8 @@ class ProducerStateManager:
         self.head = 0
         self.used = count
         self.holes = 0
-        in_place = count and rows.__array_interface__["data"][0] == self.table.__array_interface__["data"][0]
+        # .ctypes.data, not __array_interface__ (which builds a structured dtype's descr in Python).
+        in_place = count and rows.ctypes.data == self.table.ctypes.data
         if not in_place:
             self.table[:count] = rows  # else read_snapshot(into=table) already put them there
         self.table["live"][:count] = 1

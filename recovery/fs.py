@@ -71,6 +71,10 @@ class MetadataStore(Protocol):
         """Every key starting with `prefix`, sorted."""
         ...
 
+    def items(self, prefix: str) -> list[tuple[str, bytes]]:
+        """Every (key, value) whose key starts with `prefix`, sorted by key: one read."""
+        ...
+
     def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
         """Read `key`, store `change(old)` (None deletes it), in one atomic, durable commit.
 
@@ -295,10 +299,17 @@ class _OpenEnvironments:
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
-        self._open: set[str] = set()
+        self._open: set[object] = set()
 
-    def enter(self, path: str) -> str:
-        key = os.path.realpath(path)
+    def enter(self, path: str) -> object:
+        # The directory's identity, as py-lmdb's guard keys on its files': one stat, where
+        # realpath took one per path component. (A store not there yet is not open.)
+        try:
+            found = os.stat(path)
+        except OSError:
+            key: object = os.path.realpath(path)
+        else:
+            key = (found.st_dev, found.st_ino)
         deadline = time.monotonic() + self.TURN_WAIT_S
         with self._changed:
             while key in self._open and (left := deadline - time.monotonic()) > 0:
@@ -306,7 +317,7 @@ class _OpenEnvironments:
             self._open.add(key)  # (if still open, LMDB's own refusal names the store)
         return key
 
-    def leave(self, key: str) -> None:
+    def leave(self, key: object) -> None:
         with self._changed:
             self._open.discard(key)
             self._changed.notify_all()
@@ -340,7 +351,8 @@ class LmdbStore:
         check_lmdb_files(path)
         # Growing the map needs no transaction open in this process: every one takes this.
         self._txn_lock = threading.Lock()
-        self._turn: str | None = _ENVIRONMENTS.enter(path)
+        self._create_dir(path)  # first: its turn is then keyed on the directory it opens
+        self._turn: object | None = _ENVIRONMENTS.enter(path)
         try:
             with _lmdb_errors(path):
                 self._env = self._open_env(path)
@@ -353,8 +365,10 @@ class LmdbStore:
         if turn is not None:
             _ENVIRONMENTS.leave(turn)
 
-    def _open_env(self, path: str) -> lmdb.Environment:
+    def _create_dir(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
+
+    def _open_env(self, path: str) -> lmdb.Environment:
         _reserve_lock_file(os.path.join(path, LMDB_LOCK_FILE), self.LOCK_FILE_BYTES)
         # sync and metasync: a commit returns only once it is durable, which is
         # what lets the recovery point promise "everything below me was fsynced".
@@ -420,6 +434,21 @@ class LmdbStore:
 
         return self._run(scan, write=False)
 
+    def items(self, prefix: str) -> list[tuple[str, bytes]]:
+        encoded = prefix.encode()
+
+        def scan(txn: lmdb.Transaction) -> list[tuple[str, bytes]]:
+            found: list[tuple[str, bytes]] = []
+            cursor = txn.cursor()
+            if cursor.set_range(encoded):
+                for key, value in cursor.iternext(keys=True, values=True):
+                    if not bytes(key).startswith(encoded):
+                        break
+                    found.append((bytes(key).decode(), bytes(value)))
+            return found
+
+        return self._run(scan, write=False)
+
     def _run(self, body: Callable[[lmdb.Transaction], T], *, write: bool) -> T:
         """`body` in one transaction (committed if `write`), growing the map when it is full."""
         with _lmdb_errors(self.path), self._txn_lock:
@@ -457,9 +486,15 @@ class ReadOnlyLmdbStore(LmdbStore):
     that must stay exact under a busy writer. Errors are the seam's (see MetadataStore).
     """
 
+    def _create_dir(self, path: str) -> None:
+        pass  # creates nothing
+
     def _open_env(self, path: str) -> lmdb.Environment:
-        data = os.path.join(path, LMDB_DATA_FILE)
-        if not os.path.isfile(data) or os.path.getsize(data) == 0:
+        try:
+            data = os.stat(os.path.join(path, LMDB_DATA_FILE))
+        except OSError:
+            data = None
+        if data is None or not stat.S_ISREG(data.st_mode) or data.st_size == 0:
             # An empty data file is what a writer opening a new store leaves before its
             # first commit: LMDB would start it afresh, so there is no store to read.
             raise FileNotFoundError(errno.ENOENT, "no metadata store", path)
@@ -551,18 +586,26 @@ def check_lmdb_files(path: str) -> None:
     So the newest meta page must describe pages that are all in the file. Missing
     pieces are fine (LMDB creates them); a file where a directory belongs is not.
     """
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise CorruptMetadataError("a file where the metadata store's directory should be", path=path)
-    for name in (LMDB_DATA_FILE, LMDB_LOCK_FILE):
-        if os.path.isdir(os.path.join(path, name)):
-            raise CorruptMetadataError(f"{name} is a directory", path=path)
+    try:
+        found = os.lstat(path)
+    except OSError:  # missing is fine (as os.path.lexists says)
+        pass
+    else:
+        if not stat.S_ISDIR(found.st_mode) and not os.path.isdir(path):  # (a link to one is fine)
+            raise CorruptMetadataError("a file where the metadata store's directory should be", path=path)
+    if os.path.isdir(os.path.join(path, LMDB_LOCK_FILE)):
+        raise CorruptMetadataError(f"{LMDB_LOCK_FILE} is a directory", path=path)
     data = os.path.join(path, LMDB_DATA_FILE)
     try:
+        # (Linux opens a directory read-only: fstat below tells.)
         fd = os.open(data, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return
     try:
-        size = os.fstat(fd).st_size
+        opened = os.fstat(fd)
+        if stat.S_ISDIR(opened.st_mode):
+            raise CorruptMetadataError(f"{LMDB_DATA_FILE} is a directory", path=path)
+        size = opened.st_size
         if size == 0:
             return  # never committed: LMDB starts it afresh, as it would a missing one
         first = _lmdb_meta(os.pread(fd, _LMDB_META.size, 0))

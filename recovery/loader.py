@@ -153,6 +153,9 @@ class LogLoader:
         self._rebuilt = 0
         self._tail_error: str | None = None
         self._validated: list[LogSegment] = []
+        # The snapshots the load's listing found, while the load has changed none of them
+        # (None once it has): the stray ones are removed without a second listing.
+        self._snapshots_listed: list[int] | None = None
         self.client_only = False
         self.metadata_missing = False
         self._truncate = config.on_corruption == "truncate"
@@ -218,6 +221,7 @@ class LogLoader:
         # One listing for the start of the load: it grows with the segment count.
         names = self.fs.listdir(self.directory)
         self._remove_temp_files(names)  # removes only .tmp names, which nothing below reads
+        self._snapshots_listed = snapshots.list_snapshot_offsets(self.fs, self.directory, names)
         bases = list_segment_bases(self.fs, self.directory, names)
         flag = read_offset(self.store, CLIENT_ONLY_KEY)
         if not bases:
@@ -266,6 +270,7 @@ class LogLoader:
         if has_state and snapshot_offset is not None and replay_starts_over(snapshot_offset, end):
             log.warning("snapshot at %d is past the recovered log end %d; replaying", snapshot_offset, end)
             snapshots.delete_snapshot(self.fs, self.directory, snapshot_offset)
+            self._snapshots_listed = None
             self.producers.clear()
             self._shed += self._replay.shed
             self._replay = ReplayBuffer(
@@ -336,6 +341,7 @@ class LogLoader:
                 log.warning("setting aside corrupt snapshot %d: %s", offset, exc)
                 self.producers.clear()
                 snapshots.set_aside(self.fs, self.directory, offset)
+                self._snapshots_listed = None
                 continue
             return offset, True
         return None, False
@@ -549,7 +555,10 @@ class LogLoader:
         """Keep snapshots at segment bases and at the log end; delete the rest."""
         keep = {segment.base_offset for segment in self.segments} | {end}
         removed = False
-        for offset in snapshots.list_snapshot_offsets(self.fs, self.directory):
+        listed = self._snapshots_listed
+        for offset in (
+            listed if listed is not None else snapshots.list_snapshot_offsets(self.fs, self.directory)
+        ):
             if offset not in keep:
                 snapshots.delete_snapshot(self.fs, self.directory, offset)
                 removed = True

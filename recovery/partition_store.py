@@ -102,11 +102,7 @@ class PartitionStore:
                 self._values = {}  # no store yet (a new log): the first commit creates it
             else:
                 try:
-                    values = {}
-                    for key in reader.keys(""):
-                        value = reader.get(key)
-                        if value is not None:
-                            values[key] = value
+                    values = dict(reader.items(""))  # one read transaction, not one per key
                 finally:
                     reader.close()
                 self._values = values
@@ -138,6 +134,10 @@ class PartitionStore:
     def keys(self, prefix: str) -> list[str]:
         with self._lock:
             return sorted(key for key in self._loaded() if key.startswith(prefix))
+
+    def items(self, prefix: str) -> list[tuple[str, bytes]]:
+        with self._lock:
+            return sorted((key, value) for key, value in self._loaded().items() if key.startswith(prefix))
 
     def put(self, values: Mapping[str, bytes]) -> None:
         with self._lock:

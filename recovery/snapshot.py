@@ -311,7 +311,13 @@ def _read_rows_into(
     for first in range(0, count, _READ_CHUNK_ROWS):
         chunk = rows[first : first + _READ_CHUNK_ROWS]
         chunk_bytes = rows_bytes[first * PRODUCER_DTYPE.itemsize :][: chunk.nbytes]
-        read = handle.pread_into(chunk_bytes, rows_start + first * PRODUCER_DTYPE.itemsize)
+        start = rows_start + first * PRODUCER_DTYPE.itemsize
+        if start + len(chunk_bytes) <= len(head):
+            # Read already, with the header (a small snapshot): copied, not read again.
+            chunk_bytes[:] = head[start : start + len(chunk_bytes)]
+            read = len(chunk_bytes)
+        else:
+            read = handle.pread_into(chunk_bytes, start)
         computed = crc32c.crc32c(chunk_bytes[:read], computed)
         if read != len(chunk_bytes):
             complete = False

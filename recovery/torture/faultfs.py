@@ -294,6 +294,13 @@ class FaultStore:
     def keys(self, prefix: str) -> list[str]:
         return sorted(key for key in self._fs._model.stores[self._path] if key.startswith(prefix))
 
+    def items(self, prefix: str) -> list[tuple[str, bytes]]:
+        return sorted(
+            (key, value)
+            for key, value in self._fs._model.stores[self._path].items()
+            if key.startswith(prefix)
+        )
+
     def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
         if self._readonly:
             raise read_only_error("update the metadata store", self._path)

@@ -318,3 +318,50 @@ def test_opening_a_directory_as_a_file_says_so_by_name(tmp_path: Path) -> None:
     with pytest.raises(IsADirectoryError) as raised:
         OsFileSystem().open(str(tmp_path / "00000000000000000000.log"), writable=False)
     assert raised.value.filename == str(tmp_path / "00000000000000000000.log")
+
+
+@pytest.mark.parametrize("seam", ["os", "fault"])
+def test_items_reads_every_pair_under_a_prefix_in_key_order(tmp_path: Path, seam: str) -> None:
+    from oncelog.recovery.torture.faultfs import FaultFileSystem
+
+    fs = OsFileSystem() if seam == "os" else FaultFileSystem(1)
+    root = str(tmp_path) if seam == "os" else "/root"
+    fs.mkdir(root)
+    path = os.path.join(root, "meta.lmdb")
+    writer = fs.open_store(path)
+    writer.put({"b/2": b"y", "a": b"", "b/1": b"x", "c": b"z"})
+    writer.close()
+    reader = fs.open_store(path, readonly=True)
+    try:
+        assert reader.items("b/") == [("b/1", b"x"), ("b/2", b"y")]
+        assert reader.items("") == [("a", b""), ("b/1", b"x"), ("b/2", b"y"), ("c", b"z")]
+        assert reader.items("d") == []
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_what_is_not_a_store_is_refused_by_name_and_a_link_to_one_opens(
+    tmp_path: Path, readonly: bool
+) -> None:
+    fs = OsFileSystem()
+    (tmp_path / "file.lmdb").write_bytes(b"x")
+    for name in ("data.mdb", "lock.mdb"):
+        (tmp_path / f"{name}.lmdb" / name).mkdir(parents=True)
+    for bad, why in (
+        ("file.lmdb", "a file where the metadata store's directory should be"),
+        ("data.mdb.lmdb", "data.mdb is a directory"),
+        ("lock.mdb.lmdb", "lock.mdb is a directory"),
+    ):
+        with pytest.raises(CorruptMetadataError, match=why):
+            fs.open_store(str(tmp_path / bad), readonly=readonly)
+    real = str(tmp_path / "real.lmdb")
+    writer = fs.open_store(real)
+    writer.put({"k": b"v"})
+    writer.close()
+    os.symlink(real, tmp_path / "link.lmdb")
+    store = fs.open_store(str(tmp_path / "link.lmdb"), readonly=readonly)
+    try:
+        assert store.get("k") == b"v"
+    finally:
+        store.close()

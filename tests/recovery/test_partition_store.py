@@ -108,6 +108,9 @@ class _FailingStore:
     def keys(self, prefix: str) -> list[str]:
         return self._inner.keys(prefix)
 
+    def items(self, prefix: str) -> list[tuple[str, bytes]]:
+        return self._inner.items(prefix)
+
     def put(self, values: Mapping[str, bytes]) -> None:
         self._check()
         self._inner.put(values)
