@@ -84,7 +84,11 @@ class PartitionStore:
         # locks (oncelog.threads): the torture harness interleaves threads through it too.
         self._lock = threads.lock()
         self._values: dict[str, bytes] | None = None  # read on first use
-        self._writer: MetadataStore | None = None  # opened by the first commit
+        self._writer: MetadataStore | None = None  # opened by a commit
+        # Held while a commit uses the writer. A plain lock, taken by an evictor (any thread,
+        # any Log, even another torture run's) only without blocking and never across I/O,
+        # so it cannot stall the harness's scheduler; a commit takes it under `_lock`.
+        self._writer_guard = threading.Lock()
 
     @property
     def path(self) -> str:
@@ -142,14 +146,16 @@ class PartitionStore:
     def put(self, values: Mapping[str, bytes]) -> None:
         with self._lock:
             current = self._loaded()
-            self._writable().put(values)
+            with self._writer_guard:
+                self._writable().put(values)
             current.update(values)
         STORE_WRITERS.committed(self)
 
     def delete(self, keys: Sequence[str]) -> None:
         with self._lock:
             current = self._loaded()
-            self._writable().delete(keys)
+            with self._writer_guard:
+                self._writable().delete(keys)
             for key in keys:
                 current.pop(key, None)
         STORE_WRITERS.committed(self)
@@ -157,7 +163,8 @@ class PartitionStore:
     def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
         with self._lock:
             current = self._loaded()
-            new = self._writable().update(key, change)
+            with self._writer_guard:
+                new = self._writable().update(key, change)
             if new is None:
                 current.pop(key, None)
             else:
@@ -167,20 +174,22 @@ class PartitionStore:
 
     def close_writer_if_idle(self) -> bool:
         """Close the writable store unless a commit is using it; whether it closed. The
-        values stay in memory, and the next commit opens the store again."""
-        if not self._lock.acquire(blocking=False):
+        values stay in memory, and the next commit opens the store again (once this close
+        is done: opens of one store take turns, recovery.fs)."""
+        if not self._writer_guard.acquire(blocking=False):
             return False
         try:
             writer, self._writer = self._writer, None
-            if writer is not None:
-                writer.close()
-            return writer is not None
         finally:
-            self._lock.release()
+            self._writer_guard.release()
+        if writer is None:
+            return False
+        writer.close()
+        return True
 
     def close(self) -> None:
         STORE_WRITERS.forget(self)
-        with self._lock:
+        with self._lock, self._writer_guard:
             writer, self._writer = self._writer, None
-            if writer is not None:
-                writer.close()
+        if writer is not None:
+            writer.close()

@@ -264,7 +264,7 @@ def test_a_store_busy_committing_is_not_closed_under_its_commit(
 ) -> None:
     busy = PartitionStore(DEFAULT_FS, str(tmp_path / "busy"))
     busy.put({"k": b"0"})
-    with busy._lock:  # as during its next commit
+    with busy._writer_guard:  # as during its next commit
         for n in range(3):
             PartitionStore(DEFAULT_FS, str(tmp_path / f"s{n}")).put({"k": b"x"})
         assert busy.is_open_for_writing  # skipped, not closed
@@ -290,3 +290,24 @@ def test_idle_partitions_that_once_committed_hold_only_their_active_segment(
     for n in range(20):
         with Log.open(tmp_path / f"t-{n}") as reopened:
             assert reopened.log_end_offset == 1
+
+
+class ForeignLock:
+    """A lock of another world (the torture harness's scheduler): no other thread may touch it."""
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        raise AssertionError("a store's commit lock was taken by another log's eviction")
+
+    def release(self) -> None:
+        raise AssertionError("released by another log's eviction")
+
+
+def test_an_eviction_never_takes_the_evicted_stores_commit_lock(
+    tmp_path: Path, two_writers: StoreWriters
+) -> None:
+    other_world = PartitionStore(DEFAULT_FS, str(tmp_path / "sim"))
+    other_world.put({"k": b"0"})
+    other_world._lock = ForeignLock()  # type: ignore[assignment]
+    for n in range(3):
+        PartitionStore(DEFAULT_FS, str(tmp_path / f"s{n}")).put({"k": b"x"})
+    assert not other_world.is_open_for_writing  # closed, through the writer's own guard only
