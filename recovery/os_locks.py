@@ -60,7 +60,11 @@ class OsDirLock:
 
 def flock_file(path: str) -> OsDirLock:
     """An exclusive `flock` on `path` (created if missing); BlockingIOError if held."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    return _flock(os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644))
+
+
+def _flock(fd: int) -> OsDirLock:
+    """An exclusive `flock` on the open `fd`, which the lock then owns (closed if refused)."""
     try:
         # flock locks the open file description, so a second open in this very
         # process conflicts too, not only another process.
@@ -154,13 +158,7 @@ class OsLockTable:
 
 
 def _flock_directory(path: str) -> OsDirLock:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BaseException:
-        os.close(fd)
-        raise
-    return OsDirLock(fd)
+    return _flock(os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)))
 
 
 def _directory_id(path: str) -> tuple[int, int]:
