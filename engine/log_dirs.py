@@ -7,7 +7,7 @@ belongs, a directory where the lock file belongs, no permission), which no retry
 fixes, and LogFailedError for an I/O failure, which reopening may.
 
 Where a partition's lock lives. A LogManager's root holds a lock table
-(PARTITION_LOCKS_FILE, `FileSystem.lock_table`): an idle partition then costs no
+(PARTITION_LOCKS_DIR, `FileSystem.lock_table`): an idle partition then costs no
 descriptor for its lock. A directory whose real parent has no table is locked by its
 own `.lock` file, as before tables existed. Every opener decides the same way
 (`lock_log_dir`), from the directory's real path (so "." and symlinks agree), so a
@@ -68,7 +68,7 @@ def lock_dir(fs: FileSystem, lock_path: str, held: str) -> DirLock:
         raise opening_failed(exc, lock_path) from exc
 
 
-PARTITION_LOCKS_FILE = ".partition-locks"
+PARTITION_LOCKS_DIR = ".partition-locks"
 LEGACY_LOCK_FILE = ".lock"
 
 
@@ -77,14 +77,23 @@ def lock_log_dir(fs: FileSystem, directory: str, held: str) -> DirLock:
     docstring); LogDirLockedError(`held`) if another holder has it."""
     # The real path: "." or a symlink must find the table an absolute path finds.
     real = os.path.realpath(directory)
-    table_path = os.path.join(os.path.dirname(real), PARTITION_LOCKS_FILE)
+    table_path = os.path.join(os.path.dirname(real), PARTITION_LOCKS_DIR)
     if not fs.exists(table_path):
         lock = _lock_file_unless_marked(fs, os.path.join(real, LEGACY_LOCK_FILE), held)
+        if lock is None and not fs.exists(table_path):
+            # Marked, yet no table beside it: reached through a bind mount (whose real path
+            # hides the root), copied out of its root, or the root's table deleted. Another
+            # opener may hold it through the real table: refuse rather than guess.
+            raise LogDirectoryError(
+                f"marked as locked through its root's {PARTITION_LOCKS_DIR}, which is not beside it "
+                f"(a bind mount, a copy, or a deleted table?); if no other process can reach it, "
+                f"remove the empty directory {LEGACY_LOCK_FILE} to open it on its own",
+                path=os.path.join(real, LEGACY_LOCK_FILE),
+            )
         if lock is not None:
             if not fs.exists(table_path):
                 return lock
             lock.release()  # a manager made its table meanwhile: lock through it, as it does
-        # Else marked for a table its parent lacks (copied out of its root): one is made here.
     try:
         table = fs.lock_table(table_path)
     except OSError as exc:
@@ -105,32 +114,37 @@ def lock_in_table(fs: FileSystem, table: LockTable, directory: str, held: str) -
     except OSError as exc:
         raise opening_failed(exc, directory) from exc
     try:
-        _mark_locked_through_table(fs, os.path.join(directory, LEGACY_LOCK_FILE), held)
+        replaced = _mark_locked_through_table(fs, os.path.join(directory, LEGACY_LOCK_FILE), held)
     except BaseException:
         lock.release()
         raise
-    return lock
+    return lock if replaced is None else _BothLocks(lock, replaced)
 
 
-def _mark_locked_through_table(fs: FileSystem, legacy: str, held: str) -> None:
-    """Make `legacy` (the directory's `.lock`) a directory, if it is not one yet.
+def _mark_locked_through_table(fs: FileSystem, legacy: str, held: str) -> DirLock | None:
+    """Make `legacy` (the directory's `.lock`) a directory, if it is not one yet; the lock
+    on the file it replaced, if it did.
 
     A file there may be held by an opener from before the table: it is locked first
     (LogDirLockedError while that holder lives). Once a directory, a release that
     knows only lock files fails on it, by name, instead of locking a file nobody else
-    looks at. Not made durable: after a crash the file may be back, and is replaced again.
+    looks at. One that opened the file before it was replaced and locks it only now
+    would get the lock of a deleted file: so the replaced file stays locked, one
+    descriptor, until this holder lets the directory go. Not made durable: after a
+    crash the file may be back, and is replaced again.
     """
     probe = _lock_file_unless_marked(fs, legacy, held)
     if probe is None:
-        return
+        return None
     try:
-        try:
-            fs.unlink(legacy)
-            fs.mkdir(legacy)
-        except OSError as exc:
-            raise opening_failed(exc, legacy) from exc
-    finally:
+        fs.unlink(legacy)
+        fs.mkdir(legacy)
+    except BaseException as exc:
         probe.release()
+        if unnamed_os_error(exc):
+            raise opening_failed(exc, legacy) from exc
+        raise
+    return probe
 
 
 def _lock_file_unless_marked(fs: FileSystem, path: str, held: str) -> DirLock | None:
@@ -144,6 +158,20 @@ def _lock_file_unless_marked(fs: FileSystem, path: str, held: str) -> DirLock | 
         raise LogDirLockedError(held) from None
     except OSError as exc:
         raise opening_failed(exc, path) from exc
+
+
+class _BothLocks:
+    """The directory's lock through its table, and the lock on the `.lock` file it replaced."""
+
+    def __init__(self, lock: DirLock, replaced: DirLock):
+        self._lock = lock
+        self._replaced = replaced
+
+    def release(self) -> None:
+        try:
+            self._lock.release()
+        finally:
+            self._replaced.release()
 
 
 class _TableOwnedLock:

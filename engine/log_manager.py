@@ -52,7 +52,7 @@ from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_to
 from oncelog.lock_wait import wait_while_locked
 from oncelog.log import LOCK_FILE, Log, take_clean_marker
 from oncelog.log_dirs import (
-    PARTITION_LOCKS_FILE,
+    PARTITION_LOCKS_DIR,
     create_dir,
     lock_dir,
     lock_in_table,
@@ -380,7 +380,7 @@ class LogManager:
         producer_ids: ProducerIdManager | None = None
         try:
             # Before any partition is locked: from here on, openers lock through it.
-            lock_table = fs.lock_table(os.path.join(directory, PARTITION_LOCKS_FILE))
+            lock_table = fs.lock_table(os.path.join(directory, PARTITION_LOCKS_DIR), every_shard=True)
             store_path = os.path.join(directory, ROOT_METADATA_DIR)
             store_missing = _store_missing(fs, store_path)
             if store_missing:

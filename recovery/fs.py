@@ -125,8 +125,9 @@ class FileSystem(SegmentFileSystem, Protocol):
         """Take an exclusive lock on the file `path`; BlockingIOError if already held."""
         ...
 
-    def lock_table(self, path: str) -> LockTable:
-        """Open (creating) the lock table file `path`: locks on many directories, one descriptor."""
+    def lock_table(self, path: str, *, every_shard: bool = False) -> LockTable:
+        """Open (creating) the lock table directory `path`: locks on many directories
+        through a few descriptors, all of them opened now if `every_shard` (os_locks)."""
         ...
 
     def listdir(self, path: str) -> list[str]: ...
@@ -299,7 +300,9 @@ class _OpenEnvironments:
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
-        self._open: set[object] = set()
+        # Opens under way or held, per store: counted, so a turn that timed out (and meets
+        # LMDB's refusal) leaves the one still open counted when it leaves.
+        self._open: dict[object, int] = {}
 
     def enter(self, path: str) -> object:
         # The directory's identity, as py-lmdb's guard keys on its files': one stat, where
@@ -314,16 +317,26 @@ class _OpenEnvironments:
         with self._changed:
             while key in self._open and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(left)
-            self._open.add(key)  # (if still open, LMDB's own refusal names the store)
+            self._open[key] = self._open.get(key, 0) + 1  # (if still open, LMDB's refusal names it)
         return key
 
     def leave(self, key: object) -> None:
         with self._changed:
-            self._open.discard(key)
+            left = self._open.get(key, 0) - 1
+            if left > 0:
+                self._open[key] = left
+            else:
+                self._open.pop(key, None)
             self._changed.notify_all()
+
+    def reset_after_fork(self) -> None:
+        # The child's turns start afresh: a parent thread may have held the condition.
+        self._changed = threading.Condition()
+        self._open = {}
 
 
 _ENVIRONMENTS = _OpenEnvironments()
+os.register_at_fork(after_in_child=_ENVIRONMENTS.reset_after_fork)
 
 
 class LmdbStore:
@@ -651,8 +664,8 @@ class OsFileSystem:
     def lock(self, path: str) -> DirLock:
         return flock_file(path)
 
-    def lock_table(self, path: str) -> LockTable:
-        return OsLockTable(path)
+    def lock_table(self, path: str, *, every_shard: bool = False) -> LockTable:
+        return OsLockTable(path, every_shard=every_shard)
 
     def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
         flags = os.O_RDWR if writable else os.O_RDONLY
@@ -779,8 +792,8 @@ class DelegatingFileSystem:
     def lock(self, path: str) -> DirLock:
         return self.inner.lock(path)
 
-    def lock_table(self, path: str) -> LockTable:
-        return self.inner.lock_table(path)
+    def lock_table(self, path: str, *, every_shard: bool = False) -> LockTable:
+        return self.inner.lock_table(path, every_shard=every_shard)
 
     def exists(self, path: str) -> bool:
         return self.inner.exists(path)
@@ -828,7 +841,7 @@ class ReadOnlyFileSystem(DelegatingFileSystem):
     def lock(self, path: str) -> DirLock:
         raise read_only_error("lock", path)
 
-    def lock_table(self, path: str) -> LockTable:
+    def lock_table(self, path: str, *, every_shard: bool = False) -> LockTable:
         raise read_only_error("lock_table", path)
 
     def mkdir(self, path: str) -> None:

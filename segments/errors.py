@@ -6,6 +6,8 @@ segments import nothing else of oncelog; `oncelog.errors` re-exports them with t
 
 from __future__ import annotations
 
+import errno
+
 
 class OncelogError(Exception):
     """Base class of every error oncelog raises on purpose."""
@@ -52,6 +54,14 @@ class CorruptLogError(OncelogError):
 
 
 class TooManyOpenFilesError(OncelogError, OSError):
-    """A sealed segment could not be reopened for a read: the process is at its open-files
-    limit (EMFILE) or the system at its own (ENFILE). Nothing in the log changed; the read
-    may succeed once descriptors are closed. An OSError too, with the errno and the path."""
+    """A sealed segment's file could not be reopened for a read: the process is at its
+    open-files limit (EMFILE) or the system at its own (ENFILE). The read changed nothing
+    and may succeed once descriptors are closed. An OSError too, with the errno and the path."""
+
+
+def out_of_descriptors(exc: OSError, what: str, path: str) -> OSError:
+    """TooManyOpenFilesError for `exc` if it is EMFILE or ENFILE (`what` failed at `path`);
+    else `exc` itself."""
+    if exc.errno not in (errno.EMFILE, errno.ENFILE) or isinstance(exc, TooManyOpenFilesError):
+        return exc
+    return TooManyOpenFilesError(exc.errno, f"{what}: {exc.strerror or exc}", path)

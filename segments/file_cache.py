@@ -21,7 +21,6 @@ file may be in use by another thread (its owner's lock is not the evicting threa
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import resource
 import threading
@@ -29,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Final
 
-from oncelog.segments.errors import TooManyOpenFilesError
+from oncelog.segments.errors import out_of_descriptors
 from oncelog.segments.files import Buffer, FileHandle, MappedRegion, SegmentFileSystem
 
 # The share of the open-files limit the cache may take by default: the rest is for the
@@ -96,10 +95,10 @@ class FileCache:
         try:
             opened = file._fs.open(file.path, writable=file.writable)
         except OSError as exc:
-            if exc.errno not in (errno.EMFILE, errno.ENFILE) or isinstance(exc, TooManyOpenFilesError):
+            named = out_of_descriptors(exc, "reopening a sealed segment", file.path)
+            if named is exc:
                 raise
-            reason = f"reopening a sealed segment: {exc.strerror or exc}"
-            raise TooManyOpenFilesError(exc.errno, reason, file.path) from exc
+            raise named from exc
         spare: FileHandle | None = None
         with self._lock:
             handle = file._handle

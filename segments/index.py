@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from oncelog.segments import cursor as cur
+from oncelog.segments.errors import out_of_descriptors
 from oncelog.segments.files import FileHandle, MappedRegion, SegmentFileSystem
 from oncelog.segments.reservation import next_reservation
 
@@ -95,7 +96,13 @@ class _MappedIndex:
     @contextlib.contextmanager
     def _opened(self, *, create: bool = False) -> Iterator[FileHandle]:
         """The index file, open only for the change being made."""
-        handle = self._fs.open(self.path, create=create)
+        try:
+            handle = self._fs.open(self.path, create=create)
+        except OSError as exc:
+            named = out_of_descriptors(exc, "reopening an index", self.path)
+            if named is exc:
+                raise
+            raise named from exc
         try:
             yield handle
         finally:

@@ -30,7 +30,7 @@ from oncelog.config import LogConfig
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from oncelog.layout import parse_partition_dir_name
 from oncelog.log import Log
-from oncelog.log_dirs import PARTITION_LOCKS_FILE
+from oncelog.log_dirs import PARTITION_LOCKS_DIR
 from oncelog.log_manager import ROOT_LOCK_FILE, ROOT_METADATA_DIR, LogManager
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.results import Isolation
@@ -115,7 +115,7 @@ def _child(data_dir: str, seed: int) -> None:
 # What a demo run leaves in its data directory, and nothing else may be there.
 _DEMO_ROOT_ENTRIES = {
     ROOT_LOCK_FILE,
-    PARTITION_LOCKS_FILE,
+    PARTITION_LOCKS_DIR,
     ROOT_METADATA_DIR,
     producer_ids.LOCK_FILE,
     producer_ids.STORE_DIR,

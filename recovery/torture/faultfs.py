@@ -564,8 +564,8 @@ class FaultFileSystem:
         self.open(path, create=True).close()  # the lock file exists, as with flock
         return self._take_lock(_norm(path), path)
 
-    def lock_table(self, path: str) -> LockTable:
-        self.open(path, create=True).close()  # the table file exists, as on the OS
+    def lock_table(self, path: str, *, every_shard: bool = False) -> LockTable:
+        self.mkdir(path)  # the table's directory exists, as on the OS
         return FaultLockTable(self, path)
 
     def _take_lock(self, key: str, path: str) -> FaultLock:

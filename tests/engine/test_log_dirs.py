@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -10,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from oncelog import LogConfig, LogDirLockedError
+from oncelog import LogConfig, LogDirectoryError, LogDirLockedError, encode_batch
 from oncelog.log import Log
-from oncelog.log_dirs import LEGACY_LOCK_FILE, PARTITION_LOCKS_FILE, lock_log_dir
+from oncelog.log_dirs import LEGACY_LOCK_FILE, PARTITION_LOCKS_DIR, lock_log_dir
 from oncelog.log_manager import LogManager, PartitionRecoveryError
 from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, DirLock, LockTable
 from oncelog.recovery.torture.faultfs import FaultFileSystem
@@ -37,14 +39,14 @@ def test_a_log_outside_a_root_is_locked_by_its_own_lock_file(tmp_path: Path) -> 
         assert not legacy_lock_is_free(tmp_path / "log")
         with pytest.raises(LogDirLockedError):
             Log.open(tmp_path / "log", CONFIG)
-    assert not (tmp_path / PARTITION_LOCKS_FILE).exists()  # nothing made beside the log
+    assert not (tmp_path / PARTITION_LOCKS_DIR).exists()  # nothing made beside the log
     assert legacy_lock_is_free(tmp_path / "log")
 
 
 def test_a_managed_partition_is_locked_through_the_roots_table_and_marked(tmp_path: Path) -> None:
     with open_manager(tmp_path) as manager:
         manager.log("t", 0)
-        assert (tmp_path / PARTITION_LOCKS_FILE).is_file()
+        assert (tmp_path / PARTITION_LOCKS_DIR).is_dir()
         assert (tmp_path / "t-0" / LEGACY_LOCK_FILE).is_dir()  # the mark
         with pytest.raises(LogDirLockedError, match="t-0"):
             Log.open(tmp_path / "t-0", CONFIG)  # a Spark task's open, in this very process
@@ -191,7 +193,7 @@ class TableMadeWhileLocking(DelegatingFileSystem):
     def lock(self, path: str) -> DirLock:
         held = super().lock(path)
         if self.manager_table is None:
-            self.manager_table = DEFAULT_FS.lock_table(str(self.root / PARTITION_LOCKS_FILE))
+            self.manager_table = DEFAULT_FS.lock_table(str(self.root / PARTITION_LOCKS_DIR))
             if self.manager_locks:
                 self.manager_table.lock(os.path.dirname(path))
         return held
@@ -212,7 +214,7 @@ def test_an_opener_moved_to_the_table_holds_the_directory_there(tmp_path: Path) 
     racing = TableMadeWhileLocking(tmp_path, manager_locks=False)
     with Log.open(tmp_path / "t-0", CONFIG, fs=racing):
         assert (tmp_path / "t-0" / LEGACY_LOCK_FILE).is_dir()
-        table = DEFAULT_FS.lock_table(str(tmp_path / PARTITION_LOCKS_FILE))
+        table = DEFAULT_FS.lock_table(str(tmp_path / PARTITION_LOCKS_DIR))
         with pytest.raises(BlockingIOError):
             table.lock(str(tmp_path / "t-0"))
         table.close()
@@ -223,7 +225,7 @@ def test_an_opener_moved_to_the_table_holds_the_directory_there(tmp_path: Path) 
 def test_the_fault_twin_keeps_directory_locks_as_the_os_does() -> None:
     fs = FaultFileSystem(1)
     fs.mkdir("/root/t-0")
-    table = fs.lock_table("/root/" + PARTITION_LOCKS_FILE)
+    table = fs.lock_table("/root/" + PARTITION_LOCKS_DIR)
     held = lock_log_dir(fs, "/root/t-0", "busy")
     with pytest.raises(BlockingIOError):
         table.lock("/root/t-0")
@@ -238,7 +240,40 @@ def test_the_fault_twin_keeps_directory_locks_as_the_os_does() -> None:
         table.lock("/root/t-0")
     lock_log_dir(fs, "/root/t-0", "busy").release()
     mine.release()  # after the close: nothing, and nobody else's lock dropped
-    assert fs.listdir("/root") == [PARTITION_LOCKS_FILE, "t-0"]
+    assert fs.listdir("/root") == [PARTITION_LOCKS_DIR, "t-0"]
     assert fs.listdir("/root/t-0") == [LEGACY_LOCK_FILE]
     with pytest.raises(IsADirectoryError):
         fs.lock("/root/t-0/" + LEGACY_LOCK_FILE)  # the mark, as on the OS
+
+
+def test_a_marked_partition_with_no_table_beside_it_is_refused_by_name(tmp_path: Path) -> None:
+    """Through a bind mount, or copied out of its root: another opener may hold it through
+    the real table, so nothing is guessed."""
+    with open_manager(tmp_path / "root") as manager:
+        manager.log("t", 0).append(encode_batch([(b"k", b"v")]))
+    shutil.copytree(tmp_path / "root" / "t-0", tmp_path / "copy" / "t-0")
+    with pytest.raises(LogDirectoryError, match="remove the empty directory") as raised:
+        Log.open(tmp_path / "copy" / "t-0", CONFIG)
+    assert raised.value.path == str(tmp_path / "copy" / "t-0" / LEGACY_LOCK_FILE)
+    assert not (tmp_path / "copy" / PARTITION_LOCKS_DIR).exists()  # no table made beside it
+    (tmp_path / "copy" / "t-0" / LEGACY_LOCK_FILE).rmdir()  # the operator's answer
+    with Log.open(tmp_path / "copy" / "t-0", CONFIG) as log:
+        assert log.log_end_offset == 1
+
+
+def test_the_lock_file_a_mark_replaced_stays_locked_until_the_directory_is_let_go(tmp_path: Path) -> None:
+    """An older opener that opened `.lock` just before it was replaced, and flocks it only
+    now, must not get the lock of the deleted file while the manager holds the partition."""
+    open_manager(tmp_path).close()
+    (tmp_path / "t-0").mkdir()
+    old_file = tmp_path / "t-0" / LEGACY_LOCK_FILE
+    old_file.write_bytes(b"")
+    late_opener = os.open(old_file, os.O_RDWR)  # opened before the replacement
+    try:
+        with open_manager(tmp_path):
+            assert old_file.is_dir()
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(late_opener, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(late_opener, fcntl.LOCK_EX | fcntl.LOCK_NB)  # after: only a deleted file's
+    finally:
+        os.close(late_opener)

@@ -39,7 +39,7 @@ from oncelog import (
 from oncelog import log_manager as log_manager_module
 from oncelog.cli.main import main as cli_main
 from oncelog.log import CLEAN_SHUTDOWN_FILE, LOCK_FILE, take_clean_marker
-from oncelog.log_dirs import lock_log_dir
+from oncelog.log_dirs import PARTITION_LOCKS_DIR, lock_log_dir
 from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR, read_root_config, read_topic_config
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, MetadataStore
@@ -84,7 +84,8 @@ class TestPartitions:
             manager.log("orders", 1)
             manager.log("pay-ments.v2", 7)
         names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
-        assert [n for n in names if not n.endswith(".lmdb")] == ["orders-0", "orders-1", "pay-ments.v2-7"]
+        partitions = [n for n in names if not n.endswith(".lmdb") and n != PARTITION_LOCKS_DIR]
+        assert partitions == ["orders-0", "orders-1", "pay-ments.v2-7"]
 
     def test_reopen_finds_every_partition_with_its_data_and_producer_state(self, tmp_path: Path) -> None:
         with open_manager(tmp_path) as manager:

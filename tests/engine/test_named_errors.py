@@ -35,7 +35,7 @@ from oncelog import (
     encode_batch,
 )
 from oncelog.log import CLEAN_SHUTDOWN_FILE, METADATA_DIR, Log
-from oncelog.log_dirs import PARTITION_LOCKS_FILE
+from oncelog.log_dirs import PARTITION_LOCKS_DIR
 from oncelog.log_manager import ROOT_LOCK_FILE, ROOT_METADATA_DIR, read_topic_config
 from oncelog.producer_ids import BLOCK_END_KEY, STORE_DIR
 from oncelog.recovery.checkpoint import LOG_START_KEY
@@ -164,16 +164,16 @@ def test_a_partition_lock_file_that_is_a_socket_fails_that_partition_by_name(tmp
     assert raised.value.path == str(log_dir / ".lock")
 
 
-def test_a_partition_lock_table_that_is_a_directory_fails_the_root_by_name(tmp_path: Path) -> None:
+def test_a_partition_lock_table_that_is_a_file_fails_the_root_by_name(tmp_path: Path) -> None:
     make_root(tmp_path)
-    os.unlink(tmp_path / PARTITION_LOCKS_FILE)
-    os.mkdir(tmp_path / PARTITION_LOCKS_FILE)
+    shutil.rmtree(tmp_path / PARTITION_LOCKS_DIR)
+    (tmp_path / PARTITION_LOCKS_DIR).write_bytes(b"")
     with pytest.raises(LogDirectoryError) as raised:
         LogManager.open(tmp_path, progress=False)
-    assert raised.value.path == str(tmp_path / PARTITION_LOCKS_FILE)
+    assert raised.value.path == str(tmp_path / PARTITION_LOCKS_DIR)
     with pytest.raises(LogDirectoryError) as raised:
         Log.open(tmp_path / "orders-0")
-    assert raised.value.path == str(tmp_path / PARTITION_LOCKS_FILE)
+    assert raised.value.path == str(tmp_path / PARTITION_LOCKS_DIR)
 
 
 def test_garbage_values_in_the_producer_id_store_are_corrupt_metadata(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,18 +23,38 @@ def descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_many_directories_lock_through_one_descriptor(tmp_path: Path) -> None:
-    directories = [tmp_path / f"t-{n}" for n in range(200)]
+def test_many_directories_lock_through_a_few_descriptors(tmp_path: Path) -> None:
+    directories = [tmp_path / f"t-{n}" for n in range(300)]
     for directory in directories:
         directory.mkdir()
     before = descriptors()
-    table = OsLockTable(str(tmp_path / "table"))
+    table = OsLockTable(str(tmp_path / "table"), every_shard=True)
+    assert descriptors() == before + os_locks.SHARDS  # a fixed cost, opened up front
     locks = [table.lock(str(directory)) for directory in directories]
-    assert descriptors() == before + 1
+    assert descriptors() == before + os_locks.SHARDS
     for lock in locks:
         lock.release()
     table.close()
     assert descriptors() == before
+
+
+def test_a_directory_is_locked_at_its_inode_in_its_inodes_shard(tmp_path: Path) -> None:
+    """The layout every opener (another process, another release) must agree on."""
+    (tmp_path / "d").mkdir()
+    table = OsLockTable(str(tmp_path / "table"))
+    table.lock(str(tmp_path / "d"))
+    inode = os.stat(tmp_path / "d").st_ino
+    shard = tmp_path / "table" / f"{inode % os_locks.SHARDS:02x}"
+    assert sorted(os.listdir(tmp_path / "table")) == [shard.name]  # only the shard it needed
+    fd = os.open(shard, os.O_RDWR)
+    try:
+        query = os_locks._FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        found = os_locks._FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_OFD_GETLK, query))
+    finally:
+        os.close(fd)
+    lock_type, _, start, length, _ = found
+    assert (lock_type, start, length) == (fcntl.F_WRLCK, inode, 1)
+    table.close()
 
 
 def test_a_second_table_in_this_process_finds_the_directory_locked(tmp_path: Path) -> None:
@@ -65,8 +87,9 @@ def test_closing_another_descriptor_of_the_table_file_keeps_the_locks(tmp_path: 
     path = str(tmp_path / "table")
     holder = OsLockTable(path)
     holder.lock(str(tmp_path / "d"))
-    os.close(os.open(path, os.O_RDONLY))
-    OsLockTable(path).close()
+    shard = os.path.join(path, f"{os.stat(tmp_path / 'd').st_ino % os_locks.SHARDS:02x}")
+    os.close(os.open(shard, os.O_RDONLY))
+    OsLockTable(path, every_shard=True).close()
     other = OsLockTable(path)
     with pytest.raises(BlockingIOError):
         other.lock(str(tmp_path / "d"))
@@ -180,7 +203,7 @@ def test_a_directory_on_another_filesystem_is_locked_by_its_own_descriptor(tmp_p
         first.close()
         second.close()
     finally:
-        table_path.unlink()
+        shutil.rmtree(table_path)
 
 
 def test_a_table_inherited_through_fork_leaves_the_parents_locks_alone(tmp_path: Path) -> None:

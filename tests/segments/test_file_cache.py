@@ -277,18 +277,25 @@ def test_rolls_and_reads_of_every_segment_leave_a_few_mappings_not_one_per_segme
 
 
 class RefusingOpens(DelegatingFileSystem):
-    """Every open of a `.log` file fails as at the open-files limit while `full` is set."""
+    """Every open of a file ending in `suffix` fails as at the open-files limit while `full` is set."""
 
     full = False
 
+    def __init__(self, suffix: str):
+        super().__init__()
+        self.suffix = suffix
+
     def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
-        if self.full and path.endswith(".log"):
+        if self.full and path.endswith(self.suffix):
             raise OSError(errno.EMFILE, "Too many open files", path)
         return super().open(path, create=create, writable=writable)
 
 
-def test_a_read_at_the_open_files_limit_names_the_segment_and_leaves_the_log_serving(tmp_path: Path) -> None:
-    fs = RefusingOpens()
+@pytest.mark.parametrize("suffix", [".log", ".index"])
+def test_a_read_at_the_open_files_limit_names_the_file_and_leaves_the_log_serving(
+    tmp_path: Path, suffix: str
+) -> None:
+    fs = RefusingOpens(suffix)
     log = Log.open(tmp_path / "t-0", LogConfig(), fs=fs, clock=lambda: T0)
     log.append(encode_batch([(b"k", b"first")], timestamp_ms=T0))
     log.roll()
@@ -300,7 +307,7 @@ def test_a_read_at_the_open_files_limit_names_the_segment_and_leaves_the_log_ser
     with pytest.raises(TooManyOpenFilesError) as raised:
         log.read(0, 1 << 20)
     assert raised.value.errno == errno.EMFILE
-    assert raised.value.filename == str(tmp_path / "t-0" / "00000000000000000000.log")
+    assert raised.value.filename == str(tmp_path / "t-0" / f"00000000000000000000{suffix}")
     assert isinstance(raised.value, OSError)  # callers that catch OSError still do
     log.append(encode_batch([(b"k", b"third")], timestamp_ms=T0))  # the log did not fail
     fs.full = False
