@@ -25,6 +25,7 @@ import stat
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol, TypeVar
 
@@ -300,9 +301,7 @@ class _OpenEnvironments:
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
-        # Opens under way or held, per store: counted, so a turn that timed out (and meets
-        # LMDB's refusal) leaves the one still open counted when it leaves.
-        self._open: dict[object, int] = {}
+        self._open: set[object] = set()
 
     def enter(self, path: str) -> object:
         # The directory's identity, as py-lmdb's guard keys on its files': one stat, where
@@ -317,22 +316,18 @@ class _OpenEnvironments:
         with self._changed:
             while key in self._open and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(left)
-            self._open[key] = self._open.get(key, 0) + 1  # (if still open, LMDB's refusal names it)
+            self._open.add(key)  # (if still open, LMDB's own refusal names the store)
         return key
 
     def leave(self, key: object) -> None:
         with self._changed:
-            left = self._open.get(key, 0) - 1
-            if left > 0:
-                self._open[key] = left
-            else:
-                self._open.pop(key, None)
+            self._open.discard(key)
             self._changed.notify_all()
 
     def reset_after_fork(self) -> None:
         # The child's turns start afresh: a parent thread may have held the condition.
         self._changed = threading.Condition()
-        self._open = {}
+        self._open = set()
 
 
 _ENVIRONMENTS = _OpenEnvironments()
@@ -365,18 +360,15 @@ class LmdbStore:
         # Growing the map needs no transaction open in this process: every one takes this.
         self._txn_lock = threading.Lock()
         self._create_dir(path)  # first: its turn is then keyed on the directory it opens
-        self._turn: object | None = _ENVIRONMENTS.enter(path)
+        # Its turn ends at close, or when the store is dropped unclosed (its environment
+        # closes with it): a leaked store must not hold every later open of it waiting.
+        self._leave = weakref.finalize(self, _ENVIRONMENTS.leave, _ENVIRONMENTS.enter(path))
         try:
             with _lmdb_errors(path):
                 self._env = self._open_env(path)
         except BaseException:
             self._leave()
             raise
-
-    def _leave(self) -> None:
-        turn, self._turn = self._turn, None
-        if turn is not None:
-            _ENVIRONMENTS.leave(turn)
 
     def _create_dir(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)

@@ -18,7 +18,6 @@ from oncelog.recovery.fs import (
     LmdbStore,
     OsFileSystem,
     ReadOnlyFileSystem,
-    _OpenEnvironments,
 )
 
 
@@ -371,17 +370,3 @@ def test_what_is_not_a_store_is_refused_by_name_and_a_link_to_one_opens(
         assert store.get("k") == b"v"
     finally:
         store.close()
-
-
-def test_a_turn_that_timed_out_leaves_the_store_still_open_counted(tmp_path: Path) -> None:
-    """Opens of one LMDB store take turns; one that gave up waiting (and met LMDB's refusal)
-    must not, when it leaves, free the turn of the open still holding the store."""
-    turns = _OpenEnvironments()
-    turns.TURN_WAIT_S = 0.0
-    store = str(tmp_path)
-    held = turns.enter(store)
-    gave_up = turns.enter(store)  # no wait left: goes on to LMDB, which refuses
-    turns.leave(gave_up)
-    assert held in turns._open  # the first open still holds its turn
-    turns.leave(held)
-    assert held not in turns._open
