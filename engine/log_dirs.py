@@ -133,6 +133,14 @@ def _mark_locked_through_table(fs: FileSystem, legacy: str, held: str) -> DirLoc
     descriptor, until this holder lets the directory go. Not made durable: after a
     crash the file may be back, and is replaced again.
     """
+    if not fs.exists(legacy):
+        try:
+            fs.mkdir(legacy)
+            return None
+        except FileExistsError:
+            pass  # an older opener made its lock file meanwhile: lock it first, as below
+        except OSError as exc:
+            raise opening_failed(exc, legacy) from exc
     probe = _lock_file_unless_marked(fs, legacy, held)
     if probe is None:
         return None

@@ -63,6 +63,7 @@ from oncelog.bench.harness import (
 )
 from oncelog.config import LogConfig
 from oncelog.log import Log
+from oncelog.log_dirs import LEGACY_LOCK_FILE
 from oncelog.log_manager import LogManager, default_recovery_threads
 from oncelog.recovery.snapshot import SNAPSHOT_SUFFIX
 from oncelog.segments.batch import encode_batch
@@ -297,6 +298,10 @@ class PartitionImage:
             if relative != ".":
                 directories.append(relative)
             for name in sorted(files):
+                if relative == "." and name == LEGACY_LOCK_FILE:
+                    # The lock file of the Log that wrote the image (outside a root): a managed
+                    # partition has none, its mark (a directory) is made at its first lock.
+                    continue
                 if relative == "." and name in read_only:
                     linked.append(name)
                     continue
