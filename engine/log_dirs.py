@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from typing import TypeGuard
 
 from oncelog.errors import LogDirectoryError, LogDirLockedError, LogFailedError, OncelogError
@@ -99,7 +100,7 @@ def lock_log_dir(fs: FileSystem, directory: str, held: str) -> DirLock:
     except OSError as exc:
         raise opening_failed(exc, table_path) from exc
     try:
-        return _TableOwnedLock(lock_in_table(fs, table, real, held), table)
+        return _ThenAlso(lock_in_table(fs, table, real, held), table.close)
     except BaseException:
         table.close()
         raise
@@ -118,7 +119,7 @@ def lock_in_table(fs: FileSystem, table: LockTable, directory: str, held: str) -
     except BaseException:
         lock.release()
         raise
-    return lock if replaced is None else _BothLocks(lock, replaced)
+    return lock if replaced is None else _ThenAlso(lock, replaced.release)
 
 
 def _mark_locked_through_table(fs: FileSystem, legacy: str, held: str) -> DirLock | None:
@@ -168,32 +169,19 @@ def _lock_file_unless_marked(fs: FileSystem, path: str, held: str) -> DirLock | 
         raise opening_failed(exc, path) from exc
 
 
-class _BothLocks:
-    """The directory's lock through its table, and the lock on the `.lock` file it replaced."""
+class _ThenAlso:
+    """A lock whose release also runs `then` (even if the release fails): the lock on a
+    `.lock` file the mark replaced, or closing a table opened for this lock alone."""
 
-    def __init__(self, lock: DirLock, replaced: DirLock):
+    def __init__(self, lock: DirLock, then: Callable[[], object]):
         self._lock = lock
-        self._replaced = replaced
+        self._then = then
 
     def release(self) -> None:
         try:
             self._lock.release()
         finally:
-            self._replaced.release()
-
-
-class _TableOwnedLock:
-    """A lock through a table opened for it alone: releasing it closes the table."""
-
-    def __init__(self, lock: DirLock, table: LockTable):
-        self._lock = lock
-        self._table = table
-
-    def release(self) -> None:
-        try:
-            self._lock.release()
-        finally:
-            self._table.close()
+            self._then()
 
 
 def unnamed_os_error(exc: BaseException) -> TypeGuard[OSError]:

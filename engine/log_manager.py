@@ -252,6 +252,36 @@ def _open_producer_ids(root: str, fs: FileSystem, clock: Clock | None, timeout_s
     )
 
 
+class _OpensInFlight:
+    """The partition opens running in any thread, so that an interrupted open of the root
+    waits for exactly them (their logs must be among those it closes) and starts no more."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._running = 0
+        self._stopped = False
+
+    def run(self, open_one: Callable[[TopicPartition], None], tp: TopicPartition) -> bool:
+        """Open `tp` unless stopped; whether it ran (its error, if any, is raised)."""
+        with self._changed:
+            if self._stopped:
+                return False
+            self._running += 1
+        try:
+            open_one(tp)
+        finally:
+            with self._changed:
+                self._running -= 1
+                self._changed.notify_all()
+        return True
+
+    def stop_and_wait(self) -> None:
+        with self._changed:
+            self._stopped = True
+            while self._running:
+                self._changed.wait()
+
+
 @contextlib.contextmanager
 def _collections_paused() -> Iterator[None]:
     """No cyclic garbage collection while partitions load: a load makes thousands of objects
@@ -378,6 +408,7 @@ class LogManager:
         lock_table: LockTable | None = None
         store: MetadataStore | None = None
         producer_ids: ProducerIdManager | None = None
+        manager: LogManager | None = None
         try:
             # Before any partition is locked: from here on, openers lock through it.
             lock_table = fs.lock_table(os.path.join(directory, PARTITION_LOCKS_DIR), every_shard=True)
@@ -407,6 +438,8 @@ class LogManager:
             manager._recover_all(progress)
         except BaseException as exc:
             releases: list[Callable[[], object]] = []
+            if manager is not None:  # interrupted after its partitions opened: close them
+                releases.append(lambda: manager._close_logs(manager._logs))
             if producer_ids is not None:
                 releases.append(producer_ids.close)
             if store is not None:
@@ -717,7 +750,19 @@ class LogManager:
                 self._open_partitions(partitions, clean, open_one, failures)
             if failures:
                 raise PartitionRecoveryError(self.root, failures)
+            # In the try: a Ctrl-C that lands only now (its handler runs when this thread
+            # next gets the CPU, perhaps after the last open) still closes every log.
+            reports: dict[TopicPartition, RecoveryReport] = {
+                tp: log.recovery_report for tp, log in opened.items()
+            }
+            self.recovery_summary = RecoverySummary.of(
+                reports, time.perf_counter() - started, self.recovery_threads
+            )
+            self._logs = opened
+            self._partition_locks = locks
         except BaseException as exc:
+            self._logs = {}
+            self._partition_locks = {}
             for tp, error in sorted(self._close_logs(opened).items()):
                 exc.add_note(
                     f"closing {tp} after the failed open also failed: {type(error).__name__}: {error}"
@@ -725,14 +770,6 @@ class LogManager:
             unopened = [lock.release for tp, lock in locks.items() if tp not in handed_over]
             _release_after_failure(exc, unopened)
             raise
-        self._logs = opened
-        self._partition_locks = locks
-        reports: dict[TopicPartition, RecoveryReport] = {
-            tp: log.recovery_report for tp, log in opened.items()
-        }
-        self.recovery_summary = RecoverySummary.of(
-            reports, time.perf_counter() - started, self.recovery_threads
-        )
 
     def _open_partitions(
         self,
@@ -749,15 +786,14 @@ class LogManager:
         of the pool's threads, beside the unclean ones. Interrupted (Ctrl-C): no more opens
         start, and the running ones finish so that their logs are among those closed.
         """
-        stop = threading.Event()
+        opens = _OpensInFlight()
 
         def open_in_turn(tps: list[TopicPartition]) -> dict[TopicPartition, BaseException]:
             errors: dict[TopicPartition, BaseException] = {}
             for tp in tps:
-                if stop.is_set():
-                    break
                 try:
-                    open_one(tp)
+                    if not opens.run(open_one, tp):
+                        break  # interrupted: no more opens start
                 except BaseException as exc:  # as a future would: every partition is tried
                     errors[tp] = exc
             return errors
@@ -765,15 +801,17 @@ class LogManager:
         pool = ThreadPoolExecutor(self.recovery_threads, thread_name_prefix="oncelog-recovery")
         try:
             in_turn = pool.submit(open_in_turn, [tp for tp in partitions if clean[tp]])
-            futures = {tp: pool.submit(open_one, tp) for tp in partitions if not clean[tp]}
+            futures = {tp: pool.submit(opens.run, open_one, tp) for tp in partitions if not clean[tp]}
             for tp, future in futures.items():
                 open_error = future.exception()
                 if open_error is not None:
                     failures[tp] = open_error
             failures.update(in_turn.result())
         finally:
-            stop.set()
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
+            # Not the pool's join: a Ctrl-C inside `submit` (a worker starting) leaves it
+            # a thread it does not know, which may be opening a partition right now.
+            opens.stop_and_wait()
 
     def _lock_partitions(
         self,

@@ -656,10 +656,14 @@ class TestFailedOpen:
         assert main_thread is not None
         t1 = str(tmp_path / "t-1")
 
+        interrupted: list[str] = []
+
         class Interrupting(DelegatingFileSystem):
             def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
-                if path.startswith(t1 + os.sep):
-                    signal.pthread_kill(main_thread, signal.SIGINT)  # Ctrl-C while t-1 loads
+                # Once, while t-1 loads (its close may open the store again: no second Ctrl-C).
+                if path.startswith(t1 + os.sep) and not interrupted:
+                    interrupted.append(path)
+                    signal.pthread_kill(main_thread, signal.SIGINT)
                     time.sleep(0.2)
                 return super().open_store(path, readonly=readonly)
 
