@@ -48,6 +48,13 @@ from oncelog.recovery.checkpoint import (
     write_offsets,
     write_recovery_point,
 )
+from oncelog.recovery.clean_marker import (
+    CleanMarker,
+    StoreCopy,
+    store_copy_if_current,
+    take_clean_marker,
+    write_clean_marker,
+)
 from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore
 from oncelog.recovery.loader import LoadedLog, LogLoader, RecoveryReport
 from oncelog.recovery.partition_store import PartitionStore
@@ -67,21 +74,7 @@ T = TypeVar("T")
 _new_result = tuple.__new__
 
 LOCK_FILE = LEGACY_LOCK_FILE  # where a log outside a LogManager root keeps its lock
-CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 METADATA_DIR = "meta.lmdb"
-
-
-def take_clean_marker(fs: FileSystem, directory: str) -> bool:
-    """Remove the clean-shutdown marker if present; whether it was. Not durable yet:
-    the caller makes the removal durable before loading (KAFKA-10471)."""
-    marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
-    if not fs.exists(marker):
-        return False
-    try:
-        fs.unlink(marker)
-    except FileNotFoundError:
-        return False  # gone between the two calls (another opener took it): not ours to trust
-    return True
 
 
 class Log:
@@ -198,7 +191,7 @@ class Log:
         *,
         fs: FileSystem | None = None,
         clock: Clock | None = None,
-        clean_shutdown: bool | None = None,
+        clean_shutdown: bool | CleanMarker | None = None,
         dir_lock: DirLock | None = None,
     ) -> Log:
         """Open the partition directory at `path`, creating it if missing.
@@ -212,9 +205,10 @@ class Log:
         fails). None: take it here (LogDirLockedError if another Log holds it).
 
         `clean_shutdown` is for a caller that took the clean-shutdown marker itself
-        (`take_clean_marker`, holding the lock) and made its removal durable (LogManager
-        locks every partition, removes every marker, then syncs the filesystem once):
-        whether it was there. None: take and remove it here.
+        (`take_clean_marker`, holding the lock) and made that durable (LogManager locks
+        every partition, takes every marker, then syncs the filesystem once): what it
+        took (the marker, which may carry a copy of the store), or whether one was there.
+        None: take it here.
         """
         directory = os.fspath(path)
         config = config or LogConfig()
@@ -224,14 +218,18 @@ class Log:
             dir_lock = lock_log_dir(fs, directory, f"{directory} is already open in another Log")
         store: MetadataStore | None = None
         try:
-            clean = clean_shutdown
-            if clean is None:
-                clean = take_clean_marker(fs, directory)
-                if clean:
+            marker = clean_shutdown
+            if marker is None:
+                marker = take_clean_marker(fs, directory)
+                if marker is not None:
                     # fsync(dir): a crash during loading must find no marker and count as unclean.
                     fs.fsync_dir(directory)
-            # Opened for writing by its first commit: an idle log holds no store open.
-            store = PartitionStore(fs, os.path.join(directory, METADATA_DIR))
+            clean = bool(marker)
+            store_path = os.path.join(directory, METADATA_DIR)
+            # Opened for writing by its first commit: an idle log holds no store open. After a
+            # clean close, not even read: the marker carried its values.
+            copy = store_copy_if_current(fs, store_path, marker) if isinstance(marker, CleanMarker) else None
+            store = PartitionStore(fs, store_path, copy)
             log_clock = engine_clock(clock)
             loaded = LogLoader(fs, directory, config, store, clean=clean, now_ms=log_clock()).load()
         except BaseException as exc:
@@ -1054,13 +1052,15 @@ class Log:
                 ) from errors[0]
 
     def _write_clean_marker(self) -> None:
-        marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
-        handle = self._fs.open(marker, create=True)
-        # fsync: the marker promises that the trimmed indexes and the snapshot are on disk.
-        handle.fsync()
-        handle.close()
-        # fsync(dir): the marker's directory entry must survive power loss, or the next open rescans.
-        self._fs.fsync_dir(self.directory)
+        write_clean_marker(self._fs, self.directory, self._store_copy())
+
+    def _store_copy(self) -> StoreCopy | None:
+        """The store as its last commit left it, for the marker (None: the next open reads it)."""
+        store = self._store
+        if not isinstance(store, PartitionStore):
+            return None
+        store.close()  # its writer first: the version is read from the files at rest
+        return store.copy_if_unchanged()
 
     def __enter__(self) -> Log:
         return self

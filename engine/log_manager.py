@@ -50,7 +50,7 @@ from oncelog.errors import (
 )
 from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_topic_partition
 from oncelog.lock_wait import wait_while_locked
-from oncelog.log import LOCK_FILE, Log, take_clean_marker
+from oncelog.log import LOCK_FILE, Log
 from oncelog.log_dirs import (
     PARTITION_LOCKS_DIR,
     create_dir,
@@ -62,6 +62,7 @@ from oncelog.log_dirs import (
 )
 from oncelog.metadata_values import committing, read_value
 from oncelog.producer_ids import ProducerIdManager
+from oncelog.recovery.clean_marker import CleanMarker, take_clean_marker
 from oncelog.recovery.fs import DEFAULT_FS, DirLock, FileSystem, LockTable, MetadataStore
 from oncelog.recovery.loader import RecoveryReport
 from oncelog.recovery_progress import RecoveryProgress, RecoverySummary
@@ -688,7 +689,7 @@ class LogManager:
         self,
         tp: TopicPartition,
         lock: _PartitionLock,
-        clean_shutdown: bool | None = None,
+        clean_shutdown: CleanMarker | bool | None = None,
         configs: dict[str, LogConfig] | None = None,
     ) -> Log:
         """The partition's Log, which takes `lock` over (and releases it if opening fails).
@@ -741,7 +742,7 @@ class LogManager:
 
             def open_one(tp: TopicPartition) -> None:
                 handed_over.add(tp)
-                log = self._open_partition(tp, locks[tp], clean[tp], configs)
+                log = self._open_partition(tp, locks[tp], clean[tp] or False, configs)
                 opened[tp] = log  # first: whatever fails after this, the log is closed below
                 tracker.advance(log.recovery_report)
 
@@ -774,7 +775,7 @@ class LogManager:
     def _open_partitions(
         self,
         partitions: list[TopicPartition],
-        clean: Mapping[TopicPartition, bool],
+        clean: Mapping[TopicPartition, CleanMarker | None],
         open_one: Callable[[TopicPartition], None],
         failures: dict[TopicPartition, BaseException],
     ) -> None:

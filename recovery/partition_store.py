@@ -24,6 +24,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 from oncelog import threads
+from oncelog.errors import CorruptMetadataError
+from oncelog.recovery.clean_marker import StoreCopy
 from oncelog.recovery.fs import FileSystem, MetadataStore
 
 log = logging.getLogger(__name__)
@@ -77,13 +79,20 @@ os.register_at_fork(after_in_child=STORE_WRITERS.reset_after_fork)
 class PartitionStore:
     """A MetadataStore over `fs.open_store(path)` for a store this process alone writes."""
 
-    def __init__(self, fs: FileSystem, path: str):
+    def __init__(self, fs: FileSystem, path: str, copy: StoreCopy | None = None):
+        """`copy`: what the store held when its log last closed cleanly, checked to be
+        current (the marker's, recovery.clean_marker), which spares reading it; None:
+        read on first use."""
         self._fs = fs
         self._path = path
         # Held across a commit (memory follows the store in commit order). One of the Log's
         # locks (oncelog.threads): the torture harness interleaves threads through it too.
         self._lock = threads.lock()
-        self._values: dict[str, bytes] | None = None  # read on first use
+        self._values: dict[str, bytes] | None = None if copy is None else dict(copy.values)
+        # The store's version (FileSystem.store_version) when it last held exactly `_values`,
+        # taken after each read and commit; None if unknown. A close compares it with the
+        # version then: a store changed behind this log's back gets no copy in the marker.
+        self._version: bytes | None = None if copy is None else copy.store_version
         self._writer: MetadataStore | None = None  # opened by a commit
         # Held while a commit uses the writer. A plain lock, taken by an evictor (any thread,
         # any Log, even another torture run's) only without blocking and never across I/O,
@@ -110,30 +119,47 @@ class PartitionStore:
                 finally:
                     reader.close()
                 self._values = values
+                self._version = self._version_now()
         return self._values
+
+    def _version_now(self) -> bytes | None:
+        try:
+            return self._fs.store_version(self._path)
+        except (OSError, CorruptMetadataError):
+            return None  # unknown: the close leaves no copy, and the next open reads the store
 
     def _writable(self) -> MetadataStore:
         if self._writer is None:
             writer = self._fs.open_store(self._path)
-            if self._values and not writer.keys(""):
-                # Removed since the log read it (by hand, by a tool): the values this log
-                # holds are the store's, so they go back whole before anything else, not a
-                # lone recovery point that would hide the loss from the next open.
-                log.warning("%s was lost while its log was open: writing back what it held", self._path)
-                try:
+            try:
+                if self._values and not writer.keys(""):
+                    # Removed since the log read it (by hand, by a tool): the values this log
+                    # holds are the store's, so they go back whole before anything else, not a
+                    # lone recovery point that would hide the loss from the next open.
+                    log.warning("%s was lost while its log was open: writing back what it held", self._path)
                     writer.put(dict(self._values))
                     # fsync(dirs): the recreated store's files must not vanish in a power loss.
                     self._fs.fsync_dir(self._path)
                     self._fs.fsync_dir(os.path.dirname(self._path) or ".")
-                except BaseException:
-                    writer.close()
-                    raise
+            except BaseException:
+                writer.close()  # (a damaged store raises in keys: its environment must not leak)
+                raise
             self._writer = writer
         return self._writer
 
     def get(self, key: str) -> bytes | None:
         with self._lock:
             return self._loaded().get(key)
+
+    def copy_if_unchanged(self) -> StoreCopy | None:
+        """Every value as this log's commits left them, with the store's version, if the
+        store is still as its last read or commit left it; else None."""
+        with self._lock:
+            if self._values is None or self._version is None:
+                return None
+            if self._version_now() != self._version:
+                return None  # changed, replaced or damaged since: the next open must read it
+            return StoreCopy(self._version, dict(self._values))
 
     def keys(self, prefix: str) -> list[str]:
         with self._lock:
@@ -149,6 +175,7 @@ class PartitionStore:
             with self._writer_guard:
                 self._writable().put(values)
             current.update(values)
+            self._version = self._version_now()
         STORE_WRITERS.committed(self)
 
     def delete(self, keys: Sequence[str]) -> None:
@@ -158,6 +185,7 @@ class PartitionStore:
                 self._writable().delete(keys)
             for key in keys:
                 current.pop(key, None)
+            self._version = self._version_now()
         STORE_WRITERS.committed(self)
 
     def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
@@ -169,6 +197,7 @@ class PartitionStore:
                 current.pop(key, None)
             else:
                 current[key] = new
+            self._version = self._version_now()
         STORE_WRITERS.committed(self)
         return new
 

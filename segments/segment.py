@@ -14,6 +14,7 @@ first used (page cache, no descriptor); its owner unmaps them between operations
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -24,7 +25,7 @@ from oncelog.segments import cursor as cur
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, batch_size_at
 from oncelog.segments.cursor import mapped_address
-from oncelog.segments.errors import CorruptLogError, CorruptRecordError
+from oncelog.segments.errors import CorruptLogError, CorruptRecordError, TooManyOpenFilesError
 from oncelog.segments.file_cache import CachedFile
 from oncelog.segments.files import Buffer, FileHandle, MappedRegion, SegmentFileSystem
 from oncelog.segments.index import OffsetIndex, TimeIndex, TimestampOffset
@@ -477,6 +478,14 @@ class LogSegment:
 
     def _grow(self, end: int) -> None:
         """Reserve and map at least up to byte `end` (and some room beyond it)."""
+        if self._write_region is None and not self.indexes_full:
+            # The first mapping since the open: the indexes, which wait for their first
+            # entry (index.py), get theirs too, so the compiled path finds all three ready.
+            # Not yet if no descriptor is free to open them with: the entry that needs them
+            # reserves them (and reports that), a write that does not need them goes on.
+            with contextlib.suppress(TooManyOpenFilesError):
+                self.offset_index.reserve_room(1)
+                self.time_index.reserve_room(1)
         reserved = self._mapped_bytes
         target = next_reservation(reserved, end, self.max_segment_bytes, MIN_GROW_BYTES, MAX_GROW_BYTES)
         # Blocks first (a mapped write to a page without one would be SIGBUS, not an

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from oncelog.errors import CorruptMetadataError, OncelogError
 from oncelog.layout import TopicPartition, is_pending_delete, parse_partition_dir_name
-from oncelog.log import CLEAN_SHUTDOWN_FILE, METADATA_DIR
+from oncelog.log import METADATA_DIR
 from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR
 from oncelog.recovery.checkpoint import (
     CLIENT_ONLY_KEY,
@@ -27,6 +27,7 @@ from oncelog.recovery.checkpoint import (
     read_recovery_point,
     recorded_log_start,
 )
+from oncelog.recovery.clean_marker import CLEAN_SHUTDOWN_FILE
 from oncelog.recovery.fs import FileSystem
 from oncelog.recovery.plan import RecoveryPoint
 from oncelog.segments.segment import LOG_SUFFIX, parse_segment_file_name

@@ -44,6 +44,7 @@ Modelling decisions not covered in `crash_states`:
 from __future__ import annotations
 
 import errno as errnos
+import hashlib
 import os
 import random
 import shutil
@@ -546,6 +547,19 @@ class FaultFileSystem:
             inode = self._model.new_inode()
             directory.record(((name, inode),))
         return FaultFile(self, path, inode, writable)
+
+    def store_version(self, path: str) -> bytes | None:
+        if self._inode_of(path) is not None:
+            raise CorruptMetadataError("a file where the metadata store's directory should be", path=path)
+        store = self._model.stores.get(_norm(path))
+        if store is None:
+            return None
+        self._io("open", path)
+        # Of the content itself: any commit that changes a value changes it.
+        digest = hashlib.blake2b(digest_size=16)
+        for key, value in sorted(store.items()):
+            digest.update(len(key).to_bytes(4, "big") + key.encode() + len(value).to_bytes(4, "big") + value)
+        return digest.digest()
 
     def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
         if self._inode_of(path) is not None:

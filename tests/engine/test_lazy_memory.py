@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
-from oncelog.lazy_memory import lazy_zeros
+from oncelog.lazy_memory import lazy_zeros, lazy_zeros_group
 from oncelog.producer_state import PRODUCER_DTYPE
 
 
@@ -40,3 +42,16 @@ def test_tables_allocated_after_others_were_freed_still_cost_only_the_pages_writ
         table[0]["producer_id"] = 1
     grown = resident_mib() - before
     assert grown < 20, f"20 tables with one row written each committed {grown:.0f} MiB"
+
+
+def test_a_forked_child_writes_its_own_copy_never_its_parents_table() -> None:
+    # Python's anonymous mmap is shared by default: a child's writes would land in the parent.
+    ids, slots = lazy_zeros_group((1000, np.int64), (1000, np.int32))
+    ids[3] = 7
+    pid = os.fork()
+    if pid == 0:  # the child: writes both arrays, then leaves at once
+        ids[3], slots[4] = 99, 99
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (ids[3], slots[4]) == (7, 0)

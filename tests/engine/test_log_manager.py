@@ -38,10 +38,11 @@ from oncelog import (
 )
 from oncelog import log_manager as log_manager_module
 from oncelog.cli.main import main as cli_main
-from oncelog.log import CLEAN_SHUTDOWN_FILE, LOCK_FILE, take_clean_marker
+from oncelog.log import LOCK_FILE
 from oncelog.log_dirs import PARTITION_LOCKS_DIR, lock_log_dir
 from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR, read_root_config, read_topic_config
 from oncelog.producer_ids import ProducerIdManager
+from oncelog.recovery.clean_marker import CLEAN_SHUTDOWN_FILE, TAKEN_MARKER_FILE, take_clean_marker
 from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, MetadataStore
 from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.recovery_progress import RecoveryProgress
@@ -497,10 +498,10 @@ class TestOtherOpeners:
 
         class Intruder(DelegatingFileSystem):
             # Where another process could get in: after a marker went, before the opens.
-            def unlink(self, path: str) -> None:
-                super().unlink(path)
-                if path.endswith(CLEAN_SHUTDOWN_FILE):
-                    self.intrude(os.path.dirname(path))
+            def rename(self, src: str, dst: str) -> None:
+                super().rename(src, dst)
+                if src.endswith(CLEAN_SHUTDOWN_FILE):
+                    self.intrude(os.path.dirname(src))
 
             def sync_filesystem(self, path: str) -> None:
                 super().sync_filesystem(path)
@@ -535,6 +536,10 @@ class TestOtherOpeners:
                 unlinked.append(path)
                 super().unlink(path)
 
+            def rename(self, src: str, dst: str) -> None:
+                unlinked.append(src)  # (a marker is taken by moving it aside)
+                super().rename(src, dst)
+
         with pytest.raises(PartitionRecoveryError, match="t-1") as caught:
             open_manager(tmp_path, fs=Recording(), lock_timeout_s=0.1)
         assert list(caught.value.failures) == [TopicPartition("t", 1)]
@@ -563,17 +568,15 @@ class TestOtherOpeners:
         log.close()
         assert not locked(lock_path)
 
-    def test_a_clean_marker_that_vanishes_between_exists_and_unlink_is_not_taken(
-        self, tmp_path: Path
-    ) -> None:
+    def test_a_clean_marker_that_vanishes_between_read_and_move_is_not_taken(self, tmp_path: Path) -> None:
         (tmp_path / CLEAN_SHUTDOWN_FILE).touch()
 
         class Racing(DelegatingFileSystem):
-            def unlink(self, path: str) -> None:
-                os.unlink(path)  # another opener took it first
-                super().unlink(path)
+            def rename(self, src: str, dst: str) -> None:
+                os.unlink(src)  # another opener took it first
+                super().rename(src, dst)
 
-        assert take_clean_marker(Racing(), str(tmp_path)) is False
+        assert take_clean_marker(Racing(), str(tmp_path)) is None
 
     def test_open_waits_for_a_pid_lease_another_process_holds_briefly(self, tmp_path: Path) -> None:
         open_manager(tmp_path).close()
@@ -611,8 +614,8 @@ class TestFailedOpen:
         # t-1 cannot be opened; t-0's close cannot write its clean-shutdown marker.
         broken = FailingFileSystem(
             lambda op, path: (
-                (op == "open_store" and path.startswith(t1 + os.sep))
-                or (op == "open" and path == os.path.join(t0, CLEAN_SHUTDOWN_FILE))
+                (op == "open" and path.startswith(t1 + os.sep) and path.endswith(".log"))
+                or (op == "open" and path == os.path.join(t0, TAKEN_MARKER_FILE))
             )
         )
         with pytest.raises(PartitionRecoveryError, match="t-1") as caught:
@@ -659,13 +662,13 @@ class TestFailedOpen:
         interrupted: list[str] = []
 
         class Interrupting(DelegatingFileSystem):
-            def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
-                # Once, while t-1 loads (its close may open the store again: no second Ctrl-C).
+            def store_version(self, path: str) -> bytes | None:
+                # Once, while t-1 loads (its close reads the version again: no second Ctrl-C).
                 if path.startswith(t1 + os.sep) and not interrupted:
                     interrupted.append(path)
                     signal.pthread_kill(main_thread, signal.SIGINT)
                     time.sleep(0.2)
-                return super().open_store(path, readonly=readonly)
+                return super().store_version(path)
 
         with pytest.raises(KeyboardInterrupt):
             open_manager(tmp_path, fs=Interrupting(), recovery_threads=1)

@@ -469,7 +469,7 @@ os._exit(0)
             assert recovered.log_end_offset == base
             assert engine_state(recovered) == replay_state(copy)
 
-    @pytest.mark.parametrize("crash_on", ["rename", "open_store"])
+    @pytest.mark.parametrize("crash_on", ["rename", "store"])
     def test_a_crash_during_recovery_then_recovery_again_gives_the_same_log(
         self, rolled: OpenLog, tmp_path: Path, crash_on: str
     ) -> None:
@@ -863,8 +863,12 @@ class _CrashingFileSystem(DelegatingFileSystem):
         return self.inner.open(path, create=create, writable=writable)
 
     def open_store(self, path: str, *, readonly: bool = False) -> MetadataStore:
-        self._maybe_crash("open_store")
+        self._maybe_crash("store")
         return self.inner.open_store(path, readonly=readonly)
+
+    def store_version(self, path: str) -> bytes | None:
+        self._maybe_crash("store")  # what a clean open reads of the store
+        return self.inner.store_version(path)
 
     def listdir(self, path: str) -> list[str]:
         self._maybe_crash("listdir")
@@ -895,7 +899,7 @@ class TestCleanShutdownMarker:
             assert reopened.recovery_report.segments_scanned == 1
             assert engine_state(reopened) == expected
 
-    @pytest.mark.parametrize("crash_on", ["open_store", "listdir", "open"])
+    @pytest.mark.parametrize("crash_on", ["store", "listdir", "open"])
     def test_a_crash_while_loading_is_still_unclean_on_the_next_open(
         self, rolled: OpenLog, crash_on: str
     ) -> None:

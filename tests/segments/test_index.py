@@ -311,11 +311,48 @@ def test_an_active_index_reserves_its_file_in_doubling_steps_up_to_its_cap() -> 
         if size != sizes[-1]:
             sizes.append(size)
         assert fs.unreserved(IDX, 0, size) is None, n  # the whole (mapped) file has blocks
-    assert sizes == [INDEX_MIN_GROW_BYTES, 8192, 16_384, 32_768, 40_000]
+    # Nothing reserved until the first entry (an idle partition's index costs no blocks).
+    assert sizes == [0, INDEX_MIN_GROW_BYTES, 8192, 16_384, 32_768, 40_000]
     assert index.is_full and index.lookup(2_500) == OffsetPosition(2_500, 25_000)
     index.close()
     assert fs.open(IDX, writable=False).size() == 4_999 * OFFSET_ENTRY.size  # trimmed to its entries
     assert fs.sigbus_risks == []
+
+
+def test_an_active_index_reopened_as_a_clean_close_left_it_reserves_nothing_until_its_next_entry() -> None:
+    fs = FaultFileSystem(4)
+    index = _open_twin_index(fs, 64 * 1024)
+    for n in range(1, 11):
+        index.append(n, 10 * n)
+    index.close()  # trimmed to its 10 entries
+    reopened = OffsetIndex(fs, IDX, 0, 64 * 1024, sealed=False)
+    assert fs.open(IDX, writable=False).size() == 10 * OFFSET_ENTRY.size  # no blocks taken by the open
+    assert reopened.lookup(5) == OffsetPosition(5, 50) and not reopened.is_full
+    fs.fail_next("allocate", errno.ENOSPC)
+    with pytest.raises(OSError) as full:
+        reopened.append(11, 110)
+    assert full.value.errno == errno.ENOSPC
+    assert reopened.entries == 10 and reopened.last_entry() == OffsetPosition(10, 100)
+    reopened.append(11, 110)  # space came back: mapped writable over reserved blocks
+    assert reopened.last_entry() == OffsetPosition(11, 110)
+    assert fs.unreserved(IDX, 0, fs.open(IDX, writable=False).size()) is None
+    reopened.close()
+    assert fs.open(IDX, writable=False).size() == 11 * OFFSET_ENTRY.size
+    assert fs.sigbus_risks == []
+
+
+def test_an_active_index_cut_before_its_first_new_entry_writes_through_a_writable_mapping() -> None:
+    fs = FaultFileSystem(6)
+    index = _open_twin_index(fs, 64 * 1024)
+    for n in range(1, 11):
+        index.append(n, 10 * n)
+    index.close()
+    reopened = OffsetIndex(fs, IDX, 0, 64 * 1024, sealed=False)
+    reopened.truncate_to_position(55)  # entries 6-10 dropped: room below its capacity, read-only still
+    reopened.append(6, 56)
+    assert reopened.entries == 6 and reopened.lookup(9) == OffsetPosition(6, 56)
+    reopened.close()
+    assert OffsetIndex(fs, IDX, 0, 64 * 1024, sealed=True).last_entry() == OffsetPosition(6, 56)
 
 
 def test_a_full_disk_while_growing_an_index_is_an_os_error_that_leaves_it_as_it_was() -> None:
