@@ -287,12 +287,22 @@ class _OpensInFlight:
 def _collections_paused() -> Iterator[None]:
     """No cyclic garbage collection while partitions load: a load makes thousands of objects
     that all live on, so collections would only walk them again and again (measured: a
-    fifth of a clean open of 1,000 partitions)."""
+    fifth of a clean open of 1,000 partitions).
+
+    Afterwards they go straight to the oldest generation (a freeze and an unfreeze: two
+    list splices), not through the young ones: the first young collection after the
+    load would otherwise walk all of them (85 a partition; 0.50-0.56 s of an open of
+    10,000). Only when nothing was frozen already: an unfreeze would release objects
+    the process froze itself (before a fork, say). Other young objects move up with
+    them, collected at the next full collection instead of a young one."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
         if was_enabled:
             gc.enable()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import gc
 import io
 import json
 import os
@@ -381,6 +382,31 @@ class TestRecovery:
                     root, CONFIG, fs=crashed, clock=clock, progress=False, recovery_threads=1
                 ) as reopened:
                     assert {tp: stored_batches(log) for tp, log in reopened.logs().items()} == before, why
+
+
+class TestGarbageCollection:
+    """Partitions load with collections paused; what they made goes to the oldest generation."""
+
+    def test_the_logs_an_open_made_are_in_the_oldest_generation_not_walked_by_young_collections(
+        self, tmp_path: Path
+    ) -> None:
+        write_root(tmp_path)
+        with open_manager(tmp_path) as manager:
+            logs = {id(log) for log in manager.logs().values()}
+            young = {id(obj) for generation in (0, 1) for obj in gc.get_objects(generation)}
+            assert len(logs) == 3 and not logs & young
+            assert gc.isenabled()
+
+    def test_objects_the_process_froze_stay_frozen(self, tmp_path: Path) -> None:
+        write_root(tmp_path)
+        gc.freeze()
+        try:
+            frozen = gc.get_freeze_count()
+            with open_manager(tmp_path) as manager:
+                assert gc.get_freeze_count() >= frozen  # an unfreeze would have released them
+                assert len(manager.logs()) == 3
+        finally:
+            gc.unfreeze()
 
 
 class TestRetention:
