@@ -340,7 +340,7 @@ class TestRecovery:
         failure = caught.value.failures[TopicPartition("t", 0)]
         assert isinstance(failure, LockTimeoutError)  # a LogDirLockedError and a TimeoutError
         assert "still locked after 0.25 s" in str(failure)
-        assert 0.25 <= waited_s < 2.0  # bounded (tests/engine/test_lock_wait.py: exactly)
+        assert 0.25 <= waited_s < 30  # bounded (tests/engine/test_lock_wait.py: exactly)
 
     def test_the_progress_bar_reports_partitions_on_stderr(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -628,7 +628,7 @@ class TestOtherOpeners:
             started = time.monotonic()
             with pytest.raises(LogDirLockedError, match="LogManager"):
                 open_manager(tmp_path)
-            assert time.monotonic() - started < 1
+            assert time.monotonic() - started < 5  # not after the lock timeout (10 s)
 
 
 class TestFailedOpen:

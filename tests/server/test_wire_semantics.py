@@ -154,7 +154,7 @@ def test_a_long_poll_fetch_is_woken_by_an_append_on_another_connection(server: A
         waited_s = time.monotonic() - started
     appender.join()
     partition = body.responses[0].partitions[0]
-    assert 0.25 <= waited_s < 5, waited_s
+    assert 0.25 <= waited_s < 9, waited_s  # answered on the append, not at max_wait (10 s)
     assert partition.high_watermark == 2 and b"late" in partition.records
 
 
@@ -165,7 +165,7 @@ def test_a_fetch_with_nothing_new_waits_max_wait_then_answers_empty(server: Any)
         sock.send_raw(encode_request(1, 12, 8, _fetch_body(1, max_wait_ms=400, min_bytes=1)))
         _, body = decode_response(1, 12, sock.read_frame())
         waited_s = time.monotonic() - started
-    assert 0.35 <= waited_s < 3, waited_s
+    assert 0.35 <= waited_s < 30, waited_s  # (the upper bound only says it did not hang)
     assert body.responses[0].partitions[0].records == b""
 
 
