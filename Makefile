@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # check a tree of symlinks laid out as the installed package would be.
 TYPECHECK_TREE := build/typecheck
 
-.PHONY: demo test lint typecheck imports layout-tree java-check pytest pytest-pure bench torture serve-soak eos-soak soak-resources clean
+.PHONY: demo test lint typecheck imports layout-tree java-check pytest pytest-pure test-under-load bench torture serve-soak eos-soak soak-resources clean
 
 # The install builds the compiled append (engine/_append.c -> oncelog._append) in place;
 # with no C compiler it goes on without it, and oncelog takes the Python path.
@@ -62,6 +62,15 @@ pytest-pure: $(STAMP)
 	ONCELOG_PURE=1 $(BIN)/python -m pytest tests/engine tests/segments -q
 
 test: lint typecheck imports pytest pytest-pure
+
+# The suite with two busy processes beside it, as on CI's shared machine: no test may
+# depend on how fast the machine is. Not part of `make test` (it takes longer).
+test-under-load: $(STAMP) java-check
+	@hogs=""; \
+	for n in 1 2; do $(BIN)/python -c 'while True: pass' & hogs="$$hogs $$!"; done; \
+	trap 'kill $$hogs 2>/dev/null' EXIT INT TERM; \
+	echo "make: two CPU hogs running (pids$$hogs)"; \
+	$(MAKE) --no-print-directory pytest pytest-pure
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench --benchmark-only --benchmark-columns=median,ops,rounds
