@@ -8,9 +8,9 @@ so a crash while loading leaves a log that counts as unclean (KAFKA-10471).
 It also carries a copy of the partition's metadata-store values as the close left them,
 so a clean open need not open the store (an LMDB environment: a fifth of a clean open's
 time). The store stays the authority: the copy is used only when it is whole and the
-store's version token (`FileSystem.store_version`: its last commit, its file) is still
-the one the close recorded. A store changed, replaced, damaged or lost since is read,
-and judged, as without the copy.
+store's version token (`FileSystem.store_version`: its newest commit and a CRC of the
+pages that commit uses) is still the one the close recorded. A store changed,
+replaced, damaged or lost since is read, and judged, as without the copy.
 
     magic    4 bytes  b"OLCM"
     format   u8       1
