@@ -20,9 +20,9 @@ from pytest_benchmark.fixture import BenchmarkFixture
 from oncelog import Log, LogConfig
 from oncelog.bench.recovery import EXPIRATION_MS, NOW_MS, producer_table_rows, resident_bytes_per_producer
 from oncelog.producer_state import PRODUCER_DTYPE, WINDOW, ProducerStateManager
-from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.fs import OsFileSystem
 from oncelog.segments import encode_batch
+from oncelog.storage import snapshot as snapshots
+from oncelog.storage.fs import OsFileSystem
 
 MILLION = 1_000_000
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import crc32c
 
 from oncelog.producer_state import CompletedTxn, WorkingState
-from oncelog.recovery.fs import Buffer
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch
+from oncelog.segments.format import Buffer
 
 
 class PlannedBatch:

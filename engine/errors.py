@@ -7,6 +7,8 @@ Errors about bytes carry the file and position when they are known.
 
 from __future__ import annotations
 
+import errno
+
 # The root of the hierarchy and the errors about bytes are declared with the codec.
 from oncelog.segments.errors import CorruptLogError as CorruptLogError
 from oncelog.segments.errors import CorruptRecordError as CorruptRecordError
@@ -132,3 +134,8 @@ class InvalidTxnStateError(OncelogError):
 
 class TransactionCoordinatorFencedError(OncelogError):
     """A transaction marker from a coordinator epoch older than the one already seen."""
+
+
+def read_only_error(what: str, path: str, other: str | None = None) -> PermissionError:
+    """The error a read-only seam raises for a call that would create or change `path`."""
+    return PermissionError(errno.EROFS, f"read-only: {what} refused", path, None, other)

@@ -36,35 +36,42 @@ from oncelog.errors import (
     ProducerStateFullError,
 )
 from oncelog.group_commit import GroupCommit
-from oncelog.log_dirs import LEGACY_LOCK_FILE, create_dir, lock_log_dir, opening_failed, unnamed_os_error
 from oncelog.producer_state import BatchMetadata, CompletedTxn, ProducerStateEntry, WorkingState
 from oncelog.reads import read_log
-from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.checkpoint import (
+from oncelog.recovery.loader import LoadedLog, LogLoader, RecoveryReport
+from oncelog.results import ISOLATIONS, AppendResult, FetchResult, Isolation
+from oncelog.segments import format as fmt
+from oncelog.segments.batch import RecordBatch, encode_batch
+from oncelog.segments.control import TxnMarker, decode_txn_marker, encode_txn_marker
+from oncelog.segments.format import Buffer
+from oncelog.segments.index import TimestampOffset
+from oncelog.segments.segment import BatchMeta, LogSegment
+from oncelog.storage import snapshot as snapshots
+from oncelog.storage.checkpoint import (
     CLIENT_ONLY_KEY,
     LOG_START_KEY,
     RETIRED_PREFIX,
+    RecoveryPoint,
     forget_retired,
     write_offsets,
     write_recovery_point,
 )
-from oncelog.recovery.clean_marker import (
+from oncelog.storage.clean_marker import (
     CleanMarker,
     StoreCopy,
     store_copy_if_current,
     take_clean_marker,
     write_clean_marker,
 )
-from oncelog.recovery.fs import DEFAULT_FS, Buffer, DirLock, FileSystem, MetadataStore
-from oncelog.recovery.loader import LoadedLog, LogLoader, RecoveryReport
-from oncelog.recovery.partition_store import PartitionStore
-from oncelog.recovery.plan import RecoveryPoint
-from oncelog.results import ISOLATIONS, AppendResult, FetchResult, Isolation
-from oncelog.segments import format as fmt
-from oncelog.segments.batch import RecordBatch, encode_batch
-from oncelog.segments.control import TxnMarker, decode_txn_marker, encode_txn_marker
-from oncelog.segments.index import TimestampOffset
-from oncelog.segments.segment import BatchMeta, LogSegment
+from oncelog.storage.fs import DEFAULT_FS, DirLock, FileSystem, MetadataStore
+from oncelog.storage.log_dirs import (
+    LEGACY_LOCK_FILE,
+    create_dir,
+    lock_log_dir,
+    opening_failed,
+    unnamed_os_error,
+)
+from oncelog.storage.partition_store import PartitionStore
 from oncelog.transactions import OpenTransactions, aborted_between
 from oncelog.validation import Origin, batch_buffer, client_batch_header, validate_batch
 

@@ -51,7 +51,13 @@ from oncelog.errors import (
 from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_topic_partition
 from oncelog.lock_wait import wait_while_locked
 from oncelog.log import LOCK_FILE, Log
-from oncelog.log_dirs import (
+from oncelog.producer_ids import ProducerIdManager
+from oncelog.recovery.loader import RecoveryReport
+from oncelog.recovery_progress import RecoveryProgress, RecoverySummary
+from oncelog.root_identity import ensure_root_id
+from oncelog.storage.clean_marker import CleanMarker, take_clean_marker
+from oncelog.storage.fs import DEFAULT_FS, DirLock, FileSystem, LockTable, MetadataStore
+from oncelog.storage.log_dirs import (
     PARTITION_LOCKS_DIR,
     create_dir,
     lock_dir,
@@ -60,13 +66,7 @@ from oncelog.log_dirs import (
     opening_failed,
     unnamed_os_error,
 )
-from oncelog.metadata_values import committing, read_value
-from oncelog.producer_ids import ProducerIdManager
-from oncelog.recovery.clean_marker import CleanMarker, take_clean_marker
-from oncelog.recovery.fs import DEFAULT_FS, DirLock, FileSystem, LockTable, MetadataStore
-from oncelog.recovery.loader import RecoveryReport
-from oncelog.recovery_progress import RecoveryProgress, RecoverySummary
-from oncelog.root_identity import ensure_root_id
+from oncelog.storage.metadata_values import committing, read_value
 
 ROOT_LOCK_FILE = ".lock"
 ROOT_METADATA_DIR = "meta.lmdb"

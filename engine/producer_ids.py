@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from oncelog.errors import ProducerIdsExhaustedError
-from oncelog.log_dirs import create_dir, lock_dir, opening_failed, unnamed_os_error
-from oncelog.metadata_values import committing, read_value
-from oncelog.recovery.fs import DEFAULT_FS, DirLock, FileSystem, MetadataStore
 from oncelog.segments import format as fmt
+from oncelog.storage.fs import DEFAULT_FS, DirLock, FileSystem, MetadataStore
+from oncelog.storage.log_dirs import create_dir, lock_dir, opening_failed, unnamed_os_error
+from oncelog.storage.metadata_values import committing, read_value
 
 STORE_DIR = "producer_ids.lmdb"
 LOCK_FILE = "producer_ids.lock"

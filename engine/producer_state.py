@@ -15,7 +15,6 @@ Kafka's append rules, which read this table, are in `oncelog.append_rules`.
 from __future__ import annotations
 
 import dataclasses
-import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -27,40 +26,14 @@ from oncelog.pid_map import PidSlotMap
 from oncelog.segments import format as fmt
 from oncelog.segments.control import TxnMarker
 from oncelog.segments.cursor import CursorField, cursor_view
+from oncelog.storage.producer_row import PRODUCER_DTYPE as PRODUCER_DTYPE
+from oncelog.storage.producer_row import ROW as _ROW
+from oncelog.storage.producer_row import UNKNOWN_APPEND_MS as UNKNOWN_APPEND_MS
+from oncelog.storage.producer_row import WINDOW as WINDOW
 
-# Kafka keeps the metadata of each producer's last 5 batches for duplicate detection.
-WINDOW = 5
 # Producers kept as objects besides their rows (see ProducerStateManager._remember).
 HOT_PRODUCERS = 4096
 SEQUENCE_MODULUS = fmt.INT32_MAX + 1
-
-PRODUCER_DTYPE = np.dtype(
-    [
-        ("producer_id", "<i8"),
-        # When the engine last appended a batch or marker for it, on the Log's clock:
-        # the only time expiry reads. Client timestamps never move it.
-        ("last_append_ms", "<i8"),
-        # The newest batch's max timestamp (the client's clock): Kafka's lastTimestamp,
-        # kept for dump, stat and Kafka-style output. Never read by expiry.
-        ("last_timestamp_ms", "<i8"),
-        ("txn_first_offset", "<i8"),  # first offset of the open transaction, or -1
-        ("coordinator_epoch", "<i4"),
-        ("producer_epoch", "<i2"),
-        ("window_count", "u1"),  # batches held, oldest first
-        ("live", "u1"),  # 0 for a free slot or a tombstone left by expiry
-        # A batch's first sequence is not stored: it is last_sequence - offset_delta
-        # (first_sequence_of), as in Kafka's snapshot.
-        ("last_sequence", "<i4", (WINDOW,)),
-        ("last_offset", "<i8", (WINDOW,)),
-        ("offset_delta", "<i4", (WINDOW,)),  # last_offset - first_offset of the batch
-        ("max_timestamp_ms", "<i8", (WINDOW,)),
-    ]
-)
-_ROW = struct.Struct(f"<qqqqihBB{WINDOW}i{WINDOW}q{WINDOW}i{WINDOW}q")
-assert _ROW.size == PRODUCER_DTYPE.itemsize == 160
-# A row whose last append time is not known (a Kafka snapshot, an older oncelog one):
-# the load decides it (ProducerStateManager.load_rows).
-UNKNOWN_APPEND_MS = -1
 DEFAULT_EXPIRATION_MS = 24 * 3600 * 1000  # Kafka's producer.id.expiration.ms
 _EXPIRY_CHUNK = 65536  # rows examined per numpy pass
 FULL_PASS_INTERVAL_MS = 10 * 60 * 1000  # Kafka's producer.id.expiration.check.interval.ms

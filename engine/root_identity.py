@@ -27,8 +27,8 @@ import uuid
 
 from oncelog.errors import CorruptMetadataError, LogDirectoryError
 from oncelog.lock_wait import wait_while_locked
-from oncelog.log_dirs import lock_dir
-from oncelog.recovery.fs import FileSystem
+from oncelog.storage.fs import FileSystem
+from oncelog.storage.log_dirs import lock_dir
 
 ROOT_ID_FILE = "root.id"
 ROOT_ID_LOCK_FILE = "root.id.lock"

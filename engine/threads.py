@@ -1,7 +1,7 @@
 """The locks a Log synchronises with, made through one seam.
 
 Production code gets the `threading` primitives. The crash torture harness swaps in
-cooperative ones (recovery/torture/threads.py) for the length of a run, so that
+cooperative ones (engine/torture/threads.py) for the length of a run, so that
 several threads driving one Log on the fault-injecting twin interleave in an order
 chosen by a seed, and every interleaving it finds replays exactly. Only locks made
 after the swap are cooperative: a Log opened inside the run uses them throughout.

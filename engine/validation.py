@@ -13,9 +13,9 @@ from typing import Any, Literal
 import crc32c
 
 from oncelog.errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
-from oncelog.recovery.fs import Buffer
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, check_batch_records
+from oncelog.segments.format import Buffer
 from oncelog.segments.records import check_records
 
 Origin = Literal["client", "replication"]

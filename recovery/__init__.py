@@ -1,28 +1,8 @@
-"""oncelog.recovery: what makes a log survive a crash.
+"""oncelog.recovery: what a log does at open about a crash it may have suffered.
 
-`fs` is the filesystem seam every persistent byte goes through; `snapshot` writes
-and reads producer-state snapshots; `checkpoint` holds what a log records about
-itself durably (recovery point, log start); `plan` decides, for each kind of damage,
-what recovery does; `loader` carries it out when a log opens. `torture` holds the
-fault-injecting twin of the seam and the crash torture harness.
+`plan` is the decision table: for each kind of damage (a torn tail, corruption below
+the recovery point, a missing or stale snapshot, a lost store), what recovery does.
+`loader` carries it out when a log opens. Both sit between producer state (which the
+loader rebuilds) and `oncelog.log` (which opens through the loader); the files they
+read and write are `oncelog.storage`'s.
 """
-
-from oncelog.recovery.fs import (
-    DEFAULT_FS,
-    DirLock,
-    FileHandle,
-    FileSystem,
-    MappedRegion,
-    MetadataStore,
-    OsFileSystem,
-)
-
-__all__ = [
-    "DEFAULT_FS",
-    "DirLock",
-    "FileHandle",
-    "FileSystem",
-    "MappedRegion",
-    "MetadataStore",
-    "OsFileSystem",
-]

@@ -43,19 +43,6 @@ from oncelog.errors import (
 from oncelog.pid_map import DuplicateProducerError
 from oncelog.producer_replay import ReplayBuffer
 from oncelog.producer_state import ProducerStateManager, fit_rows
-from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.checkpoint import (
-    CLIENT_ONLY_KEY,
-    LOG_START_KEY,
-    forget_retired,
-    read_offset,
-    read_recovery_point,
-    read_retired,
-    recorded_log_start,
-    write_offsets,
-    write_recovery_point,
-)
-from oncelog.recovery.fs import FileSystem, MetadataStore
 from oncelog.recovery.plan import (
     RecoveryPoint,
     Verdict,
@@ -70,6 +57,19 @@ from oncelog.segments.batch import RecordBatch
 from oncelog.segments.control import decode_txn_marker
 from oncelog.segments.format import CONTROL_MASK, TRANSACTIONAL_MASK
 from oncelog.segments.segment import LOG_SUFFIX, LogSegment, parse_segment_file_name, segment_file_name
+from oncelog.storage import snapshot as snapshots
+from oncelog.storage.checkpoint import (
+    CLIENT_ONLY_KEY,
+    LOG_START_KEY,
+    forget_retired,
+    read_offset,
+    read_recovery_point,
+    read_retired,
+    recorded_log_start,
+    write_offsets,
+    write_recovery_point,
+)
+from oncelog.storage.fs import FileSystem, MetadataStore
 from oncelog.transactions import aborted_txn_entry
 
 log = logging.getLogger(__name__)

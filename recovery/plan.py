@@ -36,25 +36,8 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-
-class RecoveryPoint(NamedTuple):
-    """Offsets below `offset` were fsynced; in bytes, everything of segment
-    `segment_base` before `position`, and every segment before it."""
-
-    offset: int
-    segment_base: int | None = None  # None in stores written before positions were kept
-    position: int = 0
-
-    def covers(self, segment_base: int, position: int) -> bool:
-        """Was the byte at `position` of segment `segment_base` fsynced before the crash?"""
-        if self.segment_base is None:
-            return False
-        return segment_base < self.segment_base or (
-            segment_base == self.segment_base and position < self.position
-        )
-
-
-NO_RECOVERY_POINT = RecoveryPoint(0)  # a missing store: nothing is known to be durable
+from oncelog.storage.checkpoint import NO_RECOVERY_POINT as NO_RECOVERY_POINT
+from oncelog.storage.checkpoint import RecoveryPoint as RecoveryPoint
 
 
 class Verdict(enum.Enum):

@@ -17,8 +17,8 @@ import crc32c
 from oncelog.segments import format as fmt
 from oncelog.segments.compression import MAX_DECOMPRESSED_BYTES, compress, decompress
 from oncelog.segments.errors import CorruptRecordError
+from oncelog.segments.format import Buffer
 from oncelog.segments.records import (
-    Buffer,
     Record,
     check_records,
     decode_records,

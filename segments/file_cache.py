@@ -29,7 +29,8 @@ from collections.abc import Iterator, Sequence
 from typing import Final
 
 from oncelog.segments.errors import out_of_descriptors
-from oncelog.segments.files import Buffer, FileHandle, MappedRegion, SegmentFileSystem
+from oncelog.segments.files import FileHandle, MappedRegion, SegmentFileSystem
+from oncelog.segments.format import Buffer
 
 # The share of the open-files limit the cache may take by default: the rest is for the
 # active segments, metadata stores, locks, sockets and the process itself.

@@ -1,8 +1,8 @@
 """The part of the filesystem seam that segment files use.
 
 Segment, index and transaction-index files reach the disk only through these
-protocols, so the fault-injecting twin (`oncelog.recovery.torture.faultfs`) can
-stand in for the OS. `oncelog.recovery.fs.FileSystem` extends `SegmentFileSystem`
+protocols, so the fault-injecting twin (`oncelog.torture.faultfs`) can
+stand in for the OS. `oncelog.storage.fs.FileSystem` extends `SegmentFileSystem`
 with the rest of the seam (metadata stores, renames, locks) and implements both.
 Declared here, below everything else, so that segments import nothing else of oncelog.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-Buffer = bytes | bytearray | memoryview
+from oncelog.segments.format import Buffer
 
 
 class FileHandle(Protocol):

@@ -10,6 +10,9 @@ from __future__ import annotations
 import operator
 import struct
 
+# Bytes a caller hands in: every reader and writer of batches takes any of these.
+Buffer = bytes | bytearray | memoryview
+
 BASE_OFFSET_OFFSET = 0  # i64
 LENGTH_OFFSET = 8  # i32, batch size minus LOG_OVERHEAD
 PARTITION_LEADER_EPOCH_OFFSET = 12  # i32

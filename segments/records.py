@@ -17,9 +17,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from oncelog.segments.errors import CorruptRecordError, InvalidRecordError
+from oncelog.segments.format import Buffer
 
 Header = tuple[str, bytes | None]
-Buffer = bytes | bytearray | memoryview
 
 
 class Record(NamedTuple):

@@ -27,7 +27,8 @@ from oncelog.segments.batch import RecordBatch, TruncatedBatchError, batch_size_
 from oncelog.segments.cursor import mapped_address
 from oncelog.segments.errors import CorruptLogError, CorruptRecordError, TooManyOpenFilesError
 from oncelog.segments.file_cache import CachedFile
-from oncelog.segments.files import Buffer, FileHandle, MappedRegion, SegmentFileSystem
+from oncelog.segments.files import FileHandle, MappedRegion, SegmentFileSystem
+from oncelog.segments.format import Buffer
 from oncelog.segments.index import OffsetIndex, TimeIndex, TimestampOffset
 from oncelog.segments.reservation import next_reservation
 from oncelog.segments.txn_index import TXN_INDEX_SUFFIX, TransactionIndex

@@ -1,7 +1,7 @@
 """Fault doubles shared by the tests: file systems that fail one kind of call on demand.
 
 Each wraps the real OS through the seam's DelegatingFileSystem; the fault-injecting
-twin (oncelog.recovery.torture.faultfs) is for crash states, these are for one
+twin (oncelog.torture.faultfs) is for crash states, these are for one
 failing call at a chosen moment.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 
-from oncelog.recovery.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle
+from oncelog.storage.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle
 
 
 def eio(path: str) -> OSError:

@@ -203,43 +203,6 @@ Progress = Callable[[str], None]
 Step = Callable[[BenchSettings, str, BenchResults, Progress], None]
 
 
-def run_benchmarks(
-    settings: BenchSettings, directory: str, progress: Progress, *, spark: bool = False, wire: bool = False
-) -> BenchResults:
-    """Measure every performance figure in scratch directories under `directory` (removed after);
-    `spark` adds the Spark read figure (needs the spark extra and Java 17+), `wire` the Kafka wire
-    figures of `oncelog serve` against librdkafka's mock cluster (needs confluent-kafka)."""
-    # Imported here: the figure module imports this one for its types and helpers.
-    from oncelog.bench import manager as bench_manager
-    from oncelog.bench import recovery as bench_recovery
-
-    steps: list[tuple[str, Step]] = [
-        ("append, no fsync", append_figures),
-        ("batch encode and decode vs kafka-python", codec_figures),
-        ("unclean recovery", bench_recovery.recovery_figures),
-        ("tail scan on recovery", bench_recovery.tail_scan_figure),
-        (f"producer table at {count_label(settings.producers)} producers", bench_recovery.producer_figures),
-        ("durable appends", durable_figures),
-        (f"opening {settings.partitions:,} partitions", bench_manager.partition_open_figures),
-    ]
-    if spark:
-        from oncelog.bench import spark as spark_bench
-
-        steps.append(("Spark read vs parquet", spark_bench.spark_read_figures))
-    if wire:
-        from oncelog.bench import wire as wire_bench
-
-        steps.append(("Kafka wire: oncelog serve vs librdkafka's mock cluster", wire_bench.wire_figures))
-    results = BenchResults(settings)
-    started = time.perf_counter()
-    for n, (label, step) in enumerate(steps, 1):
-        progress(f"[{n}/{len(steps)}] {label}")
-        with scratch_dir(directory, f"step{n}") as scratch:
-            step(settings, scratch, results, progress)
-    results.elapsed_s = time.perf_counter() - started
-    return results
-
-
 # -- helpers -------------------------------------------------------------------------
 
 

@@ -63,9 +63,7 @@ from oncelog.bench.harness import (
 )
 from oncelog.config import LogConfig
 from oncelog.log import Log
-from oncelog.log_dirs import LEGACY_LOCK_FILE
 from oncelog.log_manager import LogManager, default_recovery_threads
-from oncelog.recovery.snapshot import SNAPSHOT_SUFFIX
 from oncelog.segments.batch import encode_batch
 from oncelog.segments.segment import (
     INDEX_SUFFIX,
@@ -75,6 +73,8 @@ from oncelog.segments.segment import (
     segment_file_name,
 )
 from oncelog.segments.txn_index import TXN_INDEX_SUFFIX
+from oncelog.storage.log_dirs import LEGACY_LOCK_FILE
+from oncelog.storage.snapshot import SNAPSHOT_SUFFIX
 
 TOPIC = "bench"
 # Issue 28's targets: a clean open of 1,000 partitions, and of 10,000.

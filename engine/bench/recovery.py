@@ -38,11 +38,11 @@ from oncelog.bench.harness import (
 from oncelog.config import LogConfig
 from oncelog.log import Log
 from oncelog.producer_state import PRODUCER_DTYPE, WINDOW, ProducerStateManager
-from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.fs import OsFileSystem
 from oncelog.recovery.loader import RecoveryReport
 from oncelog.segments.batch import encode_batch
 from oncelog.segments.segment import LOG_SUFFIX, SCAN_CHUNK_BYTES, parse_segment_file_name, segment_file_name
+from oncelog.storage import snapshot as snapshots
+from oncelog.storage.fs import OsFileSystem
 
 # The producer-table figures run on a fixed clock: the table never reads the wall clock.
 EXPIRATION_MS = 24 * 3600 * 1000

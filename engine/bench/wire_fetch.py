@@ -45,7 +45,7 @@ from typing import Any, Final
 import numpy as np
 
 from oncelog.bench.harness import MIB, BenchResults, BenchSettings, Progress, Target, make_row, median
-from oncelog.bench.wire import (
+from oncelog.bench.wire_clients import (
     DELIVERY_TIMEOUT_S,
     LOG_LEVEL,
     Deliveries,

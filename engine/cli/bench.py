@@ -14,8 +14,9 @@ import time
 import traceback
 from typing import Any, TextIO
 
-from oncelog.bench.harness import BenchSettings, Progress, run_benchmarks, settings_for
+from oncelog.bench.harness import BenchSettings, Progress, settings_for
 from oncelog.bench.report import print_report, write_json, write_plot
+from oncelog.bench.run import run_benchmarks
 
 # Internal: scales every size and duration (the test suite runs at about 0.01).
 SCALE_ENV = "ONCELOG_BENCH_SCALE"

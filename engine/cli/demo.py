@@ -30,11 +30,11 @@ from oncelog.config import LogConfig
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from oncelog.layout import parse_partition_dir_name
 from oncelog.log import Log
-from oncelog.log_dirs import PARTITION_LOCKS_DIR
 from oncelog.log_manager import ROOT_LOCK_FILE, ROOT_METADATA_DIR, LogManager
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.results import Isolation
 from oncelog.segments import Record, encode_batch
+from oncelog.storage.log_dirs import PARTITION_LOCKS_DIR
 
 DEMO_CONFIG = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=1024)
 PRODUCERS = 3

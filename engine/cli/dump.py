@@ -18,8 +18,6 @@ from typing import Any, TextIO
 
 from oncelog.cli.exits import EXIT_BAD_INPUT, EXIT_OK, PROG
 from oncelog.errors import CorruptRecordError
-from oncelog.recovery.fs import DEFAULT_FS, FileSystem, ReadOnlyFileSystem
-from oncelog.recovery.snapshot import SNAPSHOT_SUFFIX
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, UnwrittenSpaceError
 from oncelog.segments.control import CONTROL_KEY, CONTROL_TYPE_NAMES, END_TXN_MARKER_VALUE
@@ -34,6 +32,8 @@ from oncelog.segments.segment import (
 )
 from oncelog.segments.txn_index import ENTRY, ENTRY_SIZE, TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex
 from oncelog.segments.txn_index import VERSION as TXN_INDEX_VERSION
+from oncelog.storage.fs import DEFAULT_FS, FileSystem, ReadOnlyFileSystem
+from oncelog.storage.snapshot import SNAPSHOT_SUFFIX
 from oncelog.tools import dump_state
 
 # Key and payload are shown up to this many characters.

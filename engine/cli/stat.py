@@ -14,7 +14,7 @@ import json
 from typing import Any, Literal, TextIO
 
 from oncelog.layout import TopicPartition
-from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
+from oncelog.storage.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.tools.partition_dirs import (
     BadInputError,
     find_partitions,

@@ -9,10 +9,10 @@ import os
 import tempfile
 from typing import Any, TextIO
 
-from oncelog.recovery.torture.harness import TortureSummary, run_torture
-from oncelog.recovery.torture.model import FAULTS
-from oncelog.recovery.torture.process import run_process_mode
-from oncelog.recovery.torture.selftest import run_self_test
+from oncelog.torture.harness import TortureSummary, run_torture
+from oncelog.torture.model import FAULTS
+from oncelog.torture.process import run_process_mode
+from oncelog.torture.selftest import run_self_test
 
 DESCRIPTION = """\
 Crash-torture oncelog. Each crash state runs a seeded workload of idempotent

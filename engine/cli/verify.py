@@ -11,7 +11,7 @@ import argparse
 from typing import TYPE_CHECKING, Any, TextIO
 
 from oncelog.progress import partition_bar
-from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
+from oncelog.storage.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.tools.partition_dirs import BadInputError, find_partitions, root_store_error
 from oncelog.tools.verify_partition import CORRUPT, PartitionVerifier, Problem
 

@@ -41,7 +41,6 @@ from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition, validate_topic_partition
 from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
-from oncelog.recovery.partition_store import STORE_WRITERS
 from oncelog.segments import file_cache
 from oncelog.server.coordinator_store import CoordinatorStore
 from oncelog.server.group_state import GroupLimits
@@ -49,6 +48,7 @@ from oncelog.server.groups import GroupCoordinator
 from oncelog.server.rate_limited_log import RateLimitedLog
 from oncelog.server.txn_coordinator import TransactionCoordinator
 from oncelog.server.unsent import UnsentBytes
+from oncelog.storage.partition_store import STORE_WRITERS
 
 _T = TypeVar("_T")
 log = logging.getLogger("oncelog.serve")

@@ -35,8 +35,8 @@ from typing import Any, Final, TypeVar
 
 import msgpack
 
-from oncelog.metadata_values import committing, decode_value, read_value
-from oncelog.recovery.fs import FileSystem, MetadataStore
+from oncelog.storage.fs import FileSystem, MetadataStore
+from oncelog.storage.metadata_values import committing, decode_value, read_value
 
 T = TypeVar("T")
 STORE_DIR: Final = "coordinator.lmdb"

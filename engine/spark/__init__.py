@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-SOURCE_NAME = "oncelog"
-
+from oncelog.spark.options import SOURCE_NAME as SOURCE_NAME
 
 # Spark passes a Python source's filters only with this on (off by default in Spark 4.1-4.3).
 FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"

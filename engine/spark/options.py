@@ -33,6 +33,7 @@ EARLIEST, LATEST = -2, -1  # Kafka's sentinels in JSON offsets
 OffsetSpec = int | dict[int, int]
 
 
+SOURCE_NAME = "oncelog"  # the format name: spark.read.format(SOURCE_NAME)
 _INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() takes any script's
 _PARTITION = re.compile(r"0|[1-9][0-9]*")
 

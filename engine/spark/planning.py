@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from oncelog.errors import OffsetOutOfRangeError
 from oncelog.layout import TopicPartition, parse_partition_dir_name
-from oncelog.recovery.fs import DEFAULT_FS, FileSystem, ReadOnlyFileSystem
 from oncelog.root_identity import read_root_id
 from oncelog.spark.options import (
     EARLIEST,
@@ -35,6 +34,7 @@ from oncelog.spark.options import (
 )
 from oncelog.spark.pushdown import ScanBounds
 from oncelog.spark.transactional_writes import topic_partitions
+from oncelog.storage.fs import DEFAULT_FS, FileSystem, ReadOnlyFileSystem
 from oncelog.tools.partition_dirs import Partition, read_kafka_log_starts
 from oncelog.tools.partition_stat import stat_partition
 from oncelog.tools.timestamp_search import first_offset_at_timestamp

@@ -28,7 +28,6 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from oncelog.layout import TopicPartition
-from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.root_identity import check_partition_present, check_root_identity
 from oncelog.spark.arrow_batches import arrow_batches
 from oncelog.spark.options import ReadOptions
@@ -45,6 +44,7 @@ from oncelog.spark.planning import (
     timestamp_search,
 )
 from oncelog.spark.pushdown import ScanBounds, push_filters
+from oncelog.storage.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.tools.partition_reader import AbortedRange, OffsetBelowLogStartError, read_batches
 
 

@@ -18,9 +18,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from oncelog.spark import SOURCE_NAME
 from oncelog.spark.arrow_batches import DDL
-from oncelog.spark.options import OptionError, read_options, write_options
+from oncelog.spark.options import SOURCE_NAME, OptionError, read_options, write_options
 from oncelog.spark.planning import plan_read_root
 from oncelog.spark.readers import OncelogBatchReader, OncelogFilteringReader, OncelogStreamReader
 from oncelog.spark.writers import OncelogBatchWriter, OncelogStreamWriter, check_input_schema

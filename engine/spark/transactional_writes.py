@@ -40,14 +40,14 @@ from oncelog.config import LogConfig
 from oncelog.layout import TopicPartition, parse_partition_dir_name
 from oncelog.lock_wait import wait_while_locked
 from oncelog.log import Log
-from oncelog.log_dirs import create_dir
 from oncelog.log_manager import ROOT_METADATA_DIR, read_topic_config
 from oncelog.producer_ids import ProducerIdManager
-from oncelog.recovery.fs import DEFAULT_FS, FileSystem
 from oncelog.root_identity import check_partition_present, check_root_identity, ensure_root_id
 from oncelog.segments.batch import encode_batch
 from oncelog.spark.partitioner import partition_for_key
 from oncelog.spark.write_registry import REGISTRY_DIR, WriteRegistry
+from oncelog.storage.fs import DEFAULT_FS, FileSystem
+from oncelog.storage.log_dirs import create_dir
 from oncelog.tools.partition_dirs import delete_intents
 
 Header = tuple[str, bytes | None]

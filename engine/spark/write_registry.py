@@ -36,9 +36,9 @@ import msgpack
 
 from oncelog.errors import OncelogError
 from oncelog.layout import TopicPartition
-from oncelog.log_dirs import opening_failed
-from oncelog.metadata_values import decode_value, read_value
-from oncelog.recovery.fs import DEFAULT_FS, FileSystem, MetadataStore
+from oncelog.storage.fs import DEFAULT_FS, FileSystem, MetadataStore
+from oncelog.storage.log_dirs import opening_failed
+from oncelog.storage.metadata_values import decode_value, read_value
 
 REGISTRY_DIR = "spark_writes.lmdb"
 KEY_PREFIX = "write/"

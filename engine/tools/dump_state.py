@@ -28,16 +28,16 @@ import numpy as np
 
 from oncelog.errors import CorruptSnapshotError
 from oncelog.producer_state import first_sequence_of
-from oncelog.recovery.fs import DEFAULT_FS, FileSystem
-from oncelog.recovery.snapshot import (
+from oncelog.segments.index import OffsetIndex, TimeIndex
+from oncelog.segments.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_file_name
+from oncelog.storage.fs import DEFAULT_FS, FileSystem
+from oncelog.storage.snapshot import (
     ONCELOG_V1_VERSION,
     ONCELOG_VERSION,
     SNAPSHOT_SUFFIX,
     list_snapshot_offsets,
     read_snapshot,
 )
-from oncelog.segments.index import OffsetIndex, TimeIndex
-from oncelog.segments.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_file_name
 
 PROG = "oncelog"
 _VERSION = struct.Struct(">h")

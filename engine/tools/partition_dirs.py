@@ -20,17 +20,17 @@ from oncelog.errors import CorruptMetadataError, OncelogError
 from oncelog.layout import TopicPartition, is_pending_delete, parse_partition_dir_name
 from oncelog.log import METADATA_DIR
 from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR
-from oncelog.recovery.checkpoint import (
+from oncelog.segments.segment import LOG_SUFFIX, parse_segment_file_name
+from oncelog.storage.checkpoint import (
     CLIENT_ONLY_KEY,
     RECOVERY_POINT_KEY,
+    RecoveryPoint,
     read_offset,
     read_recovery_point,
     recorded_log_start,
 )
-from oncelog.recovery.clean_marker import CLEAN_SHUTDOWN_FILE
-from oncelog.recovery.fs import FileSystem
-from oncelog.recovery.plan import RecoveryPoint
-from oncelog.segments.segment import LOG_SUFFIX, parse_segment_file_name
+from oncelog.storage.clean_marker import CLEAN_SHUTDOWN_FILE
+from oncelog.storage.fs import FileSystem
 
 KAFKA_CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"  # in each Kafka log.dir after a clean stop
 KAFKA_LOG_START_CHECKPOINT = "log-start-offset-checkpoint"

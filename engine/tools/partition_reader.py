@@ -26,7 +26,6 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from oncelog.errors import CorruptRecordError, OffsetOutOfRangeError
-from oncelog.recovery.fs import DEFAULT_FS, FileHandle, FileSystem, ReadOnlyFileSystem
 from oncelog.results import ISOLATIONS, Isolation
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, UnwrittenSpaceError
@@ -34,6 +33,7 @@ from oncelog.segments.control import decode_txn_marker
 from oncelog.segments.index import OffsetIndex
 from oncelog.segments.segment import INDEX_SUFFIX, LOG_SUFFIX, scan_file, segment_file_name
 from oncelog.segments.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
+from oncelog.storage.fs import DEFAULT_FS, FileHandle, FileSystem, ReadOnlyFileSystem
 from oncelog.tools.partition_dirs import read_partition_meta, segment_bases
 
 # Segments are read this much at a time. Smaller than a recovery scan's chunk: a task

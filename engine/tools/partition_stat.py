@@ -25,12 +25,12 @@ from oncelog.producer_state import (
     apply_batch,
     apply_marker,
 )
-from oncelog.recovery.fs import FileSystem
 from oncelog.recovery.plan import replay_starts_over
-from oncelog.recovery.snapshot import list_snapshot_offsets, read_snapshot
 from oncelog.segments.batch import RecordBatch, UnwrittenSpaceError
 from oncelog.segments.control import decode_txn_marker
 from oncelog.segments.segment import LOG_SUFFIX, scan_file, segment_file_name
+from oncelog.storage.fs import FileSystem
+from oncelog.storage.snapshot import list_snapshot_offsets, read_snapshot
 from oncelog.tools.partition_dirs import (
     KAFKA_CLEAN_SHUTDOWN_FILE,
     Partition,

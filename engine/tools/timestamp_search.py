@@ -19,9 +19,9 @@ from __future__ import annotations
 import bisect
 import os
 
-from oncelog.recovery.fs import FileHandle, FileSystem
 from oncelog.segments.index import TimeIndex
 from oncelog.segments.segment import TIME_INDEX_SUFFIX, segment_file_name
+from oncelog.storage.fs import FileHandle, FileSystem
 from oncelog.tools.partition_dirs import segment_bases
 from oncelog.tools.partition_reader import read_batches, read_only
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from oncelog.recovery.fs import FileHandle
 from oncelog.segments.index import OffsetIndex, TimeIndex
+from oncelog.storage.fs import FileHandle
 
 _CHUNK_ENTRIES = 64 * 1024  # index files are read this many entries at a time
 

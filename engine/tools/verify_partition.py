@@ -28,9 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from oncelog.errors import CorruptRecordError, CorruptSnapshotError, InvalidRecordError
-from oncelog.recovery.fs import FileHandle, FileSystem, ReadOnlyFileSystem
 from oncelog.recovery.plan import NO_RECOVERY_POINT, Verdict, first_validated, judge_bad_batch
-from oncelog.recovery.snapshot import list_snapshot_offsets, read_snapshot, snapshot_file_name
 from oncelog.segments.batch import RecordBatch, TruncatedBatchError, UnwrittenSpaceError
 from oncelog.segments.segment import (
     INDEX_SUFFIX,
@@ -42,6 +40,8 @@ from oncelog.segments.segment import (
     zeros_to_end,
 )
 from oncelog.segments.txn_index import ENTRY_SIZE, TXN_INDEX_SUFFIX, TransactionIndex
+from oncelog.storage.fs import FileHandle, FileSystem, ReadOnlyFileSystem
+from oncelog.storage.snapshot import list_snapshot_offsets, read_snapshot, snapshot_file_name
 from oncelog.tools.partition_dirs import Partition, PartitionMeta, read_partition_meta, segment_bases
 from oncelog.tools.verify_indexes import Flag, OffsetIndexWalk, index_entries
 

@@ -17,8 +17,8 @@ import pytest
 
 from oncelog.bench import manager as bench_manager
 from oncelog.bench import recovery as bench_recovery
-from oncelog.log_dirs import LEGACY_LOCK_FILE
 from oncelog.producer_state import PRODUCER_DTYPE, ProducerStateEntry, ProducerStateManager
+from oncelog.storage.log_dirs import LEGACY_LOCK_FILE
 
 PRODUCERS = 20_000
 PARTITIONS = 3

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from oncelog.bench import wire
+from oncelog.bench import wire, wire_clients
 from oncelog.bench.harness import settings_for
 from oncelog.cli import bench as bench_cli
 from oncelog.cli import main as cli
@@ -173,14 +173,14 @@ class TestPieces:
         # The mock drops a partition's oldest batches past 5 MiB: a fetch from 0 would then fail.
         for quick in (False, True):
             messages = settings_for(quick).wire_messages
-            assert messages // wire.PARTITIONS * wire.RECORD_BYTES <= wire.MOCK_PARTITION_BYTES * 0.9
+            assert messages // wire_clients.PARTITIONS * wire.RECORD_BYTES <= wire.MOCK_PARTITION_BYTES * 0.9
 
     def test_process_cpu_seconds_of_this_process(self) -> None:
         if not os.path.exists("/proc/self/stat"):
             pytest.skip("no /proc")
-        before = wire.process_cpu_s(os.getpid())
+        before = wire_clients.process_cpu_s(os.getpid())
         deadline = time.process_time() + 0.05
         while time.process_time() < deadline:
             pass
-        assert wire.process_cpu_s(os.getpid()) > before > 0
-        assert wire.process_cpu_s(None) == 0.0
+        assert wire_clients.process_cpu_s(os.getpid()) > before > 0
+        assert wire_clients.process_cpu_s(None) == 0.0

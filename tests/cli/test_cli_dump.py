@@ -22,10 +22,10 @@ from oncelog.cli import dump as cli_dump
 from oncelog.cli import main as cli
 from oncelog.config import LogConfig
 from oncelog.log import Log
-from oncelog.recovery.fs import DEFAULT_FS, FileHandle
 from oncelog.segments import RecordBatch, encode_batch, iter_batches
 from oncelog.segments.records import Record
 from oncelog.segments.segment import SCAN_CHUNK_BYTES
+from oncelog.storage.fs import DEFAULT_FS, FileHandle
 
 FIXTURES = Path(
     os.environ.get("ONCELOG_FIXTURES")

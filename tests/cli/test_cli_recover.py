@@ -10,8 +10,8 @@ from pathlib import Path
 from oncelog import LogConfig, LogManager, TopicPartition
 from oncelog.cli.main import main
 from oncelog.log import Log
-from oncelog.recovery.clean_marker import CLEAN_SHUTDOWN_FILE
 from oncelog.segments.batch import encode_batch
+from oncelog.storage.clean_marker import CLEAN_SHUTDOWN_FILE
 
 T0 = 1_700_000_000_000
 CONFIG = LogConfig()

@@ -22,8 +22,8 @@ from oncelog.cli import main as cli
 from oncelog.cli import stat as cli_stat
 from oncelog.config import LogConfig
 from oncelog.log import Log
-from oncelog.recovery.fs import DEFAULT_FS, FileHandle, MetadataStore
 from oncelog.segments import encode_batch
+from oncelog.storage.fs import DEFAULT_FS, FileHandle, MetadataStore
 
 FIXTURES = kafka_fixtures_root()
 FLINK = FIXTURES / "flink-on-prem"

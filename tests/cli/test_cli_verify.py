@@ -26,9 +26,9 @@ from oncelog.cli import main as cli
 from oncelog.cli import verify as cli_verify
 from oncelog.config import LogConfig
 from oncelog.log import Log
-from oncelog.recovery.fs import DEFAULT_FS, FileHandle, MetadataStore
 from oncelog.segments import encode_batch
 from oncelog.segments.segment import SCAN_CHUNK_BYTES
+from oncelog.storage.fs import DEFAULT_FS, FileHandle, MetadataStore
 
 FIXTURES = kafka_fixtures_root()
 FIXTURE_SETS = ["flink-on-prem", "LDI-POC", "apache-kafka-eda-study"]

@@ -40,9 +40,9 @@ from oncelog.producer_state import (
     RING_HOLES,
     RING_USED,
 )
-from oncelog.recovery.clean_marker import CLEAN_SHUTDOWN_FILE, decode_marker
 from oncelog.segments import cursor
 from oncelog.segments.records import Record
+from oncelog.storage.clean_marker import CLEAN_SHUTDOWN_FILE, decode_marker
 
 compiled = fast_append.compiled
 needs_compiled = pytest.mark.skipif(

@@ -30,9 +30,9 @@ from log_helpers import read_all
 from oncelog import Log, LogConfig, encode_batch
 from oncelog.errors import LogFailedError
 from oncelog.log_manager import LogManager
-from oncelog.recovery.fs import OsFileSystem
-from oncelog.recovery.torture.faultfs import FaultFileSystem
 from oncelog.segments.index import INDEX_MIN_GROW_BYTES
+from oncelog.storage.fs import OsFileSystem
+from oncelog.torture.faultfs import FaultFileSystem
 
 T0 = 1_700_000_000_000
 TMPFS_BYTES = 6 * 1024 * 1024

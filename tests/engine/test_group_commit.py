@@ -20,9 +20,9 @@ from oncelog.config import LogConfig
 from oncelog.errors import LogFailedError, OffsetOutOfRangeError, TruncatedBeforeDurableError
 from oncelog.group_commit import CUT_HISTORY, GroupCommit
 from oncelog.log import Log
-from oncelog.recovery.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle
-from oncelog.recovery.torture.faultfs import FaultFileSystem
 from oncelog.segments.batch import encode_batch
+from oncelog.storage.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle
+from oncelog.torture.faultfs import FaultFileSystem
 
 T0 = 1_700_000_000_000
 CONFIG = LogConfig()

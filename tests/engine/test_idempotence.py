@@ -27,11 +27,12 @@ from oncelog.errors import (
 )
 from oncelog.log import Log
 from oncelog.producer_state import BatchMetadata, ProducerStateEntry
-from oncelog.recovery.fs import Buffer, DelegatingFileHandle, DelegatingFileSystem, FileHandle
 from oncelog.results import AppendResult
 from oncelog.segments import segment as segment_module
 from oncelog.segments.batch import encode_batch
+from oncelog.segments.format import Buffer
 from oncelog.segments.records import Record
+from oncelog.storage.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle
 
 MAX_SEQ = 2**31 - 1
 T0 = 1_700_000_000_000

@@ -40,14 +40,14 @@ from oncelog import (
 from oncelog import log_manager as log_manager_module
 from oncelog.cli.main import main as cli_main
 from oncelog.log import LOCK_FILE
-from oncelog.log_dirs import PARTITION_LOCKS_DIR, lock_log_dir
 from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR, read_root_config, read_topic_config
 from oncelog.producer_ids import ProducerIdManager
-from oncelog.recovery.clean_marker import CLEAN_SHUTDOWN_FILE, TAKEN_MARKER_FILE, take_clean_marker
-from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, MetadataStore
-from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.recovery_progress import RecoveryProgress
 from oncelog.segments.batch import encode_batch
+from oncelog.storage.clean_marker import CLEAN_SHUTDOWN_FILE, TAKEN_MARKER_FILE, take_clean_marker
+from oncelog.storage.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, MetadataStore
+from oncelog.storage.log_dirs import PARTITION_LOCKS_DIR, lock_log_dir
+from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 
 T0 = 1_700_000_000_000
 CONFIG = LogConfig(segment_bytes=2048, index_interval_bytes=256)

@@ -35,14 +35,14 @@ from oncelog import (
     encode_batch,
 )
 from oncelog.log import METADATA_DIR, Log
-from oncelog.log_dirs import PARTITION_LOCKS_DIR
 from oncelog.log_manager import ROOT_LOCK_FILE, ROOT_METADATA_DIR, read_topic_config
 from oncelog.producer_ids import BLOCK_END_KEY, STORE_DIR
-from oncelog.recovery.checkpoint import LOG_START_KEY
-from oncelog.recovery.clean_marker import CLEAN_SHUTDOWN_FILE
-from oncelog.recovery.fs import LmdbStore
-from oncelog.recovery.torture.faultfs import FaultFileSystem
 from oncelog.spark.write_registry import KEY_PREFIX, WriteRegistry
+from oncelog.storage.checkpoint import LOG_START_KEY
+from oncelog.storage.clean_marker import CLEAN_SHUTDOWN_FILE
+from oncelog.storage.lmdb_store import LmdbStore
+from oncelog.storage.log_dirs import PARTITION_LOCKS_DIR
+from oncelog.torture.faultfs import FaultFileSystem
 
 T0 = 1_700_000_000_000
 

@@ -33,9 +33,9 @@ from oncelog.bench.references import Headers, ReferenceRecord, kafka_python_batc
 from oncelog.config import LogConfig
 from oncelog.errors import CorruptRecordError, InvalidRecordError
 from oncelog.log import Log
-from oncelog.recovery.fs import OsFileSystem
 from oncelog.segments import RecordBatch, encode_batch
 from oncelog.segments.records import Record
+from oncelog.storage.fs import OsFileSystem
 from oncelog.tools.partition_dirs import read_partition_meta
 
 T0 = 1_700_000_000_000
@@ -352,7 +352,7 @@ from oncelog.config import LogConfig
 from oncelog.errors import CorruptRecordError
 from oncelog.log import Log
 from oncelog.tools.partition_dirs import read_partition_meta
-from oncelog.recovery.fs import OsFileSystem
+from oncelog.storage.fs import OsFileSystem
 bomb = open(sys.argv[1], "rb").read()
 with tempfile.TemporaryDirectory() as directory:
     log = Log.open(directory + "/bombed-0", LogConfig(max_batch_bytes=len(bomb), segment_index_bytes=4096))

@@ -17,8 +17,8 @@ import pytest
 from oncelog.config import LogConfig
 from oncelog.errors import OffsetOutOfRangeError
 from oncelog.log import Log
-from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.segments.batch import encode_batch
+from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 
 T0 = 1_700_000_000_000
 HOUR_MS = 3600 * 1000

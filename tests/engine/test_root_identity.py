@@ -11,8 +11,6 @@ import pytest
 
 from oncelog import LogConfig, LogManager
 from oncelog.errors import CorruptMetadataError, LogDirectoryError
-from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
-from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.root_identity import (
     ROOT_ID_FILE,
     RootIdentityError,
@@ -20,6 +18,8 @@ from oncelog.root_identity import (
     ensure_root_id,
     read_root_id,
 )
+from oncelog.storage.fs import DEFAULT_FS, ReadOnlyFileSystem
+from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 
 
 def test_a_root_without_an_id_reads_as_none_and_gets_one_once(tmp_path: Path) -> None:

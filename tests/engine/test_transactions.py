@@ -53,10 +53,11 @@ from oncelog.errors import (
     TransactionCoordinatorFencedError,
 )
 from oncelog.log import Log
-from oncelog.recovery.fs import Buffer, DelegatingFileHandle, DelegatingFileSystem, FileHandle
 from oncelog.results import AppendResult, FetchResult
 from oncelog.segments.batch import RecordBatch, encode_batch
+from oncelog.segments.format import Buffer
 from oncelog.segments.records import Record
+from oncelog.storage.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle
 
 T0 = 1_700_000_000_000
 CONFIG = LogConfig(segment_index_bytes=4096)

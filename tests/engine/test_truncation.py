@@ -24,9 +24,9 @@ from oncelog.errors import CorruptLogError, LogFailedError, OffsetOutOfRangeErro
 from oncelog.log import METADATA_DIR, Log
 from oncelog.producer_state import ProducerStateEntry
 from oncelog.recovery import loader as loader_module
-from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.segments.batch import encode_batch
 from oncelog.segments.segment import LogSegment
+from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 
 T0 = 1_700_000_000_000
 CONFIG = LogConfig(segment_bytes=1024, index_interval_bytes=256)

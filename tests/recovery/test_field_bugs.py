@@ -19,10 +19,10 @@ from log_helpers import read_all
 from oncelog import CorruptLogError, Log, LogConfig, encode_batch
 from oncelog.producer_state import PRODUCER_DTYPE, ProducerStateEntry
 from oncelog.recovery import loader as loader_module
-from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.checkpoint import read_recovery_point
-from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.segments import format as fmt
+from oncelog.storage import snapshot as snapshots
+from oncelog.storage.checkpoint import read_recovery_point
+from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 
 D = "/data/topic-0"
 T0 = 1_800_000_000_000

@@ -16,8 +16,8 @@ import pytest
 from oncelog.config import LogConfig
 from oncelog.errors import CorruptLogError
 from oncelog.log import Log
-from oncelog.recovery.fs import DelegatingFileSystem, FileHandle
 from oncelog.segments.batch import encode_batch
+from oncelog.storage.fs import DelegatingFileSystem, FileHandle
 
 T0 = 1_700_000_000_000
 CONFIG = LogConfig(segment_bytes=4096, index_interval_bytes=256)

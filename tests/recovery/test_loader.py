@@ -30,16 +30,16 @@ from doubles import FsyncFailingFileSystem
 from oncelog.config import LogConfig
 from oncelog.errors import CorruptLogError, LogDirLockedError, LogFailedError
 from oncelog.log import Log
-from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.checkpoint import RECOVERY_POINT_KEY, read_offset
-from oncelog.recovery.fs import (
+from oncelog.results import AppendResult
+from oncelog.segments import RecordBatch, encode_batch, iter_batches
+from oncelog.storage import snapshot as snapshots
+from oncelog.storage.checkpoint import RECOVERY_POINT_KEY, read_offset
+from oncelog.storage.fs import (
     DelegatingFileSystem,
     FileHandle,
     MetadataStore,
     OsFileSystem,
 )
-from oncelog.results import AppendResult
-from oncelog.segments import RecordBatch, encode_batch, iter_batches
 
 T0 = 1_700_000_000_000
 HEADER_SIZE = 61

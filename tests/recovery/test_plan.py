@@ -15,7 +15,6 @@ import pytest
 
 from oncelog import CorruptLogError, Log, LogConfig, encode_batch
 from oncelog.cli.main import main as cli_main
-from oncelog.recovery.fs import DEFAULT_FS
 from oncelog.recovery.plan import (
     DECISION_TABLE,
     NO_RECOVERY_POINT,
@@ -37,6 +36,7 @@ from oncelog.recovery.plan import (
     replay_starts_over,
     snapshot_limit,
 )
+from oncelog.storage.fs import DEFAULT_FS
 from oncelog.tools.partition_dirs import Partition
 from oncelog.tools.partition_stat import stat_partition
 

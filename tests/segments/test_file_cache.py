@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from oncelog import Log, LogConfig, TooManyOpenFilesError, encode_batch
-from oncelog.recovery.fs import DelegatingFileSystem, FileHandle, OsFileSystem
 from oncelog.segments import file_cache
 from oncelog.segments.file_cache import CachedFile, FileCache
+from oncelog.storage.fs import DelegatingFileSystem, FileHandle, OsFileSystem
 
 T0 = 1_700_000_000_000
 

@@ -20,10 +20,10 @@ import pytest
 
 from oncelog.config import LogConfig
 from oncelog.log import Log
-from oncelog.recovery.torture.faultfs import FaultFileSystem
 from oncelog.segments.batch import encode_batch
 from oncelog.segments.index import INDEX_MIN_GROW_BYTES, IndexFullError, OffsetIndex, OffsetPosition
 from oncelog.segments.records import Record
+from oncelog.torture.faultfs import FaultFileSystem
 
 INDEX_INTERVAL = 512
 OFFSET_ENTRY = struct.Struct(">ii")  # relative last offset, file position

@@ -18,8 +18,8 @@ from log_helpers import read_all
 
 from oncelog import Log, LogConfig, encode_batch
 from oncelog.errors import LogFailedError
-from oncelog.recovery.torture.faultfs import FaultFileSystem
 from oncelog.segments import segment as segment_module
+from oncelog.torture.faultfs import FaultFileSystem
 
 T0 = 1_700_000_000_000
 CONFIG = LogConfig(segment_bytes=256 * 1024, segment_index_bytes=4096)

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oncelog.errors import CorruptRecordError
-from oncelog.recovery.fs import OsFileSystem
-from oncelog.recovery.torture.faultfs import FaultFileSystem
 from oncelog.segments.txn_index import TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex, TxnIndexSearch
+from oncelog.storage.fs import OsFileSystem
+from oncelog.torture.faultfs import FaultFileSystem
 
 KAFKA_ENTRY = struct.Struct(">hqqqq")  # version, producerId, firstOffset, lastOffset, lastStableOffset
 BASE = 1000

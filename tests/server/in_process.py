@@ -7,9 +7,9 @@ import threading
 from pathlib import Path
 
 from oncelog.log_manager import LogManager
-from oncelog.recovery.fs import FileSystem
 from oncelog.server.app import Server
 from oncelog.server.broker import ServeConfig
+from oncelog.storage.fs import FileSystem
 
 
 class InProcessServer:

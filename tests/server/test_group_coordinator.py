@@ -16,9 +16,9 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from oncelog.errors import CorruptMetadataError
-from oncelog.recovery.fs import DEFAULT_FS
 from oncelog.server.coordinator_store import CoordinatorStore
 from oncelog.server.groups import CommittedOffset, GroupCoordinator, GroupLimits, GroupState, JoinResult
+from oncelog.storage.fs import DEFAULT_FS
 
 _T = TypeVar("_T")
 PROTOCOLS = [("range", b"range-meta"), ("roundrobin", b"rr-meta")]

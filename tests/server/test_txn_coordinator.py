@@ -16,10 +16,10 @@ from kio.schema.errors import ErrorCode
 from oncelog.errors import MetadataWriteError
 from oncelog.layout import TopicPartition
 from oncelog.producer_ids import ProducerIdManager
-from oncelog.recovery.fs import DEFAULT_FS
 from oncelog.server.coordinator_store import CoordinatorStore
 from oncelog.server.groups import CommittedOffset, GroupCoordinator, GroupLimits
 from oncelog.server.txn_coordinator import MAX_EPOCH, TransactionCoordinator, TxnError, TxnState
+from oncelog.storage.fs import DEFAULT_FS
 
 TP0 = TopicPartition("out", 0)
 TP1 = TopicPartition("out", 1)

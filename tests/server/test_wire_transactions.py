@@ -50,7 +50,6 @@ from serve_process import ServeProcess
 from wire_client import WireSocket, decode_response, encode_request
 
 from oncelog.layout import TopicPartition
-from oncelog.recovery.fs import OsFileSystem
 from oncelog.segments import RecordBatch, encode_batch
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import batch_size_at
@@ -60,6 +59,7 @@ from oncelog.server.coordinator_store import TXN, CoordinatorStore
 from oncelog.server.group_state import GroupLimits
 from oncelog.server.protocol import build, nested
 from oncelog.server.txn_coordinator import TxnState
+from oncelog.storage.fs import OsFileSystem
 
 Client = Literal["confluent", "kafka-python", "aiokafka"]
 Isolation = Literal["read_uncommitted", "read_committed"]

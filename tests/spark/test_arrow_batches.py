@@ -35,11 +35,11 @@ from pyspark.sql.types import (
 )
 
 from oncelog.errors import CorruptRecordError
-from oncelog.recovery.fs import DEFAULT_FS
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.control import encode_txn_marker
 from oncelog.segments.records import Record
 from oncelog.spark.arrow_batches import DDL, LOG_APPEND_TIME, SCHEMA, arrow_batches
+from oncelog.storage.fs import DEFAULT_FS
 from oncelog.tools.partition_dirs import Partition
 from oncelog.tools.partition_reader import read_batches
 from oncelog.tools.partition_stat import stat_partition

@@ -23,8 +23,8 @@ from pyspark.sql import DataFrame, SparkSession
 import oncelog.spark
 from oncelog import Log, LogConfig, LogManager
 from oncelog.layout import TopicPartition
-from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.segments.batch import encode_batch
+from oncelog.storage.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.tools.partition_dirs import Partition
 from oncelog.tools.partition_stat import stat_partition
 

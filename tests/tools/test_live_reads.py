@@ -14,8 +14,8 @@ from pathlib import Path
 
 from oncelog import Log, LogConfig
 from oncelog.layout import TopicPartition
-from oncelog.recovery.fs import DEFAULT_FS
 from oncelog.segments.batch import encode_batch
+from oncelog.storage.fs import DEFAULT_FS
 from oncelog.tools.partition_dirs import Partition
 from oncelog.tools.partition_reader import read_batches
 from oncelog.tools.partition_stat import stat_partition

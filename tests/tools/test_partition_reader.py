@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from oncelog.config import LogConfig
 from oncelog.errors import CorruptRecordError, OffsetOutOfRangeError
 from oncelog.log import Log
-from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileHandle, DelegatingFileSystem, FileHandle
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.records import Record
+from oncelog.storage.fs import DEFAULT_FS, DelegatingFileHandle, DelegatingFileSystem, FileHandle
 from oncelog.tools.partition_dirs import Partition
 from oncelog.tools.partition_reader import (
     AbortedRange,

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from oncelog.config import LogConfig
 from oncelog.layout import parse_partition_dir_name
 from oncelog.log import Log
-from oncelog.recovery.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.segments.batch import encode_batch
 from oncelog.segments.records import Record
+from oncelog.storage.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.tools.partition_dirs import Partition
 from oncelog.tools.partition_reader import read_batches
 from oncelog.tools.partition_stat import stat_partition

@@ -20,14 +20,14 @@ from oncelog import log as log_module
 from oncelog.errors import LogFailedError
 from oncelog.log import Log
 from oncelog.producer_state import BatchMetadata, ProducerStateManager, WorkingState
-from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.checkpoint import LOG_START_KEY, write_offsets
-from oncelog.recovery.fs import FileSystem
 from oncelog.recovery.loader import LogLoader
-from oncelog.recovery.torture.harness import run_torture
 from oncelog.segments import index as index_module
 from oncelog.segments.batch import RecordBatch
 from oncelog.segments.segment import LogSegment
+from oncelog.storage import snapshot as snapshots
+from oncelog.storage.checkpoint import LOG_START_KEY, write_offsets
+from oncelog.storage.fs import FileSystem
+from oncelog.torture.harness import run_torture
 
 CRASHES_PER_BUG = 90
 

@@ -35,10 +35,13 @@ from oncelog.errors import (
     TransactionCoordinatorFencedError,
 )
 from oncelog.log import Log
-from oncelog.recovery.torture.concurrent import concurrent_step
-from oncelog.recovery.torture.cuts import cut_model, next_sequence, retention_plan, truncation_end
-from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
-from oncelog.recovery.torture.model import (
+from oncelog.results import AppendResult
+from oncelog.segments.batch import RecordBatch, encode_batch
+from oncelog.segments.control import encode_txn_marker
+from oncelog.torture.concurrent import concurrent_step
+from oncelog.torture.cuts import cut_model, next_sequence, retention_plan, truncation_end
+from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.torture.model import (
     CLIENT_CLOCKS,
     CONFIG,
     DIRECTORY,
@@ -52,10 +55,7 @@ from oncelog.recovery.torture.model import (
     Txn,
     stamped,
 )
-from oncelog.recovery.torture.threads import Scheduler
-from oncelog.results import AppendResult
-from oncelog.segments.batch import RecordBatch, encode_batch
-from oncelog.segments.control import encode_txn_marker
+from oncelog.torture.threads import Scheduler
 
 
 def _batch(

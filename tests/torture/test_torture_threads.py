@@ -1,4 +1,4 @@
-"""The torture harness's deterministic threads (recovery/torture/threads.py).
+"""The torture harness's deterministic threads (engine/torture/threads.py).
 
 Simulated threads run one at a time and switch only at yield points, by a seeded
 draw: the same seed gives the same interleaving, different seeds different ones; a
@@ -16,9 +16,9 @@ import pytest
 from oncelog import threads
 from oncelog.config import LogConfig
 from oncelog.log import Log
-from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
-from oncelog.recovery.torture.threads import Deadlock, Scheduler
 from oncelog.segments.batch import encode_batch
+from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.torture.threads import Deadlock, Scheduler
 
 
 def interleaving(seed: int) -> list[str]:

@@ -9,8 +9,8 @@ import pytest
 
 from oncelog.errors import CorruptSnapshotError
 from oncelog.producer_state import PRODUCER_DTYPE, WINDOW
-from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.fs import OsFileSystem
+from oncelog.storage import snapshot as snapshots
+from oncelog.storage.fs import OsFileSystem
 
 
 def rows(count: int) -> np.ndarray:

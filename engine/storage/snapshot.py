@@ -30,8 +30,9 @@ import msgpack
 import numpy as np
 
 from oncelog.errors import CorruptSnapshotError
-from oncelog.producer_state import PRODUCER_DTYPE, UNKNOWN_APPEND_MS, WINDOW
-from oncelog.recovery.fs import Buffer, FileHandle, FileSystem
+from oncelog.segments.format import Buffer
+from oncelog.storage.fs import FileHandle, FileSystem
+from oncelog.storage.producer_row import PRODUCER_DTYPE, UNKNOWN_APPEND_MS, WINDOW
 
 SNAPSHOT_SUFFIX = ".snapshot"
 TMP_SUFFIX = ".tmp"

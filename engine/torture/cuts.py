@@ -15,8 +15,8 @@ Model they leave.
 from __future__ import annotations
 
 from oncelog.log import Log
-from oncelog.recovery.torture.model import Model
 from oncelog.segments.batch import RecordBatch
+from oncelog.torture.model import Model
 
 
 def truncation_end(model: Model, offset: int) -> int:

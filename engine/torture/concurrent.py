@@ -28,13 +28,13 @@ from oncelog.errors import (
     TruncatedBeforeDurableError,
 )
 from oncelog.log import Log
-from oncelog.recovery.torture.faultfs import SimulatedCrash
-from oncelog.recovery.torture.model import PRODUCERS, OnlineCheckFailed, stamped
-from oncelog.recovery.torture.threads import Scheduler
 from oncelog.results import AppendResult
+from oncelog.torture.faultfs import SimulatedCrash
+from oncelog.torture.model import PRODUCERS, OnlineCheckFailed, stamped
+from oncelog.torture.threads import Scheduler
 
 if TYPE_CHECKING:  # the workload calls in here: only its type is needed
-    from oncelog.recovery.torture.workload import Workload
+    from oncelog.torture.workload import Workload
 
 # What the main thread does while the others flush (truncation three times as likely: the race).
 CHANGES = (

@@ -54,18 +54,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from oncelog.errors import CorruptMetadataError
-from oncelog.recovery.fs import (
-    Buffer,
+from oncelog.errors import CorruptMetadataError, read_only_error
+from oncelog.segments.format import Buffer
+from oncelog.storage.fs import (
     DirLock,
     FileHandle,
-    LmdbStore,
     LockTable,
     MappedRegion,
     MetadataStore,
-    read_only_error,
 )
-from oncelog.recovery.torture.crash_states import (
+from oncelog.storage.lmdb_store import LmdbStore
+from oncelog.torture.crash_states import (
     AppliedFault,
     CrashMode,
     Directory,

@@ -23,9 +23,9 @@ from log_helpers import read_all
 
 from oncelog import CorruptLogError, Log, LogConfig, encode_batch
 from oncelog.errors import CorruptMetadataError, CorruptRecordError
-from oncelog.recovery.fs import OsFileSystem
-from oncelog.recovery.torture.crash_states import CrashMode
-from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.storage.fs import OsFileSystem
+from oncelog.torture.crash_states import CrashMode
+from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 
 D = "/data/topic-0"
 F = D + "/f"

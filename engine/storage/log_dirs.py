@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TypeGuard
 
 from oncelog.errors import LogDirectoryError, LogDirLockedError, LogFailedError, OncelogError
-from oncelog.recovery.fs import DirLock, FileSystem, LockTable
+from oncelog.storage.fs import DirLock, FileSystem, LockTable
 
 # What an OSError says about the path itself rather than the device. (ENOENT: a file the
 # directory lists cannot be opened, a dangling link; nothing else deletes under the lock.

@@ -31,11 +31,11 @@ from typing import NamedTuple
 
 from oncelog.config import LogConfig
 from oncelog.log import Log
-from oncelog.recovery.torture.harness import check_producer_state
-from oncelog.recovery.torture.model import PRODUCERS, TXN_PRODUCERS, Violation
-from oncelog.recovery.torture.txn import check_read_committed, read_all
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.control import decode_txn_marker
+from oncelog.torture.harness import check_producer_state
+from oncelog.torture.model import PRODUCERS, TXN_PRODUCERS, Violation
+from oncelog.torture.txn import check_read_committed, read_all
 
 CONFIG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=512, producer_capacity=64)
 DAY_MS = 24 * 3600 * 1000
@@ -125,7 +125,7 @@ def run_process_mode(
             [
                 sys.executable,
                 "-c",
-                f"from oncelog.recovery.torture.process import _child; _child({directory!r}, {child_seed})",
+                f"from oncelog.torture.process import _child; _child({directory!r}, {child_seed})",
             ],
             stdout=subprocess.PIPE,
             text=True,

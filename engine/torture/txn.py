@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 from oncelog.errors import OncelogError
 from oncelog.log import Log
-from oncelog.recovery.torture.model import ABORTED, COMMITTED, OPEN, READ_COMMITTED_FETCH_BYTES, Model
 from oncelog.segments.batch import RecordBatch
 from oncelog.segments.control import decode_txn_marker
+from oncelog.torture.model import ABORTED, COMMITTED, OPEN, READ_COMMITTED_FETCH_BYTES, Model
 
 
 def read_all(log: Log) -> Iterator[RecordBatch]:

@@ -20,8 +20,9 @@ from log_helpers import stored_batches
 from oncelog.config import LogConfig
 from oncelog.errors import CorruptMetadataError, LogFailedError
 from oncelog.log import METADATA_DIR, Log
-from oncelog.recovery.checkpoint import LOG_START_KEY, write_offsets
-from oncelog.recovery.clean_marker import (
+from oncelog.segments.batch import encode_batch
+from oncelog.storage.checkpoint import LOG_START_KEY, write_offsets
+from oncelog.storage.clean_marker import (
     CLEAN_SHUTDOWN_FILE,
     MAX_MARKER_BYTES,
     TAKEN_MARKER_FILE,
@@ -29,9 +30,9 @@ from oncelog.recovery.clean_marker import (
     decode_marker,
     encode_marker,
 )
-from oncelog.recovery.fs import DelegatingFileSystem, LmdbStore, MetadataStore
-from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
-from oncelog.segments.batch import encode_batch
+from oncelog.storage.fs import DelegatingFileSystem, MetadataStore
+from oncelog.storage.lmdb_store import LmdbStore
+from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 
 T0 = 1_700_000_000_000
 CONFIG = LogConfig(segment_bytes=1024, index_interval_bytes=256)

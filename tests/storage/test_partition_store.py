@@ -20,9 +20,9 @@ import pytest
 from oncelog import Log, encode_batch
 from oncelog.errors import CorruptMetadataError, LogFailedError
 from oncelog.log import METADATA_DIR
-from oncelog.recovery.checkpoint import LOG_START_KEY, RECOVERY_POINT_KEY, read_offset, write_offsets
-from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, MetadataStore
-from oncelog.recovery.partition_store import STORE_WRITERS, PartitionStore, StoreWriters
+from oncelog.storage.checkpoint import LOG_START_KEY, RECOVERY_POINT_KEY, read_offset, write_offsets
+from oncelog.storage.fs import DEFAULT_FS, DelegatingFileSystem, MetadataStore
+from oncelog.storage.partition_store import STORE_WRITERS, PartitionStore, StoreWriters
 
 T0 = 1_700_000_000_000
 

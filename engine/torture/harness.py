@@ -58,9 +58,11 @@ from oncelog.errors import CorruptLogError, CorruptRecordError, OncelogError
 from oncelog.log import METADATA_DIR, Log
 from oncelog.producer_replay import ReplayBuffer
 from oncelog.producer_state import ProducerStateEntry, ProducerStateManager
-from oncelog.recovery.checkpoint import read_recovery_point
-from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
-from oncelog.recovery.torture.model import (
+from oncelog.segments.batch import RecordBatch
+from oncelog.segments.control import decode_txn_marker
+from oncelog.storage.checkpoint import read_recovery_point
+from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.torture.model import (
     ABORTED,
     CLOCK_MS,
     COMMITTED,
@@ -82,7 +84,7 @@ from oncelog.recovery.torture.model import (
     crash_seed,
     stamped,
 )
-from oncelog.recovery.torture.txn import (
+from oncelog.torture.txn import (
     TxnView,
     check_read_committed,
     check_txn_outcomes,
@@ -91,9 +93,7 @@ from oncelog.recovery.torture.txn import (
     read_all,
     read_committed,
 )
-from oncelog.recovery.torture.workload import run_workload
-from oncelog.segments.batch import RecordBatch
-from oncelog.segments.control import decode_txn_marker
+from oncelog.torture.workload import run_workload
 
 __all__ = [
     # torture_model

@@ -1,6 +1,6 @@
 """Producer-state snapshot files: oncelog's own format and Kafka's v1 (issue 3, brief §3/§5).
 
-Mirrors recovery/snapshot.py. The oncelog format must keep every producer's full
+Mirrors engine/storage/snapshot.py. The oncelog format must keep every producer's full
 5-batch window and refuse any damaged or foreign file; the Kafka v1 reader is
 checked against real broker output, whose logs are replayed here header by header
 with `iter_batches`, independently of the loader.
@@ -32,11 +32,12 @@ from oncelog.producer_state import (
     ProducerStateManager,
     first_sequence_of,
 )
-from oncelog.recovery import snapshot as snapshots
-from oncelog.recovery.fs import Buffer, DelegatingFileHandle, DelegatingFileSystem, FileHandle, OsFileSystem
 from oncelog.segments import iter_batches
+from oncelog.segments.format import Buffer
+from oncelog.storage import snapshot as snapshots
+from oncelog.storage.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle, OsFileSystem
 
-# The v1 layout written out here, independently of recovery/snapshot.py.
+# The v1 layout written out here, independently of engine/storage/snapshot.py.
 V1_PREFIX = struct.Struct(">hI")
 V1_COUNT = struct.Struct(">i")
 V1_ENTRY = struct.Struct(">qhiqiqiq")

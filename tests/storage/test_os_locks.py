@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from oncelog.recovery import os_locks
-from oncelog.recovery.os_locks import OsLockTable
+from oncelog.storage import os_locks
+from oncelog.storage.os_locks import OsLockTable
 
 pytestmark = pytest.mark.skipif(os_locks._OFD_SETLK is None, reason="no open-file-description locks here")
 
@@ -153,7 +153,7 @@ def test_a_directory_replaced_between_the_stat_and_the_lock_is_locked_as_it_is_n
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from oncelog.recovery.os_locks import OsLockTable
+    from oncelog.storage.os_locks import OsLockTable
     table = OsLockTable(sys.argv[1])
     table.lock(sys.argv[2])
     print("held", flush=True)

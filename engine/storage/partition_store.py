@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from oncelog import threads
 from oncelog.errors import CorruptMetadataError
-from oncelog.recovery.clean_marker import StoreCopy
-from oncelog.recovery.fs import FileSystem, MetadataStore
+from oncelog.storage.clean_marker import StoreCopy
+from oncelog.storage.fs import FileSystem, MetadataStore
 
 log = logging.getLogger(__name__)
 

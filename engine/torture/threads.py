@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from types import TracebackType
 
-from oncelog.recovery.torture.model import OnlineCheckFailed
+from oncelog.torture.model import OnlineCheckFailed
 
 
 class Deadlock(OnlineCheckFailed):

@@ -31,7 +31,7 @@ import struct
 
 import crc32c
 
-from oncelog.recovery.fs import FileSystem
+from oncelog.storage.fs import FileSystem
 
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 # Where an open moves the marker it takes. Its presence means nothing: the next clean

@@ -21,9 +21,15 @@ from oncelog import log as log_module
 from oncelog.cli.main import main
 from oncelog.producer_state import ProducerStateManager
 from oncelog.recovery import loader
-from oncelog.recovery.torture import harness as torture
-from oncelog.recovery.torture.faultfs import FaultFileSystem, SimulatedCrash
-from oncelog.recovery.torture.harness import (
+from oncelog.results import FetchResult
+from oncelog.segments import index as index_module
+from oncelog.segments.batch import RecordBatch, encode_batch
+from oncelog.segments.control import encode_txn_marker
+from oncelog.segments.records import Record
+from oncelog.segments.segment import LogSegment
+from oncelog.torture import harness as torture
+from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
+from oncelog.torture.harness import (
     ABORTED,
     COMMITTED,
     FAULTS,
@@ -34,12 +40,6 @@ from oncelog.recovery.torture.harness import (
     run_torture,
     run_workload,
 )
-from oncelog.results import FetchResult
-from oncelog.segments import index as index_module
-from oncelog.segments.batch import RecordBatch, encode_batch
-from oncelog.segments.control import encode_txn_marker
-from oncelog.segments.records import Record
-from oncelog.segments.segment import LogSegment
 
 
 @pytest.fixture(autouse=True)
@@ -285,7 +285,7 @@ def test_a_truncation_whose_cut_never_reaches_the_file_is_caught(monkeypatch: py
 
 
 def test_planted_bugs_are_restored_after_the_self_test() -> None:
-    from oncelog.recovery.torture.selftest import PLANTED
+    from oncelog.torture.selftest import PLANTED
 
     before = (
         log_module.Log._flush,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from oncelog.errors import CorruptMetadataError, MetadataWriteError, OncelogError
-from oncelog.recovery.fs import MetadataStore
+from oncelog.storage.fs import MetadataStore
 
 T = TypeVar("T")
 

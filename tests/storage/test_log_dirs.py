@@ -14,10 +14,10 @@ import pytest
 
 from oncelog import LogConfig, LogDirectoryError, LogDirLockedError, encode_batch
 from oncelog.log import Log
-from oncelog.log_dirs import LEGACY_LOCK_FILE, PARTITION_LOCKS_DIR, lock_log_dir
 from oncelog.log_manager import LogManager, PartitionRecoveryError
-from oncelog.recovery.fs import DEFAULT_FS, DelegatingFileSystem, DirLock, LockTable
-from oncelog.recovery.torture.faultfs import FaultFileSystem
+from oncelog.storage.fs import DEFAULT_FS, DelegatingFileSystem, DirLock, LockTable
+from oncelog.storage.log_dirs import LEGACY_LOCK_FILE, PARTITION_LOCKS_DIR, lock_log_dir
+from oncelog.torture.faultfs import FaultFileSystem
 
 CONFIG = LogConfig(segment_bytes=4096)
 

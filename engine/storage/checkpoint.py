@@ -9,10 +9,31 @@ recovery decision (`oncelog.recovery.plan`) reads the recovery point from here.
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
-from oncelog.metadata_values import read_value
-from oncelog.recovery.fs import MetadataStore
-from oncelog.recovery.plan import RecoveryPoint
+from oncelog.storage.fs import MetadataStore
+from oncelog.storage.metadata_values import read_value
+
+
+class RecoveryPoint(NamedTuple):
+    """Offsets below `offset` were fsynced; in bytes, everything of segment
+    `segment_base` before `position`, and every segment before it."""
+
+    offset: int
+    segment_base: int | None = None  # None in stores written before positions were kept
+    position: int = 0
+
+    def covers(self, segment_base: int, position: int) -> bool:
+        """Was the byte at `position` of segment `segment_base` fsynced before the crash?"""
+        if self.segment_base is None:
+            return False
+        return segment_base < self.segment_base or (
+            segment_base == self.segment_base and position < self.position
+        )
+
+
+NO_RECOVERY_POINT = RecoveryPoint(0)  # a missing store: nothing is known to be durable
+
 
 RECOVERY_POINT_KEY = "recovery_point"
 # Where the recovery point falls in bytes: the segment holding it and the position

@@ -13,12 +13,8 @@ import numpy as np
 import pytest
 
 from oncelog.errors import CorruptMetadataError
-from oncelog.recovery.fs import (
-    DelegatingFileSystem,
-    LmdbStore,
-    OsFileSystem,
-    ReadOnlyFileSystem,
-)
+from oncelog.storage.fs import DelegatingFileSystem, OsFileSystem, ReadOnlyFileSystem
+from oncelog.storage.lmdb_store import LmdbStore
 
 
 def test_pwritev_writes_every_buffer_back_to_back_at_the_offset(tmp_path: Path) -> None:
@@ -233,7 +229,7 @@ def test_a_truncated_store_is_refused_by_name_in_a_process_that_survives(tmp_pat
     data = tmp_path / "meta.lmdb" / "data.mdb"
     os.truncate(data, 8192)  # both meta pages kept, every tree page gone
     probe = (
-        "from oncelog.recovery.fs import OsFileSystem\n"
+        "from oncelog.storage.fs import OsFileSystem\n"
         "from oncelog.errors import CorruptMetadataError\n"
         "for readonly in (False, True):\n"
         "    try:\n"
@@ -300,7 +296,8 @@ def test_a_store_outgrowing_its_map_grows_it_and_keeps_every_commit(tmp_path: Pa
 
 _GROW_IN_ANOTHER_PROCESS = """
 import sys
-from oncelog.recovery.fs import LmdbStore, OsFileSystem
+from oncelog.storage.fs import OsFileSystem
+from oncelog.storage.lmdb_store import LmdbStore
 store = OsFileSystem().open_store(sys.argv[1])
 store.put({"grown": bytes(2 * LmdbStore.MAP_BYTES)})
 store.close()
@@ -327,7 +324,7 @@ def test_opening_a_directory_as_a_file_says_so_by_name(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("seam", ["os", "fault"])
 def test_items_reads_every_pair_under_a_prefix_in_key_order(tmp_path: Path, seam: str) -> None:
-    from oncelog.recovery.torture.faultfs import FaultFileSystem
+    from oncelog.torture.faultfs import FaultFileSystem
 
     fs = OsFileSystem() if seam == "os" else FaultFileSystem(1)
     root = str(tmp_path) if seam == "os" else "/root"
