@@ -82,7 +82,8 @@ from typing import Any, Final
 import numpy as np
 
 from oncelog.bench.serve_process import ServeProcess
-from oncelog.log_manager import LogManager, read_topic_config
+from oncelog.log_manager import LogManager
+from oncelog.root_config import read_topic_config
 from oncelog.segments import file_cache
 
 TOPICS: Final = 10

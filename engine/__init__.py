@@ -3,17 +3,23 @@
 Start here. `Log` is one partition directory; `LogManager` is a root of them.
 Where each rule lives:
 
-- the producer sequence and epoch checks: `oncelog.append_rules.ProducerAppendInfo.check`
-- a snapshot of producer state on every segment roll: `oncelog.log.Log._roll_fsync_locked`
+- the producer sequence and epoch checks: `oncelog.append_rules.ProducerAppendInfo.check`;
+  its C twin is `check_producer` in `engine/_append.c` (whose opening table maps each
+  rule to both)
+- a snapshot of producer state on every segment roll:
+  `oncelog.log_durability.LogDurability._roll_fsync_locked`
 - what recovery does with each kind of damage: `oncelog.recovery.plan` (the decision
   table), carried out by `oncelog.recovery.loader.LogLoader`
 - producer expiry, the circular buffer: `oncelog.producer_state.ProducerStateManager.expire`
+- a Produce request reaching `Log.append_batches`: `oncelog.server.handlers.produce.handle_produce`
+  (`oncelog.server.api_registry` maps every API key to its handler)
+- EndTxn writing its markers: `oncelog.server.txn_coordinator.TransactionCoordinator._complete`,
+  through `oncelog.server.broker.Broker._write_marker` into `Log.write_txn_marker`
 
-Layers (checked by import-linter in `make test`): `oncelog.segments` (the pure
-codec and segment files) imports nothing else of oncelog; the core (this package's
-modules and `oncelog.recovery`) imports no `cli`, `tools`, `bench`, `spark` or
-`recovery.torture` module. Importing this package loads nothing: each name below is
-imported on first use, so `import oncelog.segments` stays light.
+Layers (checked by import-linter in `make test`, `[tool.importlinter]` in pyproject.toml):
+segments < storage < producer state < recovery < log < manager < server, spark, tools <
+torture, bench < cli; every import runs down. Importing this package loads nothing: each
+name below is imported on first use, so `import oncelog.segments` stays light.
 """
 
 from __future__ import annotations

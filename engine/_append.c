@@ -7,6 +7,20 @@
  * against the numpy producer table, the offset stamp, the copy into the mapped
  * segment, the index entries and the producer rows.
  *
+ * Each rule and its two implementations (C here, Python the reference):
+ *
+ *   rule                                   C                      Python
+ *   batch header checks (size, magic,      check_batch            oncelog.validation.client_batch_header
+ *     CRC, counts, pid/sequence)
+ *   record framing walk                    walk_records           oncelog.segments.records.check_records
+ *   pid -> producer table slot             probe                  oncelog.pid_map.PidSlotMap._probe
+ *   sequence and epoch checks, duplicates  check_producer         oncelog.append_rules.ProducerAppendInfo.check
+ *   producer state after a data batch      apply_producer         oncelog.producer_state.apply_batch
+ *   sequence wraparound (MAX -> 0)         in_sequence            oncelog.producer_state.in_sequence
+ *   segment roll                           roll_needed            oncelog.log_appends.roll_needed
+ *   the append of a request (check, plan,  append_request         oncelog.log_appends.LogAppends._append_one
+ *     write, publish)                                               and append_batches (_plan, _execute)
+ *
  * It never decides anything the Python path would decide differently. Anything
  * it does not handle (a refusal of any kind, compression, record headers, a roll,
  * expiry due, a full table, a transaction opening, no mapped room) returns None
@@ -61,7 +75,22 @@ enum { MAP_COUNT, MAP_TOMBSTONES, MAP_FIELDS };
 #define R_DELTA 100
 #define R_MAX_TS 120
 
-/* The batch header (Kafka's v2 record batch), big-endian. */
+/* The batch header (Kafka's v2 record batch), big-endian: oncelog.segments.format's
+ * *_OFFSET names, which LAYOUT exports for a test to compare. */
+#define H_BASE_OFFSET 0
+#define H_LENGTH 8
+#define H_LEADER_EPOCH 12
+#define H_MAGIC 16
+#define H_CRC 17
+#define H_ATTRIBUTES 21
+#define H_LAST_OFFSET_DELTA 23
+#define H_BASE_TIMESTAMP 27
+#define H_MAX_TIMESTAMP 35
+#define H_PRODUCER_ID 43
+#define H_PRODUCER_EPOCH 51
+#define H_BASE_SEQUENCE 53
+#define H_RECORDS_COUNT 57
+#define MAGIC_V2 2
 #define HEADER_SIZE 61
 #define LOG_OVERHEAD 12
 #define PREFIX_BYTES 17 /* base offset, length, leader epoch, magic: no CRC covers them */
@@ -73,7 +102,8 @@ enum { MAP_COUNT, MAP_TOMBSTONES, MAP_FIELDS };
 #define MAX_OFFSET (INT64_MAX - 1)
 #define MAX_DUE_S 4294967295LL
 #define MAX_OCCUPIED_LOAD 0.85
-#define FIB_MULTIPLIER 0x9E3779B97F4A7C15ULL
+#define FIB_MULTIPLIER 0x9E3779B97F4A7C15ULL /* oncelog.pid_map's hash: multiply, then xor-shift */
+#define HASH_SHIFT 29
 #define MAP_EMPTY 0
 #define MAP_TOMBSTONE 1
 /* A request of more batches than this goes to the Python path (a Kafka produce
@@ -331,16 +361,16 @@ static int check_batch(Batch *b, int64_t max_batch_bytes) {
     const uint8_t *d = b->data;
     Py_ssize_t size = b->size;
     if (size < HEADER_SIZE || size > max_batch_bytes) return 0;
-    if ((int64_t)be32(d + 8) + LOG_OVERHEAD != size || d[16] != 2) return 0;
-    int16_t attributes = be16(d + 21);
-    int32_t last_delta = be32(d + 23);
-    int32_t count = be32(d + 57);
-    int64_t base_ts = be64(d + 27), max_ts = be64(d + 35), pid = be64(d + 43);
-    int32_t base_seq = be32(d + 53);
+    if ((int64_t)be32(d + H_LENGTH) + LOG_OVERHEAD != size || d[H_MAGIC] != MAGIC_V2) return 0;
+    int16_t attributes = be16(d + H_ATTRIBUTES);
+    int32_t last_delta = be32(d + H_LAST_OFFSET_DELTA);
+    int32_t count = be32(d + H_RECORDS_COUNT);
+    int64_t base_ts = be64(d + H_BASE_TIMESTAMP), max_ts = be64(d + H_MAX_TIMESTAMP), pid = be64(d + H_PRODUCER_ID);
+    int32_t base_seq = be32(d + H_BASE_SEQUENCE);
     if (count <= 0 || (int64_t)last_delta + 1 != count) return 0;
     if (attributes & COMPRESSION_AND_CONTROL) return 0; /* compressed: the Python path's */
     if (pid >= 0 && base_seq < 0) return 0;
-    if (crc32c_of(d + CRC_START, (size_t)(size - CRC_START)) != (uint32_t)be32(d + 17)) return 0;
+    if (crc32c_of(d + CRC_START, (size_t)(size - CRC_START)) != (uint32_t)be32(d + H_CRC)) return 0;
     int64_t max_ts_delta, sum;
     if (!walk_records(d, size, count, &max_ts_delta)) return 0;
     if (!(attributes & TIMESTAMP_TYPE_MASK) &&
@@ -350,7 +380,7 @@ static int check_batch(Batch *b, int64_t max_batch_bytes) {
     b->max_ts = max_ts;
     b->last_delta = last_delta;
     b->count = count;
-    b->epoch = be16(d + 51);
+    b->epoch = be16(d + H_PRODUCER_EPOCH);
     b->first_seq = base_seq;
     b->last_seq = (int32_t)(((int64_t)base_seq + last_delta) % (INT32_MAX_SEQ + 1));
     b->transactional = (attributes & TRANSACTIONAL_MASK) != 0;
@@ -380,7 +410,7 @@ static int in_sequence(int64_t last, int64_t next) {
 
 static int64_t home_bucket(int64_t pid, int64_t buckets) {
     uint64_t mixed = (uint64_t)pid * FIB_MULTIPLIER;
-    return (int64_t)((mixed ^ (mixed >> 29)) % (uint64_t)buckets);
+    return (int64_t)((mixed ^ (mixed >> HASH_SHIFT)) % (uint64_t)buckets);
 }
 
 /* oncelog.pid_map.PidSlotMap._probe: the bucket holding `pid` or the empty one ending
@@ -472,7 +502,7 @@ static void apply_producer(Producer *p, const Batch *b, int64_t now_ms) {
     put_le64(row + R_TIMESTAMP_MS, b->max_ts);
 }
 
-/* Kafka's roll rules (oncelog.log.roll_needed). */
+/* Kafka's roll rules (oncelog.log_appends.roll_needed). */
 static int roll_needed(int64_t segment_bytes, int has_first_ts, int64_t first_ts, int64_t incoming, int64_t max_ts,
                        int64_t last, int64_t last_offset_limit, int64_t max_segment_bytes, int64_t segment_ms) {
     if (last > last_offset_limit) return 1;
@@ -521,9 +551,9 @@ static int write_through_fd(const Batch *batches, Py_ssize_t n, int fd, int64_t 
         const Batch *b = &batches[i];
         if (b->duplicate) continue;
         uint8_t *prefix = prefixes[count / 2];
-        put_be64(prefix, b->base);
-        put_be32(prefix + 8, (int32_t)(b->size - LOG_OVERHEAD));
-        put_be32(prefix + 12, -1);
+        put_be64(prefix + H_BASE_OFFSET, b->base);
+        put_be32(prefix + H_LENGTH, (int32_t)(b->size - LOG_OVERHEAD));
+        put_be32(prefix + H_LEADER_EPOCH, -1);
         prefix[16] = 2;
         iov[count].iov_base = prefix;
         iov[count++].iov_len = PREFIX_BYTES;
@@ -580,7 +610,7 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
     int producer_count = 0, new_count = 0;
     int64_t now_ms = 0;
     int any_pid = 0;
-    for (Py_ssize_t i = 0; i < n; i++) any_pid |= be64(batches[i].data + 43) >= 0;
+    for (Py_ssize_t i = 0; i < n; i++) any_pid |= be64(batches[i].data + H_PRODUCER_ID) >= 0;
     /* The clock as the Python path reads it: a request always, a single batch with a producer. */
     if (any_pid || !single) {
         PyObject *now = PyObject_CallNoArgs(self->clock);
@@ -725,10 +755,10 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
             Batch *b = &batches[i];
             if (b->duplicate) continue;
             memcpy(view + at + PREFIX_BYTES, b->data + PREFIX_BYTES, (size_t)(b->size - PREFIX_BYTES));
-            put_be64(view + at, b->base);
-            put_be32(view + at + 8, (int32_t)(b->size - LOG_OVERHEAD));
-            put_be32(view + at + 12, -1);
-            view[at + 16] = 2;
+            put_be64(view + at + H_BASE_OFFSET, b->base);
+            put_be32(view + at + H_LENGTH, (int32_t)(b->size - LOG_OVERHEAD));
+            put_be32(view + at + H_LEADER_EPOCH, -1);
+            view[at + H_MAGIC] = MAGIC_V2;
             at += b->size;
         }
         if (seg[SEG_WRITE_FD] >= 0) populate_ahead(seg, view, at); /* a real file (not the twin's memory) */
@@ -1017,7 +1047,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "oncelog._append",
-                                        "The compiled client append (see oncelog.fast_append).", -1,
+                                        "The compiled client append (see oncelog.compiled_append).", -1,
                                         module_methods, NULL, NULL, NULL, NULL};
 
 static int add_layout(PyObject *layout, const char *name, long value) {
@@ -1054,12 +1084,25 @@ PyMODINIT_FUNC PyInit__append(void) {
         {"R_COORDINATOR_EPOCH", R_COORDINATOR_EPOCH}, {"R_EPOCH", R_EPOCH}, {"R_COUNT", R_COUNT},
         {"R_LIVE", R_LIVE}, {"R_LAST_SEQ", R_LAST_SEQ}, {"R_LAST_OFFSET", R_LAST_OFFSET}, {"R_DELTA", R_DELTA},
         {"R_MAX_TS", R_MAX_TS}, {"WINDOW", WINDOW}, {"MAX_BATCHES", MAX_BATCHES},
+        {"H_BASE_OFFSET", H_BASE_OFFSET}, {"H_LENGTH", H_LENGTH}, {"H_LEADER_EPOCH", H_LEADER_EPOCH},
+        {"H_MAGIC", H_MAGIC}, {"H_CRC", H_CRC}, {"H_ATTRIBUTES", H_ATTRIBUTES},
+        {"H_LAST_OFFSET_DELTA", H_LAST_OFFSET_DELTA}, {"H_BASE_TIMESTAMP", H_BASE_TIMESTAMP},
+        {"H_MAX_TIMESTAMP", H_MAX_TIMESTAMP}, {"H_PRODUCER_ID", H_PRODUCER_ID},
+        {"H_PRODUCER_EPOCH", H_PRODUCER_EPOCH}, {"H_BASE_SEQUENCE", H_BASE_SEQUENCE},
+        {"H_RECORDS_COUNT", H_RECORDS_COUNT}, {"HEADER_SIZE", HEADER_SIZE}, {"LOG_OVERHEAD", LOG_OVERHEAD},
+        {"PREFIX_BYTES", PREFIX_BYTES}, {"CRC_START", CRC_START}, {"MAGIC_V2", MAGIC_V2},
+        {"COMPRESSION_AND_CONTROL", COMPRESSION_AND_CONTROL}, {"TIMESTAMP_TYPE_MASK", TIMESTAMP_TYPE_MASK},
+        {"TRANSACTIONAL_MASK", TRANSACTIONAL_MASK}, {"HASH_SHIFT", HASH_SHIFT}, {"MAP_EMPTY", MAP_EMPTY},
+        {"MAP_TOMBSTONE", MAP_TOMBSTONE}, {"MAX_OCCUPIED_LOAD_PERCENT", (long)(MAX_OCCUPIED_LOAD * 100 + 0.5)},
+        {"WRITE_SYSCALL_MIN_BYTES", WRITE_SYSCALL_MIN_BYTES},
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         if (add_layout(layout, fields[i].name, fields[i].value) < 0) goto error;
     if (PyModule_AddObject(module, "LAYOUT", layout) < 0) goto error;
     layout = NULL;
     if (PyModule_AddIntConstant(module, "HARDWARE_CRC", have_sse42) < 0) goto error;
+    /* Past a long: exported on its own. */
+    if (PyModule_AddObject(module, "HASH_MULTIPLIER", PyLong_FromUnsignedLongLong(FIB_MULTIPLIER)) < 0) goto error;
     Py_INCREF(&AppenderType);
     if (PyModule_AddObject(module, "Appender", (PyObject *)&AppenderType) < 0) {
         Py_DECREF(&AppenderType);

@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -45,15 +44,30 @@ from oncelog.errors import (
     LockTimeoutError,
     LogDirLockedError,
     LogFailedError,
-    MetadataMissingError,
     OncelogError,
 )
 from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_topic_partition
 from oncelog.lock_wait import wait_while_locked
 from oncelog.log import LOCK_FILE, Log
+from oncelog.partition_opening import OpensInFlight, PartitionLock, collections_paused, release_after_failure
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.loader import RecoveryReport
 from oncelog.recovery_progress import RecoveryProgress, RecoverySummary
+from oncelog.root_config import (
+    CONFIG_FIELDS,
+    ROOT_LOCK_FILE,
+    ROOT_METADATA_DIR,
+    TOPIC_CONFIG_PREFIX,
+    check_root_store,
+    partitions_on_disk,
+    read_overrides,
+    root_store_missing,
+    settle_root_config,
+)
+
+# Re-exported: processes that open a root's partitions without a manager read their config here.
+from oncelog.root_config import read_root_config as read_root_config
+from oncelog.root_config import read_topic_config as read_topic_config
 from oncelog.root_identity import ensure_root_id
 from oncelog.storage.clean_marker import CleanMarker, take_clean_marker
 from oncelog.storage.fs import DEFAULT_FS, DirLock, FileSystem, LockTable, MetadataStore
@@ -66,14 +80,10 @@ from oncelog.storage.log_dirs import (
     opening_failed,
     unnamed_os_error,
 )
-from oncelog.storage.metadata_values import committing, read_value
+from oncelog.storage.metadata_values import committing
 
-ROOT_LOCK_FILE = ".lock"
-ROOT_METADATA_DIR = "meta.lmdb"
-ROOT_CONFIG_KEY = "root-config"
-# Committed when an open creates the store (see _check_root_store).
+# Committed when an open creates the store (see check_root_store).
 ROOT_CREATED_KEY = "root-created"
-TOPIC_CONFIG_PREFIX = "topic-config/"
 DELETE_INTENT_PREFIX = "delete/"
 # Values a front end keeps with the root (`root_value`): the wire server's cluster id.
 ROOT_VALUE_PREFIX = "root-value/"
@@ -86,11 +96,6 @@ PARTITION_LOCK_TIMEOUT_S = 10.0
 # Recovery is mostly waiting on fsync and file opens (both release the GIL), so a few
 # threads per core overlap them; more only adds contention. Bounded either way.
 MAX_RECOVERY_THREADS = 64
-CONFIG_FIELDS = frozenset(field.name for field in dataclasses.fields(LogConfig))
-# What to do about corruption is the opener's choice for that one open (`oncelog recover
-# --truncate-corrupt`, LogManager.open's on_corruption), never a standing default for
-# the root: not persisted.
-PERSISTED_ROOT_FIELDS = CONFIG_FIELDS - {"on_corruption"}
 
 Clock = Callable[[], int]
 logger = logging.getLogger(__name__)
@@ -117,230 +122,11 @@ def default_recovery_threads() -> int:
     return min(MAX_RECOVERY_THREADS, 4 * (os.cpu_count() or 1))
 
 
-def read_root_config(root: str | os.PathLike[str], fs: FileSystem = DEFAULT_FS) -> LogConfig:
-    """The default config the last LogManager of `root` persisted (LogConfig() if none).
-    Read-only, like read_topic_config."""
-    with _root_store(root, fs) as store:
-        return LogConfig() if store is None else _read_root_config(store)
-
-
-def read_topic_config(root: str | os.PathLike[str], topic: str, fs: FileSystem = DEFAULT_FS) -> LogConfig:
-    """The config a LogManager of `root` gives `topic`'s partitions: the root's persisted
-    config with the topic's overrides. Read-only (it creates, locks and changes nothing),
-    for processes that open the root's partitions without a manager; LogConfig() where
-    no manager ever opened the root."""
-    validate_topic_partition(topic, 0)
-    key = TOPIC_CONFIG_PREFIX + topic
-    with _root_store(root, fs) as store:
-        if store is None:
-            return LogConfig()
-        return dataclasses.replace(_read_root_config(store), **_read_overrides(store, key))
-
-
-@contextlib.contextmanager
-def _root_store(root: str | os.PathLike[str], fs: FileSystem) -> Iterator[MetadataStore | None]:
-    """The root's metadata store opened read-only, or None where it has none."""
-    path = os.path.join(os.fspath(root), ROOT_METADATA_DIR)
-    if not fs.exists(path):
-        yield None
-        return
-    try:
-        store = fs.open_store(path, readonly=True)
-    except FileNotFoundError:  # the directory without a committed store yet
-        yield None
-        return
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-def _pack_root_config(config: LogConfig) -> bytes:
-    packed: bytes = msgpack.packb({name: getattr(config, name) for name in sorted(PERSISTED_ROOT_FIELDS)})
-    return packed
-
-
-def _read_root_config(store: MetadataStore) -> LogConfig:
-    return read_value(store, ROOT_CONFIG_KEY, _unpack_root_config) or LogConfig()
-
-
-def _unpack_root_config(raw: bytes) -> LogConfig:
-    # A field this version does not know (a newer one wrote it) is left out.
-    stored = msgpack.unpackb(raw)
-    return LogConfig(**{name: value for name, value in stored.items() if name in PERSISTED_ROOT_FIELDS})
-
-
-def _read_overrides(store: MetadataStore, key: str) -> dict[str, Any]:
-    return read_value(store, key, _unpack_overrides) or {}
-
-
-def _unpack_overrides(raw: bytes) -> dict[str, Any]:
-    # As in the root config, a field this version does not know is left out.
-    overrides = {name: value for name, value in dict(msgpack.unpackb(raw)).items() if name in CONFIG_FIELDS}
-    LogConfig(**overrides)  # values this version takes (each field is checked alone), or it raises
-    return overrides
-
-
-def _settle_root_config(store: MetadataStore, config: LogConfig | None) -> LogConfig:
-    """The config an open uses: the one given (persisted if it differs) or the persisted one."""
-    if config is None:
-        return _read_root_config(store)
-    stored = store.get(ROOT_CONFIG_KEY)
-    packed = _pack_root_config(config)
-    if packed != stored:
-        # A durable commit before any partition opens with it: other processes open the
-        # root's partitions with what read_topic_config finds here.
-        store.put({ROOT_CONFIG_KEY: packed})
-    return config
-
-
-def _store_missing(fs: FileSystem, path: str) -> bool:
-    """No store at `path`, or one never committed to (CorruptMetadataError if one is damaged)."""
-    try:
-        fs.open_store(path, readonly=True).close()
-    except FileNotFoundError:
-        return True
-    return False
-
-
-def _check_root_store(fs: FileSystem, root: str, *, had_lock_file: bool, recreate: bool) -> None:
-    """Refuse to recreate the missing store of a root a LogManager kept one in.
-
-    How a root knows it had a store: LogManager.open creates `.lock`, then commits the
-    store (durably) before any partition exists. So `.lock` from an earlier open plus
-    partition directories means a store existed and is gone: a bad restore, a stray
-    `rm`. Other processes create partitions (Spark writers) and a Kafka log.dir has
-    them, but neither creates the root's `.lock`; a first open that crashed before its
-    commit left no partitions. A lost store is refused, not reported, because an empty
-    one silently changes what the root holds: its persisted config (producer capacity
-    and expiry: dedupe), every topic's overrides, and pending deletes (a half-deleted
-    partition would come back as a log). `recreate` accepts that, loudly.
-    """
-    if not had_lock_file:
-        return
-    partitions = partitions_on_disk(fs, root)
-    if not partitions:
-        return
-    path = os.path.join(root, ROOT_METADATA_DIR)
-    lost = (
-        f"the root's metadata store is missing, but {ROOT_LOCK_FILE} shows a LogManager kept one here and "
-        f"{len(partitions)} partition directories exist; its root config, topic config overrides and pending "
-        "partition deletes are gone"
-    )
-    if not recreate:
-        raise MetadataMissingError(
-            f"{lost}. Restore it, or open with recreate_metadata=True (oncelog recover --recreate-metadata) "
-            "to start an empty one and give the config again",
-            path=path,
-        )
-    logger.warning("%s: %s; recreating it empty as asked", path, lost)
-
-
-def partitions_on_disk(fs: FileSystem, root: str) -> list[TopicPartition]:
-    """The `<topic>-<partition>` directories under `root`."""
-    found = []
-    for name in fs.listdir(root):
-        tp = parse_partition_dir_name(name)
-        if tp is not None and fs.exists(os.path.join(root, name, "")):
-            found.append(tp)
-    return sorted(found)
-
-
 def _open_producer_ids(root: str, fs: FileSystem, clock: Clock | None, timeout_s: float) -> ProducerIdManager:
     """The root's ProducerIdManager, waiting up to `timeout_s` for a lease in another process."""
     return wait_while_locked(
         f"the producer ids of {root}", lambda: ProducerIdManager.open(root, fs=fs, clock=clock), timeout_s
     )
-
-
-class _OpensInFlight:
-    """The partition opens running in any thread, so that an interrupted open of the root
-    waits for exactly them (their logs must be among those it closes) and starts no more."""
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._running = 0
-        self._stopped = False
-
-    def run(self, open_one: Callable[[TopicPartition], None], tp: TopicPartition) -> bool:
-        """Open `tp` unless stopped; whether it ran (its error, if any, is raised)."""
-        with self._changed:
-            if self._stopped:
-                return False
-            self._running += 1
-        try:
-            open_one(tp)
-        finally:
-            with self._changed:
-                self._running -= 1
-                self._changed.notify_all()
-        return True
-
-    def stop_and_wait(self) -> None:
-        with self._changed:
-            self._stopped = True
-            while self._running:
-                self._changed.wait()
-
-
-@contextlib.contextmanager
-def _collections_paused() -> Iterator[None]:
-    """No cyclic garbage collection while partitions load: a load makes thousands of objects
-    that all live on, so collections would only walk them again and again (measured: a
-    fifth of a clean open of 1,000 partitions).
-
-    Afterwards they go straight to the oldest generation (a freeze and an unfreeze: two
-    list splices), not through the young ones: the first young collection after the
-    load would otherwise walk all of them (85 a partition; 0.50-0.56 s of an open of
-    10,000). Only when nothing was frozen already: an unfreeze would release objects
-    the process froze itself (before a fork, say). Other young objects move up with
-    them, collected at the next full collection instead of a young one."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if gc.get_freeze_count() == 0:
-            gc.freeze()
-            gc.unfreeze()
-        if was_enabled:
-            gc.enable()
-
-
-def _release_after_failure(failure: BaseException, releases: Sequence[Callable[[], object]]) -> None:
-    """Run every release; one that fails is noted on `failure` and the rest still run."""
-    for release in releases:
-        try:
-            release()
-        except Exception as exc:
-            failure.add_note(f"releasing after the failure also failed: {type(exc).__name__}: {exc}")
-
-
-class _PartitionLock:
-    """A partition's directory lock, handed to its Log (which releases it at close), that
-    the manager can keep back so the directory stays locked past the close (delete_log)."""
-
-    def __init__(self, inner: DirLock):
-        self._inner = inner
-        self._mutex = threading.Lock()
-        self._kept = False
-        self._released = False
-
-    def release(self) -> None:
-        with self._mutex:
-            if self._kept or self._released:
-                return
-            self._released = True
-        self._inner.release()
-
-    def keep(self) -> DirLock | None:
-        """The lock, now the caller's to release (the Log's release leaves it held);
-        None if the Log already released it."""
-        with self._mutex:
-            if self._released:
-                return None
-            self._kept = True
-            return self._inner
 
 
 class LogManager:
@@ -369,7 +155,7 @@ class LogManager:
         self._lock_table = lock_table
         self._store = store
         self._logs: dict[TopicPartition, Log] = {}
-        self._partition_locks: dict[TopicPartition, _PartitionLock] = {}
+        self._partition_locks: dict[TopicPartition, PartitionLock] = {}
         # Guards the partition map and the store; never held while a Log recovers.
         self._lock = threading.RLock()
         self._closed = False
@@ -403,7 +189,7 @@ class LogManager:
         partition another process holds (a Spark task appending) up to `lock_timeout_s`.
 
         A root whose metadata store is gone though a manager kept one there raises
-        MetadataMissingError (see _check_root_store) unless `recreate_metadata`, which
+        MetadataMissingError (see check_root_store) unless `recreate_metadata`, which
         accepts the loss and starts an empty store. A damaged store raises
         CorruptMetadataError; a root that is not a directory, LogDirectoryError.
         """
@@ -424,20 +210,20 @@ class LogManager:
             # Before any partition is locked: from here on, openers lock through it.
             lock_table = fs.lock_table(os.path.join(directory, PARTITION_LOCKS_DIR), every_shard=True)
             store_path = os.path.join(directory, ROOT_METADATA_DIR)
-            store_missing = _store_missing(fs, store_path)
+            store_missing = root_store_missing(fs, store_path)
             if store_missing:
-                _check_root_store(fs, directory, had_lock_file=had_lock_file, recreate=recreate_metadata)
+                check_root_store(fs, directory, had_lock_file=had_lock_file, recreate=recreate_metadata)
             store = fs.open_store(store_path)
             if store_missing:
                 # Durable before any partition can be created: from here on the root's .lock
-                # and partitions without a store mean a lost store (_check_root_store).
+                # and partitions without a store mean a lost store (check_root_store).
                 store.put({ROOT_CREATED_KEY: b""})
                 # fsync(store dir): a power loss must not drop the store's data file while a
                 # partition created next survives (it would read as a lost store).
                 fs.fsync_dir(store_path)
             # Other processes (Spark tasks) check they opened this very root by its id.
             ensure_root_id(fs, directory)
-            root_config = _settle_root_config(store, config)
+            root_config = settle_root_config(store, config)
             if on_corruption is not None:
                 root_config = dataclasses.replace(root_config, on_corruption=on_corruption)
             producer_ids = _open_producer_ids(directory, fs, clock, PRODUCER_IDS_LOCK_TIMEOUT_S)
@@ -458,7 +244,7 @@ class LogManager:
             if lock_table is not None:
                 releases.append(lock_table.close)
             releases.append(dir_lock.release)
-            _release_after_failure(exc, releases)
+            release_after_failure(exc, releases)
             if unnamed_os_error(exc):
                 raise opening_failed(exc, directory) from exc
             raise
@@ -577,7 +363,7 @@ class LogManager:
     # -- per-topic config ------------------------------------------------------------------
     def topic_overrides(self, topic: str) -> dict[str, Any]:
         validate_topic_partition(topic, 0)
-        return _read_overrides(self._store, TOPIC_CONFIG_PREFIX + topic)
+        return read_overrides(self._store, TOPIC_CONFIG_PREFIX + topic)
 
     def topic_config(self, topic: str) -> LogConfig:
         """The root's config with `topic`'s overrides applied."""
@@ -675,12 +461,12 @@ class LogManager:
     def _partition_path(self, tp: TopicPartition) -> str:
         return os.path.join(self.root, str(tp))
 
-    def _lock_partition(self, tp: TopicPartition, *, create: bool = False) -> _PartitionLock:
+    def _lock_partition(self, tp: TopicPartition, *, create: bool = False) -> PartitionLock:
         """The partition directory's lock, as Log.open takes it (LogDirLockedError if held)."""
         path = self._partition_path(tp)
         if create:
             create_dir(self._fs, path)
-        return _PartitionLock(self._lock_partition_dir(path, f"{path} is already open in another Log"))
+        return PartitionLock(self._lock_partition_dir(path, f"{path} is already open in another Log"))
 
     def _lock_partition_dir(self, path: str, held: str) -> DirLock:
         """Through the root's table, unless the directory really lives elsewhere (a symlink
@@ -698,7 +484,7 @@ class LogManager:
     def _open_partition(
         self,
         tp: TopicPartition,
-        lock: _PartitionLock,
+        lock: PartitionLock,
         clean_shutdown: CleanMarker | bool | None = None,
         configs: dict[str, LogConfig] | None = None,
     ) -> Log:
@@ -731,7 +517,7 @@ class LogManager:
     def _recover_all(self, progress: bool | None) -> None:
         partitions = partitions_on_disk(self._fs, self.root)
         started = time.perf_counter()
-        locks: dict[TopicPartition, _PartitionLock] = {}
+        locks: dict[TopicPartition, PartitionLock] = {}
         handed_over: set[TopicPartition] = set()  # locks a Log.open owns (and releases)
         opened: dict[TopicPartition, Log] = {}
         failures: dict[TopicPartition, BaseException] = {}
@@ -757,7 +543,7 @@ class LogManager:
                 tracker.advance(log.recovery_report)
 
             configs: dict[str, LogConfig] = {}
-            with tracker, _collections_paused():
+            with tracker, collections_paused():
                 self._open_partitions(partitions, clean, open_one, failures)
             if failures:
                 raise PartitionRecoveryError(self.root, failures)
@@ -779,7 +565,7 @@ class LogManager:
                     f"closing {tp} after the failed open also failed: {type(error).__name__}: {error}"
                 )
             unopened = [lock.release for tp, lock in locks.items() if tp not in handed_over]
-            _release_after_failure(exc, unopened)
+            release_after_failure(exc, unopened)
             raise
 
     def _open_partitions(
@@ -797,7 +583,7 @@ class LogManager:
         of the pool's threads, beside the unclean ones. Interrupted (Ctrl-C): no more opens
         start, and the running ones finish so that their logs are among those closed.
         """
-        opens = _OpensInFlight()
+        opens = OpensInFlight()
 
         def open_in_turn(tps: list[TopicPartition]) -> dict[TopicPartition, BaseException]:
             errors: dict[TopicPartition, BaseException] = {}
@@ -827,7 +613,7 @@ class LogManager:
     def _lock_partitions(
         self,
         partitions: list[TopicPartition],
-        locks: dict[TopicPartition, _PartitionLock],
+        locks: dict[TopicPartition, PartitionLock],
         failures: dict[TopicPartition, BaseException],
     ) -> None:
         """Take every partition's lock, waiting (bounded, backing off) for ones another process holds.

@@ -26,9 +26,11 @@ from oncelog.segments.cursor import CursorField, cursor_view
 EMPTY = 0  # stored keys are ~producer_id < 0, so non-negative values are free markers
 TOMBSTONE = 1  # a deleted key: lookups probe past it, inserts may reuse it
 _MAX_LIVE_LOAD = 0.75
-_MAX_OCCUPIED_LOAD = 0.85
+MAX_OCCUPIED_LOAD = 0.85
 # Fibonacci hashing then a xor-shift spreads sequential producer ids (the common case).
-_MULTIPLIER = 0x9E3779B97F4A7C15
+# The compiled append (engine/_append.c) hashes the same way; a test compares its constants.
+HASH_MULTIPLIER = 0x9E3779B97F4A7C15
+HASH_SHIFT = 29
 _MASK64 = (1 << 64) - 1
 
 
@@ -72,12 +74,12 @@ class PidSlotMap:
 
     # -- single keys (the append path) -------------------------------------------------
     def _home(self, producer_id: int) -> int:
-        mixed = (producer_id * _MULTIPLIER) & _MASK64
-        return (mixed ^ (mixed >> 29)) % self.buckets
+        mixed = (producer_id * HASH_MULTIPLIER) & _MASK64
+        return (mixed ^ (mixed >> HASH_SHIFT)) % self.buckets
 
     def _homes(self, producer_ids: np.ndarray) -> np.ndarray:
-        mixed = producer_ids.astype(np.uint64) * np.uint64(_MULTIPLIER)
-        return ((mixed ^ (mixed >> np.uint64(29))) % np.uint64(self.buckets)).astype(np.int64)
+        mixed = producer_ids.astype(np.uint64) * np.uint64(HASH_MULTIPLIER)
+        return ((mixed ^ (mixed >> np.uint64(HASH_SHIFT))) % np.uint64(self.buckets)).astype(np.int64)
 
     def _probe(self, producer_id: int) -> tuple[int, int]:
         """(bucket holding the key or the empty bucket ending its run, first tombstone or -1)."""
@@ -111,7 +113,7 @@ class PidSlotMap:
             self.count += 1
         self._values[i] = slot
         self._bucket_of[slot] = i
-        if self.count + self.tombstones > self.buckets * _MAX_OCCUPIED_LOAD:
+        if self.count + self.tombstones > self.buckets * MAX_OCCUPIED_LOAD:
             self._rebuild()
 
     def _put_new(self, producer_ids: list[int], slots: list[int]) -> None:

@@ -35,6 +35,19 @@ _PID = struct.Struct(">q")
 _PID_EPOCH = struct.Struct(">qh")
 
 
+def next_epoch(epoch: int, *, kept_back: int = 0) -> int | None:
+    """The epoch a transactional id moves to after `epoch`; None when its producer id has no
+    epoch left, and a new producer id starts over at 0.
+
+    The one epoch rule for transactional ids, of `init_producer_id` here and of the server's
+    transaction coordinator. `kept_back` epochs at the top stay unused by this step: the
+    coordinator keeps one for the bump that fences a zombie when it aborts (Kafka's
+    TransactionMetadata: an epoch is exhausted at Short.MaxValue - 1).
+    """
+    assert 0 <= kept_back < MAX_EPOCH, kept_back
+    return epoch + 1 if epoch + 1 <= MAX_EPOCH - kept_back else None
+
+
 def _decode_pid(raw: bytes) -> int:
     producer_id = int(_PID.unpack(raw)[0])
     fmt.check_int("a stored producer id", producer_id, "i64", minimum=0)
@@ -138,10 +151,9 @@ class ProducerIdManager:
             if stored is None:
                 producer_id, epoch = self._allocate(), 0
             else:
-                producer_id, epoch = stored
-                epoch += 1
-                if epoch > MAX_EPOCH:
-                    producer_id, epoch = self._allocate(), 0
+                producer_id, last_epoch = stored
+                bumped = next_epoch(last_epoch)
+                producer_id, epoch = (producer_id, bumped) if bumped is not None else (self._allocate(), 0)
             # Durable before it is returned: a crash must never hand the same epoch out again.
             with committing(self._store, f"recording epoch {epoch} of transactional id {transactional_id!r}"):
                 self._store.put({key: _PID_EPOCH.pack(producer_id, epoch)})

@@ -114,7 +114,7 @@ _CRC_START = fmt.ATTRIBUTES_OFFSET
 def client_batch_header(buffer: Buffer, max_batch_bytes: int, max_decompressed_bytes: int) -> tuple[Any, ...]:
     """The header fields of a client batch that passes every check; raises like validate_batch.
 
-    The append fast path: one struct unpack, one CRC and one walk over the records,
+    The single-batch route's check (Log.append): one struct unpack, one CRC and one walk over the records,
     no objects. Anything unusual in the header goes to validate_batch, which names
     the exact problem, so the rules and their messages live in one place; the
     records are checked after the header here as there, by the same function.
@@ -151,4 +151,6 @@ def client_batch_header(buffer: Buffer, max_batch_bytes: int, max_decompressed_b
             if header[7] + max_ts_delta == header[8] or attributes & fmt.TIMESTAMP_TYPE_MASK:
                 return header  # (base, max) timestamps agree with the records, as check_max_timestamp asks
     validate_batch(buffer, "client", max_batch_bytes, max_decompressed_bytes)
-    raise AssertionError(f"validate_batch accepted a batch the fast check refused: {bytes(buffer[:61])!r}")
+    raise AssertionError(
+        f"validate_batch accepted a batch the single-batch check refused: {bytes(buffer[:61])!r}"
+    )

@@ -8,7 +8,7 @@ This is the hot path of producing and consuming, so the record loops are written
 CPython's interpreter: varints of one or two bytes (nearly every field of a real
 record) come from lookup tables, the hottest fields inline, and whole records are
 built in one pass with few calls. The readable reference is encode_records and
-decode_varint; the tests hold the fast paths to them and to kafka-python.
+decode_varint; the tests hold the quicker walks to them and to kafka-python.
 """
 
 from __future__ import annotations

@@ -10,6 +10,11 @@ are mappings, which need none). A sealed segment holds none until it is read; it
 `.log` then goes through the process's bounded FileCache. Its indexes are mapped when
 first used (page cache, no descriptor); its owner unmaps them between operations
 (`unmap_sealed_indexes`), so mappings do not grow with the segments either.
+
+Long on purpose: one class keeps a file, its two indexes and the cursor the compiled
+append shares (size, next offset, index positions, the mapping); append, recovery
+(rebuild, load_from_indexes, cut_at) and reads each move that cursor, and the rules
+that keep it consistent read best side by side.
 """
 
 from __future__ import annotations
@@ -436,7 +441,7 @@ class LogSegment:
     ) -> None:
         """Write one whole batch at the end with its base offset and leader epoch stamped.
 
-        The fast path of a client append. A small batch is copied into the mapping
+        Log.append's single-batch route. A small batch is copied into the mapping
         and its 17-byte prefix (no CRC covers it) overwritten in place; a large one
         goes to pwritev as the new prefix plus a view of the rest. The indexing is
         _index_batch's, inlined.

@@ -1,7 +1,8 @@
 """Size gates beside ruff's (C901 complexity, PLR0915 statements, set in pyproject.toml).
 
 A function longer than LONG_LINES lines (its docstring aside) is the exception: it
-says why, with a comment starting "Long on purpose:" inside it.
+says why, with a comment starting "Long on purpose:" inside it. So is a module longer
+than LONG_MODULE_LINES: its docstring has a line starting "Long on purpose:".
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LONG_LINES = 70
 MARK = "# Long on purpose:"
+LONG_MODULE_LINES = 700
+MODULE_MARK = "Long on purpose:"
 
 
 def _docstring_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -46,3 +49,20 @@ def _long_functions_without_a_reason() -> list[str]:
 
 def test_every_function_over_the_limit_says_why_it_is_long() -> None:
     assert _long_functions_without_a_reason() == []
+
+
+def _long_modules_without_a_reason() -> list[str]:
+    found = []
+    for folder in ("engine", "segments", "recovery"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            source = path.read_text()
+            length = len(source.splitlines())
+            docstring = ast.get_docstring(ast.parse(source)) or ""
+            reasoned = any(line.startswith(MODULE_MARK) for line in docstring.splitlines())
+            if length > LONG_MODULE_LINES and not reasoned:
+                found.append(f"{path.relative_to(ROOT)} ({length} lines)")
+    return found
+
+
+def test_every_module_over_the_limit_says_why_in_its_docstring() -> None:
+    assert _long_modules_without_a_reason() == []

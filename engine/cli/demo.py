@@ -30,9 +30,10 @@ from oncelog.config import LogConfig
 from oncelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from oncelog.layout import parse_partition_dir_name
 from oncelog.log import Log
-from oncelog.log_manager import ROOT_LOCK_FILE, ROOT_METADATA_DIR, LogManager
+from oncelog.log_manager import LogManager
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.results import Isolation
+from oncelog.root_config import ROOT_LOCK_FILE, ROOT_METADATA_DIR
 from oncelog.segments import Record, encode_batch
 from oncelog.storage.log_dirs import PARTITION_LOCKS_DIR
 

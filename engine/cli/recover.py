@@ -28,13 +28,12 @@ from oncelog.log import Log
 from oncelog.log_manager import (
     MAX_RECOVERY_THREADS,
     PARTITION_LOCK_TIMEOUT_S,
-    ROOT_LOCK_FILE,
-    ROOT_METADATA_DIR,
     LogManager,
     PartitionRecoveryError,
 )
 from oncelog.recovery.loader import RecoveryReport
 from oncelog.recovery_progress import RecoverySummary
+from oncelog.root_config import ROOT_LOCK_FILE, ROOT_METADATA_DIR
 from oncelog.segments.segment import LOG_SUFFIX
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2

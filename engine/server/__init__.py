@@ -1,16 +1,32 @@
 """`oncelog serve`: a single-node Kafka wire-protocol front end over a LogManager root.
 
 Unmodified Kafka clients (librdkafka, kafka-python, aiokafka) produce idempotently
-into it and fetch from it. Requests and responses are encoded by kio, which is
-generated from Kafka's JSON message specs; record batches pass through as the bytes
-the client sent and the bytes stored on disk.
+and transactionally into it, fetch from it and commit offsets in consumer groups.
+Requests and responses are encoded by kio, which is generated from Kafka's JSON
+message specs; record batches pass through as the bytes the client sent and the
+bytes stored on disk.
 
-- `protocol`: the API table (advertised and served versions), framing, header and body codec
+The wire:
+- `codec`: framing, request headers and bodies decoded, responses encoded (kio)
 - `fallback`: what kio cannot do (unknown tagged fields, versions older than its specs), by kafka-python
-- `broker`: the state behind the APIs (the LogManager, topics, the cluster id, append wake-ups)
-- `cluster`, `produce`, `fetch`, `offsets`: one handler per API, from a decoded request to a response
-- `errors`: oncelog's exceptions as Kafka error codes
+- `api_registry`: every API served, in one table: key, versions, handler, fallbacks (ApiVersions)
+- `handlers`: one module per API or family of APIs, from a decoded request to a response body:
+  `produce`, `fetch`, `list_offsets`, `metadata`, `find_coordinator`, `create_topics`,
+  `groups` (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch),
+  `transactions` (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit)
+- `errors`: the server's exceptions, and oncelog's as Kafka error codes
+
+The state behind the APIs:
+- `broker`: the LogManager, topics, the cluster id, append wake-ups, the coordinators
+- `group_coordinator`, `group_state`: consumer groups (membership, rebalances, offsets)
+- `txn_coordinator`, `txn_state`: transactional ids, epochs, the two-phase end of a transaction
+- `coordinator_store`: what both coordinators keep across restarts
+
+The process:
 - `connection`: one client connection: bounded reads, requests answered in order
+- `unsent`: the bytes held for responses not yet taken, under one budget
 - `rate_limited_log`: warnings a client can repeat at will, once a minute per topic or address
 - `app`: the asyncio server, SIGTERM draining and the recovery summary
+
+Logs go to the `oncelog.server` logger.
 """

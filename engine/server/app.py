@@ -29,7 +29,7 @@ from oncelog.log_manager import LogManager
 from oncelog.server.broker import Broker, ServeConfig
 from oncelog.server.connection import Connection
 
-log = logging.getLogger("oncelog.serve")
+log = logging.getLogger("oncelog.server")
 # How long a draining shutdown waits for requests being handled before closing anyway.
 DRAIN_TIMEOUT_S: Final = 10.0
 

@@ -43,15 +43,16 @@ from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
 from oncelog.segments import file_cache
 from oncelog.server.coordinator_store import CoordinatorStore
+from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, TopicExistsError
+from oncelog.server.group_coordinator import GroupCoordinator
 from oncelog.server.group_state import GroupLimits
-from oncelog.server.groups import GroupCoordinator
 from oncelog.server.rate_limited_log import RateLimitedLog
 from oncelog.server.txn_coordinator import TransactionCoordinator
 from oncelog.server.unsent import UnsentBytes
 from oncelog.storage.partition_store import STORE_WRITERS
 
 _T = TypeVar("_T")
-log = logging.getLogger("oncelog.serve")
+log = logging.getLogger("oncelog.server")
 NODE_ID: Final = 0
 CLUSTER_ID_NAME: Final = "kafka-cluster-id"
 # Where each topic's partition count is kept in the root (root_value names).
@@ -77,22 +78,6 @@ INTERNAL_TOPICS: Final = frozenset({"__consumer_offsets", "__transaction_state",
 def is_internal_topic(topic: str) -> bool:
     """Whether `topic` is one of Kafka's internal topics, which clients neither create, write nor read."""
     return topic in INTERNAL_TOPICS
-
-
-class TopicExistsError(Exception):
-    """CreateTopics of a topic that exists (TOPIC_ALREADY_EXISTS)."""
-
-
-class InvalidPartitionsError(Exception):
-    """A partition count out of 1..MAX_PARTITIONS_PER_TOPIC or past the server budget (INVALID_PARTITIONS)."""
-
-
-class InternalTopicError(Exception):
-    """A client asked to create, write or read one of Kafka's internal topics.
-
-    INVALID_TOPIC_EXCEPTION, as Kafka answers a client's append to one; CreateTopics
-    answers INVALID_REQUEST, as Kafka answers for its own internal metadata topic.
-    """
 
 
 def raise_open_files_limit() -> int:

@@ -32,29 +32,11 @@ import contextlib
 import logging
 import socket
 import struct
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
 
+from oncelog.server.api_registry import APIS, Api
 from oncelog.server.broker import Broker
-from oncelog.server.cluster import (
-    handle_api_versions,
-    handle_create_topics,
-    handle_find_coordinator,
-    handle_metadata,
-)
-from oncelog.server.fallback import FallbackDecodeError, unsupported_version_response
-from oncelog.server.fetch import handle_fetch
-from oncelog.server.group_apis import (
-    handle_heartbeat,
-    handle_join_group,
-    handle_leave_group,
-    handle_offset_commit,
-    handle_offset_fetch,
-    handle_sync_group,
-)
-from oncelog.server.offsets import handle_list_offsets
-from oncelog.server.produce import handle_produce
-from oncelog.server.protocol import (
+from oncelog.server.codec import (
     API_VERSIONS_KEY,
     SIZE,
     Frame,
@@ -64,42 +46,13 @@ from oncelog.server.protocol import (
     encode_frame,
     frame_size,
 )
-from oncelog.server.txn_apis import (
-    handle_add_offsets_to_txn,
-    handle_add_partitions_to_txn,
-    handle_end_txn,
-    handle_init_producer_id,
-    handle_txn_offset_commit,
-)
+from oncelog.server.fallback import FallbackDecodeError, unsupported_version_response
 
-log = logging.getLogger("oncelog.serve")
+log = logging.getLogger("oncelog.server")
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 # What a connection hands the transport at once: the most the transport ever copies of a
 # response, and the most a write joins from small pieces.
 WRITE_CHUNK_BYTES = 256 * 1024
-
-# A handler returns a body to encode, None (no response), or a Frame it built and counted itself.
-Handler = Callable[[Broker, Request], Awaitable[Any]]
-HANDLERS: dict[int, Handler] = {
-    0: handle_produce,
-    1: handle_fetch,
-    2: handle_list_offsets,
-    3: handle_metadata,
-    10: handle_find_coordinator,
-    18: handle_api_versions,
-    19: handle_create_topics,
-    22: handle_init_producer_id,
-    8: handle_offset_commit,
-    9: handle_offset_fetch,
-    11: handle_join_group,
-    12: handle_heartbeat,
-    13: handle_leave_group,
-    14: handle_sync_group,
-    24: handle_add_partitions_to_txn,
-    25: handle_add_offsets_to_txn,
-    26: handle_end_txn,
-    28: handle_txn_offset_commit,
-}
 
 
 class SlowRequestError(Exception):
@@ -167,12 +120,12 @@ class Connection:
             except TimeoutError as exc:
                 raise SlowRequestError(f"no complete request within {limit_name} ({limit_ms} ms)") from exc
             first_request = False
-            request = decode_request(frame)
+            request = decode_request(frame, APIS)
             if request.trailing_bytes:
                 self.broker.requests_with_trailing_bytes += 1
                 log.debug(
                     "%s v%d from %s: %d bytes after the body ignored, as Kafka ignores them",
-                    request.spec.name,
+                    APIS[request.api_key].name,
                     request.api_version,
                     self.peer,
                     request.trailing_bytes,
@@ -231,20 +184,18 @@ class Connection:
 
     async def _answer(self, request: Request, frame: bytes) -> Frame | None:
         """The response to `request`, its bytes counted in the unsent budget; None for acks=0."""
+        api = APIS[request.api_key]  # decode_request refused keys not in the registry
         if request.body is None and request.api_key != API_VERSIONS_KEY:
             log.info(
                 "%s v%d from %s: advertised but not served (v%d-%d); answering UNSUPPORTED_VERSION",
-                request.spec.name,
+                api.name,
                 request.api_version,
                 self.peer,
-                *request.spec.served,
+                *api.served,
             )
-            try:
-                response = Frame.of(unsupported_version_response(request.api_key, request.api_version, frame))
-            except FallbackDecodeError as exc:
-                raise MalformedRequestError(str(exc)) from exc
+            response = _unsupported_version(api, request, frame)
         else:
-            body = await HANDLERS[request.api_key](self.broker, request)
+            body = await api.handler(self.broker, request)
             if body is None:
                 return None  # acks=0
             if isinstance(body, Frame):
@@ -252,6 +203,16 @@ class Connection:
             response = encode_frame(request, body)
         self.broker.unsent.take(response.held_bytes)
         return response
+
+
+def _unsupported_version(api: Api, request: Request, frame: bytes) -> Frame:
+    """UNSUPPORTED_VERSION in every entry of `frame`, an advertised version below the served ones."""
+    if api.unsupported is None:  # never for an advertised version (tests/server/test_api_registry.py)
+        raise MalformedRequestError(f"{api.name} v{request.api_version} has no UNSUPPORTED_VERSION answer")
+    try:
+        return Frame.of(unsupported_version_response(api.unsupported, api.key, request.api_version, frame))
+    except FallbackDecodeError as exc:
+        raise MalformedRequestError(str(exc)) from exc
 
 
 def _chunks(pieces: Sequence[bytes | memoryview], chunk_bytes: int) -> Iterator[bytes | memoryview]:

@@ -1,4 +1,8 @@
-"""oncelog's exceptions as Kafka error codes: one table, used by every API."""
+"""oncelog's exceptions as Kafka error codes: one table, used by every API; and the server's own.
+
+Below every other module of the server (it imports none of them): the broker raises
+the server's exceptions, the handlers turn any exception into a code here.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +24,23 @@ from oncelog.errors import (
 )
 from oncelog.layout import InvalidTopicError
 from oncelog.log_manager import UnknownTopicOrPartitionError
-from oncelog.server.broker import InternalTopicError, InvalidPartitionsError, TopicExistsError
+
+
+class TopicExistsError(Exception):
+    """CreateTopics of a topic that exists (TOPIC_ALREADY_EXISTS)."""
+
+
+class InvalidPartitionsError(Exception):
+    """A partition count out of 1..MAX_PARTITIONS_PER_TOPIC or past the server budget (INVALID_PARTITIONS)."""
+
+
+class InternalTopicError(Exception):
+    """A client asked to create, write or read one of Kafka's internal topics.
+
+    INVALID_TOPIC_EXCEPTION, as Kafka answers a client's append to one; CreateTopics
+    answers INVALID_REQUEST, as Kafka answers for its own internal metadata topic.
+    """
+
 
 # Most specific first: RecordTooLargeError is an InvalidRecordError.
 _CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (

@@ -7,18 +7,22 @@ Two cases, both rare, neither touching a record batch's bytes:
    Metadata v9. kio refuses such a request, so it is decoded here, its unknown tags
    dropped, and re-encoded at the same version for kio to decode.
 2. Versions advertised but not served, answered with UNSUPPORTED_VERSION (35) in
-   every entry. ApiVersions advertises every API from v0 because librdkafka before 2.11.1 enables
-features by exact-version overlap (KAFKA-18659). kio's specs begin where Kafka 4
-does (Produce v3, Fetch v4, ListOffsets v1, OffsetCommit v2, OffsetFetch v1, CreateTopics
-v2), so a client that
-still sends an older version is answered through kafka-python's classes, generated
-from the same JSON specs and reaching back to v0: the request is decoded, and the
-response names every topic and partition it asked for, each with error 35. Nothing
-is read from or written to a log.
+   every entry. ApiVersions advertises every API from v0 because librdkafka before
+   2.11.1 enables features by exact-version overlap (KAFKA-18659). kio's specs begin
+   where Kafka 4 does (Produce v3, Fetch v4, ListOffsets v1, OffsetCommit v2,
+   OffsetFetch v1, CreateTopics v2), so a client that still sends an older version is
+   answered through kafka-python's classes, generated from the same JSON specs and
+   reaching back to v0: the request is decoded, and the response names every topic and
+   partition it asked for, each with error 35. Nothing is read from or written to a log.
+
+The registry (`api_registry`) names, per API, the class for case 1 and the answer
+(UnsupportedAnswer) for case 2.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
@@ -32,8 +36,7 @@ from kafka.protocol.consumer import (
     OffsetFetchRequest,
     OffsetFetchResponse,
 )
-from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
-from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest, ProduceResponse
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 UNSUPPORTED_VERSION: Final = 35
 
@@ -42,11 +45,9 @@ class FallbackDecodeError(Exception):
     """kafka-python could not decode the frame either: it is malformed."""
 
 
-def without_unknown_tags(api_key: int, api_version: int, frame: bytes) -> bytes:
-    """`frame` (header and body, no size prefix) re-encoded without tagged fields its spec lacks."""
-    request_type = _REQUEST_TYPES.get(api_key)
-    if request_type is None:
-        raise FallbackDecodeError(f"API {api_key} has no fallback decoder")
+def without_unknown_tags(request_type: Any, api_key: int, api_version: int, frame: bytes) -> bytes:
+    """`frame` (header and body, no size prefix) re-encoded by `request_type` (kafka-python's
+    request class of the API) without tagged fields its spec lacks."""
     try:
         request = request_type[api_version].decode(frame, header=True)
         _drop_unknown_tags(request)
@@ -66,11 +67,10 @@ def _drop_unknown_tags(entity: Any) -> None:
                 _drop_unknown_tags(item)
 
 
-def unsupported_version_response(api_key: int, api_version: int, frame: bytes) -> bytes:
+def unsupported_version_response(
+    answer: UnsupportedAnswer, api_key: int, api_version: int, frame: bytes
+) -> bytes:
     """The framed response (size prefix included) refusing `frame`'s version entry by entry."""
-    answer = _ANSWERS.get(api_key)
-    if answer is None:
-        raise FallbackDecodeError(f"API {api_key} v{api_version} has no UNSUPPORTED_VERSION answer")
     try:
         request = answer.request[api_version].decode(frame, header=True)
     except Exception as exc:  # kafka-python raises several kinds on a garbled body
@@ -188,30 +188,19 @@ def _offset_fetch(response: Any, request: Any) -> Any:
     )
 
 
-class _Answer:
-    def __init__(self, request: Any, response: Any, build: Any):
-        self.request = request
-        self.response = response
-        self.build = build
+@dataclass(frozen=True, slots=True)
+class UnsupportedAnswer:
+    """How to answer an API's old versions: kafka-python's request and response classes,
+    and the response naming every entry of the request with UNSUPPORTED_VERSION."""
+
+    request: Any
+    response: Any
+    build: Callable[[Any, Any], Any]
 
 
-_ANSWERS: Final[dict[int, _Answer]] = {
-    0: _Answer(ProduceRequest, ProduceResponse, _produce),
-    1: _Answer(FetchRequest, FetchResponse, _fetch),
-    2: _Answer(ListOffsetsRequest, ListOffsetsResponse, _list_offsets),
-    8: _Answer(OffsetCommitRequest, OffsetCommitResponse, _offset_commit),
-    9: _Answer(OffsetFetchRequest, OffsetFetchResponse, _offset_fetch),
-    19: _Answer(CreateTopicsRequest, CreateTopicsResponse, _create_topics),
-}
-
-
-_REQUEST_TYPES: Final[dict[int, Any]] = {
-    0: ProduceRequest,
-    1: FetchRequest,
-    2: ListOffsetsRequest,
-    3: MetadataRequest,
-    10: FindCoordinatorRequest,
-    18: ApiVersionsRequest,
-    19: CreateTopicsRequest,
-    22: InitProducerIdRequest,
-}
+PRODUCE = UnsupportedAnswer(ProduceRequest, ProduceResponse, _produce)
+FETCH = UnsupportedAnswer(FetchRequest, FetchResponse, _fetch)
+LIST_OFFSETS = UnsupportedAnswer(ListOffsetsRequest, ListOffsetsResponse, _list_offsets)
+OFFSET_COMMIT = UnsupportedAnswer(OffsetCommitRequest, OffsetCommitResponse, _offset_commit)
+OFFSET_FETCH = UnsupportedAnswer(OffsetFetchRequest, OffsetFetchResponse, _offset_fetch)
+CREATE_TOPICS = UnsupportedAnswer(CreateTopicsRequest, CreateTopicsResponse, _create_topics)

@@ -45,16 +45,15 @@ from oncelog.clock import Clock, MonotonicClock, wall_clock_ms
 from oncelog.errors import InvalidProducerEpochError, OncelogError
 from oncelog.layout import TopicPartition
 from oncelog.log_manager import UnknownTopicOrPartitionError
-from oncelog.producer_ids import ProducerIdManager
+from oncelog.producer_ids import ProducerIdManager, next_epoch
 from oncelog.server.coordinator_store import TXN, CoordinatorStore, store_key
+from oncelog.server.group_coordinator import GroupCoordinator
 from oncelog.server.group_state import CommittedOffset
-from oncelog.server.groups import GroupCoordinator
 from oncelog.server.txn_state import Transaction, TxnError, TxnState
 
-__all__ = ["MAX_EPOCH", "TransactionCoordinator", "TxnError", "TxnState"]
+__all__ = ["TransactionCoordinator", "TxnError", "TxnState"]
 
-log = logging.getLogger("oncelog.serve")
-MAX_EPOCH: Final = 2**15 - 1
+log = logging.getLogger("oncelog.server")
 # How often transactions are checked against their timeouts, and unfinished ends retried.
 CHECK_INTERVAL_S: Final = 0.5
 # How often idle transactional ids are looked for (Kafka: transactional.id.expiration.ms's check).
@@ -238,13 +237,14 @@ class TransactionCoordinator:
             txn.started_ms = self._clock_ms()
 
     def _bump(self, txn: Transaction) -> None:
-        # A new producer id one short of the last epoch, leaving room for a fencing bump (Kafka's rule).
-        if txn.producer_epoch >= MAX_EPOCH - 1:
+        # One epoch kept back, for the bump that fences a zombie at an abort (_end).
+        bumped = next_epoch(txn.producer_epoch, kept_back=1)
+        if bumped is None:
             del self._by_producer[txn.producer_id]
             txn.producer_id, txn.producer_epoch = self.producer_ids.lease().producer_id, 0
             self._by_producer[txn.producer_id] = txn
         else:
-            txn.producer_epoch += 1
+            txn.producer_epoch = bumped
 
     # -- produce admission -------------------------------------------------------------------
     def admit_append(self, producer_id: int, producer_epoch: int, tp: TopicPartition) -> ErrorCode:
@@ -276,8 +276,9 @@ class TransactionCoordinator:
         marker_epoch = txn.producer_epoch
         if bump:  # fences the incarnation whose transaction this is
             txn.last_epoch = -1
-            if txn.producer_epoch < MAX_EPOCH:
-                txn.producer_epoch = marker_epoch = txn.producer_epoch + 1
+            fenced = next_epoch(txn.producer_epoch)
+            if fenced is not None:
+                txn.producer_epoch = marker_epoch = fenced
         txn.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
         self._index(txn)
         txn.ending = True

@@ -40,8 +40,8 @@ from oncelog.config import LogConfig
 from oncelog.layout import TopicPartition, parse_partition_dir_name
 from oncelog.lock_wait import wait_while_locked
 from oncelog.log import Log
-from oncelog.log_manager import ROOT_METADATA_DIR, read_topic_config
 from oncelog.producer_ids import ProducerIdManager
+from oncelog.root_config import ROOT_METADATA_DIR, read_topic_config
 from oncelog.root_identity import check_partition_present, check_root_identity, ensure_root_id
 from oncelog.segments.batch import encode_batch
 from oncelog.spark.partitioner import partition_for_key

@@ -9,23 +9,3 @@ how values are read from a store; `partition_store` a partition's store, opened 
 writing on first commit; `clean_marker` the clean-shutdown marker and the store copy it
 carries. Nothing here knows Kafka's producer rules.
 """
-
-from oncelog.storage.fs import (
-    DEFAULT_FS,
-    DirLock,
-    FileHandle,
-    FileSystem,
-    MappedRegion,
-    MetadataStore,
-    OsFileSystem,
-)
-
-__all__ = [
-    "DEFAULT_FS",
-    "DirLock",
-    "FileHandle",
-    "FileSystem",
-    "MappedRegion",
-    "MetadataStore",
-    "OsFileSystem",
-]

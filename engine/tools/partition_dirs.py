@@ -19,7 +19,8 @@ from typing import NamedTuple
 from oncelog.errors import CorruptMetadataError, OncelogError
 from oncelog.layout import TopicPartition, is_pending_delete, parse_partition_dir_name
 from oncelog.log import METADATA_DIR
-from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR
+from oncelog.log_manager import DELETE_INTENT_PREFIX
+from oncelog.root_config import ROOT_METADATA_DIR
 from oncelog.segments.segment import LOG_SUFFIX, parse_segment_file_name
 from oncelog.storage.checkpoint import (
     CLIENT_ONLY_KEY,

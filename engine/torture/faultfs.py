@@ -39,6 +39,10 @@ Modelling decisions not covered in `crash_states`:
   torture checker asserts it stays empty). A crash forgets every reservation (the
   new twin knows of none): the strictest reading, since what survives of an
   unsynced fallocate is the filesystem's choice.
+
+Long on purpose: the twin implements the whole seam (files, mappings, directories,
+locks, stores) against one in-memory model of durable and volatile state, and every
+part must keep that model's barriers exactly as the others do.
 """
 
 from __future__ import annotations

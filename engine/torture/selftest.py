@@ -15,8 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from oncelog import append_rules, producer_replay, producer_state
-from oncelog import log as log_module
+from oncelog import append_rules, compiled_append, log_lifecycle, producer_replay, producer_state
 from oncelog.errors import LogFailedError
 from oncelog.log import Log
 from oncelog.producer_state import BatchMetadata, ProducerStateManager, WorkingState
@@ -177,8 +176,11 @@ def expiry_by_batch_timestamp() -> Iterator[None]:
     ) -> None:
         original(w, producer_epoch, batch, is_control, is_transactional, append_ms=batch.max_timestamp_ms)
 
-    # Both callers (the append rules and the replay) bound the name at import.
+    # Both Python callers (the append rules and the replay) bound the name at import. The
+    # compiled append keeps its own copy of the rule (apply_producer in _append.c), which a
+    # patch cannot reach: Python-only, so logs opened meanwhile take the Python route.
     with (
+        compiled_append.forced_pure(),
         _patched(append_rules, "apply_batch", apply_batch),
         _patched(producer_replay, "apply_batch", apply_batch),
     ):
@@ -203,7 +205,8 @@ def log_start_not_persisted() -> contextlib.AbstractContextManager[None]:
         if kept:
             write_offsets(store, kept)
 
-    return _patched(log_module, "write_offsets", write)
+    # Where truncation and _advance_log_start write the start (bound at import there).
+    return _patched(log_lifecycle, "write_offsets", write)
 
 
 def index_mapped_over_sparse_space() -> contextlib.AbstractContextManager[None]:

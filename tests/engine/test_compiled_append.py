@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from oncelog import Log, LogConfig, encode_batch, fast_append
+from oncelog import Log, LogConfig, compiled_append, encode_batch
 from oncelog.errors import OncelogError
 from oncelog.log import Log as LogClass
 from oncelog.pid_map import MAP_COUNT, MAP_FIELDS, MAP_TOMBSTONES
@@ -44,9 +44,9 @@ from oncelog.segments import cursor
 from oncelog.segments.records import Record
 from oncelog.storage.clean_marker import CLEAN_SHUTDOWN_FILE, decode_marker
 
-compiled = fast_append.compiled
+compiled = compiled_append.compiled
 needs_compiled = pytest.mark.skipif(
-    compiled is None or not fast_append.enabled(),
+    compiled is None or not compiled_append.enabled(),
     reason="the compiled append is not built, or ONCELOG_PURE=1",
 )
 T0 = 1_700_000_000_000
@@ -83,6 +83,50 @@ def test_the_compiled_layout_is_the_python_layout() -> None:
     for name, field in rows.items():
         assert layout[name] == fields[field][1], name
     assert layout["ROW_BYTES"] == PRODUCER_DTYPE.itemsize
+
+
+@needs_compiled
+def test_the_compiled_header_offsets_hash_and_window_are_the_pythons() -> None:
+    # One place each (segments/format.py, storage/producer_row.py, pid_map.py); C's copies
+    # are checked here, so a change on one side fails until the other follows.
+    from oncelog import pid_map
+    from oncelog.segments import format as fmt
+    from oncelog.segments import segment as segment_module
+    from oncelog.storage import producer_row
+
+    assert compiled is not None
+    layout = compiled.LAYOUT
+    offsets = {
+        "H_BASE_OFFSET": fmt.BASE_OFFSET_OFFSET,
+        "H_LENGTH": fmt.LENGTH_OFFSET,
+        "H_LEADER_EPOCH": fmt.PARTITION_LEADER_EPOCH_OFFSET,
+        "H_MAGIC": fmt.MAGIC_OFFSET,
+        "H_CRC": fmt.CRC_OFFSET,
+        "H_ATTRIBUTES": fmt.ATTRIBUTES_OFFSET,
+        "H_LAST_OFFSET_DELTA": fmt.LAST_OFFSET_DELTA_OFFSET,
+        "H_BASE_TIMESTAMP": fmt.BASE_TIMESTAMP_OFFSET,
+        "H_MAX_TIMESTAMP": fmt.MAX_TIMESTAMP_OFFSET,
+        "H_PRODUCER_ID": fmt.PRODUCER_ID_OFFSET,
+        "H_PRODUCER_EPOCH": fmt.PRODUCER_EPOCH_OFFSET,
+        "H_BASE_SEQUENCE": fmt.BASE_SEQUENCE_OFFSET,
+        "H_RECORDS_COUNT": fmt.RECORDS_COUNT_OFFSET,
+        "HEADER_SIZE": fmt.HEADER_SIZE,
+        "LOG_OVERHEAD": fmt.LOG_OVERHEAD,
+        "PREFIX_BYTES": fmt.SIZE_AND_MAGIC_BYTES,
+        "CRC_START": fmt.ATTRIBUTES_OFFSET,
+        "MAGIC_V2": fmt.MAGIC_V2,
+        "COMPRESSION_AND_CONTROL": fmt.COMPRESSION_MASK | fmt.CONTROL_MASK,
+        "TIMESTAMP_TYPE_MASK": fmt.TIMESTAMP_TYPE_MASK,
+        "TRANSACTIONAL_MASK": fmt.TRANSACTIONAL_MASK,
+        "WINDOW": producer_row.WINDOW,
+        "HASH_SHIFT": pid_map.HASH_SHIFT,
+        "MAP_EMPTY": pid_map.EMPTY,
+        "MAP_TOMBSTONE": pid_map.TOMBSTONE,
+        "MAX_OCCUPIED_LOAD_PERCENT": round(pid_map.MAX_OCCUPIED_LOAD * 100),
+        "WRITE_SYSCALL_MIN_BYTES": segment_module.WRITE_SYSCALL_MIN_BYTES,
+    }
+    assert {name: layout[name] for name in offsets} == offsets
+    assert compiled.HASH_MULTIPLIER == pid_map.HASH_MULTIPLIER
 
 
 @needs_compiled
@@ -158,14 +202,16 @@ def test_a_machine_with_a_c_compiler_builds_the_compiled_append() -> None:
 
 
 def test_oncelog_pure_forces_the_python_path_without_a_warning() -> None:
-    run = _subprocess("from oncelog import fast_append; print(fast_append.enabled())", ONCELOG_PURE="1")
+    run = _subprocess(
+        "from oncelog import compiled_append; print(compiled_append.enabled())", ONCELOG_PURE="1"
+    )
     assert run.stdout.strip() == "False" and "RuntimeWarning" not in run.stderr
 
 
 def test_without_the_built_module_oncelog_warns_once_and_appends_on_the_python_path(tmp_path: Any) -> None:
     code = (
         "import sys; sys.modules['oncelog._append'] = None\n"  # as if no compiler had built it
-        "import oncelog, oncelog.fast_append as f, oncelog.log\n"
+        "import oncelog, oncelog.compiled_append as f, oncelog.log\n"
         f"log = oncelog.Log.open({str(tmp_path / 'log')!r})\n"
         "print(f.enabled(), log.append(oncelog.encode_batch([(b'k', b'v')], timestamp_ms=1)).first_offset)\n"
         "log.close()\n"
@@ -278,7 +324,7 @@ class PurePathAndCompiledPathAgree(RuleBasedStateMachine):
         def clock() -> int:
             return self.now_ms
 
-        with fast_append.forced_pure():
+        with compiled_append.forced_pure():
             pure = Log.open(os.path.join(self.root, "pure"), CONFIG, clock=clock)
         self.logs = [pure, Log.open(os.path.join(self.root, "compiled"), CONFIG, clock=clock)]
 
@@ -419,12 +465,12 @@ def test_a_leaders_negative_base_sequence_answers_a_retry_the_same_before_and_af
     retry = _batch(3, 2**31 - 5)
     answers = []
     for pure in (True, False):
-        with fast_append.forced_pure(pure):
+        with compiled_append.forced_pure(pure):
             log = Log.open(tmp_path / f"log-{pure}", clock=lambda: T0)
         log.append_batches([leader], origin="replication")
         before = _outcome(lambda log=log: log.append(retry))  # type: ignore[misc]
         log.close()
-        with fast_append.forced_pure(pure):
+        with compiled_append.forced_pure(pure):
             log = Log.open(tmp_path / f"log-{pure}", clock=lambda: T0)
         answers += [before, _outcome(lambda log=log: log.append(retry))]  # type: ignore[misc]
         log.close()
@@ -433,9 +479,9 @@ def test_a_leaders_negative_base_sequence_answers_a_retry_the_same_before_and_af
 
 _FILE_SIZE_LIMIT_CHILD = """
 import errno, resource, signal, sys
-from oncelog import Log, LogConfig, encode_batch, fast_append
+from oncelog import Log, LogConfig, encode_batch, compiled_append
 from oncelog.errors import LogFailedError
-assert fast_append.enabled()
+assert compiled_append.enabled()
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit is EFBIG, not a kill
 path = sys.argv[1]
 log = Log.open(path, LogConfig(segment_bytes=64 * 1024 * 1024))

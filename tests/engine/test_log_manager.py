@@ -40,9 +40,10 @@ from oncelog import (
 from oncelog import log_manager as log_manager_module
 from oncelog.cli.main import main as cli_main
 from oncelog.log import LOCK_FILE
-from oncelog.log_manager import DELETE_INTENT_PREFIX, ROOT_METADATA_DIR, read_root_config, read_topic_config
+from oncelog.log_manager import DELETE_INTENT_PREFIX
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery_progress import RecoveryProgress
+from oncelog.root_config import ROOT_METADATA_DIR, read_root_config, read_topic_config
 from oncelog.segments.batch import encode_batch
 from oncelog.storage.clean_marker import CLEAN_SHUTDOWN_FILE, TAKEN_MARKER_FILE, take_clean_marker
 from oncelog.storage.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, MetadataStore
@@ -822,7 +823,7 @@ class TestDeleteAfterFailure:
 READ_TOPIC_CONFIGS = textwrap.dedent(
     """
     import dataclasses, json, sys
-    from oncelog.log_manager import read_topic_config
+    from oncelog.root_config import read_topic_config
     configs = {t: dataclasses.asdict(read_topic_config(sys.argv[1], t)) for t in sys.argv[2:]}
     print(json.dumps(configs))
     """

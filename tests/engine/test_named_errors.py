@@ -35,8 +35,8 @@ from oncelog import (
     encode_batch,
 )
 from oncelog.log import METADATA_DIR, Log
-from oncelog.log_manager import ROOT_LOCK_FILE, ROOT_METADATA_DIR, read_topic_config
 from oncelog.producer_ids import BLOCK_END_KEY, STORE_DIR
+from oncelog.root_config import ROOT_LOCK_FILE, ROOT_METADATA_DIR, read_topic_config
 from oncelog.spark.write_registry import KEY_PREFIX, WriteRegistry
 from oncelog.storage.checkpoint import LOG_START_KEY
 from oncelog.storage.clean_marker import CLEAN_SHUTDOWN_FILE

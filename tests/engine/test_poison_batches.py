@@ -2,7 +2,7 @@
 
 Such a batch used to be accepted: it took the offsets its header claimed (2 billion
 for recordsCount 2^31-1), and every reader after it failed with CorruptRecordError.
-Each scenario here is refused on both append paths (Log.append's fast path and
+Each scenario here is refused on both append paths (Log.append's single-batch route and
 Log.append_batches' request path) with the error the brief names (bad bytes:
 CorruptRecordError; a broken rule: InvalidRecordError), and the log's files stay
 byte for byte as they were.

@@ -25,10 +25,10 @@ from oncelog import ProducerIdManager, ProducerLease
 from oncelog.config import LogConfig
 from oncelog.errors import InvalidProducerEpochError, LogDirLockedError
 from oncelog.log import Log
+from oncelog.producer_ids import MAX_EPOCH, next_epoch
 from oncelog.segments.batch import encode_batch
 
 T0 = 1_700_000_000_000
-MAX_EPOCH = 2**15 - 1
 
 
 # -- helpers --------------------------------------------------------------------
@@ -316,3 +316,12 @@ def test_bad_arguments_are_refused(tmp_path: Path, kwargs: dict[str, int]) -> No
         ProducerIdManager.open(tmp_path, **kwargs)  # type: ignore[arg-type]
     with ProducerIdManager.open(tmp_path) as ids:  # a refused open holds no lock
         assert ids.lease(T0).producer_id == 0
+
+
+def test_next_epoch_is_the_one_epoch_rule_of_transactional_ids() -> None:
+    assert next_epoch(0) == 1
+    assert next_epoch(MAX_EPOCH - 1) == MAX_EPOCH  # the last epoch is usable by init_producer_id
+    assert next_epoch(MAX_EPOCH) is None  # then a new producer id, at epoch 0
+    # The transaction coordinator keeps the last epoch back for the bump that fences at an abort.
+    assert next_epoch(MAX_EPOCH - 2, kept_back=1) == MAX_EPOCH - 1
+    assert next_epoch(MAX_EPOCH - 1, kept_back=1) is None

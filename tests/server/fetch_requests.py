@@ -20,7 +20,7 @@ from wire_client import WireSocket, decode_response, encode_request
 
 from oncelog.log_manager import LogManager
 from oncelog.segments import encode_batch
-from oncelog.server.protocol import build, nested
+from oncelog.server.codec import build, nested
 
 FETCH_VERSION: Final = 12
 _TIMESTAMP_MS: Final = 1_700_000_000_000

@@ -38,9 +38,8 @@ from serve_process import ServeProcess
 from wire_client import WireSocket, decode_response
 
 from oncelog.segments import encode_batch
-from oncelog.server import fetch as fetch_module
 from oncelog.server.broker import ServeConfig
-from oncelog.server.protocol import (
+from oncelog.server.codec import (
     NO_THROTTLE,
     SIZE,
     Records,
@@ -50,6 +49,7 @@ from oncelog.server.protocol import (
     nested,
     response_type,
 )
+from oncelog.server.handlers import fetch as fetch_module
 
 MIB = 1024 * 1024
 WAIT_S = 30.0  # how long a test waits for the server to reach a state before failing

@@ -17,7 +17,13 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.errors import CorruptMetadataError
 from oncelog.server.coordinator_store import CoordinatorStore
-from oncelog.server.groups import CommittedOffset, GroupCoordinator, GroupLimits, GroupState, JoinResult
+from oncelog.server.group_coordinator import (
+    CommittedOffset,
+    GroupCoordinator,
+    GroupLimits,
+    GroupState,
+    JoinResult,
+)
 from oncelog.storage.fs import DEFAULT_FS
 
 _T = TypeVar("_T")

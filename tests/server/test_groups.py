@@ -45,8 +45,8 @@ from serve_process import ServeProcess
 from wire_client import Joined, ProtocolIds, WireSocket, join_members, request_body
 
 from oncelog.server.broker import ServeConfig
+from oncelog.server.codec import build, nested
 from oncelog.server.group_state import GroupLimits
-from oncelog.server.protocol import build, nested
 
 TIMEOUT_S: Final = 30.0
 # A stable assignment: no rebalance callback for this long after every member got its share.

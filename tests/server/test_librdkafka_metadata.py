@@ -21,7 +21,8 @@ from in_process import InProcessServer
 from serve_process import ServeProcess
 from wire_client import WireSocket, decode_response
 
-from oncelog.server.protocol import decode_request
+from oncelog.server.api_registry import APIS
+from oncelog.server.codec import decode_request
 
 # Metadata v9 for all topics as confluent-kafka 2.16.1 (librdkafka 2.16.0) sends it for
 # Consumer.list_topics(), recorded through a TCP proxy in front of `oncelog serve`.
@@ -54,7 +55,7 @@ def _produce(bootstrap: str, values_by_topic: dict[str, list[bytes]]) -> None:
 
 
 def test_librdkafkas_recorded_all_topics_metadata_v9_decodes_with_its_3_extra_bytes_ignored() -> None:
-    request = decode_request(LIBRDKAFKA_ALL_TOPICS_METADATA_V9)
+    request = decode_request(LIBRDKAFKA_ALL_TOPICS_METADATA_V9, APIS)
     assert (request.api_key, request.api_version, request.correlation_id, request.client_id) == (
         3,
         9,

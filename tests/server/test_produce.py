@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from oncelog.segments import encode_batch
-from oncelog.server.produce import (
+from oncelog.server.handlers.produce import (
     INLINE_RECORDS,
     _cheap_to_validate,
     _Outcome,

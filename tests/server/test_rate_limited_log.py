@@ -122,7 +122,7 @@ def test_a_window_or_table_that_is_not_positive_is_refused(interval_ms: int, max
 
 # -- at the server's sites: a topic that cannot be created, connections refused -------------------
 
-SERVE_LOGGER = "oncelog.serve"
+SERVE_LOGGER = "oncelog.server"
 
 
 def _serve_lines(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:

@@ -12,7 +12,7 @@ from kio.index import load_request_schema
 from serve_process import ServeProcess, free_port
 from wire_client import WireSocket, decode_response, encode_request, request_body
 
-from oncelog.server.protocol import build, nested
+from oncelog.server.codec import build, nested
 
 
 def _produce_confluent(bootstrap: str, topic: str, count: int) -> list[int]:

@@ -15,10 +15,10 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.errors import MetadataWriteError
 from oncelog.layout import TopicPartition
-from oncelog.producer_ids import ProducerIdManager
+from oncelog.producer_ids import MAX_EPOCH, ProducerIdManager
 from oncelog.server.coordinator_store import CoordinatorStore
-from oncelog.server.groups import CommittedOffset, GroupCoordinator, GroupLimits
-from oncelog.server.txn_coordinator import MAX_EPOCH, TransactionCoordinator, TxnError, TxnState
+from oncelog.server.group_coordinator import CommittedOffset, GroupCoordinator, GroupLimits
+from oncelog.server.txn_coordinator import TransactionCoordinator, TxnError, TxnState
 from oncelog.storage.fs import DEFAULT_FS
 
 TP0 = TopicPartition("out", 0)

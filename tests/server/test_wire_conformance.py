@@ -46,7 +46,8 @@ from wire_client import (
     request_body,
 )
 
-from oncelog.server.protocol import APIS, build, nested
+from oncelog.server.api_registry import APIS
+from oncelog.server.codec import build, nested
 
 SERVED = [(spec.key, v) for spec in APIS.values() for v in range(spec.served[0], spec.served[1] + 1)]
 LEGACY = [

@@ -23,7 +23,7 @@ from wire_client import WireSocket, decode_response, encode_request, request_bod
 from oncelog.log_manager import LogManager
 from oncelog.segments import encode_batch
 from oncelog.server.broker import ServeConfig
-from oncelog.server.protocol import build, nested
+from oncelog.server.codec import build, nested
 
 TOPIC = "semantics"
 

@@ -55,9 +55,9 @@ from oncelog.segments import format as fmt
 from oncelog.segments.batch import batch_size_at
 from oncelog.segments.control import decode_txn_marker
 from oncelog.server.broker import Broker, ServeConfig
+from oncelog.server.codec import build, nested
 from oncelog.server.coordinator_store import TXN, CoordinatorStore
 from oncelog.server.group_state import GroupLimits
-from oncelog.server.protocol import build, nested
 from oncelog.server.txn_coordinator import TxnState
 from oncelog.storage.fs import OsFileSystem
 

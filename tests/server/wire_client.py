@@ -20,7 +20,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from oncelog.segments import encode_batch
-from oncelog.server.protocol import build, nested
+from oncelog.server.codec import build, nested
 
 CLIENT_ID = "oncelog-conformance"
 _correlation_ids = count(1)

@@ -1,4 +1,4 @@
-"""Kafka's wire protocol as `oncelog serve` speaks it: the API table, framing and the codec.
+"""Kafka's wire protocol as `oncelog serve` speaks it: framing, headers and bodies.
 
 A frame is an i32 size followed by that many bytes. A request starts with
 api_key i16, api_version i16, correlation_id i32 (every header version agrees on
@@ -11,8 +11,8 @@ and body; nothing here hand-writes a struct. Record batches stay the bytes on th
 wire: kio reads a `records` field as bytes, and a fetch response writes stored bytes,
 as pieces of its frame that are never joined (encode_frame, Records).
 
-What the caller decides: a frame that is malformed, or of an API or version this
-table neither serves nor advertises, raises MalformedRequestError and the
+What the caller decides: a frame that is malformed, or of an API or version the
+registry (`api_registry`) neither serves nor advertises, raises MalformedRequestError and the
 connection closes (Kafka closes it too); nothing has been touched.
 
 Bytes left in a frame after the body are ignored, as Kafka ignores them: its broker
@@ -31,7 +31,7 @@ import struct
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
@@ -58,52 +58,21 @@ class MalformedRequestError(Exception):
     """A frame this server cannot answer; the connection that sent it is closed."""
 
 
-@dataclass(frozen=True, slots=True)
-class ApiSpec:
-    key: int
-    name: str
-    # What ApiVersions advertises: always from 0, since librdkafka before 2.11.1 enables
-    # features by exact-version overlap (KAFKA-18659).
-    advertised: tuple[int, int]
-    # What is decoded and answered; an advertised version outside it gets UNSUPPORTED_VERSION.
-    served: tuple[int, int]
+class ApiVersions(Protocol):
+    """What decoding needs to know of an API: its name, its versions, its kafka-python twin.
 
-    def serves(self, version: int) -> bool:
-        return self.served[0] <= version <= self.served[1]
+    The registry (`oncelog.server.api_registry`) holds one per API, beside its handler."""
 
-    def advertises(self, version: int) -> bool:
-        return self.advertised[0] <= version <= self.advertised[1]
+    @property
+    def name(self) -> str: ...
 
+    @property
+    def fallback_request(self) -> Any | None:
+        """kafka-python's request class, to decode a frame with tagged fields kio's spec lacks."""
 
-def _spec(key: int, name: str, advertised_max: int, served_min: int) -> ApiSpec:
-    return ApiSpec(key, name, (0, advertised_max), (served_min, advertised_max))
+    def serves(self, version: int) -> bool: ...
 
-
-# The APIs served, by key. kio's specs start Produce at v3, Fetch at v4, ListOffsets at
-# v1 and CreateTopics at v2 (Kafka 4 dropped the older versions).
-APIS: Final[Mapping[int, ApiSpec]] = {
-    spec.key: spec
-    for spec in (
-        _spec(0, "Produce", 9, 3),
-        _spec(1, "Fetch", 12, 4),
-        _spec(2, "ListOffsets", 7, 1),
-        _spec(3, "Metadata", 9, 0),
-        _spec(8, "OffsetCommit", 9, 2),
-        _spec(9, "OffsetFetch", 9, 1),
-        _spec(10, "FindCoordinator", 6, 0),
-        _spec(11, "JoinGroup", 7, 0),
-        _spec(12, "Heartbeat", 4, 0),
-        _spec(13, "LeaveGroup", 5, 0),
-        _spec(14, "SyncGroup", 5, 0),
-        _spec(18, "ApiVersions", 4, 0),
-        _spec(19, "CreateTopics", 5, 2),
-        _spec(22, "InitProducerId", 4, 0),
-        _spec(24, "AddPartitionsToTxn", 3, 0),
-        _spec(25, "AddOffsetsToTxn", 3, 0),
-        _spec(26, "EndTxn", 3, 0),
-        _spec(28, "TxnOffsetCommit", 3, 0),
-    )
-}
+    def advertises(self, version: int) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +88,6 @@ class Request:
     # Bytes after the body, which were ignored.
     trailing_bytes: int = 0
 
-    @property
-    def spec(self) -> ApiSpec:
-        return APIS[self.api_key]
-
 
 def frame_size(prefix: bytes) -> int:
     """The size a 4-byte frame prefix announces; MalformedRequestError if absurd."""
@@ -135,12 +100,12 @@ def frame_size(prefix: bytes) -> int:
     return size
 
 
-def decode_request(frame: bytes) -> Request:
-    """One request frame (without its size prefix), decoded."""
+def decode_request(frame: bytes, apis: Mapping[int, ApiVersions]) -> Request:
+    """One request frame (without its size prefix), decoded; `apis`: what is served, by key."""
     if len(frame) < _HEADER_PREFIX.size:
         raise MalformedRequestError(f"a {len(frame)}-byte frame is shorter than a request header")
     api_key, api_version, correlation_id = _HEADER_PREFIX.unpack_from(frame)
-    spec = APIS.get(api_key)
+    spec = apis.get(api_key)
     if spec is None:
         raise MalformedRequestError(f"unknown or unserved API key {api_key}")
     if not spec.serves(api_version):
@@ -157,8 +122,10 @@ def decode_request(frame: bytes) -> Request:
         if "tagged field" not in str(exc):
             raise _undecodable(spec, api_version, frame, exc) from exc
         # Tagged fields kio's spec lacks, which Kafka ignores: drop them and decode again.
+        if spec.fallback_request is None:
+            raise _undecodable(spec, api_version, frame, exc) from exc
         try:
-            frame = without_unknown_tags(api_key, api_version, frame)
+            frame = without_unknown_tags(spec.fallback_request, api_key, api_version, frame)
             header, offset, body, size = _kio_decode(request_type, frame)
         except Exception as again:  # kio raises several kinds on a short or garbled body
             raise _undecodable(spec, api_version, frame, again) from again
@@ -178,7 +145,9 @@ def _kio_decode(request_type: type[Any], frame: bytes) -> tuple[Any, int, Any, i
     return header, offset, body, size
 
 
-def _undecodable(spec: ApiSpec, api_version: int, frame: bytes, exc: BaseException) -> MalformedRequestError:
+def _undecodable(
+    spec: ApiVersions, api_version: int, frame: bytes, exc: BaseException
+) -> MalformedRequestError:
     return MalformedRequestError(
         f"{spec.name} v{api_version} does not decode: {exc!r} (frame starts {frame[:48].hex()})"
     )

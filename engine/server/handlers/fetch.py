@@ -43,9 +43,8 @@ from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.log import Log
 from oncelog.results import Isolation
 from oncelog.segments.batch import RecordBatch
-from oncelog.server.broker import Broker, InternalTopicError
-from oncelog.server.errors import error_code_for
-from oncelog.server.protocol import (
+from oncelog.server.broker import Broker
+from oncelog.server.codec import (
     NO_THROTTLE,
     READ_COMMITTED,
     Frame,
@@ -58,6 +57,7 @@ from oncelog.server.protocol import (
     nested,
     response_type,
 )
+from oncelog.server.errors import InternalTopicError, error_code_for
 
 # The most one fetch response carries, whatever the client asks: Kafka's fetch.max.bytes.
 MAX_FETCH_BYTES = 55 * 1024 * 1024

@@ -42,11 +42,11 @@ from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.log import Log
 from oncelog.segments import format as fmt
-from oncelog.server.broker import Broker, InternalTopicError, InvalidPartitionsError
-from oncelog.server.errors import error_code_for
-from oncelog.server.protocol import NO_THROTTLE, Request, build, nested, response_type
+from oncelog.server.broker import Broker
+from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
+from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, error_code_for
 
-log = logging.getLogger("oncelog.serve")
+log = logging.getLogger("oncelog.server")
 _BATCH_LENGTH = struct.Struct(">i")  # at offset 8; the batch is 12 bytes longer
 _ATTRIBUTES = struct.Struct(">h")
 _COUNT = struct.Struct(">i")

@@ -14,10 +14,10 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
 from oncelog.server.broker import Broker
+from oncelog.server.codec import NO_THROTTLE, Request, build, milliseconds, nested, response_type
 from oncelog.server.group_state import CommittedOffset
-from oncelog.server.protocol import NO_THROTTLE, Request, build, milliseconds, nested, response_type
 
-log = logging.getLogger("oncelog.serve")
+log = logging.getLogger("oncelog.server")
 # JoinGroup v4+ hands a new member its id with MEMBER_ID_REQUIRED and expects it back (KIP-394).
 _MEMBER_ID_REQUIRED_FROM = 4
 

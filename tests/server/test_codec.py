@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from wire_client import encode_request, request_body
 
-from oncelog.server.protocol import (
-    APIS,
+from oncelog.server.api_registry import APIS
+from oncelog.server.codec import (
     MAX_REQUEST_BYTES,
     MalformedRequestError,
     decode_request,
@@ -28,7 +28,7 @@ LIBRDKAFKA_METADATA_V9_WITH_UNKNOWN_TAG = bytes.fromhex(
 
 
 def test_a_request_with_a_tagged_field_the_spec_lacks_is_decoded_and_the_tag_ignored() -> None:
-    request = decode_request(LIBRDKAFKA_METADATA_V9_WITH_UNKNOWN_TAG)
+    request = decode_request(LIBRDKAFKA_METADATA_V9_WITH_UNKNOWN_TAG, APIS)
     assert (request.api_key, request.api_version, request.correlation_id, request.client_id) == (
         3,
         9,
@@ -44,9 +44,9 @@ def test_bytes_after_any_served_request_body_are_ignored_and_counted() -> None:
         for version in range(spec.served[0], spec.served[1] + 1):
             body = request_body(spec.key, version, "codec")
             frame = encode_request(spec.key, version, 99, body)[4:]
-            request = decode_request(frame + b"\x00\xff\x7f")
+            request = decode_request(frame + b"\x00\xff\x7f", APIS)
             assert (request.body, request.trailing_bytes) == (body, 3), f"{spec.name} v{version}"
-            assert decode_request(frame).trailing_bytes == 0
+            assert decode_request(frame, APIS).trailing_bytes == 0
 
 
 def test_a_body_cut_short_is_malformed_for_every_served_request() -> None:
@@ -55,7 +55,7 @@ def test_a_body_cut_short_is_malformed_for_every_served_request() -> None:
             frame = encode_request(spec.key, version, 99, request_body(spec.key, version, "codec"))[4:]
             for cut in (1, 2, len(frame) // 2):
                 with pytest.raises(MalformedRequestError, match=r"does not decode|past its frame"):
-                    decode_request(frame[:-cut])
+                    decode_request(frame[:-cut], APIS)
 
 
 @pytest.mark.parametrize("size", [-1, 0, 7, MAX_REQUEST_BYTES + 1, 2**31 - 1])
@@ -72,18 +72,18 @@ def test_every_served_request_decodes_to_what_was_encoded() -> None:
     for spec in APIS.values():
         for version in range(spec.served[0], spec.served[1] + 1):
             body = request_body(spec.key, version, "codec")
-            request = decode_request(encode_request(spec.key, version, 99, body)[4:])
+            request = decode_request(encode_request(spec.key, version, 99, body)[4:], APIS)
             assert (request.api_key, request.api_version, request.correlation_id) == (spec.key, version, 99)
             assert request.body == body
 
 
 def test_an_unknown_api_key_is_malformed() -> None:
     with pytest.raises(MalformedRequestError, match="unknown or unserved API key 57"):
-        decode_request(struct.pack(">hhi", 57, 0, 1) + b"\0\0")
+        decode_request(struct.pack(">hhi", 57, 0, 1) + b"\0\0", APIS)
 
 
 def test_an_advertised_but_unserved_version_is_handed_on_undecoded() -> None:
-    request = decode_request(struct.pack(">hhi", 0, 2, 1) + b"garbage")
+    request = decode_request(struct.pack(">hhi", 0, 2, 1) + b"garbage", APIS)
     assert request.body is None and request.api_version == 2
 
 
@@ -97,7 +97,7 @@ def test_any_bytes_behind_a_known_header_decode_or_raise_malformed_and_nothing_e
     key: int, version: int, tail: bytes
 ) -> None:
     with contextlib.suppress(MalformedRequestError):
-        decode_request(struct.pack(">hhi", key, version, 7) + tail)
+        decode_request(struct.pack(">hhi", key, version, 7) + tail, APIS)
 
 
 @settings(max_examples=300, deadline=None)
@@ -109,4 +109,4 @@ def test_a_served_request_with_bytes_flipped_decodes_or_raises_malformed(data: s
     for _ in range(data.draw(st.integers(1, 4))):
         frame[data.draw(st.integers(8, len(frame) - 1))] = data.draw(st.integers(0, 255))
     with contextlib.suppress(MalformedRequestError):
-        decode_request(bytes(frame))
+        decode_request(bytes(frame), APIS)

@@ -46,7 +46,7 @@ from oncelog.server.group_state import (
 
 __all__ = ["CommittedOffset", "GroupCoordinator", "GroupLimits", "GroupState", "JoinResult", "SyncResult"]
 
-log = logging.getLogger("oncelog.serve")
+log = logging.getLogger("oncelog.server")
 # A member's session is checked this often.
 SWEEP_INTERVAL_S: Final = 0.2
 # How often groups are checked against offsets_retention_ms (Kafka: offsets.retention.check.interval.ms).

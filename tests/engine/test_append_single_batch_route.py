@@ -1,4 +1,4 @@
-"""The single-batch fast path of Log.append equals the request path (issue 6).
+"""The single-batch route of Log.append equals the request route (issue 6).
 
 `append(b)` skips the request machinery that `append_batches([b])` runs; both
 must accept, refuse and store exactly the same. A hypothesis-generated stream of
@@ -73,9 +73,9 @@ def build(spec: tuple[int, int, int, int, int, str, int]) -> bytes:
     return data if how == "ok" else spoil(data, how)
 
 
-def outcome(log: Log, data: bytes, fast: bool) -> object:
+def outcome(log: Log, data: bytes, single: bool) -> object:
     try:
-        return log.append(data) if fast else log.append_batches([data])[0]
+        return log.append(data) if single else log.append_batches([data])[0]
     except Exception as exc:  # the error class is the outcome compared
         return type(exc).__name__
 
@@ -85,17 +85,17 @@ def outcome(log: Log, data: bytes, fast: bool) -> object:
 def test_append_and_append_batches_agree_on_every_outcome_byte_and_producer(
     tmp_path_factory: object, specs: list[tuple[int, int, int, int, int, str, int]]
 ) -> None:
-    root = Path(tmp_path_factory.mktemp("fast"))  # type: ignore[attr-defined]
+    root = Path(tmp_path_factory.mktemp("single"))  # type: ignore[attr-defined]
     clock = lambda: T0  # noqa: E731 - a fixed broker clock for both logs
-    fast = Log.open(root / "fast-0", CONFIG, clock=clock)
+    single = Log.open(root / "single-0", CONFIG, clock=clock)
     slow = Log.open(root / "slow-0", CONFIG, clock=clock)
     try:
         for spec in specs:
             data = build(spec)
-            assert outcome(fast, data, True) == outcome(slow, data, False), spec
-        assert stored_batches(fast) == stored_batches(slow)
-        assert [s.base_offset for s in fast.segments] == [s.base_offset for s in slow.segments]
-        assert list(fast.producers()) == list(slow.producers())
+            assert outcome(single, data, True) == outcome(slow, data, False), spec
+        assert stored_batches(single) == stored_batches(slow)
+        assert [s.base_offset for s in single.segments] == [s.base_offset for s in slow.segments]
+        assert list(single.producers()) == list(slow.producers())
     finally:
-        fast.close()
+        single.close()
         slow.close()

@@ -15,8 +15,8 @@ from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError
 from oncelog.log import Log
 from oncelog.server.broker import Broker
+from oncelog.server.codec import NO_THROTTLE, READ_COMMITTED, Request, build, nested, response_type
 from oncelog.server.errors import error_code_for
-from oncelog.server.protocol import NO_THROTTLE, READ_COMMITTED, Request, build, nested, response_type
 
 EARLIEST = -2
 LATEST = -1

@@ -24,9 +24,9 @@ from kio.schema.errors import ErrorCode
 from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.server.broker import Broker, is_internal_topic
+from oncelog.server.codec import NO_THROTTLE, Request, build, milliseconds, nested, response_type
 from oncelog.server.errors import error_code_for
-from oncelog.server.group_apis import offsets_of, partition_answers
-from oncelog.server.protocol import NO_THROTTLE, Request, build, milliseconds, nested, response_type
+from oncelog.server.handlers.groups import offsets_of, partition_answers
 from oncelog.server.txn_state import TxnError
 
 # The first version of each API that answers PRODUCER_FENCED, by API key.

@@ -1,0 +1,70 @@
+"""CreateTopics (API 19, v2-5): topics of one replica, without per-topic configs.
+
+An internal topic (`__consumer_offsets`, `__transaction_state`) is refused with
+INVALID_REQUEST, Kafka's answer for its own internal metadata topic
+(ControllerApis.createTopics), unless it exists (TOPIC_ALREADY_EXISTS).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.errors import OncelogError
+from oncelog.layout import InvalidTopicError
+from oncelog.server.broker import Broker
+from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
+from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, TopicExistsError, error_code_for
+
+
+async def handle_create_topics(broker: Broker, request: Request) -> Any:
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
+    topic_type = nested(response, "topics")
+    topics = []
+    names = [wanted.name for wanted in body.topics]
+    for wanted in body.topics:
+        if names.count(wanted.name) > 1:
+            topics.append(
+                build(
+                    topic_type,
+                    name=wanted.name,
+                    error_code=ErrorCode.invalid_request,
+                    error_message=f"the request names topic {wanted.name!r} more than once",
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    configs=None,
+                )
+            )
+            continue
+        count = wanted.num_partitions
+        if count == -1:
+            count = len(wanted.assignments) or broker.config.partitions
+        code, message = ErrorCode.none, None
+        if wanted.replication_factor not in (-1, 1):
+            code = ErrorCode.invalid_replication_factor
+            message = f"replication factor {wanted.replication_factor} on a single node; use 1 or -1"
+        elif wanted.configs:
+            code = ErrorCode.invalid_config
+            message = "topic configs are not supported yet; create the topic without them"
+        else:
+            try:
+                await broker.create_topic(wanted.name, count, validate_only=body.validate_only)
+            except InternalTopicError as exc:
+                code, message = ErrorCode.invalid_request, str(exc)
+            except (TopicExistsError, InvalidPartitionsError, InvalidTopicError, OncelogError) as exc:
+                code, message = error_code_for(exc), str(exc)
+        ok = code == ErrorCode.none
+        topics.append(
+            build(
+                topic_type,
+                name=wanted.name,
+                error_code=code,
+                error_message=message,
+                num_partitions=count if ok else -1,
+                replication_factor=1 if ok else -1,
+                configs=() if ok else None,
+            )
+        )
+    return build(response, throttle_time=NO_THROTTLE, topics=tuple(topics))

@@ -1,0 +1,77 @@
+"""Metadata (API 3, v0-9): the one node, and every topic asked for with its partitions.
+
+One node (id 0) leads every partition. Leader epochs are reported as -1 (unknown),
+so clients skip the epoch validation (KIP-320) that a single node with no leader
+changes has no use for.
+
+Kafka's internal topics: Metadata marks them is_internal and describes one only if
+the root holds it; named and absent, it is INVALID_TOPIC_EXCEPTION (not a name a
+client topic may have here, so librdkafka fails a producer's messages at once instead
+of waiting topic.metadata.propagation.max.ms for it to appear), and it is never
+auto-created.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.errors import OncelogError
+from oncelog.layout import InvalidTopicError
+from oncelog.server.broker import NODE_ID, Broker, is_internal_topic
+from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
+from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, error_code_for
+
+
+async def handle_metadata(broker: Broker, request: Request) -> Any:
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
+    broker_type = nested(response, "brokers")
+    topic_type = nested(response, "topics")
+    partition_type = nested(topic_type, "partitions")
+    host, port = broker.config.advertised
+    # v0 asks for every topic with an empty list; v1+ with null.
+    if body.topics is None or (request.api_version == 0 and not body.topics):
+        names = list(broker.topics())
+        auto_create = False
+    else:
+        names = [wanted.name for wanted in body.topics]
+        auto_create = getattr(body, "allow_auto_topic_creation", True)
+    topics = []
+    for name in names:
+        try:
+            count = await broker.partition_count(name, auto_create=auto_create)
+            code = ErrorCode.none if count is not None else ErrorCode.unknown_topic_or_partition
+        except (InvalidTopicError, InternalTopicError, OncelogError, InvalidPartitionsError) as exc:
+            count, code = None, error_code_for(exc)  # a creation that failed is logged where it failed
+        partitions = tuple(
+            build(
+                partition_type,
+                error_code=ErrorCode.none,
+                partition_index=index,
+                leader_id=NODE_ID,
+                leader_epoch=-1,
+                replica_nodes=(NODE_ID,),
+                isr_nodes=(NODE_ID,),
+                offline_replicas=(),
+            )
+            for index in range(count or 0)
+        )
+        topics.append(
+            build(
+                topic_type,
+                error_code=code,
+                name=name,
+                is_internal=is_internal_topic(name),
+                partitions=partitions,
+            )
+        )
+    return build(
+        response,
+        throttle_time=NO_THROTTLE,
+        brokers=(build(broker_type, node_id=NODE_ID, host=host, port=port, rack=None),),
+        cluster_id=broker.cluster_id,
+        controller_id=NODE_ID,
+        topics=tuple(topics),
+    )
