@@ -18,8 +18,12 @@
  *   producer state after a data batch      apply_producer         oncelog.producer_state.apply_batch
  *   sequence wraparound (MAX -> 0)         in_sequence            oncelog.producer_state.in_sequence
  *   segment roll                           roll_needed            oncelog.log_appends.roll_needed
- *   the append of a request (check, plan,  append_request         oncelog.log_appends.LogAppends._append_one
- *     write, publish)                                               and append_batches (_plan, _execute)
+ *   a request's steps (append_request):
+ *     check every batch                    check_request          oncelog.validation.validate_batch
+ *     plan offsets and producer rules      plan_request           oncelog.log_appends.LogAppends._plan
+ *     reserve room and index entries       reserve_room           oncelog.segments.segment.LogSegment._index_batch
+ *     write the bytes                      write_request          oncelog.segments.segment.LogSegment.append
+ *     publish indexes, cursor, producers   publish_request        oncelog.log_appends.LogAppends._publish
  *
  * It never decides anything the Python path would decide differently. Anything
  * it does not handle (a refusal of any kind, compression, record headers, a roll,
@@ -30,7 +34,7 @@
  *
  * State is shared, not copied: the segment, its indexes, the producer ring and the
  * pid map keep their scalars in small int64 arrays (the layouts are in
- * oncelog.segments.cursor and oncelog.producer_state; LAYOUT below is checked
+ * oncelog.segments.cursor and oncelog.storage.producer_row; LAYOUT below is checked
  * against them by the tests), so both implementations read and write the same
  * memory and may take turns on one log. Mapped files are reached through the
  * address their owner stores in its cursor while the mapping exists (0 when it
@@ -59,7 +63,7 @@ enum { IDX_ADDR, IDX_ENTRIES, IDX_CAPACITY, IDX_MAX_ENTRIES, IDX_LAST_FIRST, IDX
 enum { RING_HEAD, RING_USED, RING_HOLES, RING_EXPIRATION_MS, RING_FIELDS };
 enum { MAP_COUNT, MAP_TOMBSTONES, MAP_FIELDS };
 
-/* The producer row (oncelog.producer_state.PRODUCER_DTYPE), byte offsets. */
+/* The producer row (oncelog.storage.producer_row.PRODUCER_DTYPE), byte offsets. */
 #define WINDOW 5
 #define ROW_BYTES 160
 #define R_PID 0
@@ -589,11 +593,29 @@ static int write_through_fd(const Batch *batches, Py_ssize_t n, int fd, int64_t 
 }
 
 /* The whole request, or None (nothing changed) for the Python path to take. */
-static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, int single) {
-    PyObject *result = NULL;
-    /* The checks first, as the Python path validates before it takes the lock or the time.
-     * Large requests let the GIL go meanwhile (the CRC of 1 MiB takes some 50 us). */
-    int64_t request_bytes = 0, valid = 1;
+/* ---- one request, in the Python path's steps: check, plan, reserve, write, publish ---- */
+
+/* What plan_request decided: each producer's working row, the offsets, the bytes to write. */
+typedef struct {
+    Producer producers[MAX_BATCHES];
+    int producer_count;
+    int64_t now_ms, next, first_ts, write_bytes;
+    int has_first_ts;
+} Plan;
+
+/* What reserve_room found room for: where the bytes go and the index entries they add. */
+typedef struct {
+    int64_t position, since, max_ts, max_ts_offset, end;
+    int use_pwrite, offset_entry_count, time_entry_count;
+    Entry offset_entries[MAX_BATCHES], time_entries[MAX_BATCHES];
+} Room;
+
+/* Check: every batch's header, CRC and records (validate_batch), before the lock or the
+ * time, as the Python path checks. Large requests let the GIL go meanwhile (the CRC of
+ * 1 MiB takes some 50 us). 1 when every batch passes. */
+static int check_request(Appender *self, Batch *batches, Py_ssize_t n) {
+    int64_t request_bytes = 0;
+    int valid = 1;
     for (Py_ssize_t i = 0; i < n; i++) request_bytes += batches[i].size;
     if (request_bytes >= RELEASE_GIL_BYTES) {
         Py_BEGIN_ALLOW_THREADS
@@ -602,67 +624,65 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
     } else {
         for (Py_ssize_t i = 0; i < n && valid; i++) valid = check_batch(&batches[i], self->max_batch_bytes);
     }
-    if (!valid) Py_RETURN_NONE;
-    PyObject *locked = PyObject_CallNoArgs(self->acquire);
-    if (locked == NULL) return NULL;
-    Py_DECREF(locked);
-    Producer producers[MAX_BATCHES];
-    int producer_count = 0, new_count = 0;
-    int64_t now_ms = 0;
-    int any_pid = 0;
-    for (Py_ssize_t i = 0; i < n; i++) any_pid |= be64(batches[i].data + H_PRODUCER_ID) >= 0;
-    /* The clock as the Python path reads it: a request always, a single batch with a producer. */
-    if (any_pid || !single) {
-        PyObject *now = PyObject_CallNoArgs(self->clock);
-        if (now == NULL) goto unlock;
-        int overflow = 0;
-        now_ms = PyLong_Check(now) ? PyLong_AsLongLongAndOverflow(now, &overflow) : 0;
-        int usable = PyLong_Check(now) && !overflow && !(now_ms == -1 && PyErr_Occurred());
-        Py_DECREF(now);
-        if (!usable) {
-            PyErr_Clear();
-            goto fallback;
-        }
-    }
-    /* Closed (rebound, failed, closed) while this waited for the lock or the clock: the
-     * Python path decides. Below, no Python code runs until the request is written. */
-    if (self->closed) goto fallback;
-    int64_t *seg = I64(self->seg), *ring = I64(self->ring), *map = I64(self->map_state);
-    int64_t *oidx = I64(self->offset_index), *tidx = I64(self->time_index);
-    const uint32_t *due = (const uint32_t *)self->due.buf;
-    uint8_t *table = (uint8_t *)self->table.buf;
-    if ((any_pid || !single) && ring[RING_USED] && (int64_t)due[ring[RING_HEAD]] * 1000 <= now_ms)
-        goto fallback; /* expiry is due: the Python path runs it */
+    return valid;
+}
 
-    /* Plan: offsets and producer rules, with no state changed (Log._plan). */
-    int64_t next = seg[SEG_NEXT_OFFSET];
-    int64_t running_bytes = seg[SEG_SIZE], first_ts = seg[SEG_FIRST_BATCH_TS], write_bytes = 0;
-    int has_first_ts = seg[SEG_HAS_FIRST_TS] != 0;
+/* The clock as the Python path reads it (a request always, a single batch with a
+ * producer): 1 with `now_ms` set (0 when not read), 0 to fall back, -1 on an error. */
+static int read_clock(Appender *self, Batch *batches, Py_ssize_t n, int single, int64_t *now_ms, int *any_pid) {
+    *now_ms = 0;
+    *any_pid = 0;
+    for (Py_ssize_t i = 0; i < n; i++) *any_pid |= be64(batches[i].data + H_PRODUCER_ID) >= 0;
+    if (!*any_pid && single) return 1;
+    PyObject *now = PyObject_CallNoArgs(self->clock);
+    if (now == NULL) return -1;
+    int overflow = 0;
+    *now_ms = PyLong_Check(now) ? PyLong_AsLongLongAndOverflow(now, &overflow) : 0;
+    int usable = PyLong_Check(now) && !overflow && !(*now_ms == -1 && PyErr_Occurred());
+    Py_DECREF(now);
+    if (!usable) PyErr_Clear();
+    return usable;
+}
+
+/* The request's working row for `pid`: found among those already read, else read from the
+ * table (or marked new: "not in the table" is check_producer's mark). */
+static Producer *working_producer(Appender *self, Plan *plan, int64_t pid) {
+    for (int k = 0; k < plan->producer_count; k++)
+        if (plan->producers[k].pid == pid) return &plan->producers[k];
+    Producer *p = &plan->producers[plan->producer_count++];
+    p->pid = pid;
+    int64_t tombstone, bucket = probe(self, pid, &tombstone);
+    if (I64(self->keys)[bucket] == MAP_EMPTY) {
+        p->slot = -1;
+        put_le64(p->row + R_PID, ~pid);
+    } else {
+        p->slot = ((int32_t *)self->values.buf)[bucket];
+        memcpy(p->row, (uint8_t *)self->table.buf + p->slot * ROW_BYTES, ROW_BYTES);
+    }
+    return p;
+}
+
+/* Plan: offsets and producer rules, with no state changed (Log._plan). 1, or 0 to fall back. */
+static int plan_request(Appender *self, Batch *batches, Py_ssize_t n, Plan *plan) {
+    int64_t *seg = I64(self->seg), *ring = I64(self->ring), *map = I64(self->map_state);
+    int64_t running_bytes = seg[SEG_SIZE];
+    int new_count = 0;
+    plan->producer_count = 0;
+    plan->next = seg[SEG_NEXT_OFFSET];
+    plan->first_ts = seg[SEG_FIRST_BATCH_TS];
+    plan->has_first_ts = seg[SEG_HAS_FIRST_TS] != 0;
+    plan->write_bytes = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Batch *b = &batches[i];
         b->duplicate = 0;
         b->producer = -1;
         Producer *p = NULL;
         if (b->pid >= 0) {
-            for (int k = 0; k < producer_count; k++)
-                if (producers[k].pid == b->pid) p = &producers[k];
-            if (p == NULL) {
-                p = &producers[producer_count];
-                p->pid = b->pid;
-                int64_t tombstone, bucket = probe(self, b->pid, &tombstone);
-                if (I64(self->keys)[bucket] == MAP_EMPTY) {
-                    p->slot = -1;
-                    put_le64(p->row + R_PID, ~b->pid); /* "not in the table": check_producer's mark */
-                } else {
-                    p->slot = ((int32_t *)self->values.buf)[bucket];
-                    memcpy(p->row, table + p->slot * ROW_BYTES, ROW_BYTES);
-                }
-                producer_count++;
-            }
-            b->producer = (int)(p - producers);
+            p = working_producer(self, plan, b->pid);
+            b->producer = (int)(p - plan->producers);
             int64_t first_offset = 0, last_offset = 0;
             int verdict = check_producer(p, b, &first_offset, &last_offset);
-            if (verdict == 0) goto fallback;
+            if (verdict == 0) return 0;
             if (verdict == 2) {
                 b->duplicate = 1;
                 b->base = first_offset;
@@ -670,16 +690,16 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
                 continue;
             }
         }
-        b->base = next;
-        if (__builtin_add_overflow(next, (int64_t)b->last_delta, &b->last) || b->last > MAX_OFFSET) goto fallback;
-        if (roll_needed(running_bytes, has_first_ts, first_ts, b->size, b->max_ts, b->last, seg[SEG_LAST_OFFSET_LIMIT],
-                        self->segment_bytes, self->segment_ms))
-            goto fallback;
+        b->base = plan->next;
+        if (__builtin_add_overflow(plan->next, (int64_t)b->last_delta, &b->last) || b->last > MAX_OFFSET) return 0;
+        if (roll_needed(running_bytes, plan->has_first_ts, plan->first_ts, b->size, b->max_ts, b->last,
+                        seg[SEG_LAST_OFFSET_LIMIT], self->segment_bytes, self->segment_ms))
+            return 0;
         running_bytes += b->size;
-        write_bytes += b->size;
-        if (!has_first_ts) {
-            first_ts = b->max_ts;
-            has_first_ts = 1;
+        plan->write_bytes += b->size;
+        if (!plan->has_first_ts) {
+            plan->first_ts = b->max_ts;
+            plan->has_first_ts = 1;
         }
         if (p != NULL) {
             int is_new = p->slot < 0 && le64(p->row + R_PID) != p->pid;
@@ -688,125 +708,143 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
                 if (map[MAP_COUNT] + new_count > self->capacity || ring[RING_USED] + new_count > self->capacity ||
                     (double)(map[MAP_COUNT] + map[MAP_TOMBSTONES] + new_count) >
                         (double)self->buckets * MAX_OCCUPIED_LOAD)
-                    goto fallback; /* full, or the map would rebuild: the Python path's */
+                    return 0; /* full, or the map would rebuild: the Python path's */
             }
             if (b->transactional && (is_new || le64(p->row + R_TXN_FIRST) < 0))
-                goto fallback; /* opens a transaction: the Python path tracks it */
-            apply_producer(p, b, now_ms);
+                return 0; /* opens a transaction: the Python path tracks it */
+            apply_producer(p, b, plan->now_ms);
         }
-        next = b->last + 1;
+        plan->next = b->last + 1;
     }
+    return 1;
+}
 
-    /* Room: the mapping holds the bytes, the indexes their entries (LogSegment._index_batch). */
-    int64_t position = seg[SEG_SIZE];
+/* Reserve: room for the bytes (the mapping, or a descriptor for pwrite) and the index
+ * entries they add (LogSegment._index_batch), nothing written. 1, or 0 to fall back. */
+static int reserve_room(Appender *self, const Batch *batches, Py_ssize_t n, const Plan *plan, Room *room) {
+    int64_t *seg = I64(self->seg), *oidx = I64(self->offset_index), *tidx = I64(self->time_index);
+    room->position = seg[SEG_SIZE];
     /* Large writes go to pwrite, as the Python path's do; small ones need room in the mapping. */
-    int use_pwrite = write_bytes >= WRITE_SYSCALL_MIN_BYTES;
-    if (use_pwrite ? seg[SEG_WRITE_FD] < 0 : position + write_bytes > seg[SEG_MAPPED_BYTES]) goto fallback;
-    Entry offset_entries[MAX_BATCHES], time_entries[MAX_BATCHES];
-    int offset_entry_count = 0, time_entry_count = 0, offset_known = 0, time_known = 0;
-    int64_t since = seg[SEG_BYTES_SINCE_INDEX], max_ts = seg[SEG_MAX_TS], max_ts_offset = seg[SEG_OFFSET_OF_MAX_TS];
+    room->use_pwrite = plan->write_bytes >= WRITE_SYSCALL_MIN_BYTES;
+    if (room->use_pwrite ? seg[SEG_WRITE_FD] < 0 : room->position + plan->write_bytes > seg[SEG_MAPPED_BYTES])
+        return 0;
+    room->offset_entry_count = room->time_entry_count = 0;
+    int offset_known = 0, time_known = 0;
+    room->since = seg[SEG_BYTES_SINCE_INDEX];
+    room->max_ts = seg[SEG_MAX_TS];
+    room->max_ts_offset = seg[SEG_OFFSET_OF_MAX_TS];
     int64_t o_entries = oidx[IDX_ENTRIES], t_entries = tidx[IDX_ENTRIES];
     Entry offset_last = {0, 0}, time_last = {0, 0};
-    int64_t at = position, base_offset = seg[SEG_BASE_OFFSET];
+    int64_t at = room->position, base_offset = seg[SEG_BASE_OFFSET];
     for (Py_ssize_t i = 0; i < n; i++) {
-        Batch *b = &batches[i];
+        const Batch *b = &batches[i];
         if (b->duplicate) continue;
-        if (at > INT32_MAX) goto fallback; /* an index position is an i32 */
-        if (b->max_ts > max_ts) {
-            max_ts = b->max_ts;
-            max_ts_offset = b->last;
+        if (at > INT32_MAX) return 0; /* an index position is an i32 */
+        if (b->max_ts > room->max_ts) {
+            room->max_ts = b->max_ts;
+            room->max_ts_offset = b->last;
         }
         int full = o_entries >= oidx[IDX_MAX_ENTRIES] - 1 || t_entries >= tidx[IDX_MAX_ENTRIES] - 1;
-        if (since > seg[SEG_INDEX_INTERVAL] && !full) {
+        if (room->since > seg[SEG_INDEX_INTERVAL] && !full) {
             /* Not mapped for writing, or no room reserved: the Python path reserves it. */
-            if (oidx[IDX_ADDR] == 0 || tidx[IDX_ADDR] == 0 || o_entries >= oidx[IDX_CAPACITY]) goto fallback;
+            if (oidx[IDX_ADDR] == 0 || tidx[IDX_ADDR] == 0 || o_entries >= oidx[IDX_CAPACITY]) return 0;
             Entry e = {b->last - base_offset, at};
             if (o_entries && !offset_known) offset_last = last_entry(oidx);
             /* OffsetIndex.append asserts this: the Python path fails it the same way */
-            if (o_entries && !(e.first > offset_last.first && e.second > offset_last.second)) goto fallback;
-            offset_entries[offset_entry_count++] = e;
+            if (o_entries && !(e.first > offset_last.first && e.second > offset_last.second)) return 0;
+            room->offset_entries[room->offset_entry_count++] = e;
             offset_last = e;
             offset_known = 1;
             o_entries++;
             if (t_entries && !time_known) time_last = last_entry(tidx);
             time_known = 1;
-            if (!(t_entries && time_last.first >= max_ts)) { /* TimeIndex.maybe_append */
-                Entry t = {max_ts, max_ts_offset - base_offset};
-                if (t_entries >= tidx[IDX_CAPACITY] || t.second < 0) goto fallback;
-                time_entries[time_entry_count++] = t;
+            if (!(t_entries && time_last.first >= room->max_ts)) { /* TimeIndex.maybe_append */
+                Entry t = {room->max_ts, room->max_ts_offset - base_offset};
+                if (t_entries >= tidx[IDX_CAPACITY] || t.second < 0) return 0;
+                room->time_entries[room->time_entry_count++] = t;
                 time_last = t;
                 t_entries++;
             }
-            since = 0;
+            room->since = 0;
         }
-        since += b->size;
+        room->since += b->size;
         at += b->size;
     }
+    room->end = room->position + plan->write_bytes;
+    return 1;
+}
 
-    /* Commit: nothing below can fail. The body first, the 17-byte prefix last (a reader
-     * of the live file never sees a header before the bytes it announces). */
-    if (use_pwrite) {
-        if (!write_through_fd(batches, n, (int)seg[SEG_WRITE_FD], position, write_bytes)) goto fallback;
-    } else {
-        if (seg[SEG_WRITE_ADDR] == 0) goto fallback; /* unmapped: the Python path maps it */
-        uint8_t *view = (uint8_t *)(intptr_t)seg[SEG_WRITE_ADDR];
-        at = position;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            Batch *b = &batches[i];
-            if (b->duplicate) continue;
-            memcpy(view + at + PREFIX_BYTES, b->data + PREFIX_BYTES, (size_t)(b->size - PREFIX_BYTES));
-            put_be64(view + at + H_BASE_OFFSET, b->base);
-            put_be32(view + at + H_LENGTH, (int32_t)(b->size - LOG_OVERHEAD));
-            put_be32(view + at + H_LEADER_EPOCH, -1);
-            view[at + H_MAGIC] = MAGIC_V2;
-            at += b->size;
-        }
-        if (seg[SEG_WRITE_FD] >= 0) populate_ahead(seg, view, at); /* a real file (not the twin's memory) */
+/* Write: the bytes, the body first and the 17-byte prefix last (a reader of the live file
+ * never sees a header before the bytes it announces). 1, or 0 to fall back (nothing kept). */
+static int write_request(Appender *self, const Batch *batches, Py_ssize_t n, const Room *room) {
+    int64_t *seg = I64(self->seg);
+    if (room->use_pwrite) return write_through_fd(batches, n, (int)seg[SEG_WRITE_FD], room->position, room->end - room->position);
+    if (seg[SEG_WRITE_ADDR] == 0) return 0; /* unmapped: the Python path maps it */
+    uint8_t *view = (uint8_t *)(intptr_t)seg[SEG_WRITE_ADDR];
+    int64_t at = room->position;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const Batch *b = &batches[i];
+        if (b->duplicate) continue;
+        memcpy(view + at + PREFIX_BYTES, b->data + PREFIX_BYTES, (size_t)(b->size - PREFIX_BYTES));
+        put_be64(view + at + H_BASE_OFFSET, b->base);
+        put_be32(view + at + H_LENGTH, (int32_t)(b->size - LOG_OVERHEAD));
+        put_be32(view + at + H_LEADER_EPOCH, -1);
+        view[at + H_MAGIC] = MAGIC_V2;
+        at += b->size;
     }
-    at = position + write_bytes;
+    if (seg[SEG_WRITE_FD] >= 0) populate_ahead(seg, view, at); /* a real file (not the twin's memory) */
+    return 1;
+}
+
+/* Publish: the index entries, the segment's cursor, then the producer rows, only now
+ * that their batches are written (ProducerStateManager.put). Cannot fail. */
+static void publish_request(Appender *self, const Plan *plan, const Room *room) {
+    int64_t *seg = I64(self->seg), *ring = I64(self->ring), *map = I64(self->map_state);
+    int64_t *oidx = I64(self->offset_index), *tidx = I64(self->time_index);
     uint8_t *oview = (uint8_t *)(intptr_t)oidx[IDX_ADDR], *tview = (uint8_t *)(intptr_t)tidx[IDX_ADDR];
-    for (int k = 0; k < offset_entry_count; k++) {
+    for (int k = 0; k < room->offset_entry_count; k++) {
         int64_t e = oidx[IDX_ENTRIES] + k;
-        put_be32(oview + 8 * e, (int32_t)offset_entries[k].first);
-        put_be32(oview + 8 * e + 4, (int32_t)offset_entries[k].second);
+        put_be32(oview + 8 * e, (int32_t)room->offset_entries[k].first);
+        put_be32(oview + 8 * e + 4, (int32_t)room->offset_entries[k].second);
     }
-    for (int k = 0; k < time_entry_count; k++) {
+    for (int k = 0; k < room->time_entry_count; k++) {
         int64_t e = tidx[IDX_ENTRIES] + k;
-        put_be64(tview + 12 * e, time_entries[k].first);
-        put_be32(tview + 12 * e + 8, (int32_t)time_entries[k].second);
+        put_be64(tview + 12 * e, room->time_entries[k].first);
+        put_be32(tview + 12 * e + 8, (int32_t)room->time_entries[k].second);
     }
-    oidx[IDX_ENTRIES] += offset_entry_count;
-    tidx[IDX_ENTRIES] += time_entry_count;
-    if (offset_entry_count) {
-        oidx[IDX_LAST_FIRST] = offset_entries[offset_entry_count - 1].first;
-        oidx[IDX_LAST_SECOND] = offset_entries[offset_entry_count - 1].second;
+    oidx[IDX_ENTRIES] += room->offset_entry_count;
+    tidx[IDX_ENTRIES] += room->time_entry_count;
+    if (room->offset_entry_count) {
+        oidx[IDX_LAST_FIRST] = room->offset_entries[room->offset_entry_count - 1].first;
+        oidx[IDX_LAST_SECOND] = room->offset_entries[room->offset_entry_count - 1].second;
     }
-    if (time_entry_count) {
-        tidx[IDX_LAST_FIRST] = time_entries[time_entry_count - 1].first;
-        tidx[IDX_LAST_SECOND] = time_entries[time_entry_count - 1].second;
+    if (room->time_entry_count) {
+        tidx[IDX_LAST_FIRST] = room->time_entries[room->time_entry_count - 1].first;
+        tidx[IDX_LAST_SECOND] = room->time_entries[room->time_entry_count - 1].second;
     }
-    if (offset_entry_count) {
+    if (room->offset_entry_count) {
         int full = oidx[IDX_ENTRIES] >= oidx[IDX_MAX_ENTRIES] - 1 || tidx[IDX_ENTRIES] >= tidx[IDX_MAX_ENTRIES] - 1;
-        int64_t limit = base_offset + INT32_MAX_SEQ;
+        int64_t limit = seg[SEG_BASE_OFFSET] + INT32_MAX_SEQ;
         seg[SEG_LAST_OFFSET_LIMIT] = full ? -1 : (limit < MAX_OFFSET ? limit : MAX_OFFSET);
     }
-    if (write_bytes) {
-        seg[SEG_FIRST_BATCH_TS] = first_ts;
+    if (plan->write_bytes) {
+        seg[SEG_FIRST_BATCH_TS] = plan->first_ts;
         seg[SEG_HAS_FIRST_TS] = 1;
-        seg[SEG_MAX_TS] = max_ts;
-        seg[SEG_OFFSET_OF_MAX_TS] = max_ts_offset;
-        seg[SEG_BYTES_SINCE_INDEX] = since;
-        seg[SEG_NEXT_OFFSET] = next;
-        seg[SEG_SIZE] = at;
+        seg[SEG_MAX_TS] = room->max_ts;
+        seg[SEG_OFFSET_OF_MAX_TS] = room->max_ts_offset;
+        seg[SEG_BYTES_SINCE_INDEX] = room->since;
+        seg[SEG_NEXT_OFFSET] = plan->next;
+        seg[SEG_SIZE] = room->end;
         seg[SEG_UNFLUSHED] = 1;
     }
-    /* Producer rows, only now that their batches are written (ProducerStateManager.put). */
-    for (int k = 0; k < producer_count; k++) {
-        Producer *p = &producers[k];
+    uint8_t *table = (uint8_t *)self->table.buf;
+    for (int k = 0; k < plan->producer_count; k++) {
+        const Producer *p = &plan->producers[k];
         if (le64(p->row + R_PID) != p->pid) continue; /* new, and only refused: nothing to store */
-        if (p->slot < 0) {
-            int64_t slot = (ring[RING_HEAD] + ring[RING_USED]) % self->capacity;
-            __int128 due_ms = (__int128)now_ms + ring[RING_EXPIRATION_MS];
+        int64_t slot = p->slot;
+        if (slot < 0) {
+            slot = (ring[RING_HEAD] + ring[RING_USED]) % self->capacity;
+            __int128 due_ms = (__int128)plan->now_ms + ring[RING_EXPIRATION_MS];
             int64_t due_s = due_ms < 0 ? 0 : (due_ms / 1000 > MAX_DUE_S ? MAX_DUE_S : (int64_t)(due_ms / 1000));
             ring[RING_USED]++;
             int64_t tombstone, bucket = probe(self, p->pid, &tombstone);
@@ -819,28 +857,30 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
             ((int32_t *)self->values.buf)[bucket] = (int32_t)slot;
             ((int32_t *)self->bucket_of.buf)[slot] = (int32_t)bucket;
             ((uint32_t *)self->due.buf)[slot] = (uint32_t)due_s;
-            p->slot = slot;
         }
-        memcpy(table + p->slot * ROW_BYTES, p->row, ROW_BYTES);
+        memcpy(table + slot * ROW_BYTES, p->row, ROW_BYTES);
     }
+}
 
-    /* Python again: results, and the hot cache dropping the producers changed here. */
+/* The results (AppendResult per batch, a list for a request), and the hot cache dropping
+ * the producers changed here. NULL on an error. */
+static PyObject *request_results(Appender *self, const Batch *batches, Py_ssize_t n, int single, const Plan *plan) {
     if (PyDict_GET_SIZE(self->hot)) {
-        for (int k = 0; k < producer_count; k++) {
-            PyObject *key = PyLong_FromLongLong(producers[k].pid);
-            if (key == NULL) goto unlock;
+        for (int k = 0; k < plan->producer_count; k++) {
+            PyObject *key = PyLong_FromLongLong(plan->producers[k].pid);
+            if (key == NULL) return NULL;
             if (PyDict_DelItem(self->hot, key) < 0) PyErr_Clear();
             Py_DECREF(key);
         }
     }
     PyObject *list = NULL;
-    if (!single && (list = PyList_New(n)) == NULL) goto unlock;
+    if (!single && (list = PyList_New(n)) == NULL) return NULL;
     PyTypeObject *type = (PyTypeObject *)self->result_type;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = type->tp_alloc(type, 4);
         if (item == NULL) {
             Py_XDECREF(list);
-            goto unlock;
+            return NULL;
         }
         PyObject *base = PyLong_FromLongLong(batches[i].base), *last = PyLong_FromLongLong(batches[i].last);
         PyObject *no_time = PyLong_FromLong(-1);
@@ -850,19 +890,45 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
             Py_XDECREF(no_time);
             Py_DECREF(item);
             Py_XDECREF(list);
-            goto unlock;
+            return NULL;
         }
         PyTuple_SET_ITEM(item, 0, base);
         PyTuple_SET_ITEM(item, 1, last);
         PyTuple_SET_ITEM(item, 2, no_time);
         PyTuple_SET_ITEM(item, 3, Py_NewRef(batches[i].duplicate ? Py_True : Py_False));
-        if (single) {
-            result = item;
-            goto unlock;
-        }
+        if (single) return item;
         PyList_SET_ITEM(list, i, item);
     }
-    result = list;
+    return list;
+}
+
+/* One client request (`single`: one batch, answered with one result): check, plan,
+ * reserve, write, publish, under the log's lock. None whenever the Python path must take
+ * it, before anything changed. */
+static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, int single) {
+    if (!check_request(self, batches, n)) Py_RETURN_NONE;
+    PyObject *locked = PyObject_CallNoArgs(self->acquire);
+    if (locked == NULL) return NULL;
+    Py_DECREF(locked);
+    PyObject *result = NULL;
+    Plan plan;
+    Room room;
+    int any_pid;
+    int clock = read_clock(self, batches, n, single, &plan.now_ms, &any_pid);
+    if (clock < 0) goto unlock;
+    if (clock == 0) goto fallback;
+    /* Closed (rebound, failed, closed) while this waited for the lock or the clock: the
+     * Python path decides. Below, no Python code runs until the request is written. */
+    if (self->closed) goto fallback;
+    const int64_t *ring = I64(self->ring);
+    const uint32_t *due = (const uint32_t *)self->due.buf;
+    if ((any_pid || !single) && ring[RING_USED] && (int64_t)due[ring[RING_HEAD]] * 1000 <= plan.now_ms)
+        goto fallback; /* expiry is due: the Python path runs it */
+    if (!plan_request(self, batches, n, &plan)) goto fallback;
+    if (!reserve_room(self, batches, n, &plan, &room)) goto fallback;
+    if (!write_request(self, batches, n, &room)) goto fallback;
+    publish_request(self, &plan, &room); /* nothing below can fail the append */
+    result = request_results(self, batches, n, single, &plan);
     goto unlock;
 
 fallback:
