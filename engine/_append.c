@@ -15,7 +15,7 @@
  *   record framing walk                    walk_records           oncelog.segments.records.check_records
  *   pid -> producer table slot             probe                  oncelog.pid_map.PidSlotMap._probe
  *   sequence and epoch checks, duplicates  check_producer         oncelog.append_rules.ProducerAppendInfo.check
- *   producer state after a data batch      apply_producer         oncelog.producer_state.apply_batch
+ *   producer state after a data batch      apply_producer         oncelog.append_rules.apply_batch
  *   sequence wraparound (MAX -> 0)         in_sequence            oncelog.producer_state.in_sequence
  *   segment roll                           roll_needed            oncelog.log_appends.roll_needed
  *   a request's steps (append_request):
@@ -461,7 +461,7 @@ static int check_producer(const Producer *p, const Batch *b, int64_t *first_offs
     return 1;
 }
 
-/* oncelog.producer_state.apply_batch for a data batch, on the working row. */
+/* oncelog.append_rules.apply_batch for a data batch, on the working row. */
 static void apply_producer(Producer *p, const Batch *b, int64_t now_ms) {
     uint8_t *row = p->row;
     if (p->slot < 0 && le64(row + R_PID) != p->pid) {
@@ -592,7 +592,6 @@ static int write_through_fd(const Batch *batches, Py_ssize_t n, int fd, int64_t 
     return ok;
 }
 
-/* The whole request, or None (nothing changed) for the Python path to take. */
 /* ---- one request, in the Python path's steps: check, plan, reserve, write, publish ---- */
 
 /* What plan_request decided: each producer's working row, the offsets, the bytes to write. */
@@ -903,8 +902,10 @@ static PyObject *request_results(Appender *self, const Batch *batches, Py_ssize_
 }
 
 /* One client request (`single`: one batch, answered with one result): check, plan,
- * reserve, write, publish, under the log's lock. None whenever the Python path must take
- * it, before anything changed. */
+ * reserve, write, publish, under the log's lock. None, with nothing changed, whenever the
+ * Python path must take it. NULL on an error: from the lock or the clock before anything
+ * changed; from building the results or releasing the lock after the append was committed
+ * (the caller sees the error; the batches are in the log). */
 static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, int single) {
     if (!check_request(self, batches, n)) Py_RETURN_NONE;
     PyObject *locked = PyObject_CallNoArgs(self->acquire);

@@ -1,9 +1,14 @@
-"""Kafka's append rules for idempotent producers, checked on copies.
+"""Kafka's append rules for idempotent producers: the checks and the transitions, in one home.
 
-`ProducerAppendInfo` reads each producer's row once per request, checks every batch
-against the epoch and the 5-batch window, and returns the state each batch leaves;
-the log stores that state only after the batch's bytes are written, so a refused
-or failed write leaves the producer table untouched.
+`ProducerAppendInfo` (Kafka's class of the same name) reads each producer's row once
+per request, checks every batch against the epoch and the 5-batch window, and returns
+the state each batch leaves; the log stores that state only after the batch's bytes
+are written, so a refused or failed write leaves the producer table untouched.
+
+The transitions, `apply_batch` and `apply_marker`, are how an accepted batch or marker
+changes its producer; the append path, recovery's replay (`oncelog.producer_replay`)
+and `oncelog stat` all call them. The compiled append's twins are listed in the table
+that opens engine/_append.c.
 """
 
 from __future__ import annotations
@@ -22,8 +27,6 @@ from oncelog.producer_state import (
     CompletedTxn,
     ProducerStateManager,
     WorkingState,
-    apply_batch,
-    apply_marker,
     in_sequence,
 )
 from oncelog.segments import format as fmt
@@ -35,6 +38,66 @@ class DuplicateBatch(NamedTuple):
     last_offset: int
     # As the window keeps it: on a LogAppendTime log, when the original was appended.
     max_timestamp_ms: int
+
+
+# -- the transitions ------------------------------------------------------------------
+
+
+def apply_batch(
+    w: WorkingState,
+    producer_epoch: int,
+    batch: BatchMetadata,
+    is_control: bool,
+    is_transactional: bool = False,
+    *,
+    append_ms: int,
+) -> None:
+    """How a written batch changes its producer's state: one rule for appends and replay.
+
+    `append_ms` is the engine's time of the append (for a replay, the load's
+    rule). A transactional data batch opens the producer's transaction if none is
+    open: its first offset is where the transaction starts. Transaction markers go
+    to apply_marker; a control batch that is no marker only moves the epoch.
+    """
+    w.last_append_ms = append_ms
+    if is_control:
+        # Not a retriable batch: only the epoch (and the times) move.
+        if producer_epoch != w.producer_epoch:
+            w.producer_epoch = producer_epoch
+            w.batches = []
+        w.last_timestamp_ms = batch.max_timestamp_ms
+        return
+    w.add_batch(producer_epoch, batch)
+    if is_transactional and w.txn_first_offset < 0:
+        w.txn_first_offset = batch.first_offset
+
+
+def apply_marker(
+    w: WorkingState,
+    producer_epoch: int,
+    marker_offset: int,
+    timestamp_ms: int,
+    marker: TxnMarker,
+    *,
+    append_ms: int,
+) -> CompletedTxn | None:
+    """A COMMIT or ABORT marker: close the open transaction (if any) and record the coordinator epoch.
+
+    A marker with a newer producer epoch bumps it and clears the dedupe window, so
+    the producer's next batch must start at sequence 0. A marker for a producer
+    with no open transaction (an empty transaction) completes nothing.
+    """
+    if producer_epoch != w.producer_epoch:
+        w.producer_epoch = producer_epoch
+        w.batches = []
+    completed = None
+    if w.txn_first_offset >= 0:
+        completed = CompletedTxn(w.producer_id, w.txn_first_offset, marker_offset, not marker.commit)
+    w.txn_first_offset = -1
+    w.coordinator_epoch = marker.coordinator_epoch
+    w.last_timestamp_ms = timestamp_ms
+    w.last_append_ms = append_ms
+    return completed
 
 
 class ProducerAppendInfo:

@@ -32,14 +32,13 @@ import logging
 
 import numpy as np
 
+from oncelog.append_rules import apply_batch, apply_marker
 from oncelog.errors import ProducerStateFullError
 from oncelog.producer_state import (
     BatchMetadata,
     CompletedTxn,
     ProducerStateManager,
     WorkingState,
-    apply_batch,
-    apply_marker,
 )
 from oncelog.segments.control import TxnMarker
 

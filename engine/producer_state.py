@@ -24,7 +24,6 @@ from oncelog.errors import ProducerStateFullError
 from oncelog.lazy_memory import lazy_zeros_group
 from oncelog.pid_map import PidSlotMap
 from oncelog.segments import format as fmt
-from oncelog.segments.control import TxnMarker
 from oncelog.segments.cursor import CursorField, cursor_view
 from oncelog.storage.producer_row import PRODUCER_DTYPE as PRODUCER_DTYPE
 from oncelog.storage.producer_row import ROW as _ROW
@@ -609,65 +608,8 @@ def fit_rows(rows: np.ndarray, capacity: int, now_ms: int, expiration_ms: int) -
     return rows[keep], shed
 
 
-def apply_batch(
-    w: WorkingState,
-    producer_epoch: int,
-    batch: BatchMetadata,
-    is_control: bool,
-    is_transactional: bool = False,
-    *,
-    append_ms: int,
-) -> None:
-    """How a written batch changes its producer's state: one rule for appends and replay.
-
-    `append_ms` is the engine's time of the append (for a replay, the load's
-    rule). A transactional data batch opens the producer's transaction if none is
-    open: its first offset is where the transaction starts. Transaction markers go
-    to apply_marker; a control batch that is no marker only moves the epoch.
-    """
-    w.last_append_ms = append_ms
-    if is_control:
-        # Not a retriable batch: only the epoch (and the times) move.
-        if producer_epoch != w.producer_epoch:
-            w.producer_epoch = producer_epoch
-            w.batches = []
-        w.last_timestamp_ms = batch.max_timestamp_ms
-        return
-    w.add_batch(producer_epoch, batch)
-    if is_transactional and w.txn_first_offset < 0:
-        w.txn_first_offset = batch.first_offset
-
-
 class CompletedTxn(NamedTuple):
     producer_id: int
     first_offset: int
     last_offset: int  # the marker's offset
     aborted: bool
-
-
-def apply_marker(
-    w: WorkingState,
-    producer_epoch: int,
-    marker_offset: int,
-    timestamp_ms: int,
-    marker: TxnMarker,
-    *,
-    append_ms: int,
-) -> CompletedTxn | None:
-    """A COMMIT or ABORT marker: close the open transaction (if any) and record the coordinator epoch.
-
-    A marker with a newer producer epoch bumps it and clears the dedupe window, so
-    the producer's next batch must start at sequence 0. A marker for a producer
-    with no open transaction (an empty transaction) completes nothing.
-    """
-    if producer_epoch != w.producer_epoch:
-        w.producer_epoch = producer_epoch
-        w.batches = []
-    completed = None
-    if w.txn_first_offset >= 0:
-        completed = CompletedTxn(w.producer_id, w.txn_first_offset, marker_offset, not marker.commit)
-    w.txn_first_offset = -1
-    w.coordinator_epoch = marker.coordinator_epoch
-    w.last_timestamp_ms = timestamp_ms
-    w.last_append_ms = append_ms
-    return completed

@@ -16,14 +16,13 @@ import dataclasses
 import os
 from typing import Any, NamedTuple
 
+from oncelog.append_rules import apply_batch, apply_marker
 from oncelog.errors import CorruptRecordError, CorruptSnapshotError
 from oncelog.layout import TopicPartition
 from oncelog.producer_state import (
     UNKNOWN_APPEND_MS,
     BatchMetadata,
     WorkingState,
-    apply_batch,
-    apply_marker,
 )
 from oncelog.recovery.plan import replay_starts_over
 from oncelog.segments.batch import RecordBatch, UnwrittenSpaceError

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from oncelog import append_rules, compiled_append, log_lifecycle, producer_replay, producer_state
+from oncelog import append_rules, compiled_append, log_lifecycle, producer_replay
 from oncelog.errors import LogFailedError
 from oncelog.log import Log
 from oncelog.producer_state import BatchMetadata, ProducerStateManager, WorkingState
@@ -163,7 +163,7 @@ def expiry_by_batch_timestamp() -> Iterator[None]:
     # Kafka's rule: a producer counts as active when its newest batch was stamped, which
     # is the client's clock. Producers stamping old times are forgotten while they still
     # append; ones stamping ahead are never forgotten.
-    original = producer_state.apply_batch
+    original = append_rules.apply_batch
 
     def apply_batch(
         w: WorkingState,
