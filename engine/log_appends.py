@@ -11,7 +11,7 @@ and `_publish` applies producer state once the bytes are in the segment.
 The compiled appender must be rebound whenever what it is bound to is replaced (a
 roll's new active segment, a reload's segments and producer table) and unbound when
 the log stops taking appends (a failure, close): `_bind_compiled` and
-`_unbind_compiled` are the only places that touch it.
+`_unbind_compiled` are the only places that bind or unbind it.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_to
 from oncelog.storage.fs import DEFAULT_FS, FileSystem, MetadataStore
 from oncelog.storage.metadata_values import read_value
 
+# The name it had in log_manager, where these warnings were logged before the move.
 logger = logging.getLogger("oncelog.log_manager")
 
 ROOT_LOCK_FILE = ".lock"

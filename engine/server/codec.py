@@ -58,7 +58,7 @@ class MalformedRequestError(Exception):
     """A frame this server cannot answer; the connection that sent it is closed."""
 
 
-class ApiVersions(Protocol):
+class ApiSpec(Protocol):
     """What decoding needs to know of an API: its name, its versions, its kafka-python twin.
 
     The registry (`oncelog.server.api_registry`) holds one per API, beside its handler."""
@@ -100,7 +100,7 @@ def frame_size(prefix: bytes) -> int:
     return size
 
 
-def decode_request(frame: bytes, apis: Mapping[int, ApiVersions]) -> Request:
+def decode_request(frame: bytes, apis: Mapping[int, ApiSpec]) -> Request:
     """One request frame (without its size prefix), decoded; `apis`: what is served, by key."""
     if len(frame) < _HEADER_PREFIX.size:
         raise MalformedRequestError(f"a {len(frame)}-byte frame is shorter than a request header")
@@ -145,9 +145,7 @@ def _kio_decode(request_type: type[Any], frame: bytes) -> tuple[Any, int, Any, i
     return header, offset, body, size
 
 
-def _undecodable(
-    spec: ApiVersions, api_version: int, frame: bytes, exc: BaseException
-) -> MalformedRequestError:
+def _undecodable(spec: ApiSpec, api_version: int, frame: bytes, exc: BaseException) -> MalformedRequestError:
     return MalformedRequestError(
         f"{spec.name} v{api_version} does not decode: {exc!r} (frame starts {frame[:48].hex()})"
     )
