@@ -12,9 +12,9 @@ import contextlib
 import importlib
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 PURE_ENV = "ONCELOG_PURE"
 
@@ -47,6 +47,20 @@ def _load() -> ModuleType | None:
 
 compiled: ModuleType | None = _load()
 _forced_pure = os.environ.get(PURE_ENV) == "1"
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def append_method(python: _Method, attribute: str) -> _Method:
+    """`python` (a Log's append) as a method whose common call, one bytes batch and no
+    keywords, goes straight to the Appender the log keeps in `attribute` (None: the
+    Python method); the rest, and whatever the Appender leaves to Python, call `python`.
+
+    Without the compiled module, `python` itself."""
+    if compiled is None:
+        return python
+    return cast(_Method, compiled.AppendMethod(python, attribute))
 
 
 def enabled() -> bool:

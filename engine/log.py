@@ -101,6 +101,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
         self._lock = threads.rlock()
         self._closed = False
         self._compiled_appender: compiled_append.Appender | None = None
+        self._client_appender: compiled_append.Appender | None = None
         # Set by the first failed write or fsync; appends are refused until reopen.
         self._failure: BaseException | None = None
         self._unflushed_messages = 0

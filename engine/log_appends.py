@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from oncelog import compiled_append
 from oncelog.append_plan import PlannedBatch, stamped_buffers
 from oncelog.append_rules import ProducerAppendInfo
+from oncelog.clock import MonotonicWallClock
 from oncelog.errors import (
     InvalidRecordError,
     LogFailedError,
@@ -46,6 +47,7 @@ _new_result = tuple.__new__
 
 class LogAppends(LogState):
     def _unbind_compiled(self) -> None:
+        self._client_appender = None
         compiled, self._compiled_appender = self._compiled_appender, None
         if compiled is not None:
             # A flag: a call waiting for the lock finds it closed and goes to the Python route.
@@ -78,9 +80,13 @@ class LogAppends(LogState):
             segment_ms=self._segment_ms,
             **self._producers.shared_arrays(),
             **self._segments[-1].shared_cursors(),
+            clock_cell=self._clock.cell if isinstance(self._clock, MonotonicWallClock) else None,
         )
+        # What `append` calls with no Python frame (compiled_append.append_method); a flush
+        # policy counts every append in Python, so such a log goes through the method.
+        self._client_appender = None if self._has_flush_policy else self._compiled_appender
 
-    def append(
+    def _append(
         self, batch_bytes: Buffer, *, origin: Origin = "client", durable: bool = False
     ) -> AppendResult:
         """Validate one encoded batch, check its producer, stamp its offsets and write it.
@@ -118,6 +124,9 @@ class LogAppends(LogState):
         result = self.append(batch_bytes, origin=origin)
         self._group_commit.wait(result.last_offset + 1, self._flush, self.directory, cuts=cuts)
         return result
+
+    # Log.append: the common call (one bytes batch, no keywords) runs no Python frame.
+    append = compiled_append.append_method(_append, "_client_appender")
 
     def _append_one(self, buffer: Buffer) -> AppendResult:
         header = client_batch_header(buffer, self._max_batch_bytes, self._max_decompressed_bytes)

@@ -183,6 +183,98 @@ def test_plain_idempotent_and_request_appends_take_the_compiled_path(tmp_path: A
     log.close()
 
 
+def _python_calls_during(action: Any) -> list[str]:
+    """The Python functions (file:name) entered while `action` runs."""
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, arg: object) -> None:
+        if event == "call":
+            calls.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    return [call for call in calls if not call.startswith("test_compiled_append.py")]
+
+
+@needs_compiled
+def test_a_plain_or_idempotent_append_on_the_wall_clock_runs_no_python_frame(tmp_path: Any) -> None:
+    # The method, the clock and the lock are all read in C: Python around the C call cost
+    # more than the append itself (bench/README.md, "performance round 3").
+    log = Log.open(tmp_path / "log", LogConfig())
+    log.append(_batch(-1, 0))  # the first maps the segment (the Python path's)
+    log.append(_batch(7, 0))
+    plain, idempotent = _batch(-1, 0), _batch(7, 1)
+    assert _python_calls_during(lambda: [log.append(plain), log.append(idempotent)]) == []
+    assert log.producer_state(7) is not None and log.producer_state(7).last_sequence == 1  # type: ignore[union-attr]
+    # A flush policy counts each append in Python: that log goes through the Python method.
+    counted = Log.open(tmp_path / "counted", LogConfig(flush_messages=1))
+    counted.append(plain)
+    assert "log_appends.py:_append" in _python_calls_during(lambda: counted.append(plain))
+    assert counted.recovery_point == 2  # flushed by the policy after the compiled append
+    counted.close()
+    log.close()
+
+
+@needs_compiled
+def test_the_wall_clock_read_in_c_keeps_the_python_clocks_high_mark(tmp_path: Any) -> None:
+    from oncelog.clock import MonotonicWallClock, wall_clock_ms
+
+    log = Log.open(tmp_path / "log", LogConfig())
+    clock = log._clock
+    assert isinstance(clock, MonotonicWallClock)
+    log.append(_batch(-1, 0))
+    # The wall clock stepped back an hour after the engine read a later time: C keeps the mark.
+    ahead_ms = wall_clock_ms() + 3_600_000
+    clock.cell[0] = ahead_ms
+    log.append(_batch(7, 0))
+    assert log.producer_state(7).last_append_ms == ahead_ms  # type: ignore[union-attr]
+    assert clock() == ahead_ms
+    # A mark behind the wall clock: C reads the time as int(time.time() * 1000) does, and
+    # moves the mark Python reads.
+    clock.cell[0] = 0
+    before_ms = wall_clock_ms()
+    log.append(_batch(7, 1))
+    after_ms = wall_clock_ms()
+    appended_ms = log.producer_state(7).last_append_ms  # type: ignore[union-attr]
+    assert before_ms <= appended_ms <= after_ms
+    assert appended_ms <= clock.high_ms <= after_ms
+    log.close()
+
+
+@needs_compiled
+def test_append_keeps_its_signature_its_doc_and_every_other_call_shape(tmp_path: Any) -> None:
+    import inspect
+
+    from oncelog.errors import LogClosedError
+
+    assert list(inspect.signature(Log.append).parameters) == ["self", "batch_bytes", "origin", "durable"]
+    assert Log.append.__doc__ is not None and Log.append.__doc__.startswith("Validate one encoded batch")
+    assert Log.append.__name__ == "_append" and callable(Log.append.__wrapped__)
+    log = Log.open(tmp_path / "log", LogConfig())
+    batch = _batch(-1, 0)
+    assert log.append(batch).first_offset == 0
+    assert log.append(bytearray(batch)).first_offset == 1
+    assert log.append(memoryview(batch)).first_offset == 2
+    assert log.append(batch, durable=True).first_offset == 3 and log.recovery_point == 4
+    with pytest.raises(OncelogError, match="below the log end 4"):
+        log.append(batch, origin="replication")  # a leader's offsets: the Python method's rule
+    assert Log.append(log, batch).first_offset == 4  # called on the class
+    with pytest.raises(TypeError):
+        log.append()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        log.append(batch, "client")  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        Log.append(object(), batch)  # type: ignore[arg-type]
+    with pytest.raises(OncelogError):
+        log.append(b"x" * 70)  # not a batch: the Python method names what is wrong
+    log.close()
+    with pytest.raises(LogClosedError):
+        log.append(batch)
+
+
 def _subprocess(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-W", "always::RuntimeWarning", "-c", code],
