@@ -815,7 +815,7 @@ class LogSegment:
 
     # -- durability and lifecycle -----------------------------------------------
     def flush(self) -> None:
-        """fsync the segment file.
+        """fdatasync the segment file.
 
         The active segment's indexes are not fsynced here: after a crash the loader
         rebuilds them from the log, and trim() (on seal and close) makes them
@@ -824,8 +824,9 @@ class LogSegment:
         # Cleared first: an append racing this fsync (group commit runs it outside the
         # log's lock) sets it again, and the next flush covers that append.
         self.unflushed = False
-        # fsync: without it a power loss may drop batches acknowledged as durable.
-        self._handle.fsync()
+        # fdatasync: without it a power loss may drop batches acknowledged as durable. Data
+        # only: the blocks and the size (reserved ahead) are data to it; the times are not.
+        self._handle.fdatasync()
 
     def seal(self) -> None:
         """Called when the segment stops being active: trim the file, final time entry, trim indexes."""

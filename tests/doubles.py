@@ -41,6 +41,7 @@ class _FsyncFailingHandle(DelegatingFileHandle):
         self.inner.fsync()
 
     def fdatasync(self) -> None:
+        self._fs.fsync_calls += 1
         if self._fs.failing:
             raise eio(self.path)
         self.inner.fdatasync()

@@ -2,7 +2,9 @@
 
 The JSON is a list with one object per table row, exactly the fields of BenchRow:
 {"figure": str, "value": float, "unit": str, "reference": float, "ratio": float,
-"target": str, "met": bool}.
+"target": str, "met": bool, "spread_low": float | null, "spread_high": float | null,
+"unclear": bool}. The spread is that of the per-round ratios (see make_row); a row
+whose median meets its target while its spread does not is `unclear`, not met.
 
 The plot is one PNG with two panels: unclean recovery time against log size (10,
 30 and 100 sealed segments, same tail: it should be flat), and append throughput
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 from typing import TextIO
 
@@ -22,7 +25,7 @@ from oncelog.bench.harness import REPORT, BenchResults, BenchRow
 RATIO_CONVENTION = (
     "ratio = oncelog / reference in the row's unit: for rates higher is better, for times lower is better"
 )
-COLUMNS = ("figure", "oncelog", "reference", "ratio", "target", "result")
+COLUMNS = ("figure", "oncelog", "reference", "ratio", "spread", "target", "result")
 MB = 1e6
 
 
@@ -37,7 +40,15 @@ def format_number(value: float) -> str:
 def verdict(row: BenchRow) -> str:
     if row.target == REPORT:
         return "—"
+    if row.unclear:
+        return "unclear (spread)"
     return "met" if row.met else "MISSED"
+
+
+def spread_text(row: BenchRow) -> str:
+    if row.spread_low is None or row.spread_high is None:
+        return ""
+    return f"{format_number(row.spread_low)}-{format_number(row.spread_high)}"
 
 
 def table_lines(rows: list[BenchRow]) -> list[str]:
@@ -47,6 +58,7 @@ def table_lines(rows: list[BenchRow]) -> list[str]:
             f"{format_number(row.value)} {row.unit}",
             f"{format_number(row.reference)} {row.unit}",
             format_number(row.ratio),
+            spread_text(row),
             row.target,
             verdict(row),
         )
@@ -54,7 +66,7 @@ def table_lines(rows: list[BenchRow]) -> list[str]:
     ]
     widths = [max(len(line[n]) for line in cells) for n in range(len(COLUMNS))]
     # Text columns left-aligned, numbers right-aligned.
-    aligned = [str.ljust, str.rjust, str.rjust, str.rjust, str.ljust, str.ljust]
+    aligned = [str.ljust, str.rjust, str.rjust, str.rjust, str.rjust, str.ljust, str.ljust]
     lines = [
         "  ".join(
             align(cell, width) for align, cell, width in zip(aligned, line, widths, strict=True)
@@ -74,10 +86,26 @@ def print_report(results: BenchResults, header: list[str], out: TextIO) -> None:
     print(file=out)
     bounded = [row for row in results.rows if row.target != REPORT]
     met = sum(row.met for row in bounded)
-    print(f"{met} of {len(bounded)} targets met. {RATIO_CONVENTION}.", file=out)
+    unclear = sum(row.unclear for row in bounded)
+    within = f" ({unclear} unclear: met at the median, not across the spread)" if unclear else ""
+    print(f"{met} of {len(bounded)} targets met{within}. {RATIO_CONVENTION}.", file=out)
+    print(
+        "spread: the interquartile range of the per-round ratios (engine and reference "
+        "timed in turn), min-max under 4 rounds",
+        file=out,
+    )
     for note in results.notes:
         print(f"note: {note}", file=out)
-    print(f"measured in {results.elapsed_s:.1f} s", file=out)
+    print(f"measured in {results.elapsed_s:.1f} s; {load_average_text()} at the end", file=out)
+
+
+def load_average_text() -> str:
+    """The machine's 1/5/15-minute load averages: what else ran beside the bench."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f}"
 
 
 def rows_as_json(rows: list[BenchRow]) -> list[dict[str, object]]:
