@@ -1229,6 +1229,168 @@ static PyTypeObject AppendMethodType = {
     .tp_getset = AppendMethod_getset,
 };
 
+/* ---- recovery's tail scan ---------------------------------------------------------------
+ * LogSegment.rebuild's loop for the common batch, in C: the header checks and CRC of
+ * RecordBatch.validate (batch_size_at's impossible lengths included), offsets that
+ * increase, a client-only log's stamps, the segment's first offset, then _index_batch:
+ * the cursor's times, offsets and size, and an index entry (offset, and time when it
+ * grew) wherever more than the interval was written since the last. The index entries
+ * go straight into the mapped indexes through their cursors, as the append's do.
+ *
+ * It stops, with nothing of that batch applied, at anything it leaves to Python: a
+ * control or transactional batch (replayed one at a time), any check that fails (Python
+ * raises it with its message), zeros, an index with no room reserved. Python then takes
+ * that one batch through the reference loop and calls this again after it. Each batch
+ * it takes adds a row for the replay (TAIL_ROW_* below), whether or not it has a
+ * producer. The GIL is let go for the walk: nothing here touches a Python object. */
+enum { TAIL_PID, TAIL_EPOCH, TAIL_FIRST_SEQ, TAIL_LAST_SEQ, TAIL_FIRST_OFFSET, TAIL_LAST_OFFSET,
+       TAIL_MAX_TS, TAIL_END_POSITION, TAIL_ROW_COLUMNS };
+enum { SCAN_END, SCAN_PYTHON, SCAN_ROWS_FULL };
+#define CONTROL_MASK 0x20
+#define COMPRESSION_MASK 0x07
+#define MAX_COMPRESSION 4
+#define SIZE_AND_MAGIC_BYTES 17
+
+typedef struct {
+    const uint8_t *data;
+    int64_t length, file_position, first_base_offset, max_rows;
+    int client_only;
+    int64_t *seg, *oidx, *tidx, *rows;
+} TailScan;
+
+/* 1 when the index entry went in (or none was due); 0 to leave the batch to Python. */
+static int scan_index_entry(TailScan *t, int64_t last, int64_t position) {
+    int64_t *seg = t->seg, *oidx = t->oidx, *tidx = t->tidx;
+    int full = oidx[IDX_ENTRIES] >= oidx[IDX_MAX_ENTRIES] - 1 || tidx[IDX_ENTRIES] >= tidx[IDX_MAX_ENTRIES] - 1;
+    if (!(seg[SEG_BYTES_SINCE_INDEX] > seg[SEG_INDEX_INTERVAL]) || full) return 1;
+    int64_t base = seg[SEG_BASE_OFFSET], rel = last - base;
+    int time_due = !(tidx[IDX_ENTRIES] && tidx[IDX_LAST_FIRST] >= seg[SEG_MAX_TS]);
+    if (oidx[IDX_ADDR] == 0 || oidx[IDX_ENTRIES] >= oidx[IDX_CAPACITY]) return 0;
+    if (time_due && (tidx[IDX_ADDR] == 0 || tidx[IDX_ENTRIES] >= tidx[IDX_CAPACITY])) return 0;
+    if (rel > INT32_MAX || position > INT32_MAX) return 0;
+    if (oidx[IDX_ENTRIES] && !(rel > oidx[IDX_LAST_FIRST] && position > oidx[IDX_LAST_SECOND])) return 0;
+    uint8_t *oview = (uint8_t *)(intptr_t)oidx[IDX_ADDR];
+    put_be32(oview + 8 * oidx[IDX_ENTRIES], (int32_t)rel);
+    put_be32(oview + 8 * oidx[IDX_ENTRIES] + 4, (int32_t)position);
+    oidx[IDX_ENTRIES] += 1;
+    oidx[IDX_LAST_FIRST] = rel;
+    oidx[IDX_LAST_SECOND] = position;
+    if (time_due) {
+        int64_t time_rel = seg[SEG_OFFSET_OF_MAX_TS] - base;
+        uint8_t *tview = (uint8_t *)(intptr_t)tidx[IDX_ADDR];
+        put_be64(tview + 12 * tidx[IDX_ENTRIES], seg[SEG_MAX_TS]);
+        put_be32(tview + 12 * tidx[IDX_ENTRIES] + 8, (int32_t)time_rel);
+        tidx[IDX_ENTRIES] += 1;
+        tidx[IDX_LAST_FIRST] = seg[SEG_MAX_TS];
+        tidx[IDX_LAST_SECOND] = time_rel;
+    }
+    seg[SEG_BYTES_SINCE_INDEX] = 0;
+    return 1;
+}
+
+/* One batch at `at` of the buffer: SCAN_END (it does not fit), SCAN_PYTHON, or -1 when
+ * taken (its size in *size). */
+static int scan_one(TailScan *t, int64_t at, int64_t *size, int64_t row) {
+    const uint8_t *d = t->data + at;
+    int64_t left = t->length - at, *seg = t->seg;
+    if (left < SIZE_AND_MAGIC_BYTES) return SCAN_END;
+    int64_t length = be32(d + H_LENGTH);
+    if (d[H_MAGIC] != MAGIC_V2 || length < HEADER_SIZE - LOG_OVERHEAD) return SCAN_PYTHON; /* zeros too */
+    *size = length + LOG_OVERHEAD;
+    if (*size > left) return SCAN_END;
+    int16_t attributes = be16(d + H_ATTRIBUTES);
+    int32_t delta = be32(d + H_LAST_OFFSET_DELTA), count = be32(d + H_RECORDS_COUNT);
+    int64_t base = be64(d + H_BASE_OFFSET), last, position = t->file_position + at;
+    if (crc32c_of(d + CRC_START, (size_t)(*size - CRC_START)) != (uint32_t)be32(d + H_CRC)) return SCAN_PYTHON;
+    if (delta < 0 || count < 0 || count > (int64_t)delta + 1) return SCAN_PYTHON;
+    if ((attributes & COMPRESSION_MASK) > MAX_COMPRESSION) return SCAN_PYTHON;
+    if (attributes & (CONTROL_MASK | TRANSACTIONAL_MASK)) return SCAN_PYTHON; /* replayed one by one */
+    int64_t previous_last = seg[SEG_NEXT_OFFSET] - 1;
+    if (__builtin_add_overflow(base, (int64_t)delta, &last) || base <= previous_last) return SCAN_PYTHON;
+    if (t->client_only && (be32(d + H_LEADER_EPOCH) != -1 || (position > 0 && base != previous_last + 1)))
+        return SCAN_PYTHON;
+    if (position == 0 && t->first_base_offset >= 0 && base != t->first_base_offset) return SCAN_PYTHON;
+    /* Checked: now _index_batch, in its order. The entry first, as it may leave the batch to
+     * Python, before anything of it is applied. */
+    int64_t max_ts = be64(d + H_MAX_TIMESTAMP);
+    int64_t saved_max_ts = seg[SEG_MAX_TS], saved_max_ts_offset = seg[SEG_OFFSET_OF_MAX_TS];
+    if (max_ts > seg[SEG_MAX_TS]) {
+        seg[SEG_MAX_TS] = max_ts;
+        seg[SEG_OFFSET_OF_MAX_TS] = last;
+    }
+    if (!scan_index_entry(t, last, position)) {
+        seg[SEG_MAX_TS] = saved_max_ts;
+        seg[SEG_OFFSET_OF_MAX_TS] = saved_max_ts_offset;
+        return SCAN_PYTHON;
+    }
+    if (!seg[SEG_HAS_FIRST_TS]) {
+        seg[SEG_FIRST_BATCH_TS] = max_ts;
+        seg[SEG_HAS_FIRST_TS] = 1;
+    }
+    seg[SEG_BYTES_SINCE_INDEX] += *size;
+    seg[SEG_NEXT_OFFSET] = last + 1;
+    seg[SEG_SIZE] = position + *size;
+    int64_t *r = t->rows + row * TAIL_ROW_COLUMNS;
+    int32_t base_seq = be32(d + H_BASE_SEQUENCE);
+    r[TAIL_PID] = be64(d + H_PRODUCER_ID);
+    r[TAIL_EPOCH] = be16(d + H_PRODUCER_EPOCH);
+    r[TAIL_FIRST_SEQ] = base_seq;
+    /* RecordBatch.last_sequence: none stays none; else wraps past Int.MAX */
+    r[TAIL_LAST_SEQ] = base_seq < 0 ? base_seq : (int64_t)(((int64_t)base_seq + delta) % (INT32_MAX_SEQ + 1));
+    r[TAIL_FIRST_OFFSET] = base;
+    r[TAIL_LAST_OFFSET] = last;
+    r[TAIL_MAX_TS] = max_ts;
+    r[TAIL_END_POSITION] = position + *size;
+    return -1;
+}
+
+static PyObject *py_scan_tail(PyObject *module, PyObject *args, PyObject *kwargs) {
+    (void)module;
+    static char *names[] = {"data", "file_position", "segment", "offset_index", "time_index", "rows",
+                            "client_only", "first_base_offset", NULL};
+    Py_buffer data, seg, oidx, tidx, rows;
+    long long file_position, first_base_offset;
+    int client_only;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*Lw*w*w*w*pL", names, &data, &file_position, &seg, &oidx,
+                                     &tidx, &rows, &client_only, &first_base_offset))
+        return NULL;
+    PyObject *result = NULL;
+    if (seg.len < SEG_FIELDS * 8 || oidx.len < IDX_FIELDS * 8 || tidx.len < IDX_FIELDS * 8) {
+        PyErr_SetString(PyExc_ValueError, "a cursor is shorter than its layout");
+        goto done;
+    }
+    TailScan t = {.data = (const uint8_t *)data.buf, .length = data.len, .file_position = file_position,
+                  .first_base_offset = first_base_offset, .max_rows = rows.len / (8 * TAIL_ROW_COLUMNS),
+                  .client_only = client_only, .seg = I64(seg), .oidx = I64(oidx), .tidx = I64(tidx),
+                  .rows = I64(rows)};
+    int64_t at = 0, taken = 0;
+    int stop = SCAN_END;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        if (taken >= t.max_rows) {
+            stop = SCAN_ROWS_FULL;
+            break;
+        }
+        int64_t size = 0;
+        int outcome = scan_one(&t, at, &size, taken);
+        if (outcome >= 0) {
+            stop = outcome;
+            break;
+        }
+        at += size;
+        taken++;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(LLi)", (long long)taken, (long long)at, stop);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&seg);
+    PyBuffer_Release(&oidx);
+    PyBuffer_Release(&tidx);
+    PyBuffer_Release(&rows);
+    return result;
+}
+
 /* ---- module functions ---------------------------------------------------------------- */
 static PyObject *py_crc32c(PyObject *module, PyObject *data) {
     (void)module;
@@ -1241,6 +1403,10 @@ static PyObject *py_crc32c(PyObject *module, PyObject *data) {
 
 static PyMethodDef module_methods[] = {
     {"crc32c", py_crc32c, METH_O, "crc32c(data) -> the CRC-32C of the bytes (what batches carry)."},
+    {"scan_tail", (PyCFunction)(void (*)(void))py_scan_tail, METH_VARARGS | METH_KEYWORDS,
+     "scan_tail(data, file_position, segment, offset_index, time_index, rows, client_only, "
+     "first_base_offset) -> (batches, bytes, stop): recovery's loop over the common batch "
+     "(see oncelog.segments.segment.LogSegment.rebuild)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1293,6 +1459,8 @@ PyMODINIT_FUNC PyInit__append(void) {
         {"TRANSACTIONAL_MASK", TRANSACTIONAL_MASK}, {"HASH_SHIFT", HASH_SHIFT}, {"MAP_EMPTY", MAP_EMPTY},
         {"MAP_TOMBSTONE", MAP_TOMBSTONE}, {"MAX_OCCUPIED_LOAD_PERCENT", (long)(MAX_OCCUPIED_LOAD * 100 + 0.5)},
         {"WRITE_SYSCALL_MIN_BYTES", WRITE_SYSCALL_MIN_BYTES},
+        {"TAIL_ROW_COLUMNS", TAIL_ROW_COLUMNS}, {"SCAN_END", SCAN_END}, {"SCAN_PYTHON", SCAN_PYTHON},
+        {"SCAN_ROWS_FULL", SCAN_ROWS_FULL}, {"CONTROL_MASK", CONTROL_MASK},
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         if (add_layout(layout, fields[i].name, fields[i].value) < 0) goto error;

@@ -63,6 +63,11 @@ def append_method(python: _Method, attribute: str) -> _Method:
     return cast(_Method, compiled.AppendMethod(python, attribute))
 
 
+def tail_scanner() -> Callable[..., tuple[int, int, int]] | None:
+    """Recovery's compiled tail scan (oncelog._append.scan_tail) where the compiled path is on."""
+    return compiled.scan_tail if compiled is not None and enabled() else None
+
+
 def enabled() -> bool:
     """Whether a log opened now takes the compiled path."""
     return compiled is not None and not _forced_pure

@@ -171,7 +171,15 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
             copy = store_copy_if_current(fs, store_path, marker) if isinstance(marker, CleanMarker) else None
             store = PartitionStore(fs, store_path, copy)
             log_clock = engine_clock(clock)
-            loaded = LogLoader(fs, directory, config, store, clean=clean, now_ms=log_clock()).load()
+            loaded = LogLoader(
+                fs,
+                directory,
+                config,
+                store,
+                clean=clean,
+                now_ms=log_clock(),
+                scan_tail=compiled_append.tail_scanner(),
+            ).load()
         except BaseException as exc:
             if store is not None:
                 store.close()

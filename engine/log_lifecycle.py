@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 
+from oncelog import compiled_append
 from oncelog.errors import (
     OffsetOutOfRangeError,
 )
@@ -164,7 +165,13 @@ class LogLifecycle(LogState):
         # log_end_offset (it takes no lock) sees the old end, never an empty log.
         try:
             loaded = LogLoader(
-                self._fs, self.directory, self.config, self._store, clean=False, now_ms=self._clock()
+                self._fs,
+                self.directory,
+                self.config,
+                self._store,
+                clean=False,
+                now_ms=self._clock(),
+                scan_tail=compiled_append.tail_scanner(),
             ).load()
         except BaseException:
             self._segments, self._base_offsets = [], []  # closed: nothing may be read from them

@@ -33,6 +33,8 @@ import os
 import time
 from typing import NamedTuple
 
+import numpy as np
+
 from oncelog.config import LogConfig
 from oncelog.errors import (
     CorruptLogError,
@@ -53,6 +55,7 @@ from oncelog.recovery.plan import (
     replay_starts_over,
     snapshot_limit,
 )
+from oncelog.recovery.tail_rows import CompiledTailScan, ScanTail
 from oncelog.segments.batch import RecordBatch
 from oncelog.segments.control import decode_txn_marker
 from oncelog.segments.format import CONTROL_MASK, TRANSACTIONAL_MASK
@@ -133,8 +136,12 @@ class LogLoader:
         *,
         clean: bool,
         now_ms: int,
+        scan_tail: ScanTail | None = None,
     ):
+        """`scan_tail`: the compiled tail scan (oncelog._append.scan_tail), or None for the
+        reference loop alone."""
         self.fs = fs
+        self._scan_tail = scan_tail
         self.directory = directory
         self.config = config
         self.store = store
@@ -381,8 +388,15 @@ class LogLoader:
         holds_point = recovery_point.segment_base == segment.base_offset and recovery_point.position > 0
         # The offset after the batch that ends exactly at the recovery point's position.
         offset_at_point: list[int] = []
+        scan = None
+        if self._scan_tail is not None:
+            scan = CompiledTailScan(self._scan_tail, self._replay_plain_rows, replay_from)
+            if holds_point:
+                scan.watch_end_position(recovery_point.position)
 
         def on_batch(position: int, batch: RecordBatch) -> None:
+            if scan is not None:
+                self._replayed += scan.replay_kept()  # a marker reads what came before it
             self._apply(batch, replay_from, rebuilding=segment)
             if holds_point and position + batch.size == recovery_point.position:
                 offset_at_point.append(batch.last_offset + 1)
@@ -394,7 +408,12 @@ class LogLoader:
             # compacts it), so a different first offset means moved bytes.
             first_base_offset=segment.base_offset if n == len(self.segments) - 1 else None,
             client_only=self.client_only,
+            tail_scan=scan,
         )
+        if scan is not None:
+            self._replayed += scan.replay_kept()  # the batches before a bad one stay: replayed
+            if recovery_point.position in scan.end_positions:
+                offset_at_point.append(scan.end_positions[recovery_point.position])
         self._bytes_scanned += segment.size  # the batches read; a bad one ends the count
         if error is None and holds_point and offset_at_point != [recovery_point.offset]:
             # Valid batches, but not the ones that were fsynced: bytes below the
@@ -540,6 +559,9 @@ class LogLoader:
             False,
             bool(h.attributes & TRANSACTIONAL_MASK),
         )
+
+    def _replay_plain_rows(self, rows: np.ndarray) -> None:
+        self._replay.replay_plain_rows(rows)
 
     def _flush_replay(self) -> None:
         self._replay.flush()

@@ -24,7 +24,7 @@ import errno
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from oncelog.segments import cursor as cur
 from oncelog.segments import format as fmt
@@ -105,6 +105,41 @@ class BatchMeta(NamedTuple):
 class ScannedBatch(NamedTuple):
     position: int
     batch: RecordBatch
+
+
+class _RebuildChecks(NamedTuple):
+    validate: bool
+    first_base_offset: int | None
+    client_only: bool
+
+
+# What the compiled tail scan reads at a time (whole batches; a larger one goes to Python).
+TAIL_SCAN_CHUNK_BYTES = 4 * 1024 * 1024
+# Why the compiled tail scan stopped (oncelog._append's SCAN_*; a test compares them): the
+# chunk ended, a batch it leaves to the reference loop, its rows buffer is full.
+TAIL_SCAN_END, TAIL_SCAN_PYTHON, TAIL_SCAN_ROWS_FULL = 0, 1, 2
+
+
+class TailScan(Protocol):
+    """Recovery's compiled loop (oncelog._append.scan_tail) and who takes its rows.
+
+    `scan` checks and indexes the common batches of `chunk` as `_rebuild_batches` does,
+    writes one row each into its rows buffer, and returns (batches, bytes, why it
+    stopped: TAIL_SCAN_*); `on_rows(n)` then takes the first n rows."""
+
+    def scan(
+        self,
+        chunk: bytes,
+        file_position: int,
+        segment: Any,
+        offset_index: Any,
+        time_index: Any,
+        *,
+        client_only: bool,
+        first_base_offset: int,
+    ) -> tuple[int, int, int]: ...
+
+    def on_rows(self, count: int) -> None: ...
 
 
 def scan_file(
@@ -561,6 +596,7 @@ class LogSegment:
         first_base_offset: int | None = None,
         client_only: bool = False,
         keep_txn_index: bool = False,
+        tail_scan: TailScan | None = None,
     ) -> CorruptRecordError | None:
         """Rescan the whole file, rebuilding both indexes and the in-memory state.
 
@@ -569,6 +605,11 @@ class LogSegment:
         tail to cut or corruption to report is the loader's decision. `size` then
         ends at the last good batch. The transaction index is emptied too, for the
         caller to refill from the markers it replays, unless `keep_txn_index`.
+
+        Given `tail_scan` (the compiled loop, with validation), it takes the common
+        batches a chunk at a time and hands their rows to its `on_rows`; every batch
+        it leaves (a marker, a transactional batch, anything that fails a check) goes
+        through the loop below and `on_batch`, one at a time, as without it.
         """
         self.offset_index.reset()
         self.time_index.reset()
@@ -582,36 +623,82 @@ class LogSegment:
         self.offset_of_max_timestamp = self.base_offset
         self.first_batch_timestamp_ms = None
         self.bytes_since_last_index_entry = 0
-        prev_last_offset = self.base_offset - 1
-        cursor = self._cursor_view
+        checks = _RebuildChecks(validate, first_base_offset, client_only)
         try:
-            for position, batch in scan_file(self._handle, 0, size_on_disk):
-                if validate:
-                    batch.validate()
-                h = batch.header  # fields at C speed: this loop is recovery's hot path
-                last_offset = h.base_offset + h.last_offset_delta
-                if h.base_offset <= prev_last_offset or last_offset < h.base_offset:
-                    raise CorruptRecordError(
-                        f"offsets {h.base_offset}..{last_offset} do not follow {prev_last_offset}"
-                    )
-                if client_only:
-                    check_client_appended(batch, prev_last_offset if position > 0 else None)
-                if position == 0 and first_base_offset is not None and h.base_offset != first_base_offset:
-                    raise CorruptRecordError(
-                        f"first batch starts at offset {h.base_offset}, not at the segment's "
-                        f"base {first_base_offset}"
-                    )
-                prev_last_offset = last_offset
-                size = h.batch_length + fmt.LOG_OVERHEAD
-                self._index_batch(position, BatchMeta(last_offset, h.max_timestamp, size))
-                cursor[_SIZE] = position + size
-                if on_batch is not None:
-                    on_batch(position, batch)
+            if tail_scan is None or not validate:
+                self._rebuild_batches(0, size_on_disk, checks, on_batch, one=False)
+                return None
+            position = 0
+            while position < size_on_disk:
+                position = self._scan_compiled(tail_scan, position, size_on_disk, checks)
+                if position < size_on_disk:
+                    position = self._rebuild_batches(position, size_on_disk, checks, on_batch, one=True)
         except CorruptRecordError as exc:
             if exc.path is None:
                 return CorruptRecordError(str(exc), path=self.path, position=self.size)
             return exc
         return None
+
+    def _scan_compiled(self, tail_scan: TailScan, position: int, end: int, checks: _RebuildChecks) -> int:
+        """Where the compiled loop stopped, from `position`: the end, or a batch it leaves."""
+        while position < end:
+            chunk = self._handle.pread(min(TAIL_SCAN_CHUNK_BYTES, end - position), position)
+            taken, used, stop = tail_scan.scan(
+                chunk,
+                position,
+                self.cursor,
+                self.offset_index.cursor,
+                self.time_index.cursor,
+                client_only=checks.client_only,
+                first_base_offset=-1 if checks.first_base_offset is None else checks.first_base_offset,
+            )
+            assert 0 <= used <= len(chunk) and self.size == position + used, (self.path, position, used)
+            if taken:
+                tail_scan.on_rows(taken)
+            if self.indexes_full:
+                self._update_last_offset_limit()
+            position += used
+            if stop != TAIL_SCAN_ROWS_FULL and (stop == TAIL_SCAN_PYTHON or taken == 0):
+                return position  # the batch there goes through the reference loop
+        return position
+
+    def _rebuild_batches(
+        self,
+        start: int,
+        end: int,
+        checks: _RebuildChecks,
+        on_batch: Callable[[int, RecordBatch], None] | None,
+        *,
+        one: bool,
+    ) -> int:
+        """The reference loop from `start`: every batch to the end (or `one`); where it stopped."""
+        cursor = self._cursor_view
+        for position, batch in scan_file(self._handle, start, end):
+            if checks.validate:
+                batch.validate()
+            h = batch.header  # fields at C speed: this loop is recovery's hot path
+            prev_last_offset = cursor[_NEXT_OFFSET] - 1
+            last_offset = h.base_offset + h.last_offset_delta
+            if h.base_offset <= prev_last_offset or last_offset < h.base_offset:
+                raise CorruptRecordError(
+                    f"offsets {h.base_offset}..{last_offset} do not follow {prev_last_offset}"
+                )
+            if checks.client_only:
+                check_client_appended(batch, prev_last_offset if position > 0 else None)
+            first_base_offset = checks.first_base_offset
+            if position == 0 and first_base_offset is not None and h.base_offset != first_base_offset:
+                raise CorruptRecordError(
+                    f"first batch starts at offset {h.base_offset}, not at the segment's "
+                    f"base {first_base_offset}"
+                )
+            size = h.batch_length + fmt.LOG_OVERHEAD
+            self._index_batch(position, BatchMeta(last_offset, h.max_timestamp, size))
+            cursor[_SIZE] = position + size
+            if on_batch is not None:
+                on_batch(position, batch)
+            if one:
+                return position + size
+        return end
 
     def load_from_indexes(self, next_base_offset: int | None) -> bool:
         """Trust the indexes of a segment closed cleanly; False if they fail a sanity check.
