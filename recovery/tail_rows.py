@@ -21,6 +21,7 @@ import numpy as np
 from oncelog.producer_replay import ROW_FIRST_OFFSET as FIRST_OFFSET
 from oncelog.producer_replay import ROW_LAST_OFFSET as LAST_OFFSET
 from oncelog.producer_replay import ROW_PID as PID
+from oncelog.segments.format import Buffer
 from oncelog.segments.segment import TailScan
 
 # The replay's columns (oncelog.producer_replay ROW_*), then the batch's end position: the
@@ -55,7 +56,7 @@ class CompiledTailScan(TailScan):
 
     def scan(
         self,
-        chunk: bytes,
+        chunk: Buffer,
         file_position: int,
         segment: object,
         offset_index: object,

@@ -113,8 +113,8 @@ class _RebuildChecks(NamedTuple):
     client_only: bool
 
 
-# What the compiled tail scan reads at a time (whole batches; a larger one goes to Python).
-TAIL_SCAN_CHUNK_BYTES = 4 * 1024 * 1024
+# What the compiled tail scan walks at a time (whole batches; a larger one goes to Python).
+TAIL_SCAN_CHUNK_BYTES = 64 * 1024 * 1024
 # Why the compiled tail scan stopped (oncelog._append's SCAN_*; a test compares them): the
 # chunk ended, a batch it leaves to the reference loop, its rows buffer is full.
 TAIL_SCAN_END, TAIL_SCAN_PYTHON, TAIL_SCAN_ROWS_FULL = 0, 1, 2
@@ -129,7 +129,7 @@ class TailScan(Protocol):
 
     def scan(
         self,
-        chunk: bytes,
+        chunk: Buffer,
         file_position: int,
         segment: Any,
         offset_index: Any,
@@ -640,26 +640,36 @@ class LogSegment:
         return None
 
     def _scan_compiled(self, tail_scan: TailScan, position: int, end: int, checks: _RebuildChecks) -> int:
-        """Where the compiled loop stopped, from `position`: the end, or a batch it leaves."""
-        while position < end:
-            chunk = self._handle.pread(min(TAIL_SCAN_CHUNK_BYTES, end - position), position)
-            taken, used, stop = tail_scan.scan(
-                chunk,
-                position,
-                self.cursor,
-                self.offset_index.cursor,
-                self.time_index.cursor,
-                client_only=checks.client_only,
-                first_base_offset=-1 if checks.first_base_offset is None else checks.first_base_offset,
-            )
-            assert 0 <= used <= len(chunk) and self.size == position + used, (self.path, position, used)
-            if taken:
-                tail_scan.on_rows(taken)
-            if self.indexes_full:
-                self._update_last_offset_limit()
-            position += used
-            if stop != TAIL_SCAN_ROWS_FULL and (stop == TAIL_SCAN_PYTHON or taken == 0):
-                return position  # the batch there goes through the reference loop
+        """Where the compiled loop stopped, from `position`: the end, or a batch it leaves.
+
+        It reads the file through a read-only mapping of its bytes on disk: no copy (the
+        reference loop's pread copies), and nothing past the file's size is touched."""
+        if position >= end:
+            return position
+        region = self._handle.mmap(end, writable=False)
+        view = region.buffer
+        try:
+            while position < end:
+                taken, used, stop = tail_scan.scan(
+                    view[position : min(end, position + TAIL_SCAN_CHUNK_BYTES)],
+                    position,
+                    self.cursor,
+                    self.offset_index.cursor,
+                    self.time_index.cursor,
+                    client_only=checks.client_only,
+                    first_base_offset=-1 if checks.first_base_offset is None else checks.first_base_offset,
+                )
+                assert used >= 0 and self.size == position + used, (self.path, position, used)
+                if taken:
+                    tail_scan.on_rows(taken)
+                if self.indexes_full:
+                    self._update_last_offset_limit()
+                position += used
+                if stop != TAIL_SCAN_ROWS_FULL and (stop == TAIL_SCAN_PYTHON or taken == 0):
+                    break  # the batch there goes through the reference loop
+        finally:
+            del view  # no view of the mapping outlives it
+            region.close()
         return position
 
     def _rebuild_batches(
