@@ -34,9 +34,10 @@ from oncelog.storage.producer_row import WINDOW as WINDOW
 HOT_PRODUCERS = 4096
 SEQUENCE_MODULUS = fmt.INT32_MAX + 1
 DEFAULT_EXPIRATION_MS = 24 * 3600 * 1000  # Kafka's producer.id.expiration.ms
-_EXPIRY_CHUNK = 65536  # rows examined per numpy pass
+_EXPIRY_CHUNK = 16384  # rows examined per numpy pass (the due scan reads them all)
 FULL_PASS_INTERVAL_MS = 10 * 60 * 1000  # Kafka's producer.id.expiration.check.interval.ms
 _EMPTY_ROW = np.zeros(1, PRODUCER_DTYPE)
+assert not _EMPTY_ROW.view(np.uint8).any()  # expire() empties rows with a memset
 _MAX_DUE_S = 2**32 - 1
 # Expiry's clock is capped here (some 146 million years): every due time it computes
 # (now + expiration, now + 1) stays an int64.
@@ -483,13 +484,15 @@ class ProducerStateManager:
             live = region["live"] == 1
             gone = live & (region["txn_first_offset"] < 0) & (now_ms - activity >= self.expiration_ms)
             keep = np.flatnonzero(live & ~gone)
-            kept_rows = region[keep].copy()
-            kept_due = _due_seconds_array(
-                np.maximum(np.minimum(activity[keep], now_ms) + self.expiration_ms, now_ms + 1)
-            )
+            if keep.size:  # copied out before the region is emptied
+                kept_rows = region[keep].copy()
+                kept_due = _due_seconds_array(
+                    np.maximum(np.minimum(activity[keep], now_ms) + self.expiration_ms, now_ms + 1)
+                )
             self._slots.delete_slots(start + np.flatnonzero(gone))
             old_slots = start + keep
-            region[:] = _EMPTY_ROW
+            # _EMPTY_ROW is all zeros: a memset, where assigning the structured row takes 4x as long.
+            region.view(np.uint8).fill(0)
             self.head = (start + n) % self.capacity
             self.used -= n
             self.holes -= int(n - np.count_nonzero(live))
