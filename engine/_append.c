@@ -1307,6 +1307,7 @@ static int scan_one(TailScan *t, int64_t at, int64_t *size, int64_t row) {
     if (attributes & (CONTROL_MASK | TRANSACTIONAL_MASK)) return SCAN_PYTHON; /* replayed one by one */
     int64_t previous_last = seg[SEG_NEXT_OFFSET] - 1;
     if (__builtin_add_overflow(base, (int64_t)delta, &last) || base <= previous_last) return SCAN_PYTHON;
+    if (last - seg[SEG_BASE_OFFSET] > INT32_MAX) return SCAN_PYTHON; /* past the index's i32: corrupt */
     if (t->client_only && (be32(d + H_LEADER_EPOCH) != -1 || (position > 0 && base != previous_last + 1)))
         return SCAN_PYTHON;
     if (position == 0 && t->first_base_offset >= 0 && base != t->first_base_offset) return SCAN_PYTHON;
@@ -1335,8 +1336,10 @@ static int scan_one(TailScan *t, int64_t at, int64_t *size, int64_t row) {
     r[TAIL_PID] = be64(d + H_PRODUCER_ID);
     r[TAIL_EPOCH] = be16(d + H_PRODUCER_EPOCH);
     r[TAIL_FIRST_SEQ] = base_seq;
-    /* RecordBatch.last_sequence: none stays none; else wraps past Int.MAX */
-    r[TAIL_LAST_SEQ] = base_seq < 0 ? base_seq : (int64_t)(((int64_t)base_seq + delta) % (INT32_MAX_SEQ + 1));
+    /* RecordBatch.last_sequence: none (-1) stays none; anything else (a leader's negative
+     * sequence included) wraps past Int.MAX as Python's modulo does, never negative */
+    int64_t wrapped = ((int64_t)base_seq + delta) % (INT32_MAX_SEQ + 1);
+    r[TAIL_LAST_SEQ] = base_seq == -1 ? -1 : (wrapped < 0 ? wrapped + INT32_MAX_SEQ + 1 : wrapped);
     r[TAIL_FIRST_OFFSET] = base;
     r[TAIL_LAST_OFFSET] = last;
     r[TAIL_MAX_TS] = max_ts;

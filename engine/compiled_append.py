@@ -63,9 +63,10 @@ def append_method(python: _Method, attribute: str) -> _Method:
     return cast(_Method, compiled.AppendMethod(python, attribute))
 
 
-def tail_scanner() -> Callable[..., tuple[int, int, int]] | None:
-    """Recovery's compiled tail scan (oncelog._append.scan_tail) where the compiled path is on."""
-    return compiled.scan_tail if compiled is not None and enabled() else None
+def tail_scanner(on: bool) -> Callable[..., tuple[int, int, int]] | None:
+    """Recovery's compiled tail scan (oncelog._append.scan_tail) for a log whose compiled
+    path is `on` (decided once, when it opened: a reload keeps to it)."""
+    return compiled.scan_tail if compiled is not None and on else None
 
 
 def enabled() -> bool:

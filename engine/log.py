@@ -178,7 +178,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
                 store,
                 clean=clean,
                 now_ms=log_clock(),
-                scan_tail=compiled_append.tail_scanner(),
+                scan_tail=compiled_append.tail_scanner(compiled_append.enabled()),
             ).load()
         except BaseException as exc:
             if store is not None:

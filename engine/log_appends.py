@@ -86,7 +86,7 @@ class LogAppends(LogState):
         # policy counts every append in Python, so such a log goes through the method.
         self._client_appender = None if self._has_flush_policy else self._compiled_appender
 
-    def _append(
+    def append(
         self, batch_bytes: Buffer, *, origin: Origin = "client", durable: bool = False
     ) -> AppendResult:
         """Validate one encoded batch, check its producer, stamp its offsets and write it.
@@ -125,8 +125,9 @@ class LogAppends(LogState):
         self._group_commit.wait(result.last_offset + 1, self._flush, self.directory, cuts=cuts)
         return result
 
-    # Log.append: the common call (one bytes batch, no keywords) runs no Python frame.
-    append = compiled_append.append_method(_append, "_client_appender")
+    # The common call (one bytes batch, no keywords) runs no Python frame: the method above
+    # is what every other call, and every batch the compiled appender leaves, runs.
+    append = compiled_append.append_method(append, "_client_appender")
 
     def _append_one(self, buffer: Buffer) -> AppendResult:
         header = client_batch_header(buffer, self._max_batch_bytes, self._max_decompressed_bytes)

@@ -171,7 +171,7 @@ class LogLifecycle(LogState):
                 self._store,
                 clean=False,
                 now_ms=self._clock(),
-                scan_tail=compiled_append.tail_scanner(),
+                scan_tail=compiled_append.tail_scanner(self._compiled),
             ).load()
         except BaseException:
             self._segments, self._base_offsets = [], []  # closed: nothing may be read from them

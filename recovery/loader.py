@@ -411,7 +411,7 @@ class LogLoader:
             tail_scan=scan,
         )
         if scan is not None:
-            self._replayed += scan.replay_kept()  # the batches before a bad one stay: replayed
+            self._replayed += scan.replay_kept() + scan.replayed  # the batches before a bad one stay
             if recovery_point.position in scan.end_positions:
                 offset_at_point.append(scan.end_positions[recovery_point.position])
         self._bytes_scanned += segment.size  # the batches read; a bad one ends the count

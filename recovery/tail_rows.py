@@ -48,6 +48,7 @@ class CompiledTailScan(TailScan):
         self._kept: list[np.ndarray] = []
         self._kept_rows = 0
         self.end_positions: dict[int, int] = {}  # asked-for end position -> offset after its batch
+        self.replayed = 0  # rows replayed when too many were kept (replay_kept's count for the rest)
         self._watched: int | None = None
 
     def watch_end_position(self, position: int) -> None:
@@ -87,7 +88,7 @@ class CompiledTailScan(TailScan):
             self._kept.append(kept.copy())
             self._kept_rows += len(kept)
         if self._kept_rows >= KEPT_ROWS_LIMIT:
-            self.replay_kept()
+            self.replayed += self.replay_kept()
 
     def replay_kept(self) -> int:
         """Replay the rows kept so far, in their order; how many there were."""

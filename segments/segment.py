@@ -114,7 +114,7 @@ class _RebuildChecks(NamedTuple):
 
 
 # What the compiled tail scan walks at a time (whole batches; a larger one goes to Python).
-TAIL_SCAN_CHUNK_BYTES = 64 * 1024 * 1024
+TAIL_SCAN_CHUNK_BYTES = 1024 * 1024
 # Why the compiled tail scan stopped (oncelog._append's SCAN_*; a test compares them): the
 # chunk ended, a batch it leaves to the reference loop, its rows buffer is full.
 TAIL_SCAN_END, TAIL_SCAN_PYTHON, TAIL_SCAN_ROWS_FULL = 0, 1, 2
@@ -642,34 +642,29 @@ class LogSegment:
     def _scan_compiled(self, tail_scan: TailScan, position: int, end: int, checks: _RebuildChecks) -> int:
         """Where the compiled loop stopped, from `position`: the end, or a batch it leaves.
 
-        It reads the file through a read-only mapping of its bytes on disk: no copy (the
-        reference loop's pread copies), and nothing past the file's size is touched."""
-        if position >= end:
-            return position
-        region = self._handle.mmap(end, writable=False)
-        view = region.buffer
-        try:
-            while position < end:
-                taken, used, stop = tail_scan.scan(
-                    view[position : min(end, position + TAIL_SCAN_CHUNK_BYTES)],
-                    position,
-                    self.cursor,
-                    self.offset_index.cursor,
-                    self.time_index.cursor,
-                    client_only=checks.client_only,
-                    first_base_offset=-1 if checks.first_base_offset is None else checks.first_base_offset,
-                )
-                assert used >= 0 and self.size == position + used, (self.path, position, used)
-                if taken:
-                    tail_scan.on_rows(taken)
-                if self.indexes_full:
-                    self._update_last_offset_limit()
-                position += used
-                if stop != TAIL_SCAN_ROWS_FULL and (stop == TAIL_SCAN_PYTHON or taken == 0):
-                    break  # the batch there goes through the reference loop
-        finally:
-            del view  # no view of the mapping outlives it
-            region.close()
+        It reads with pread, a chunk at a time, as the reference loop does: a read error
+        is an OSError (through a mapping it would be SIGBUS)."""
+        while position < end:
+            chunk = self._handle.pread(min(TAIL_SCAN_CHUNK_BYTES, end - position), position)
+            taken, used, stop = tail_scan.scan(
+                chunk,
+                position,
+                self.cursor,
+                self.offset_index.cursor,
+                self.time_index.cursor,
+                client_only=checks.client_only,
+                first_base_offset=-1 if checks.first_base_offset is None else checks.first_base_offset,
+            )
+            assert 0 <= used <= len(chunk) and self.size == position + used, (self.path, position, used)
+            if taken:
+                tail_scan.on_rows(taken)
+            if self.indexes_full:
+                self._update_last_offset_limit()
+            position += used
+            if stop != TAIL_SCAN_ROWS_FULL and (stop == TAIL_SCAN_PYTHON or taken == 0):
+                break  # the batch there goes through the reference loop
+            if len(chunk) < min(TAIL_SCAN_CHUNK_BYTES, end - position + used):
+                break  # the file ended early: the reference loop says where and how
         return position
 
     def _rebuild_batches(
@@ -692,6 +687,12 @@ class LogSegment:
             if h.base_offset <= prev_last_offset or last_offset < h.base_offset:
                 raise CorruptRecordError(
                     f"offsets {h.base_offset}..{last_offset} do not follow {prev_last_offset}"
+                )
+            if last_offset - self.base_offset > fmt.INT32_MAX:
+                # A segment rolls before its offsets leave the index's i32 (baseOffset is outside
+                # the CRC: a flipped bit there shows as this).
+                raise CorruptRecordError(
+                    f"offset {last_offset} is past what a segment based at {self.base_offset} can hold"
                 )
             if checks.client_only:
                 check_client_appended(batch, prev_last_offset if position > 0 else None)

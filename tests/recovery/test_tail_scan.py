@@ -8,6 +8,7 @@ state, open and aborted transactions, what it reports, or the error it raises.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from pathlib import Path
@@ -252,3 +253,118 @@ def test_replaying_plain_rows_at_once_equals_one_at_a_time(
         replay.flush()
         states.append((list(manager.entries()), replay.shed))
     assert states[0] == states[1]
+
+
+def _both_ways(image: Path, tmp_path: Path, config: LogConfig) -> list[Any]:
+    outcomes = []
+    for compiled in (True, False):
+        target = tmp_path / f"open-{compiled}"
+        shutil.copytree(image, target)
+        with compiled_append.forced_pure(not compiled):
+            recovered = Log.open(target, config, clock=lambda: T0)
+        report = recovered.recovery_report._replace(duration_s=0)
+        report = report._replace(tail_error=(report.tail_error or "").replace(str(target), "DIR"))
+        outcomes.append((report, recovered.log_end_offset, list(recovered.producers()), recovered))
+    return outcomes
+
+
+@needs_compiled
+def test_a_leaders_negative_base_sequence_recovers_the_sequence_a_live_log_keeps(tmp_path: Path) -> None:
+    # Found by a red team: C kept a negative last sequence where Python wraps it.
+    live, image = tmp_path / "live", tmp_path / "image"
+    log = Log.open(live, LogConfig(), clock=lambda: T0)
+    for n, sequence in enumerate([-2, -7]):
+        batch = encode_batch(
+            [(b"k", b"v")] * 3,
+            producer_id=7,
+            producer_epoch=0,
+            base_sequence=sequence,
+            timestamp_ms=T0,
+            base_offset=3 * n,
+        )
+        log.append_batches([batch], origin="replication")
+    expected = log.producer_state(7)
+    shutil.copytree(live, image)
+    log.close()
+    outcomes = _both_ways(image, tmp_path, LogConfig())
+    assert outcomes[0][:3] == outcomes[1][:3]
+    for *_, recovered in outcomes:
+        assert recovered.producer_state(7) == expected._replace(last_append_ms=T0)  # type: ignore[union-attr]
+        follows = encode_batch(
+            [(b"k", b"v")], producer_id=7, producer_epoch=0, base_sequence=2147483644, timestamp_ms=T0
+        )
+        assert recovered.append(follows).first_offset == 6
+        recovered.close()
+
+
+@needs_compiled
+def test_rows_replayed_early_are_counted_in_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a red team: rows replayed because too many were kept went uncounted.
+    monkeypatch.setattr(tail_rows, "KEPT_ROWS_LIMIT", 4)
+    config = LogConfig(index_interval_bytes=2**31 - 1)  # no index entry hands a batch to Python
+    live, image = tmp_path / "live", tmp_path / "image"
+    with Log.open(live, config, clock=lambda: T0) as log:
+        for n in range(20):
+            log.append(
+                encode_batch(
+                    [(b"k", b"v")],
+                    producer_id=1 + n % 3,
+                    producer_epoch=0,
+                    base_sequence=n // 3,
+                    timestamp_ms=T0,
+                )
+            )
+        shutil.copytree(live, image)
+    outcomes = _both_ways(image, tmp_path, config)
+    assert outcomes[0][:3] == outcomes[1][:3] and outcomes[0][0].batches_replayed == 20
+    for *_, recovered in outcomes:
+        recovered.close()
+
+
+@needs_compiled
+def test_a_flipped_base_offset_past_the_segments_range_is_a_torn_tail_not_a_crash(tmp_path: Path) -> None:
+    # Found by a red team (older than the compiled scan): baseOffset is outside the CRC, and an
+    # offset past the index's i32 made the index raise struct.error in a replicated log.
+    live, image = tmp_path / "live", tmp_path / "image"
+    log = Log.open(live, LogConfig(), clock=lambda: T0)
+    for n in range(6):
+        log.append_batches(
+            [encode_batch([(b"k", b"v")], timestamp_ms=T0, base_offset=n)], origin="replication"
+        )
+    path, size = log.active_segment.path, log.active_segment.size
+    shutil.copytree(live, image)
+    log.close()
+    damaged = image / os.path.basename(path)
+    data = bytearray(damaged.read_bytes())
+    data[size - 70 + 3] ^= 1  # the last batch's baseOffset gains 2**32
+    damaged.write_bytes(bytes(data))
+    outcomes = _both_ways(image, tmp_path, LogConfig())
+    assert outcomes[0][:3] == outcomes[1][:3]
+    report, end, *_ = outcomes[0]
+    assert end == 5 and "past what a segment based at 0 can hold" in report.tail_error
+    for *_, recovered in outcomes:
+        recovered.close()
+
+
+@needs_compiled
+def test_a_log_opened_on_the_python_path_reloads_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a red team: a reload asked the process-wide switch, not the log's own choice.
+    scans: list[object] = []
+    original = segment.LogSegment.rebuild
+
+    def spy(self: segment.LogSegment, **kwargs: Any) -> Any:
+        scans.append(kwargs.get("tail_scan"))
+        return original(self, **kwargs)
+
+    monkeypatch.setattr(segment.LogSegment, "rebuild", spy)
+    with compiled_append.forced_pure():
+        log = Log.open(tmp_path / "log", LogConfig(), clock=lambda: T0)
+    for _ in range(5):
+        log.append(encode_batch([(b"k", b"v")], timestamp_ms=T0))
+    log.truncate_to(3)  # reloads the log outside the block
+    assert scans and all(scan is None for scan in scans)
+    log.close()
