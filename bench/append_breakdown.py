@@ -17,25 +17,17 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from oncelog import Log, LogConfig, encode_batch
+from oncelog import Log, LogConfig
+from oncelog.bench.harness import batch_of_size, idempotent_batches
 
 CALLS = 20_000
-T0 = int(time.time() * 1000)
 
 
 def _batches(producer: bool, first_sequence: int) -> list[bytes]:
+    """The bench's 170-byte batches: one plain batch repeated, or one producer's in sequence."""
     if not producer:
-        return [encode_batch([(b"key-0000", b"v" * 92)], timestamp_ms=T0)] * CALLS
-    return [
-        encode_batch(
-            [(b"key-0000", b"v" * 92)],
-            producer_id=7,
-            producer_epoch=0,
-            base_sequence=first_sequence + n,
-            timestamp_ms=T0,
-        )
-        for n in range(CALLS)
-    ]
+        return [batch_of_size(170)] * CALLS
+    return idempotent_batches(CALLS, first_sequence)
 
 
 def _per_call_us(call: Callable[[bytes], object], batches: list[bytes]) -> float:

@@ -367,7 +367,7 @@ class TimedRounds:
         return [engine / reference for engine, reference in zip(self.engine_s, self.reference_s, strict=True)]
 
 
-def _idempotent_batches(count: int, first_sequence: int) -> list[bytes]:
+def idempotent_batches(count: int, first_sequence: int) -> list[bytes]:
     """`count` 170-byte batches of one producer, in sequence from `first_sequence`."""
     timestamp_ms = now_ms()
     return [
@@ -384,8 +384,8 @@ def _idempotent_batches(count: int, first_sequence: int) -> list[bytes]:
 
 def _idempotent_append_times(directory: str, count: int, rounds: int) -> TimedRounds:
     """As _append_times, for one idempotent producer: every batch is the next in sequence."""
-    batches = iter([_idempotent_batches(count, count * n) for n in range(rounds + 1)])
-    assert len(_idempotent_batches(1, 0)[0]) == 170
+    batches = iter([idempotent_batches(count, count * n) for n in range(rounds + 1)])
+    assert len(idempotent_batches(1, 0)[0]) == 170
     with (
         scratch_dir(directory, "log-idempotent") as path,
         Log.open(path, APPEND_CONFIG) as log,
@@ -397,7 +397,7 @@ def _idempotent_append_times(directory: str, count: int, rounds: int) -> TimedRo
             for batch in next(batches):
                 append(batch)
 
-        reference_batches = _idempotent_batches(count, 0)
+        reference_batches = idempotent_batches(count, 0)
 
         def run_reference(_: int) -> None:
             for batch in reference_batches:
