@@ -135,7 +135,10 @@ class TestSmokeRun:
     def test_ratio_is_value_over_reference(self, smoke: SmokeRun) -> None:
         for row in smoke.rows:
             value, reference, ratio = float(row["value"]), float(row["reference"]), float(row["ratio"])
-            assert reference > 0 and value > 0, row
+            # What opening a handful of partitions adds to the resident set can round to nothing
+            # (the row clamps a shrink at 0): a tiny smoke run's only row that may be 0.
+            may_be_zero = str(row["figure"]).startswith("memory per idle partition")
+            assert reference > 0 and (value > 0 or (value == 0 and may_be_zero)), row
             assert ratio == pytest.approx(value / reference, rel=1e-12), row
 
     def test_met_agrees_with_the_target_at_the_median_and_across_the_spread(self, smoke: SmokeRun) -> None:
