@@ -269,7 +269,9 @@ class LogLoader:
             first_unsafe = first
 
         validated_from = snapshot_limit(bases, first_unsafe)
-        snapshot_offset, has_state = self._load_newest_snapshot(limit=validated_from, names=names)
+        snapshot_offset, has_state = self._load_newest_snapshot(
+            limit=validated_from, listed=self._snapshots_listed
+        )
         self._replay_trusted(snapshot_offset, until=validated_from)
         self._validate_tail(first_unsafe, point, snapshot_offset)
         self._flush_replay()
@@ -327,10 +329,14 @@ class LogLoader:
             return False
 
     def _load_newest_snapshot(
-        self, limit: int | None, names: list[str] | None = None
+        self, limit: int | None, listed: list[int] | None = None
     ) -> tuple[int | None, bool]:
-        """Load the newest readable snapshot (at or below `limit`); set corrupt ones aside."""
-        for offset in reversed(snapshots.list_snapshot_offsets(self.fs, self.directory, names)):
+        """Load the newest readable snapshot (at or below `limit`); set corrupt ones aside.
+
+        `listed`: the snapshots the load's listing found (else the directory is listed)."""
+        if listed is None:
+            listed = snapshots.list_snapshot_offsets(self.fs, self.directory)
+        for offset in reversed(listed):
             if limit is not None and offset > limit:
                 continue
             try:

@@ -94,6 +94,10 @@ class SegmentFileSystem(Protocol):
 
     def exists(self, path: str) -> bool: ...
 
+    def file_size(self, path: str) -> int:
+        """The size of the file at `path`, holding no descriptor (FileNotFoundError if none)."""
+        ...
+
     def unlink(self, path: str) -> None: ...
 
     def fsync_dir(self, path: str) -> None:

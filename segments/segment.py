@@ -333,12 +333,8 @@ class LogSegment:
         log_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
         limits = (index_interval_bytes, max_segment_bytes, max_index_bytes)
         if next_base_offset is not None:
-            # Listed by the loader, so it exists. Its size now, then no descriptor until read.
-            handle = fs.open(log_path)
-            try:
-                size = handle.size()
-            finally:
-                handle.close()
+            # Listed by the loader, so it exists. Its size now (one stat), no descriptor until read.
+            size = fs.file_size(log_path)
             cached = CachedFile(fs, log_path)
             segment = cls(fs, directory, base_offset, cached, None, None, *limits, size=size)
             segment.next_offset = next_base_offset

@@ -327,6 +327,9 @@ class OsFileSystem:
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
+    def file_size(self, path: str) -> int:
+        return os.stat(path).st_size
+
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))
 
@@ -441,6 +444,9 @@ class DelegatingFileSystem:
 
     def exists(self, path: str) -> bool:
         return self.inner.exists(path)
+
+    def file_size(self, path: str) -> int:
+        return self.inner.file_size(path)
 
     def listdir(self, path: str) -> list[str]:
         return self.inner.listdir(path)

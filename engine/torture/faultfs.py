@@ -594,6 +594,12 @@ class FaultFileSystem:
     def exists(self, path: str) -> bool:
         return _norm(path) in self._model.dirs or self._inode_of(path) is not None
 
+    def file_size(self, path: str) -> int:
+        inode = self._inode_of(path)
+        if inode is None:
+            raise FileNotFoundError(errnos.ENOENT, "no such file", path)
+        return len(inode.volatile)
+
     def listdir(self, path: str) -> list[str]:
         key = _norm(path)
         names = set(self._dir(key).volatile)

@@ -127,9 +127,10 @@ def snapshot_written_in_place() -> contextlib.AbstractContextManager[None]:
 
 def producer_state_not_restored_from_snapshot() -> contextlib.AbstractContextManager[None]:
     def load_newest(
-        self: LogLoader, limit: int | None, names: list[str] | None = None
+        self: LogLoader, limit: int | None, listed: list[int] | None = None
     ) -> tuple[int | None, bool]:
-        listed = snapshots.list_snapshot_offsets(self.fs, self.directory, names)
+        if listed is None:
+            listed = snapshots.list_snapshot_offsets(self.fs, self.directory)
         offsets = [o for o in listed if limit is None or o <= limit]
         return (offsets[-1], True) if offsets else (None, False)  # claims it, loads nothing
 

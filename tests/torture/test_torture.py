@@ -115,9 +115,11 @@ def test_a_planted_snapshot_that_is_ignored_on_load_is_caught(monkeypatch: pytes
 
 
 def _pretend_snapshot_loaded(
-    self: loader.LogLoader, limit: int | None, names: list[str] | None = None
+    self: loader.LogLoader, limit: int | None, listed: list[int] | None = None
 ) -> tuple[int | None, bool]:
-    offsets = loader.snapshots.list_snapshot_offsets(self.fs, self.directory, names)
+    offsets = (
+        listed if listed is not None else loader.snapshots.list_snapshot_offsets(self.fs, self.directory)
+    )
     usable = [offset for offset in offsets if limit is None or offset <= limit]
     return (usable[-1], True) if usable else (None, False)
 
