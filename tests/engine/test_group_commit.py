@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from oncelog import group_commit
 from oncelog.config import LogConfig
 from oncelog.errors import LogFailedError, OffsetOutOfRangeError, TruncatedBeforeDurableError
 from oncelog.group_commit import CUT_HISTORY, GroupCommit
@@ -178,6 +179,20 @@ class TestGroupCommit:
             # One thread per fsync would need 320; sharing needs about one per round of 16.
             assert fs.segment_fsyncs <= threads * per_thread // 4, fs.segment_fsyncs
             assert log._group_commit.durable_end_offset == threads * per_thread
+
+    def test_a_leader_delays_its_sync_only_when_others_append_durably_beside_it(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        delays: list[float] = []
+        monkeypatch.setattr(group_commit.time, "sleep", delays.append)  # records every sleep; none is real
+        with Log.open(tmp_path / "alone", CONFIG) as log:
+            for n in range(20):
+                log.append(batch(n), durable=True)
+        assert delays == []  # an appender alone waits for nobody
+        fs = SlowFsyncFileSystem(fsync_s=0.005)
+        with Log.open(tmp_path / "together", CONFIG, fs=fs) as log:
+            run_threads(8, [[batch(n * 100 + k) for k in range(10)] for n in range(8)], log)
+        assert group_commit.COMMIT_DELAY_S in delays  # (the slow disk's own sleeps are the others)
 
     def test_a_failed_group_fsync_fails_its_waiters_and_closes_the_log_to_appends(
         self, tmp_path: Path
