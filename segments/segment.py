@@ -641,7 +641,8 @@ class LogSegment:
         It reads with pread, a chunk at a time, as the reference loop does: a read error
         is an OSError (through a mapping it would be SIGBUS)."""
         while position < end:
-            chunk = self._handle.pread(min(TAIL_SCAN_CHUNK_BYTES, end - position), position)
+            wanted = min(TAIL_SCAN_CHUNK_BYTES, end - position)
+            chunk = self._handle.pread(wanted, position)
             taken, used, stop = tail_scan.scan(
                 chunk,
                 position,
@@ -659,7 +660,7 @@ class LogSegment:
             position += used
             if stop != TAIL_SCAN_ROWS_FULL and (stop == TAIL_SCAN_PYTHON or taken == 0):
                 break  # the batch there goes through the reference loop
-            if len(chunk) < min(TAIL_SCAN_CHUNK_BYTES, end - position + used):
+            if len(chunk) < wanted:
                 break  # the file ended early: the reference loop says where and how
         return position
 
