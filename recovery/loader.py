@@ -402,7 +402,7 @@ class LogLoader:
 
         def on_batch(position: int, batch: RecordBatch) -> None:
             if scan is not None:
-                self._replayed += scan.replay_kept()  # a marker reads what came before it
+                scan.replay_kept()  # a marker reads what came before it
             self._apply(batch, replay_from, rebuilding=segment)
             if holds_point and position + batch.size == recovery_point.position:
                 offset_at_point.append(batch.last_offset + 1)
@@ -417,7 +417,8 @@ class LogLoader:
             tail_scan=scan,
         )
         if scan is not None:
-            self._replayed += scan.replay_kept() + scan.replayed  # the batches before a bad one stay
+            scan.replay_kept()  # the batches before a bad one stay
+            self._replayed += scan.replayed
             if recovery_point.position in scan.end_positions:
                 offset_at_point.append(scan.end_positions[recovery_point.position])
         self._bytes_scanned += segment.size  # the batches read; a bad one ends the count

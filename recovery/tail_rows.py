@@ -48,7 +48,7 @@ class CompiledTailScan(TailScan):
         self._kept: list[np.ndarray] = []
         self._kept_rows = 0
         self.end_positions: dict[int, int] = {}  # asked-for end position -> offset after its batch
-        self.replayed = 0  # rows replayed when too many were kept (replay_kept's count for the rest)
+        self.replayed = 0  # rows replayed so far (the recovery report counts them)
         self._watched: int | None = None
 
     def watch_end_position(self, position: int) -> None:
@@ -85,16 +85,16 @@ class CompiledTailScan(TailScan):
                 self.end_positions[self._watched] = int(rows[hit[0], LAST_OFFSET]) + 1
         kept = rows[(rows[:, PID] >= 0) & (rows[:, FIRST_OFFSET] >= self._replay_from)]
         if len(kept):
-            self._kept.append(kept.copy())
+            self._kept.append(kept)  # a mask's result is a copy: the rows buffer is reused
             self._kept_rows += len(kept)
         if self._kept_rows >= KEPT_ROWS_LIMIT:
-            self.replayed += self.replay_kept()
+            self.replay_kept()
 
-    def replay_kept(self) -> int:
-        """Replay the rows kept so far, in their order; how many there were."""
+    def replay_kept(self) -> None:
+        """Replay the rows kept so far, in their order (counted in `replayed`)."""
         if not self._kept:
-            return 0
+            return
         rows = np.concatenate(self._kept) if len(self._kept) > 1 else self._kept[0]
         self._kept, self._kept_rows = [], 0
         self._replay(rows)
-        return len(rows)
+        self.replayed += len(rows)
