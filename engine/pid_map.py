@@ -18,6 +18,9 @@ live keys in one vectorised pass, amortised below a microsecond per delete.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 from oncelog.lazy_memory import lazy_zeros_group
@@ -52,22 +55,31 @@ class PidSlotMap:
     count = CursorField[int](MAP_COUNT)
     tombstones = CursorField[int](MAP_TOMBSTONES)
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, arrays: Sequence[np.ndarray] | None = None):
+        """`arrays`: zeroed arrays made to `array_specs(capacity)` by the caller (the
+        producer table maps them with its own, one mapping instead of two); else made here."""
         self.capacity = capacity
         self.state = np.zeros(MAP_FIELDS, dtype=np.int64)
         self._cursor_view = cursor_view(self.state)
-        self.buckets = max(8, int(capacity / _MAX_LIVE_LOAD) + 1)
+        specs = self.array_specs(capacity)
+        self.buckets = specs[0][0]
         # keys: all EMPTY. bucket_of, the reverse index (slot -> bucket): expiry removes or
         # moves a run of slots with one vectorised store instead of probing for each
         # producer; read only for slots put.
-        self.keys, self.values, self.bucket_of = lazy_zeros_group(
-            (self.buckets, np.int64), (self.buckets, np.int32), (capacity, np.int32)
-        )
+        made = lazy_zeros_group(*specs) if arrays is None else tuple(arrays)
+        assert [(len(a), a.dtype) for a in made] == specs, "arrays not made to array_specs"
+        self.keys, self.values, self.bucket_of = made
         self._keys = self.keys.data
         self._values = self.values.data
         self._bucket_of = self.bucket_of.data
         self.count = 0
         self.tombstones = 0
+
+    @staticmethod
+    def array_specs(capacity: int) -> list[tuple[int, np.dtype[Any]]]:
+        """(length, dtype) of the keys, values and bucket_of arrays for `capacity` producers."""
+        buckets = max(8, int(capacity / _MAX_LIVE_LOAD) + 1)
+        return [(buckets, np.dtype(np.int64)), (buckets, np.dtype(np.int32)), (capacity, np.dtype(np.int32))]
 
     def __len__(self) -> int:
         return self.count

@@ -70,7 +70,8 @@ def _due_seconds(due_ms: int) -> int:
 
 
 def _due_seconds_array(due_ms: np.ndarray) -> np.ndarray:
-    due_s: np.ndarray = np.clip(due_ms // 1000, 0, _MAX_DUE_S).astype(np.uint32)
+    # The ufuncs, not np.clip: its Python dispatch costs 15 us, a twentieth of a clean open.
+    due_s: np.ndarray = np.minimum(np.maximum(due_ms // 1000, 0), _MAX_DUE_S).astype(np.uint32)
     return due_s
 
 
@@ -200,11 +201,14 @@ class ProducerStateManager:
         # only as slots are used (they are used in ring order, from the head).
         # due_s: due times in whole seconds, rounded down: never later than the real due
         # time, which is all expiry needs, at half the memory of milliseconds.
-        self.table, self.due_s = lazy_zeros_group((capacity, PRODUCER_DTYPE), (capacity, np.uint32))
+        # One mapping for the table and the pid map (a mapping costs 5 us; every Log open makes one).
+        self.table, self.due_s, *map_arrays = lazy_zeros_group(
+            (capacity, PRODUCER_DTYPE), (capacity, np.uint32), *PidSlotMap.array_specs(capacity)
+        )
         # Through a uint8 view: a structured array's own .data builds its format each time.
         self._bytes = self.table.view(np.uint8).data
         self._due = self.due_s.data
-        self._slots = PidSlotMap(capacity)
+        self._slots = PidSlotMap(capacity, map_arrays)
         self._hot: dict[int, WorkingState] = {}
         self.full_pass_interval_ms = full_pass_interval_ms
         self._last_full_pass_ms: int | None = None
