@@ -63,7 +63,7 @@ enum { SEG_WRITE_ADDR, SEG_MAPPED_BYTES, SEG_SIZE, SEG_NEXT_OFFSET, SEG_FIRST_BA
        SEG_UNFLUSHED, SEG_BASE_OFFSET, SEG_HAS_FIRST_TS, SEG_WRITE_FD, SEG_POPULATED, SEG_FIELDS };
 enum { IDX_ADDR, IDX_ENTRIES, IDX_CAPACITY, IDX_MAX_ENTRIES, IDX_LAST_FIRST, IDX_LAST_SECOND, IDX_FIELDS };
 enum { RING_HEAD, RING_USED, RING_HOLES, RING_EXPIRATION_MS, RING_FIELDS };
-enum { MAP_COUNT, MAP_TOMBSTONES, MAP_FIELDS };
+enum { MAP_COUNT, MAP_TOMBSTONES, MAP_BUCKETS, MAP_FIELDS };
 
 /* The producer row (oncelog.storage.producer_row.PRODUCER_DTYPE), byte offsets. */
 #define WINDOW 5
@@ -401,7 +401,8 @@ typedef struct {
     /* The wall clock's high mark (oncelog.clock.MonotonicWallClock.cell), when the log's
      * clock is the wall clock: then the time is read here, not by calling the clock. */
     Py_buffer clock_cell;
-    int64_t capacity, buckets, max_batch_bytes, segment_bytes, segment_ms;
+    /* max_buckets: the keys array's length; the map probes the first MAP_BUCKETS of them. */
+    int64_t capacity, max_buckets, max_batch_bytes, segment_bytes, segment_ms;
     int buffers_held; /* how many of the Py_buffers above are held, in declaration order */
     int has_clock_cell;
     int closed; /* set by close(); the buffers are let go of only when the Appender is freed */
@@ -427,13 +428,14 @@ static int64_t home_bucket(int64_t pid, int64_t buckets) {
  * its run, and the first tombstone on the way (-1 if none). */
 static int64_t probe(Appender *self, int64_t pid, int64_t *first_tombstone) {
     const int64_t *keys = I64(self->keys);
-    int64_t stored = ~pid, i = home_bucket(pid, self->buckets);
+    int64_t buckets = I64(self->map_state)[MAP_BUCKETS]; /* (checked by plan_request) */
+    int64_t stored = ~pid, i = home_bucket(pid, buckets);
     *first_tombstone = -1;
     for (;;) {
         int64_t key = keys[i];
         if (key == stored || key == MAP_EMPTY) return i;
         if (key == MAP_TOMBSTONE && *first_tombstone < 0) *first_tombstone = i;
-        if (++i == self->buckets) i = 0;
+        if (++i == buckets) i = 0;
     }
 }
 
@@ -689,6 +691,8 @@ static int plan_request(Appender *self, Batch *batches, Py_ssize_t n, Plan *plan
     int64_t *seg = I64(self->seg), *ring = I64(self->ring), *map = I64(self->map_state);
     int64_t running_bytes = seg[SEG_SIZE];
     int new_count = 0;
+    /* The map grows its range in Python (PidSlotMap._rebuild); one out of bounds is a bug there. */
+    if (map[MAP_BUCKETS] <= 0 || map[MAP_BUCKETS] > self->max_buckets) return 0;
     plan->producer_count = 0;
     plan->next = seg[SEG_NEXT_OFFSET];
     plan->first_ts = seg[SEG_FIRST_BATCH_TS];
@@ -729,7 +733,7 @@ static int plan_request(Appender *self, Batch *batches, Py_ssize_t n, Plan *plan
                 new_count++;
                 if (map[MAP_COUNT] + new_count > self->capacity || ring[RING_USED] + new_count > self->capacity ||
                     (double)(map[MAP_COUNT] + map[MAP_TOMBSTONES] + new_count) >
-                        (double)self->buckets * MAX_OCCUPIED_LOAD)
+                        (double)map[MAP_BUCKETS] * MAX_OCCUPIED_LOAD)
                     return 0; /* full, or the map would rebuild: the Python path's */
             }
             if (b->transactional && (is_new || le64(p->row + R_TXN_FIRST) < 0))
@@ -1072,9 +1076,9 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
         }
     }
     self->capacity = self->table.len / ROW_BYTES;
-    self->buckets = self->keys.len / 8;
+    self->max_buckets = self->keys.len / 8;
     if (self->due.len / 4 < self->capacity || self->bucket_of.len / 4 < self->capacity ||
-        self->values.len / 4 < self->buckets) {
+        self->values.len / 4 < self->max_buckets) {
         PyErr_SetString(PyExc_ValueError, "the producer arrays disagree on the table's capacity");
         return -1;
     }
@@ -1445,7 +1449,8 @@ PyMODINIT_FUNC PyInit__append(void) {
         {"IDX_LAST_SECOND", IDX_LAST_SECOND}, {"IDX_FIELDS", IDX_FIELDS},
         {"RING_HEAD", RING_HEAD}, {"RING_USED", RING_USED}, {"RING_HOLES", RING_HOLES},
         {"RING_EXPIRATION_MS", RING_EXPIRATION_MS}, {"RING_FIELDS", RING_FIELDS},
-        {"MAP_COUNT", MAP_COUNT}, {"MAP_TOMBSTONES", MAP_TOMBSTONES}, {"MAP_FIELDS", MAP_FIELDS},
+        {"MAP_COUNT", MAP_COUNT}, {"MAP_TOMBSTONES", MAP_TOMBSTONES}, {"MAP_BUCKETS", MAP_BUCKETS},
+        {"MAP_FIELDS", MAP_FIELDS},
         {"ROW_BYTES", ROW_BYTES}, {"R_PID", R_PID}, {"R_APPEND_MS", R_APPEND_MS},
         {"R_TIMESTAMP_MS", R_TIMESTAMP_MS}, {"R_TXN_FIRST", R_TXN_FIRST},
         {"R_COORDINATOR_EPOCH", R_COORDINATOR_EPOCH}, {"R_EPOCH", R_EPOCH}, {"R_COUNT", R_COUNT},

@@ -44,7 +44,13 @@ class DuplicateProducerError(ValueError):
 # The map's scalars, in an int64 array the compiled append (oncelog._append) shares.
 MAP_COUNT = 0
 MAP_TOMBSTONES = 1
-MAP_FIELDS = 2
+MAP_BUCKETS = 2  # the buckets in use: the first this many of the arrays' max_buckets
+MAP_FIELDS = 3
+
+# The range in use starts at one page of keys and grows fourfold: a few producers (most of
+# a LogManager's partitions) then touch 3 pages of the map, not one per producer per array.
+FIRST_BUCKETS = 512
+_GROWTH = 4
 
 
 # Loads of at most this many ids go one put at a time.
@@ -54,15 +60,22 @@ SMALL_LOAD = 32
 class PidSlotMap:
     count = CursorField[int](MAP_COUNT)
     tombstones = CursorField[int](MAP_TOMBSTONES)
+    buckets = CursorField[int](MAP_BUCKETS)
 
-    def __init__(self, capacity: int, arrays: Sequence[np.ndarray] | None = None):
+    def __init__(
+        self, capacity: int, arrays: Sequence[np.ndarray] | None = None, *, first_buckets: int = FIRST_BUCKETS
+    ):
         """`arrays`: zeroed arrays made to `array_specs(capacity)` by the caller (the
-        producer table maps them with its own, one mapping instead of two); else made here."""
+        producer table maps them with its own, one mapping instead of two); else made here.
+        `first_buckets`: the range in use while few keys are (tests lower it to see growth)."""
+        assert first_buckets >= 1, first_buckets
         self.capacity = capacity
+        self._first_buckets = first_buckets
         self.state = np.zeros(MAP_FIELDS, dtype=np.int64)
         self._cursor_view = cursor_view(self.state)
         specs = self.array_specs(capacity)
-        self.buckets = specs[0][0]
+        self.max_buckets = specs[0][0]
+        self.buckets = self._buckets_for(0)
         # keys: all EMPTY. bucket_of, the reverse index (slot -> bucket): expiry removes or
         # moves a run of slots with one vectorised store instead of probing for each
         # producer; read only for slots put.
@@ -81,6 +94,13 @@ class PidSlotMap:
         buckets = max(8, int(capacity / _MAX_LIVE_LOAD) + 1)
         return [(buckets, np.dtype(np.int64)), (buckets, np.dtype(np.int32)), (capacity, np.dtype(np.int32))]
 
+    def _buckets_for(self, live: int) -> int:
+        """The smallest range of the growth steps holding `live` keys at the live load."""
+        buckets = min(self._first_buckets, self.max_buckets)
+        while buckets < self.max_buckets and live > buckets * _MAX_LIVE_LOAD:
+            buckets = min(buckets * _GROWTH, self.max_buckets)
+        return buckets
+
     def __len__(self) -> int:
         return self.count
 
@@ -95,7 +115,7 @@ class PidSlotMap:
 
     def _probe(self, producer_id: int) -> tuple[int, int]:
         """(bucket holding the key or the empty bucket ending its run, first tombstone or -1)."""
-        keys = self._keys
+        keys, buckets = self._keys, self.buckets
         stored = ~producer_id
         i = self._home(producer_id)
         first_tombstone = -1
@@ -106,7 +126,7 @@ class PidSlotMap:
             if key == TOMBSTONE and first_tombstone < 0:
                 first_tombstone = i
             i += 1
-            if i == self.buckets:
+            if i == buckets:
                 i = 0
 
     def get(self, producer_id: int) -> int | None:
@@ -166,13 +186,15 @@ class PidSlotMap:
 
     def clear(self) -> None:
         if self.count or self.tombstones:  # an empty map's pages stay untouched
-            self.keys.fill(EMPTY)
+            self.keys[: self.buckets].fill(EMPTY)  # (no key lies past the range in use)
         self.count = 0
         self.tombstones = 0
 
     def _rebuild(self) -> None:
-        live = self.keys < 0
-        self.load(~self.keys[live], self.values[live].copy())
+        """Drop the tombstones, and move to the range the live keys need (load)."""
+        in_use = self.keys[: self.buckets]
+        live = in_use < 0
+        self.load(~in_use[live], self.values[: self.buckets][live].copy())
 
     def load(self, producer_ids: np.ndarray, slots: np.ndarray) -> None:
         """Replace the contents with these pairs, vectorised (snapshot load).
@@ -187,6 +209,7 @@ class PidSlotMap:
         count = len(producer_ids)
         if count > self.capacity:
             raise ValueError(f"{count} producer ids exceed the map's capacity {self.capacity}")
+        self.buckets = self._buckets_for(count)
         if count <= SMALL_LOAD:
             # A few ids (most partitions' snapshots): one put each beats the vectorised rounds'
             # fixed cost (measured: 0.1 ms per load, a tenth of a clean Log.open).

@@ -28,10 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from oncelog import Log, LogConfig, compiled_append, encode_batch
+from oncelog import Log, LogConfig, compiled_append, encode_batch, pid_map
 from oncelog.errors import OncelogError
 from oncelog.log import Log as LogClass
-from oncelog.pid_map import MAP_COUNT, MAP_FIELDS, MAP_TOMBSTONES
+from oncelog.pid_map import MAP_BUCKETS, MAP_COUNT, MAP_FIELDS, MAP_TOMBSTONES
 from oncelog.producer_state import (
     PRODUCER_DTYPE,
     RING_EXPIRATION_MS,
@@ -61,7 +61,12 @@ def test_the_compiled_layout_is_the_python_layout() -> None:
         assert layout[name] == getattr(cursor, name), name
     ring = {"RING_HEAD": RING_HEAD, "RING_USED": RING_USED, "RING_HOLES": RING_HOLES}
     ring |= {"RING_EXPIRATION_MS": RING_EXPIRATION_MS, "RING_FIELDS": RING_FIELDS}
-    ring |= {"MAP_COUNT": MAP_COUNT, "MAP_TOMBSTONES": MAP_TOMBSTONES, "MAP_FIELDS": MAP_FIELDS}
+    ring |= {
+        "MAP_COUNT": MAP_COUNT,
+        "MAP_TOMBSTONES": MAP_TOMBSTONES,
+        "MAP_BUCKETS": MAP_BUCKETS,
+        "MAP_FIELDS": MAP_FIELDS,
+    }
     for name, value in ring.items():
         assert layout[name] == value, name
     fields = PRODUCER_DTYPE.fields
@@ -617,3 +622,22 @@ def test_a_file_size_limit_hit_by_a_compiled_pwritev_fails_the_log_and_keeps_eve
     assert run.returncode == 0, run.stderr
     acked, end = map(int, run.stdout.split())
     assert acked > 100 and end == acked
+
+
+@needs_compiled
+def test_new_producers_past_the_pid_maps_first_range_are_all_kept_through_growth_and_a_reopen(
+    tmp_path: Any,
+) -> None:
+    # The map's range in use grows in Python (the compiled path hands over the append that
+    # would pass its load): every producer before and after each step still dedupes its retry.
+    producers = 3 * pid_map.FIRST_BUCKETS
+    log = Log.open(tmp_path / "log", clock=lambda: T0)
+    firsts = [log.append(_batch(1000 + 17 * n, 0)).first_offset for n in range(producers)]
+    assert log._producers._slots.buckets > pid_map.FIRST_BUCKETS
+    for reopen in (False, True):
+        if reopen:
+            log.close()
+            log = Log.open(tmp_path / "log", clock=lambda: T0)
+        retries = [log.append(_batch(1000 + 17 * n, 0)) for n in range(producers)]
+        assert [(r.first_offset, r.duplicate) for r in retries] == [(first, True) for first in firsts]
+    log.close()

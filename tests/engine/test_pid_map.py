@@ -57,6 +57,7 @@ def check_against(table: PidSlotMap, model: dict[int, int], absent: list[int]) -
         if pid not in model:
             assert table.get(pid) is None, pid
     assert int(np.count_nonzero(table.keys < 0)) == len(model)  # live keys are stored as ~pid < 0
+    assert not np.any(table.keys[table.buckets :]), "a key past the range in use"
     assert probe_invariant_holds(table)
 
 
@@ -200,10 +201,11 @@ pid_strategy = st.one_of(
 
 class PidMapMachine(RuleBasedStateMachine):
     CAPACITY = 12
+    FIRST_BUCKETS = pid_map.FIRST_BUCKETS  # above the capacity's buckets: one fixed range
 
     def __init__(self) -> None:
         super().__init__()
-        self.table = PidSlotMap(self.CAPACITY)
+        self.table = PidSlotMap(self.CAPACITY, first_buckets=self.FIRST_BUCKETS)
         self.model: dict[int, int] = {}
         self.seen: set[int] = set()
         # Keys homed at the end of the array, so runs wrap often.
@@ -263,11 +265,22 @@ TestPidMapMachine.settings = settings(
 )
 
 
+class GrowingPidMapMachine(PidMapMachine):
+    """The same operations on a map whose range in use starts at 2 buckets: it grows
+    (2, 8, then all 17) as keys arrive and moves back on bulk loads of fewer."""
+
+    FIRST_BUCKETS = 2
+
+
+TestGrowingPidMapMachine = GrowingPidMapMachine.TestCase
+TestGrowingPidMapMachine.settings = TestPidMapMachine.settings
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_random_op_sequences_match_a_dict(seed: int) -> None:
     rng = random.Random(seed)
     capacity = rng.choice([3, 5, 16, 64])
-    table = PidSlotMap(capacity)
+    table = PidSlotMap(capacity, first_buckets=rng.choice([1, 4, pid_map.FIRST_BUCKETS]))
     model: dict[int, int] = {}
     universe = [rng.randrange(MAX_PID + 1) for _ in range(capacity)] + list(range(capacity))
     universe += pids_homed_near_the_end(table, capacity, last=2)
@@ -285,6 +298,51 @@ def test_random_op_sequences_match_a_dict(seed: int) -> None:
             assert table.get(pid) == model.get(pid)
         assert len(table) == len(model)
     check_against(table, model, universe)
+
+
+# -- the range in use ---------------------------------------------------------------------
+class TestRangeInUse:
+    def test_a_few_producers_of_a_large_map_stay_in_its_first_page_of_keys(self) -> None:
+        table = PidSlotMap(100_000)
+        pids = [1000, 1001, 1002, 1003, MAX_PID, 2**40 + 7]
+        for slot, pid in enumerate(pids):
+            table.put(pid, slot)
+        assert table.buckets == pid_map.FIRST_BUCKETS < table.max_buckets
+        assert int(np.flatnonzero(table.keys).max()) < pid_map.FIRST_BUCKETS
+        assert int(np.flatnonzero(table.values).max()) < pid_map.FIRST_BUCKETS
+        check_against(table, {pid: slot for slot, pid in enumerate(pids)}, [0, 1, 999])
+
+    def test_the_range_grows_as_keys_arrive_and_a_bulk_load_of_fewer_moves_it_back(self) -> None:
+        table = PidSlotMap(3000, first_buckets=16)
+        rng = random.Random(7)
+        pids = rng.sample(range(MAX_PID), 2500)
+        ranges = set()
+        for slot, pid in enumerate(pids):
+            table.put(pid, slot)
+            ranges.add(table.buckets)
+        assert sorted(ranges) == [16, 64, 256, 1024, 4001]  # x4 each step, then the arrays' whole length
+        model = {pid: slot for slot, pid in enumerate(pids)}
+        check_against(table, model, [0, 1, 2])
+        kept = dict(list(model.items())[:40])
+        table.load(np.array(list(kept), dtype=np.int64), np.array(list(kept.values()), dtype=np.int32))
+        assert table.buckets == 64
+        check_against(table, kept, pids[40:200])
+
+    def test_deletes_then_puts_rebuild_within_the_range_and_lose_nothing(self) -> None:
+        table = PidSlotMap(1000, first_buckets=32)
+        model: dict[int, int] = {}
+        for round_ in range(50):  # 20 live keys churned through: tombstones force rebuilds
+            for n in range(20):
+                pid = round_ * 20 + n
+                table.put(pid, n)
+                model[pid] = n
+            for n in range(20):
+                pid = round_ * 20 + n
+                if round_ < 49:
+                    table.delete(pid)
+                    del model[pid]
+        assert table.buckets == 32
+        check_against(table, model, list(range(0, 980, 7)))
 
 
 # -- bulk load ----------------------------------------------------------------------------
