@@ -37,6 +37,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from oncelog.server.fallback import without_unknown_tags
+from oncelog.server.frame_bounds import check_body
 
 # Kafka's socket.request.max.bytes: the largest request a broker reads.
 MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024
@@ -140,7 +141,10 @@ def decode_request(frame: bytes, apis: Mapping[int, ApiSpec]) -> Request:
 
 
 def _kio_decode(request_type: type[Any], frame: bytes) -> tuple[Any, int, Any, int]:
-    header, offset = entity_reader(request_type.__header_schema__)(frame, 0)
+    header, offset = entity_reader(request_type.__header_schema__)(frame, 0)  # (no arrays)
+    # Before kio sees a count: it allocates what the frame claims, and a failed
+    # allocation aborts the process (frame_bounds).
+    check_body(request_type, frame, offset)
     body, size = entity_reader(request_type)(frame, offset)
     return header, offset, body, size
 

@@ -1,0 +1,144 @@
+"""frame_bounds: no length or count in a request reaches kio's native decoder unless it fits.
+
+kio sizes an array from the count a frame claims, and a failed allocation in its Rust
+code aborts the process. Each hostile frame is therefore decoded in a child process with
+its address space capped: a count that got through would abort the child, and the test
+sees the signal, not a dead test runner.
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer
+from kio.index import load_request_schema
+from serve_process import ServeProcess
+from wire_client import WireSocket, encode_request, request_body
+
+from oncelog.server.api_registry import APIS
+from oncelog.server.codec import MalformedRequestError, decode_request
+from oncelog.server.frame_bounds import FrameBoundsError, check_body
+
+TESTS = Path(__file__).parent
+# Metadata v1 (topics: a nullable i32-counted array of structs), 2^31 - 1 topics in 57 bytes.
+TWO_BILLION_TOPICS = struct.pack(">hhih", 3, 1, 7, 3) + b"abc" + struct.pack(">i", 2**31 - 1) + bytes(40)
+
+
+def test_the_walk_of_every_served_request_ends_where_kios_decode_ends() -> None:
+    # kio is the independent decoder: the walk must read exactly the body it reads.
+    from kio.serial import entity_reader
+
+    for spec in APIS.values():
+        for version in range(spec.served[0], spec.served[1] + 1):
+            frame = encode_request(spec.key, version, 5, request_body(spec.key, version, "bounds"))[4:]
+            request_type = load_request_schema(spec.key, version)
+            _, offset = entity_reader(request_type.__header_schema__)(frame, 0)
+            _, size = entity_reader(request_type)(frame, offset)
+            assert check_body(request_type, frame, offset) == offset + size == len(frame), (
+                spec.name,
+                version,
+            )
+
+
+def test_a_frame_claiming_two_billion_topics_is_refused_by_name() -> None:
+    with pytest.raises(MalformedRequestError, match=r"MetadataRequest.topics: 2147483647 elements claimed"):
+        decode_request(TWO_BILLION_TOPICS, APIS)
+
+
+@pytest.mark.parametrize(
+    ("count", "message"),
+    [(2**31 - 1, "elements claimed"), (-2, "is negative"), (-(2**31), "is negative")],
+)
+def test_a_legacy_array_count_past_the_frame_or_below_null_is_refused(count: int, message: str) -> None:
+    request_type = load_request_schema(3, 1)
+    frame = struct.pack(">i", count) + bytes(8)
+    with pytest.raises(FrameBoundsError, match=message):
+        check_body(request_type, frame, 0)
+
+
+def test_a_compact_array_count_or_string_length_past_the_frame_is_refused() -> None:
+    metadata_v12 = load_request_schema(3, 12)
+    huge = b"\xff\xff\xff\xff\x07"  # uvarint 2^32 - 1
+    with pytest.raises(FrameBoundsError, match="elements claimed"):
+        check_body(metadata_v12, huge + bytes(8), 0)
+    # One topic whose compact name claims 2^32 - 2 bytes.
+    with pytest.raises(FrameBoundsError, match="bytes claimed"):
+        check_body(metadata_v12, b"\x02" + bytes(16) + huge + bytes(8), 0)
+    with pytest.raises(FrameBoundsError, match="varint longer"):
+        check_body(metadata_v12, b"\xff" * 9, 0)
+
+
+def test_a_tagged_field_claiming_more_bytes_than_the_frame_holds_is_refused() -> None:
+    fetch_v12 = load_request_schema(1, 12)
+    frame = encode_request(1, 12, 5, request_body(1, 12, "bounds"))[4:]
+    from kio.serial import entity_reader
+
+    _, offset = entity_reader(fetch_v12.__header_schema__)(frame, 0)
+    # The body's tag section is its last byte (zero tags): claim one tag of 200 bytes instead.
+    assert frame[-1] == 0
+    with pytest.raises(FrameBoundsError, match="tag 1: 200 bytes claimed"):
+        check_body(fetch_v12, frame[:-1] + b"\x01\x01\xc8\x01", offset)
+
+
+_CHILD = textwrap.dedent(
+    """
+    import resource, struct, sys
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # an unchecked count aborts here
+    sys.path.insert(0, sys.argv[1])
+    from wire_client import encode_request, request_body
+    from oncelog.server.api_registry import APIS
+    from oncelog.server.codec import MalformedRequestError, decode_request
+    HOSTILE = [
+        struct.pack(">i", 2**31 - 1), struct.pack(">i", 0x10000000),  # i32 counts and lengths
+        b"\\xff\\xff\\xff\\xff\\x07", b"\\x80\\x80\\x80\\x40",  # varint ones
+    ]
+    decoded = refused = 0
+    for spec in APIS.values():
+        for version in range(spec.served[0], spec.served[1] + 1):
+            frame = encode_request(spec.key, version, 5, request_body(spec.key, version, "bounds"))[4:]
+            for at in range(8, len(frame)):
+                for hostile in HOSTILE:
+                    try:
+                        decode_request(frame[:at] + hostile + frame[at + len(hostile):], APIS)
+                        decoded += 1
+                    except MalformedRequestError:
+                        refused += 1
+    print(decoded, refused)
+    """
+)
+
+
+def test_a_huge_count_or_length_at_any_position_of_any_served_request_never_aborts_the_decoder() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(TESTS)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, f"the decoding child died ({done.returncode}): {done.stderr[-2000:]}"
+    decoded, refused = map(int, done.stdout.split())
+    assert refused > 1000 and decoded + refused > 10_000  # every position of every request was tried
+
+
+def test_the_server_closes_a_connection_claiming_two_billion_topics_and_serves_a_real_client_on(
+    tmp_path: Path,
+) -> None:
+    with ServeProcess(tmp_path / "root") as server:
+        with WireSocket(server.bootstrap) as sock:
+            sock.send_raw(struct.pack(">i", len(TWO_BILLION_TOPICS)) + TWO_BILLION_TOPICS)
+            assert sock.closed_by_peer(timeout_s=30.0)
+        assert server.proc.poll() is None, server.log()
+        producer = KafkaProducer(bootstrap_servers=server.bootstrap)
+        producer.send("bounds", b"after the hostile frame").get(timeout=30)
+        producer.close()
+        consumer = KafkaConsumer(
+            "bounds",
+            bootstrap_servers=server.bootstrap,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=30_000,
+        )
+        assert [m.value for m in consumer][:1] == [b"after the hostile frame"]
+        consumer.close()
+        assert "MetadataRequest.topics: 2147483647 elements claimed" in server.log()
