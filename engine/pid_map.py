@@ -49,8 +49,9 @@ MAP_FIELDS = 3
 
 # The range in use starts at one page of keys and grows fourfold: a few producers (most of
 # a LogManager's partitions) then touch 3 pages of the map, not one per producer per array.
-FIRST_BUCKETS = 512
-_GROWTH = 4
+# Never a power of two: `% buckets` would then keep only the hash's low bits, and ids that
+# differ only in their high bits (i << 40) would share a few home buckets.
+FIRST_BUCKETS = 509  # a prime; 509 keys of 8 bytes fit one 4 KiB page
 
 
 # Loads of at most this many ids go one put at a time.
@@ -98,7 +99,7 @@ class PidSlotMap:
         """The smallest range of the growth steps holding `live` keys at the live load."""
         buckets = min(self._first_buckets, self.max_buckets)
         while buckets < self.max_buckets and live > buckets * _MAX_LIVE_LOAD:
-            buckets = min(buckets * _GROWTH, self.max_buckets)
+            buckets = min(4 * buckets + 1, self.max_buckets)  # (odd: see FIRST_BUCKETS)
         return buckets
 
     def __len__(self) -> int:
@@ -238,7 +239,8 @@ class PidSlotMap:
             self.bucket_of[slots[won]] = buckets
             lost = free[~won_among_free]
             if lost.size and np.any(self.keys[candidates[lost]] == ~pids[lost]):
-                self.clear()
+                # Not clear(): count is still 0 here, and the keys placed so far must go too.
+                self.keys[: self.buckets].fill(EMPTY)
                 raise DuplicateProducerError("a producer id appears twice")
             remaining = np.ones(pids.size, dtype=bool)
             remaining[won] = False

@@ -320,13 +320,24 @@ class TestRangeInUse:
         for slot, pid in enumerate(pids):
             table.put(pid, slot)
             ranges.add(table.buckets)
-        assert sorted(ranges) == [16, 64, 256, 1024, 4001]  # x4 each step, then the arrays' whole length
+        assert sorted(ranges) == [16, 65, 261, 1045, 4001]  # x4 + 1 each step, then the arrays' whole length
         model = {pid: slot for slot, pid in enumerate(pids)}
         check_against(table, model, [0, 1, 2])
         kept = dict(list(model.items())[:40])
         table.load(np.array(list(kept), dtype=np.int64), np.array(list(kept.values()), dtype=np.int32))
-        assert table.buckets == 64
+        assert table.buckets == 65
         check_against(table, kept, pids[40:200])
+
+    @pytest.mark.parametrize("shift", [0, 20, 34, 38, 44, 56])
+    def test_ids_that_differ_only_in_their_high_bits_spread_over_the_range(self, shift: int) -> None:
+        # A range of a power of two would keep only the hash's low bits: ids i << 38 would
+        # share a few home buckets and probe runs hundreds long.
+        for first_buckets in (pid_map.FIRST_BUCKETS, 4 * pid_map.FIRST_BUCKETS + 1):
+            table = PidSlotMap(100_000, first_buckets=first_buckets)
+            ids = np.arange(1, int(table.buckets * 0.75) + 1, dtype=np.int64) << shift
+            ids = np.unique(ids[ids > 0])  # (shifted past the sign bit: not producer ids, or repeats)
+            homes = table._homes(ids)
+            assert len(np.unique(homes)) >= 0.3 * len(ids), (shift, first_buckets)  # (random: about 0.7)
 
     def test_deletes_then_puts_rebuild_within_the_range_and_lose_nothing(self) -> None:
         table = PidSlotMap(1000, first_buckets=32)
@@ -346,6 +357,21 @@ class TestRangeInUse:
 
 
 # -- bulk load ----------------------------------------------------------------------------
+def test_a_bulk_load_refused_for_a_repeated_id_leaves_no_key_behind() -> None:
+    # The rounds place keys before they find the repeat: every one of them must go, or a
+    # later put finds a stale key and reuses a slot nothing else knows is taken.
+    table = PidSlotMap(2000, first_buckets=16)
+    pids = np.arange(100, 160, dtype=np.int64)
+    pids[-1] = pids[0]
+    with pytest.raises(pid_map.DuplicateProducerError):
+        table.load(pids, np.arange(len(pids), dtype=np.int32))
+    assert len(table) == 0 and not np.any(table.keys)
+    model = {int(pid): n for n, pid in enumerate(pids[:-1])}
+    for pid, slot in model.items():
+        table.put(pid, slot)
+    check_against(table, model, [0, 99, 160])
+
+
 class TestBulkLoad:
     @given(
         pids=st.sets(st.integers(min_value=0, max_value=MAX_PID), max_size=60),

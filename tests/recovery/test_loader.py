@@ -559,6 +559,35 @@ class TestSnapshotFallback:
             assert engine_state(reopened) == expected
 
 
+def test_a_snapshot_naming_one_producer_twice_is_set_aside_and_every_producer_still_dedupes(
+    tmp_path: Path,
+) -> None:
+    # Its CRC is right, so only the pid map's load notices. Everything that load placed
+    # before it noticed must go: a stale key would hand a replayed producer a slot outside
+    # the ring, and that producer would be forgotten at the next snapshot.
+    config = LogConfig(producer_capacity=1000)
+    directory = tmp_path / "log"
+
+    def batch(pid: int) -> bytes:
+        return encode_batch([(b"k", b"v")], producer_id=pid, producer_epoch=0, base_sequence=0)
+
+    with Log.open(directory, config) as log:
+        first = {pid: log.append(batch(pid)).first_offset for pid in range(100, 140)}
+        end = log.log_end_offset
+    path = snapshot_path(directory, end)
+    rows = snapshots.decode_snapshot(path.read_bytes(), end).copy()
+    rows["producer_id"][-1] = rows["producer_id"][0]
+    path.write_bytes(snapshots.encode_snapshot(end, rows))
+    for _ in range(2):  # the open that sets it aside, then a clean reopen of what that wrote
+        with Log.open(directory, config) as log:
+            assert len(list(log.producers())) == 40
+            retries = {pid: log.append(batch(pid)) for pid in first}
+            assert {pid: (r.first_offset, r.duplicate) for pid, r in retries.items()} == {
+                pid: (offset, True) for pid, offset in first.items()
+            }
+    assert (directory / (path.name + ".corrupt")).exists()
+
+
 class TestSnapshotPastTheLogEnd:
     def test_a_valid_snapshot_at_a_later_offset_than_the_log_end_is_ignored(
         self, rolled: OpenLog, tmp_path: Path
