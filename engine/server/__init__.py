@@ -9,6 +9,7 @@ bytes stored on disk.
 The wire:
 - `codec`: framing, request headers and bodies decoded, responses encoded (kio)
 - `fallback`: what kio cannot do (unknown tagged fields, versions older than its specs), by kafka-python
+- `frame_bounds`: each length and count in a request checked against its frame before kio allocates it
 - `api_registry`: every API served, in one table: key, versions, handler, fallbacks (ApiVersions)
 - `handlers`: one module per API or family of APIs, from a decoded request to a response body:
   `produce`, `fetch`, `list_offsets`, `metadata`, `find_coordinator`, `create_topics`,
