@@ -41,6 +41,11 @@ from oncelog.server.frame_bounds import check_body
 
 # Kafka's socket.request.max.bytes: the largest request a broker reads.
 MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024
+# The largest request decoded by kafka-python (fallback), which runs on the event loop at
+# about 3 s a MiB and copies the rest of the frame for every tagged section: tagged
+# fields kio lacks come in small requests (librdkafka's Metadata v9), versions below the
+# served ones from old clients.
+MAX_FALLBACK_FRAME_BYTES: Final = 64 * 1024
 SIZE = struct.Struct(">i")
 _HEADER_PREFIX = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 API_VERSIONS_KEY: Final = 18
@@ -125,6 +130,11 @@ def decode_request(frame: bytes, apis: Mapping[int, ApiSpec]) -> Request:
         # Tagged fields kio's spec lacks, which Kafka ignores: drop them and decode again.
         if spec.fallback_request is None:
             raise _undecodable(spec, api_version, frame, exc) from exc
+        if len(frame) > MAX_FALLBACK_FRAME_BYTES:
+            raise MalformedRequestError(
+                f"{spec.name} v{api_version}: {len(frame)} bytes with tagged fields no spec names "
+                f"(they are stripped from requests of at most {MAX_FALLBACK_FRAME_BYTES})"
+            ) from exc
         try:
             frame = without_unknown_tags(spec.fallback_request, api_key, api_version, frame)
             header, offset, body, size = _kio_decode(request_type, frame)

@@ -38,6 +38,7 @@ from oncelog.server.api_registry import APIS, Api
 from oncelog.server.broker import Broker
 from oncelog.server.codec import (
     API_VERSIONS_KEY,
+    MAX_FALLBACK_FRAME_BYTES,
     SIZE,
     Frame,
     MalformedRequestError,
@@ -209,6 +210,11 @@ def _unsupported_version(api: Api, request: Request, frame: bytes) -> Frame:
     """UNSUPPORTED_VERSION in every entry of `frame`, an advertised version below the served ones."""
     if api.unsupported is None:  # never for an advertised version (tests/server/test_api_registry.py)
         raise MalformedRequestError(f"{api.name} v{request.api_version} has no UNSUPPORTED_VERSION answer")
+    if len(frame) > MAX_FALLBACK_FRAME_BYTES:  # decoded by kafka-python, on the loop (codec)
+        raise MalformedRequestError(
+            f"{api.name} v{request.api_version}: {len(frame)} bytes at a version below the served ones "
+            f"(answered UNSUPPORTED_VERSION up to {MAX_FALLBACK_FRAME_BYTES})"
+        )
     try:
         return Frame.of(unsupported_version_response(api.unsupported, api.key, request.api_version, frame))
     except FallbackDecodeError as exc:

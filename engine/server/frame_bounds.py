@@ -44,6 +44,9 @@ FIXED_BYTES: Final[dict[str, int]] = {
 }
 STRING_TYPES: Final = frozenset({"string"})
 BYTES_TYPES: Final = frozenset({"bytes", "records"})
+# More tagged fields than kio knows than this refuse the request: the fallback that strips
+# them (kafka-python) copies the rest of the frame for each. librdkafka sends one.
+MAX_UNKNOWN_TAGS: Final = 64
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _MAX_VARINT_BYTES = 5  # an unsigned varint of 32 bits
@@ -122,10 +125,18 @@ class _Walk:
 
     def __init__(self, view: memoryview):
         self.view = view
+        self.unknown_tags = 0
 
     def entity(self, plan: EntityPlan, at: int, end: int) -> int:
         for field in plan.fields:
-            at = self.field(field, plan, at, end) if field.is_array else self.value(field, plan, at, end)
+            if field.is_array:
+                at = self.field(field, plan, at, end)
+            elif field.kind == FIXED:
+                at += field.fixed_bytes  # (checked below, and by every read before a later one)
+            else:
+                at = self.value(field, plan, at, end)
+        if at > end:
+            raise FrameBoundsError(f"{plan.name}: its fields reach byte {at}, past the frame's end at {end}")
         if plan.flexible:
             at = self.tags(plan, at, end)
         return at
@@ -174,8 +185,14 @@ class _Walk:
             if size > end - at:
                 raise FrameBoundsError(f"{plan.name} tag {tag}: {size} bytes claimed, {end - at} left")
             field = plan.tagged.get(tag)
-            if field is not None:  # (an unknown one is kio's to refuse, and it allocates nothing)
-                self.field(field, plan, at, at + size)
+            if field is None:  # kio refuses it (allocating nothing); the fallback strips it
+                self.unknown_tags += 1
+                if self.unknown_tags > MAX_UNKNOWN_TAGS:
+                    raise FrameBoundsError(f"more than {MAX_UNKNOWN_TAGS} tagged fields no spec names")
+            elif self.field(field, plan, at, at + size) != at + size:
+                # kio reads the value and goes on from its end, not from the size's: bytes
+                # between would be read by kio unwalked.
+                raise FrameBoundsError(f"{plan.name} tag {tag}: its value does not fill its {size} bytes")
             at += size
         return at
 

@@ -142,3 +142,71 @@ def test_the_server_closes_a_connection_claiming_two_billion_topics_and_serves_a
         assert [m.value for m in consumer][:1] == [b"after the hostile frame"]
         consumer.close()
         assert "MetadataRequest.topics: 2147483647 elements claimed" in server.log()
+
+
+def _fetch_v12_with_tags(tags: bytes) -> tuple[bytes, int]:
+    """A Fetch v12 frame whose body's tag section is `tags`, and where its body starts."""
+    from kio.serial import entity_reader
+
+    frame = encode_request(1, 12, 5, request_body(1, 12, "bounds"))[4:]
+    _, offset = entity_reader(load_request_schema(1, 12).__header_schema__)(frame, 0)
+    assert frame[-1] == 0  # no tags: the section is its count alone
+    return frame[:-1] + tags, offset
+
+
+def test_a_known_tag_whose_value_ends_before_its_size_is_refused() -> None:
+    # kio reads cluster_id (tag 0) and goes on from the value's end, not the size's:
+    # the 7 bytes between would reach kio unwalked.
+    frame, offset = _fetch_v12_with_tags(b"\x01" + b"\x00\x0a" + b"\x03ab" + bytes(7))
+    with pytest.raises(FrameBoundsError, match="tag 0: its value does not fill its 10 bytes"):
+        check_body(load_request_schema(1, 12), frame, offset)
+    frame, offset = _fetch_v12_with_tags(b"\x01" + b"\x00\x03" + b"\x03ab")
+    assert check_body(load_request_schema(1, 12), frame, offset) == len(frame)
+
+
+def test_more_unknown_tags_than_the_limit_are_refused_before_the_fallback_copies_the_frame(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from oncelog.server import codec, frame_bounds
+
+    def fallback(*args: object) -> bytes:
+        raise AssertionError("kafka-python's fallback ran")
+
+    monkeypatch.setattr(codec, "without_unknown_tags", fallback)
+    unknown = b"\x07\x00"  # tag 7 (no spec names it), empty
+    limit = frame_bounds.MAX_UNKNOWN_TAGS
+    frame, _ = _fetch_v12_with_tags(bytes([limit + 1]) + unknown * (limit + 1))
+    with pytest.raises(MalformedRequestError, match=f"more than {limit} tagged fields no spec names"):
+        decode_request(frame, APIS)
+
+
+def test_a_request_past_the_fallback_limit_with_an_unknown_tag_is_refused_without_the_fallback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from oncelog.server import codec
+
+    def fallback(*args: object) -> bytes:
+        raise AssertionError("kafka-python's fallback ran")
+
+    monkeypatch.setattr(codec, "without_unknown_tags", fallback)
+    # A cluster_id (known, tag 0) long enough to pass the limit, then one unknown tag.
+    name = b"c" * codec.MAX_FALLBACK_FRAME_BYTES
+    value = b"\x81\x80\x04" + name  # compact string: uvarint len + 1 = 65537
+    frame, _ = _fetch_v12_with_tags(b"\x02" + b"\x00\x83\x80\x04" + value + b"\x07\x00")
+    with pytest.raises(MalformedRequestError, match="tagged fields no spec names"):
+        decode_request(frame, APIS)
+
+
+def test_an_unsupported_version_request_past_the_fallback_limit_closes_the_connection(tmp_path: Path) -> None:
+    # Produce v2 is advertised (answered UNSUPPORTED_VERSION by kafka-python) but not served.
+    from oncelog.server.codec import MAX_FALLBACK_FRAME_BYTES
+
+    body = struct.pack(">hhih", 0, 2, 9, 1) + b"x"
+    body += struct.pack(">hi", 1, 1000) + struct.pack(">i", 1) + struct.pack(">h", 1) + b"t"
+    body += struct.pack(">i", 1) + struct.pack(">i", 0)
+    records = bytes(MAX_FALLBACK_FRAME_BYTES)
+    big = body + struct.pack(">i", len(records)) + records
+    with ServeProcess(tmp_path / "root") as server, WireSocket(server.bootstrap) as sock:
+        sock.send_raw(struct.pack(">i", len(big)) + big)
+        assert sock.closed_by_peer(timeout_s=30.0)
+        assert "at a version below the served ones" in server.log()
