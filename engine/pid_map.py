@@ -197,7 +197,7 @@ class PidSlotMap:
         live = in_use < 0
         self.load(~in_use[live], self.values[: self.buckets][live].copy())
 
-    def load(self, producer_ids: np.ndarray, slots: np.ndarray) -> None:
+    def load(self, producer_ids: np.ndarray | list[int], slots: np.ndarray | list[int]) -> None:
         """Replace the contents with these pairs, vectorised (snapshot load).
 
         Round r tries bucket home + r for every key not yet placed; a key placed in
@@ -214,12 +214,12 @@ class PidSlotMap:
         if count <= SMALL_LOAD:
             # A few ids (most partitions' snapshots): one put each beats the vectorised rounds'
             # fixed cost (measured: 0.1 ms per load, a tenth of a clean Log.open).
-            ids = np.asarray(producer_ids).tolist()
+            ids = producer_ids if isinstance(producer_ids, list) else producer_ids.tolist()
             if len(set(ids)) == count and min(ids, default=0) >= 0:  # else the rounds below say why
-                self._put_new(ids, np.asarray(slots).tolist())
+                self._put_new(ids, slots if isinstance(slots, list) else slots.tolist())
                 return
         # The keys still to place, kept compacted so each round touches only them.
-        pids = producer_ids.astype(np.int64)
+        pids = np.asarray(producer_ids, dtype=np.int64)
         homes = self._homes(pids)
         slots = np.asarray(slots, dtype=np.int32)
         claim = np.empty(self.buckets, dtype=np.int64)  # scratch: which key claimed a bucket

@@ -15,6 +15,7 @@ Kafka's append rules, which read this table, are in `oncelog.append_rules`.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -25,6 +26,7 @@ from oncelog.lazy_memory import lazy_zeros_group
 from oncelog.pid_map import PidSlotMap
 from oncelog.segments import format as fmt
 from oncelog.segments.cursor import CursorField, cursor_view
+from oncelog.storage.producer_row import FEW_ROWS, LAST_APPEND_AT, LIVE_AT
 from oncelog.storage.producer_row import PRODUCER_DTYPE as PRODUCER_DTYPE
 from oncelog.storage.producer_row import ROW as _ROW
 from oncelog.storage.producer_row import UNKNOWN_APPEND_MS as UNKNOWN_APPEND_MS
@@ -39,6 +41,10 @@ FULL_PASS_INTERVAL_MS = 10 * 60 * 1000  # Kafka's producer.id.expiration.check.i
 _EMPTY_ROW = np.zeros(1, PRODUCER_DTYPE)
 assert not _EMPTY_ROW.view(np.uint8).any()  # expire() empties rows with a memset
 _MAX_DUE_S = 2**32 - 1
+_MASK64 = (1 << 64) - 1
+_I64 = struct.Struct("<q")
+_PID_AND_APPEND = struct.Struct("<qq")  # a row's first two fields
+assert _PID_AND_APPEND.size == LAST_APPEND_AT + 8 == 16  # producer_id at 0, then last_append_ms
 # Expiry's clock is capped here (some 146 million years): every due time it computes
 # (now + expiration, now + 1) stays an int64.
 _MAX_NOW_MS = 2**62
@@ -430,19 +436,39 @@ class ProducerStateManager:
         in_place = count and rows.ctypes.data == self.table.ctypes.data
         if not in_place:
             self.table[:count] = rows  # else read_snapshot(into=table) already put them there
-        self.table["live"][:count] = 1
-        appended = self.table["last_append_ms"][:count]
-        if now_ms is not None:
-            # One compare finds both: unknown (negative) times read as huge when unsigned.
-            unresolved = appended.view(np.uint64) > np.uint64(max(now_ms, 0))
-            if unresolved.any():
-                np.copyto(appended, now_ms, where=unresolved)
-        self.due_s[:count] = _due_seconds_array(appended + self.expiration_ms)
         try:
+            if count <= FEW_ROWS and now_ms is not None:
+                self._slots.load(self._resolve_few(count, now_ms), list(range(count)))
+                return
+            self.table["live"][:count] = 1
+            appended = self.table["last_append_ms"][:count]
+            if now_ms is not None:
+                # One compare finds both: unknown (negative) times read as huge when unsigned.
+                unresolved = appended.view(np.uint64) > np.uint64(max(now_ms, 0))
+                if unresolved.any():
+                    np.copyto(appended, now_ms, where=unresolved)
+            self.due_s[:count] = _due_seconds_array(appended + self.expiration_ms)
             self._slots.load(rows["producer_id"], np.arange(count, dtype=np.int32))
         except BaseException:
             self.clear()
             raise
+
+    def _resolve_few(self, count: int, now_ms: int) -> list[int]:
+        """load_rows' steps for the first `count` rows, row by row (FEW_ROWS): each live, its
+        unresolved append time now, its due time set; returns their producer ids."""
+        rows, due = self._bytes, self._due
+        ceiling = max(now_ms, 0)
+        producer_ids = []
+        for slot in range(count):
+            at = slot * _ROW.size
+            producer_id, appended = _PID_AND_APPEND.unpack_from(rows, at)
+            if appended & _MASK64 > ceiling:  # as load_rows: unknown (negative) reads as huge
+                appended = now_ms
+                _I64.pack_into(rows, at + LAST_APPEND_AT, appended)
+            rows[at + LIVE_AT] = 1
+            due[slot] = _due_seconds(appended + self.expiration_ms)
+            producer_ids.append(producer_id)
+        return producer_ids
 
     # -- expiry ------------------------------------------------------------------
     @property
@@ -467,20 +493,20 @@ class ProducerStateManager:
         most every `full_pass_interval_ms`.
         """
         now_ms = min(now_ms, _MAX_NOW_MS)
+        now_s = max(now_ms, 0) // 1000
         expired = 0
         last = self._last_full_pass_ms
         # A last pass "in the future" (an explicit call with a later time) is no reason to wait.
         if exhaustive or last is None or not 0 <= now_ms - last < self.full_pass_interval_ms:
-            expired += self._full_pass(now_ms)
+            # Every Log open asks: when no slot in use was idle for the expiration (holes'
+            # times are 0), the pass would find none.
+            if not self._none_idle(now_ms):
+                expired += self._full_pass(now_ms)
             self._last_full_pass_ms = now_ms
         budget = self.used  # each entry present at the call is examined at most once
-        now_s = max(now_ms, 0) // 1000
         while self.used and budget:
             start = self.head
-            n = min(budget, self.capacity - start, _EXPIRY_CHUNK)
-            not_due = np.flatnonzero(self.due_s[start : start + n] > now_s)
-            if not_due.size:
-                n = int(not_due[0])
+            n = self._due_run(start, min(budget, self.capacity - start, _EXPIRY_CHUNK), now_s)
             if n == 0:
                 break
             region = self.table[start : start + n]
@@ -538,6 +564,27 @@ class ProducerStateManager:
             self.due_s[at] = 0  # due now: the head pops the holes when it reaches them
             self.holes += len(slots)
         return len(slots)
+
+    def _due_run(self, start: int, n: int, now_s: int) -> int:
+        """How many of the `n` slots from `start` are due by `now_s` before the first that is not."""
+        if n <= FEW_ROWS:
+            due = self._due
+            return next((k for k in range(n) if due[start + k] > now_s), n)
+        not_due = np.flatnonzero(self.due_s[start : start + n] > now_s)
+        return int(not_due[0]) if not_due.size else n
+
+    def _none_idle(self, now_ms: int) -> bool:
+        """Whether every slot in use had an append within the expiration (_full_pass's rule)."""
+        since = now_ms - self.expiration_ms
+        if self.used <= FEW_ROWS:
+            rows = self._bytes
+            return all(
+                _I64.unpack_from(rows, slot * _ROW.size + LAST_APPEND_AT)[0] > since
+                for slot in self._ring_slots()
+            )
+        appended = self.table["last_append_ms"]
+        ranges = self._used_ranges()
+        return all(bool(appended[start:stop].min() > since) for start, stop in ranges if stop > start)
 
     def _full_pass(self, now_ms: int) -> int:
         """Expire idle producers anywhere in the ring, leaving holes for the head to pop."""

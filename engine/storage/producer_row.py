@@ -40,6 +40,16 @@ PRODUCER_DTYPE = np.dtype(
 )
 ROW = struct.Struct(f"<qqqqihBB{WINDOW}i{WINDOW}q{WINDOW}i{WINDOW}q")
 assert ROW.size == PRODUCER_DTYPE.itemsize == 160
+# The row's fixed head, up to the window: producer_id .. live (the fields a load checks).
+ROW_HEAD = struct.Struct("<qqqqihBB")
+_OFFSETS = {name: int(field[1]) for name, field in (PRODUCER_DTYPE.fields or {}).items()}
+assert ROW_HEAD.size == _OFFSETS["last_sequence"]
+LAST_APPEND_AT = _OFFSETS["last_append_ms"]
+LIVE_AT = _OFFSETS["live"]
+# Up to this many rows, the checks of a Log open go row by row in Python: numpy on a
+# handful of elements costs 5-10 us a call in the middle of an open (caches cold), a
+# loop about 1 us. The same rules either way.
+FEW_ROWS = 32
 # A row whose last append time is not known (a Kafka snapshot, an older oncelog one):
 # the load decides it (ProducerStateManager.load_rows).
 UNKNOWN_APPEND_MS = -1
