@@ -348,25 +348,33 @@ def lmdb_store_version(path: str) -> bytes | None:
 
 
 def _inspect_lmdb_files(path: str, *, fingerprint: bool) -> bytes | None:
-    try:
-        found = os.lstat(path)
-    except OSError:  # missing is fine (as os.path.lexists says)
-        pass
-    else:
-        if not stat.S_ISDIR(found.st_mode) and not os.path.isdir(path):  # (a link to one is fine)
-            raise CorruptMetadataError("a file where the metadata store's directory should be", path=path)
-    if os.path.isdir(os.path.join(path, LMDB_LOCK_FILE)):
-        raise CorruptMetadataError(f"{LMDB_LOCK_FILE} is a directory", path=path)
     data = os.path.join(path, LMDB_DATA_FILE)
     try:
         # (Linux opens a directory read-only: fstat below tells.)
         fd = os.open(data, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
+        # No data file: a missing store is fine (as os.path.lexists says), anything where
+        # its directory should be (a file, a dangling link) is not.
+        _check_store_directory(path)
         return None
     try:
+        # Only now: a data file opened means `path` is a directory (every clean open checks).
+        if os.path.isdir(os.path.join(path, LMDB_LOCK_FILE)):
+            raise CorruptMetadataError(f"{LMDB_LOCK_FILE} is a directory", path=path)
         return _inspect_lmdb_data(fd, path, fingerprint=fingerprint)
     finally:
         os.close(fd)
+
+
+def _check_store_directory(path: str) -> None:
+    try:
+        found = os.lstat(path)
+    except OSError:  # missing is fine (as os.path.lexists says)
+        return
+    if not stat.S_ISDIR(found.st_mode) and not os.path.isdir(path):  # (a link to one is fine)
+        raise CorruptMetadataError("a file where the metadata store's directory should be", path=path)
+    if os.path.isdir(os.path.join(path, LMDB_LOCK_FILE)):
+        raise CorruptMetadataError(f"{LMDB_LOCK_FILE} is a directory", path=path)
 
 
 def _inspect_lmdb_data(fd: int, path: str, *, fingerprint: bool) -> bytes | None:
@@ -376,7 +384,9 @@ def _inspect_lmdb_data(fd: int, path: str, *, fingerprint: bool) -> bytes | None
     size = opened.st_size
     if size == 0:
         return None  # never committed: LMDB starts it afresh, as it would a missing one
-    head = os.pread(fd, 8192 + _LMDB_META.size, 0)  # both meta pages, for pages of up to 8 KiB
+    # Both meta pages (for pages of up to 8 KiB), and with a fingerprint wanted the pages
+    # in use too, which a partition's store (a few pages) has in the same read.
+    head = os.pread(fd, max(8192 + _LMDB_META.size, min(size, 64 * 1024) if fingerprint else 0), 0)
     first = _lmdb_meta(head)
     page_bytes = first[0] if first is not None else 0
     second = None
@@ -397,7 +407,7 @@ def _inspect_lmdb_data(fd: int, path: str, *, fingerprint: bool) -> bytes | None
         )
     if not fingerprint or needed > MAX_FINGERPRINT_BYTES:
         return None
-    used = os.pread(fd, needed, 0)
+    used = head[:needed] if needed <= len(head) else os.pread(fd, needed, 0)
     if len(used) != needed:  # (cut since the fstat)
         return None
     return _STORE_VERSION.pack(txnid, needed, crc32c.crc32c(used))

@@ -367,3 +367,30 @@ def test_what_is_not_a_store_is_refused_by_name_and_a_link_to_one_opens(
         assert store.get("k") == b"v"
     finally:
         store.close()
+
+
+def test_the_store_version_names_what_is_not_a_store_and_changes_with_each_commit(tmp_path: Path) -> None:
+    fs = OsFileSystem()
+    (tmp_path / "file.lmdb").write_bytes(b"x")
+    for name in ("data.mdb", "lock.mdb"):
+        (tmp_path / f"{name}.lmdb" / name).mkdir(parents=True)
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling.lmdb")
+    for bad, why in (
+        ("file.lmdb", "a file where the metadata store's directory should be"),
+        ("dangling.lmdb", "a file where the metadata store's directory should be"),
+        ("data.mdb.lmdb", "data.mdb is a directory"),
+        ("lock.mdb.lmdb", "lock.mdb is a directory"),
+    ):
+        with pytest.raises(CorruptMetadataError, match=why):
+            fs.store_version(str(tmp_path / bad))
+    assert fs.store_version(str(tmp_path / "missing.lmdb")) is None
+    real = str(tmp_path / "real.lmdb")
+    writer = fs.open_store(real)
+    writer.put({"k": b"v"})
+    writer.close()
+    version = fs.store_version(real)
+    assert version is not None and fs.store_version(real) == version
+    writer = fs.open_store(real)
+    writer.put({"k": b"w"})  # a commit: another version
+    writer.close()
+    assert fs.store_version(real) not in (None, version)
