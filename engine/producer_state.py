@@ -41,6 +41,9 @@ FULL_PASS_INTERVAL_MS = 10 * 60 * 1000  # Kafka's producer.id.expiration.check.i
 _EMPTY_ROW = np.zeros(1, PRODUCER_DTYPE)
 assert not _EMPTY_ROW.view(np.uint8).any()  # expire() empties rows with a memset
 _MAX_DUE_S = 2**32 - 1
+# An expiration added to a time in a numpy array is capped here: every due time past it
+# rounds to _MAX_DUE_S anyway, and int64 sums stay below 2^63 (no wrap to "due at once").
+_MAX_DUE_ADDEND_MS = (_MAX_DUE_S + 1) * 1000
 _MASK64 = (1 << 64) - 1
 _I64 = struct.Struct("<q")
 _PID_AND_APPEND = struct.Struct("<qq")  # a row's first two fields
@@ -447,7 +450,7 @@ class ProducerStateManager:
                 unresolved = appended.view(np.uint64) > np.uint64(max(now_ms, 0))
                 if unresolved.any():
                     np.copyto(appended, now_ms, where=unresolved)
-            self.due_s[:count] = _due_seconds_array(appended + self.expiration_ms)
+            self.due_s[:count] = _due_seconds_array(appended + min(self.expiration_ms, _MAX_DUE_ADDEND_MS))
             self._slots.load(rows["producer_id"], np.arange(count, dtype=np.int32))
         except BaseException:
             self.clear()
@@ -517,7 +520,10 @@ class ProducerStateManager:
             if keep.size:  # copied out before the region is emptied
                 kept_rows = region[keep].copy()
                 kept_due = _due_seconds_array(
-                    np.maximum(np.minimum(activity[keep], now_ms) + self.expiration_ms, now_ms + 1)
+                    np.maximum(
+                        np.minimum(activity[keep], now_ms) + min(self.expiration_ms, _MAX_DUE_ADDEND_MS),
+                        now_ms + 1,
+                    )
                 )
             self._slots.delete_slots(start + np.flatnonzero(gone))
             old_slots = start + keep

@@ -352,11 +352,13 @@ def _inspect_lmdb_files(path: str, *, fingerprint: bool) -> bytes | None:
     try:
         # (Linux opens a directory read-only: fstat below tells.)
         fd = os.open(data, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError as exc:
         # No data file: a missing store is fine (as os.path.lexists says), anything where
-        # its directory should be (a file, a dangling link) is not.
+        # its directory should be (a file, a dangling or looping link) is not.
         _check_store_directory(path)
-        return None
+        if isinstance(exc, FileNotFoundError):
+            return None
+        raise
     try:
         # Only now: a data file opened means `path` is a directory (every clean open checks).
         if os.path.isdir(os.path.join(path, LMDB_LOCK_FILE)):

@@ -240,6 +240,7 @@ def _decode_kafka_v1(body: memoryview, path: str) -> np.ndarray:
     rows["last_offset"][:, 0] = np.where(has_batch, entries["last_offset"], 0)
     rows["offset_delta"][:, 0] = np.where(has_batch, delta, 0)
     rows["max_timestamp_ms"][:, 0] = np.where(has_batch, entries["timestamp_ms"], 0)
+    _check_rows(rows, path)  # (a negative producer id: Kafka writes none, the pid map takes none)
     return rows
 
 

@@ -401,3 +401,32 @@ class TestAppendInfo:
         info.apply(1, 1, BatchMetadata(0, 0, 70, 70, T0 + 70), False)
         with pytest.raises(InvalidProducerEpochError):
             info.check(1, 0, 14, 14)
+
+
+class TestLoadRows:
+    @pytest.mark.parametrize("count", [1, 4, 32, 33, 200])
+    def test_a_few_rows_and_many_load_to_the_same_table_due_times_and_lookups(self, count: int) -> None:
+        # Up to FEW_ROWS rows go row by row, more through numpy: one rule, two speeds.
+        source = filled({pid: 1 + pid % 3 for pid in range(100, 100 + count)}, capacity=count)
+        rows = source.live_rows().copy()
+        rows["last_append_ms"][::3] = -1  # unknown (a Kafka snapshot): becomes the load's time
+        rows["last_append_ms"][1::3] = T0 + 10**9  # past the load's clock: the same
+        loaded = ProducerStateManager(count, expiration_ms=60_000)
+        loaded.load_rows(rows, T0)
+        appended = loaded.table["last_append_ms"][:count]
+        assert list(appended[::3]) == [T0] * len(appended[::3])
+        assert list(appended[1::3]) == [T0] * len(appended[1::3])
+        assert list(loaded.due_s[:count]) == [(int(t) + 60_000) // 1000 for t in appended]
+        assert all(loaded.table["live"][:count] == 1)
+        for pid in range(100, 100 + count):
+            assert loaded.get(pid) == source.get(pid)._replace(last_append_ms=loaded.get(pid).last_append_ms)
+
+    @pytest.mark.parametrize("count", [4, 40])
+    def test_an_expiration_too_long_to_add_leaves_every_due_time_at_the_last_second_not_at_zero(
+        self, count: int
+    ) -> None:
+        rows = filled({pid: 1 for pid in range(count)}, capacity=count).live_rows().copy()
+        loaded = ProducerStateManager(count, expiration_ms=2**63 - 1)  # "never", as a config may say
+        loaded.load_rows(rows, T0)
+        assert set(loaded.due_s[:count].tolist()) == {2**32 - 1}
+        assert loaded.expire(T0 + 10**12, exhaustive=True) == 0

@@ -375,9 +375,11 @@ def test_the_store_version_names_what_is_not_a_store_and_changes_with_each_commi
     for name in ("data.mdb", "lock.mdb"):
         (tmp_path / f"{name}.lmdb" / name).mkdir(parents=True)
     os.symlink(tmp_path / "nowhere", tmp_path / "dangling.lmdb")
+    os.symlink(tmp_path / "loop.lmdb", tmp_path / "loop.lmdb")
     for bad, why in (
         ("file.lmdb", "a file where the metadata store's directory should be"),
         ("dangling.lmdb", "a file where the metadata store's directory should be"),
+        ("loop.lmdb", "a file where the metadata store's directory should be"),
         ("data.mdb.lmdb", "data.mdb is a directory"),
         ("lock.mdb.lmdb", "lock.mdb is a directory"),
     ):

@@ -377,6 +377,14 @@ class TestKafkaV1Decode:
         assert entry is not None
         assert entry.batches == (BatchMetadata(2**31 - 2, 1, 7, 10, T0),)
 
+    @pytest.mark.parametrize("producer_id", [-1, -5, -(2**63)])
+    def test_a_v1_entry_with_a_negative_producer_id_is_corrupt(self, producer_id: int) -> None:
+        # Kafka writes none; in the pid map ~-1 is the empty bucket and expiry would find
+        # a slot with no producer.
+        data = kafka_v1([(5, 0, 1, 10, 0, T0, -1, -1), (producer_id, 0, 1, 10, 0, T0, -1, -1)])
+        with pytest.raises(CorruptSnapshotError, match="rows fail their invariants"):
+            snapshots.decode_snapshot(data, 0)
+
     def test_an_empty_v1_snapshot_has_no_producers(self) -> None:
         assert len(snapshots.decode_snapshot(kafka_v1([]), 13)) == 0
 
