@@ -136,6 +136,8 @@ def partition_open_figures(
                 "s",
                 median(sequential),
                 target,
+                # Each round's pair in turn: the reference's fsyncs vary from round to round.
+                [ours / theirs for ours, theirs in zip(managed, sequential, strict=True)],
             )
         )
     _idle_rows(os.path.join(roots["clean"][0], f"{TOPIC}-0"), count, idle["clean"], results)
