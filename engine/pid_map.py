@@ -8,12 +8,15 @@ and expiry. Single lookups index the arrays through memoryviews, which return
 plain ints.
 
 Keys are stored as ~producer_id (negative), so an empty bucket is 0: the arrays
-come from lazy_zeros, whose untouched pages cost no memory, and a log (one of
-thousands under a LogManager) with few producers never touches most of them.
+come from lazy_zeros, whose untouched pages cost no memory. Probing uses only the
+first `buckets` of them (the range in use, MAP_BUCKETS, which the compiled append
+reads too): 509 at first, one page of keys, so a log (one of thousands under a
+LogManager) with a few producers touches a page of each array, not one per producer.
 
 Deletes leave tombstones (so a batch of deletes is one vectorised store); when
-live keys plus tombstones pass 0.85 of the buckets, the table is rebuilt from its
-live keys in one vectorised pass, amortised below a microsecond per delete.
+live keys plus tombstones pass 0.85 of the range, the table is rebuilt from its
+live keys in one vectorised pass, amortised below a microsecond per delete, into
+the range they need (4x + 1 each step, up to the arrays' length).
 """
 
 from __future__ import annotations
