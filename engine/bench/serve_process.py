@@ -90,6 +90,16 @@ class ServeProcess:
     def log(self, lines: int = 200) -> str:
         return "\n".join(self.output[-lines:])
 
+    def wait_for_output(self, text: str, timeout_s: float = 30.0) -> bool:
+        """Whether a line holding `text` arrives within `timeout_s`: the output is read by a
+        thread, so a line the server wrote before an event a caller saw may still be on its way."""
+        deadline = time.monotonic() + timeout_s
+        while not any(text in line for line in self.output):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def recovery_summary(self) -> str:
         """The first line of the latest start's recovery summary ("recovered N partitions ...")."""
         return next((line for line in reversed(self.output) if line.startswith(_RECOVERED)), "")
