@@ -79,7 +79,7 @@ def _due_seconds(due_ms: int) -> int:
 
 
 def _due_seconds_array(due_ms: np.ndarray) -> np.ndarray:
-    # The ufuncs, not np.clip: its Python dispatch costs 15 us, a twentieth of a clean open.
+    # The ufuncs, not np.clip, whose Python dispatch costs twice as much (3.6 against 1.6 us).
     due_s: np.ndarray = np.minimum(np.maximum(due_ms // 1000, 0), _MAX_DUE_S).astype(np.uint32)
     return due_s
 
@@ -501,8 +501,8 @@ class ProducerStateManager:
         last = self._last_full_pass_ms
         # A last pass "in the future" (an explicit call with a later time) is no reason to wait.
         if exhaustive or last is None or not 0 <= now_ms - last < self.full_pass_interval_ms:
-            # Every Log open asks: when no slot in use was idle for the expiration (holes'
-            # times are 0), the pass would find none.
+            # Every Log open asks: when no slot in use was idle for the expiration, the pass
+            # would find none (a hole keeps its old time: at worst the pass runs for nothing).
             if not self._none_idle(now_ms):
                 expired += self._full_pass(now_ms)
             self._last_full_pass_ms = now_ms

@@ -360,9 +360,7 @@ def _inspect_lmdb_files(path: str, *, fingerprint: bool) -> bytes | None:
             return None
         raise
     try:
-        # Only now: a data file opened means `path` is a directory (every clean open checks).
-        if os.path.isdir(os.path.join(path, LMDB_LOCK_FILE)):
-            raise CorruptMetadataError(f"{LMDB_LOCK_FILE} is a directory", path=path)
+        _check_lock_file(path)  # (a data file opened: `path` is a directory)
         return _inspect_lmdb_data(fd, path, fingerprint=fingerprint)
     finally:
         os.close(fd)
@@ -375,6 +373,10 @@ def _check_store_directory(path: str) -> None:
         return
     if not stat.S_ISDIR(found.st_mode) and not os.path.isdir(path):  # (a link to one is fine)
         raise CorruptMetadataError("a file where the metadata store's directory should be", path=path)
+    _check_lock_file(path)
+
+
+def _check_lock_file(path: str) -> None:
     if os.path.isdir(os.path.join(path, LMDB_LOCK_FILE)):
         raise CorruptMetadataError(f"{LMDB_LOCK_FILE} is a directory", path=path)
 
