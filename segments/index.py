@@ -84,7 +84,7 @@ class _MappedIndex:
         self._view: memoryview = memoryview(b"")
         self.is_sealed = True
         try:
-            handle = self._open_handle(create=True)  # (not _opened: a context manager costs 5 us an open)
+            handle = self._open_handle(create=True)  # (not _opened: its generator is paid at every open)
             try:
                 entries_on_disk = handle.size() // self.ENTRY.size
                 self._map(handle, entries_on_disk, writable=False)
