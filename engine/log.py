@@ -145,9 +145,10 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
         fails). None: take it here (LogDirLockedError if another Log holds it).
 
         `clean_shutdown` is for a caller that took the clean-shutdown marker itself
-        (`take_clean_marker`, holding the lock) and made that durable (LogManager locks
-        every partition, takes every marker, then syncs the filesystem once): what it
-        took (the marker, which may carry a copy of the store), or whether one was there.
+        (`take_clean_marker`, holding the lock) and made that durable, or makes it so
+        meanwhile (LogManager locks every partition, takes every marker, then syncs the
+        filesystem once while the logs load; `CleanMarker.made_durable`): what it took
+        (the marker, which may carry a copy of the store), or whether one was there.
         None: take it here.
         """
         directory = os.fspath(path)
@@ -179,6 +180,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
                 clean=clean,
                 now_ms=log_clock(),
                 scan_tail=compiled_append.tail_scanner(compiled_append.enabled()),
+                marker_durable=marker.made_durable if isinstance(marker, CleanMarker) else None,
             ).load()
         except BaseException as exc:
             if store is not None:

@@ -49,7 +49,13 @@ from oncelog.errors import (
 from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_topic_partition
 from oncelog.lock_wait import wait_while_locked
 from oncelog.log import LOCK_FILE, Log
-from oncelog.partition_opening import OpensInFlight, PartitionLock, collections_paused, release_after_failure
+from oncelog.partition_opening import (
+    BackgroundSync,
+    PartitionLock,
+    collections_paused,
+    open_partitions,
+    release_after_failure,
+)
 from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery.loader import RecoveryReport
 from oncelog.recovery_progress import RecoveryProgress, RecoverySummary
@@ -521,6 +527,7 @@ class LogManager:
         handed_over: set[TopicPartition] = set()  # locks a Log.open owns (and releases)
         opened: dict[TopicPartition, Log] = {}
         failures: dict[TopicPartition, BaseException] = {}
+        syncing: BackgroundSync | None = None
         try:
             # Every partition's lock before its marker is read: a process that opened the
             # partition in between could append and die, leaving a log trusted as clean.
@@ -532,8 +539,14 @@ class LogManager:
             clean = {tp: take_clean_marker(self._fs, self._partition_path(tp)) for tp in partitions}
             if any(clean.values()):
                 # syncfs: a crash while loading must find no marker (it would trust a log
-                # recovery had half changed); one filesystem commit instead of one per partition.
-                self._fs.sync_filesystem(self.root)
+                # recovery had half changed); one filesystem commit instead of one per
+                # partition, beside the loads: a load waits for it before it changes a log
+                # its marker called clean (made_durable), and the open before it returns.
+                syncing = BackgroundSync(self._fs, self.root)
+                clean = {
+                    tp: None if marker is None else dataclasses.replace(marker, made_durable=syncing.wait)
+                    for tp, marker in clean.items()
+                }
             tracker = RecoveryProgress(len(partitions), show=progress)
 
             def open_one(tp: TopicPartition) -> None:
@@ -544,9 +557,11 @@ class LogManager:
 
             configs: dict[str, LogConfig] = {}
             with tracker, collections_paused():
-                self._open_partitions(partitions, clean, open_one, failures)
+                open_partitions(self.recovery_threads, partitions, clean, open_one, failures)
             if failures:
                 raise PartitionRecoveryError(self.root, failures)
+            if syncing is not None:
+                syncing.wait()  # before any log is handed out: appends change logs
             # In the try: a Ctrl-C that lands only now (its handler runs when this thread
             # next gets the CPU, perhaps after the last open) still closes every log.
             reports: dict[TopicPartition, RecoveryReport] = {
@@ -560,6 +575,8 @@ class LogManager:
         except BaseException as exc:
             self._logs = {}
             self._partition_locks = {}
+            if syncing is not None:
+                release_after_failure(exc, [syncing.wait])  # (its own failure noted, if that was not it)
             for tp, error in sorted(self._close_logs(opened).items()):
                 exc.add_note(
                     f"closing {tp} after the failed open also failed: {type(error).__name__}: {error}"
@@ -567,48 +584,6 @@ class LogManager:
             unopened = [lock.release for tp, lock in locks.items() if tp not in handed_over]
             release_after_failure(exc, unopened)
             raise
-
-    def _open_partitions(
-        self,
-        partitions: list[TopicPartition],
-        clean: Mapping[TopicPartition, CleanMarker | None],
-        open_one: Callable[[TopicPartition], None],
-        failures: dict[TopicPartition, BaseException],
-    ) -> None:
-        """Run `open_one` for every partition, each failure into `failures`.
-
-        An unclean open waits on fsyncs and commits, so those go to the pool one each. A
-        clean one is Python throughout (the GIL): threads only took turns, at a cost (8
-        threads took 1.4 s for 1,000 where one took 0.8 s), so they all go in turn on one
-        of the pool's threads, beside the unclean ones. Interrupted (Ctrl-C): no more opens
-        start, and the running ones finish so that their logs are among those closed.
-        """
-        opens = OpensInFlight()
-
-        def open_in_turn(tps: list[TopicPartition]) -> dict[TopicPartition, BaseException]:
-            errors: dict[TopicPartition, BaseException] = {}
-            for tp in tps:
-                try:
-                    if not opens.run(open_one, tp):
-                        break  # interrupted: no more opens start
-                except BaseException as exc:  # as a future would: every partition is tried
-                    errors[tp] = exc
-            return errors
-
-        pool = ThreadPoolExecutor(self.recovery_threads, thread_name_prefix="oncelog-recovery")
-        try:
-            in_turn = pool.submit(open_in_turn, [tp for tp in partitions if clean[tp]])
-            futures = {tp: pool.submit(opens.run, open_one, tp) for tp in partitions if not clean[tp]}
-            for tp, future in futures.items():
-                open_error = future.exception()
-                if open_error is not None:
-                    failures[tp] = open_error
-            failures.update(in_turn.result())
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-            # Not the pool's join: a Ctrl-C inside `submit` (a worker starting) leaves it
-            # a thread it does not know, which may be opening a partition right now.
-            opens.stop_and_wait()
 
     def _lock_partitions(
         self,

@@ -1,5 +1,6 @@
-"""What opening a root's partitions needs besides the loader: their locks, the opens in
-flight (which Ctrl-C stops), and the garbage collector paused meanwhile.
+"""What opening a root's partitions needs besides the loader: their locks, the pool that
+opens them and the opens in flight (which Ctrl-C stops), the sync that makes taking
+their markers durable while they load, and the garbage collector paused meanwhile.
 """
 
 from __future__ import annotations
@@ -7,10 +8,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from oncelog.layout import TopicPartition
-from oncelog.storage.fs import DirLock
+from oncelog.storage.fs import DirLock, FileSystem
 
 
 class OpensInFlight:
@@ -41,6 +43,78 @@ class OpensInFlight:
             self._stopped = True
             while self._running:
                 self._changed.wait()
+
+
+def open_partitions(
+    threads: int,
+    partitions: list[TopicPartition],
+    clean: Mapping[TopicPartition, object],
+    open_one: Callable[[TopicPartition], None],
+    failures: dict[TopicPartition, BaseException],
+) -> None:
+    """Run `open_one` for every partition on a pool of `threads`, each failure into
+    `failures`; `clean` tells which partitions had a clean-shutdown marker.
+
+    An unclean open waits on fsyncs and commits, so those go to the pool one each. A
+    clean one is Python throughout (the GIL): threads only took turns, at a cost (8
+    threads took 1.4 s for 1,000 where one took 0.8 s), so they all go in turn on one
+    of the pool's threads, beside the unclean ones. Interrupted (Ctrl-C): no more opens
+    start, and the running ones finish so that their logs are among those closed.
+    """
+    opens = OpensInFlight()
+
+    def open_in_turn(tps: list[TopicPartition]) -> dict[TopicPartition, BaseException]:
+        errors: dict[TopicPartition, BaseException] = {}
+        for tp in tps:
+            try:
+                if not opens.run(open_one, tp):
+                    break  # interrupted: no more opens start
+            except BaseException as exc:  # as a future would: every partition is tried
+                errors[tp] = exc
+        return errors
+
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="oncelog-recovery")
+    try:
+        in_turn = pool.submit(open_in_turn, [tp for tp in partitions if clean[tp]])
+        futures = {tp: pool.submit(opens.run, open_one, tp) for tp in partitions if not clean[tp]}
+        for tp, future in futures.items():
+            open_error = future.exception()
+            if open_error is not None:
+                failures[tp] = open_error
+        failures.update(in_turn.result())
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        # Not the pool's join: a Ctrl-C inside `submit` (a worker starting) leaves it
+        # a thread it does not know, which may be opening a partition right now.
+        opens.stop_and_wait()
+
+
+class BackgroundSync:
+    """`fs.sync_filesystem(path)` on a thread of its own, started at once: a syncfs waits
+    on the disk (8-30 ms here), with the GIL let go, while Python loads partitions."""
+
+    def __init__(self, fs: FileSystem, path: str):
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(fs, path), name="oncelog-syncfs", daemon=True)
+        self._thread.start()
+
+    def _run(self, fs: FileSystem, path: str) -> None:
+        try:
+            fs.sync_filesystem(path)
+        except BaseException as exc:  # raised to every waiter instead
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def wait(self) -> None:
+        """Return once the sync is done; raise its error if it failed (to every caller)."""
+        self._done.wait()
+        error = self._error
+        if isinstance(error, OSError):  # a new one each time: waiters on two threads raise it
+            raise OSError(error.errno, error.strerror or str(error), error.filename) from error
+        if error is not None:
+            raise error
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from oncelog.lazy_memory import lazy_zeros_group
 from oncelog.pid_map import PidSlotMap
 from oncelog.segments import format as fmt
 from oncelog.segments.cursor import CursorField, cursor_view
-from oncelog.storage.producer_row import FEW_ROWS, LAST_APPEND_AT, LIVE_AT
+from oncelog.storage.producer_row import FEW_ROWS, LAST_APPEND_AT, LIVE_AT, ROW_HEAD
 from oncelog.storage.producer_row import PRODUCER_DTYPE as PRODUCER_DTYPE
 from oncelog.storage.producer_row import ROW as _ROW
 from oncelog.storage.producer_row import UNKNOWN_APPEND_MS as UNKNOWN_APPEND_MS
@@ -621,6 +621,13 @@ class ProducerStateManager:
     def open_transactions(self) -> dict[int, int]:
         """producer id -> first offset of its open transaction, for every producer with one."""
         out: dict[int, int] = {}
+        if self.used <= FEW_ROWS:  # row by row (FEW_ROWS): every Log open asks this
+            rows = self._bytes
+            for slot in self._ring_slots():
+                producer_id, _, _, txn_first, _, _, _, live = ROW_HEAD.unpack_from(rows, slot * _ROW.size)
+                if live == 1 and txn_first >= 0:
+                    out[producer_id] = txn_first
+            return out
         for start, stop in self._used_ranges():
             region = self.table[start:stop]
             open_rows = region[(region["live"] == 1) & (region["txn_first_offset"] >= 0)]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -137,10 +138,13 @@ class LogLoader:
         clean: bool,
         now_ms: int,
         scan_tail: ScanTail | None = None,
+        marker_durable: Callable[[], None] | None = None,
     ):
         """`scan_tail`: the compiled tail scan (oncelog._append.scan_tail), or None for the
-        reference loop alone."""
+        reference loop alone. `marker_durable`: the clean marker's `made_durable`, called
+        before the load changes a log the marker called clean (None: durable already)."""
         self.fs = fs
+        self._marker_durable = marker_durable
         self._scan_tail = scan_tail
         self.directory = directory
         self.config = config
@@ -232,6 +236,7 @@ class LogLoader:
         bases = list_segment_bases(self.fs, self.directory, names)
         flag = read_offset(self.store, CLIENT_ONLY_KEY)
         if not bases:
+            self._wait_marker_durable()  # (a first segment is made below)
             if flag is None:
                 write_offsets(self.store, {CLIENT_ONLY_KEY: 1})  # a new log has only client appends
                 # fsync(store dir): a power loss must not drop the store's data file while
@@ -251,7 +256,7 @@ class LogLoader:
                 self.store.path,
             )
             self.metadata_missing = True
-            self.clean = False
+            self._turn_unclean()
         # Segments without the flag (a Kafka directory, say) may hold compacted gaps
         # and leader epochs.
         self.client_only = flag == 1
@@ -265,7 +270,7 @@ class LogLoader:
             # The marker said clean but the active segment disagrees: validate it.
             first = first_validated(bases, point, clean=True, store_found=True, active_tail_ok=False)
             assert first == last, (first, last)
-            self.clean = False
+            self._turn_unclean()
             first_unsafe = first
 
         validated_from = snapshot_limit(bases, first_unsafe)
@@ -289,6 +294,19 @@ class LogLoader:
             self._replay_trusted(snapshot_offset, until=None)
             self._flush_replay()
         return snapshot_offset
+
+    def _turn_unclean(self) -> None:
+        """Validate after all: whatever the marker said, the log is loaded as after a crash."""
+        self._wait_marker_durable()
+        self.clean = False
+
+    def _wait_marker_durable(self) -> None:
+        """Before the load changes a log its marker called clean: the marker's removal must be
+        durable first, or a crash after the change finds the marker and trusts a log the
+        change had half made (KAFKA-10471)."""
+        wait, self._marker_durable = self._marker_durable, None
+        if wait is not None:
+            wait()
 
     def _open_segments(self, bases: list[int], first_unsafe: int) -> None:
         last = len(bases) - 1
@@ -479,7 +497,7 @@ class LogLoader:
             )
         log.error("%s: %s; accepting the loss (on_corruption='truncate')", self.directory, why)
         self._tail_error = f"fsynced data missing: {why}"
-        self.clean = False  # the unclean path below makes the lowered recovery point durable
+        self._turn_unclean()  # the unclean path below makes the lowered recovery point durable
 
     def _leading_data_missing(self, start: int, first_base: int) -> None:
         """The segment holding the log start is gone: offsets `start`..`first_base` - 1 were

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import crc32c
 
@@ -99,6 +99,60 @@ class BatchHeader(NamedTuple):
 
 _unpack_header = fmt.HEADER_STRUCT.unpack_from
 _new_header = tuple.__new__  # builds the NamedTuple without its Python-level __new__
+
+
+def header_problem(header: tuple[Any, ...], computed_crc: int) -> str | None:
+    """What is wrong with a stored batch whose header unpacks (HEADER_STRUCT) to `header`
+    and whose bytes after the CRC field have `computed_crc`; None when nothing is."""
+    magic, crc, attributes, delta, count = header[3], header[4], header[5], header[6], header[12]
+    if magic != fmt.MAGIC_V2:
+        return f"magic {magic} is not 2"
+    if computed_crc != crc:
+        return f"CRC mismatch: stored {crc:#010x}, computed {computed_crc:#010x}"
+    if delta < 0:
+        return f"lastOffsetDelta {delta} is negative"
+    if count < 0 or count > delta + 1:
+        return f"recordsCount {count} does not fit lastOffsetDelta {delta}"
+    if attributes & fmt.COMPRESSION_MASK not in fmt.COMPRESSION_NAMES:
+        return f"unknown compression codec {attributes & fmt.COMPRESSION_MASK}"
+    return None
+
+
+class WalkedBatches(NamedTuple):
+    next_offset: int  # one past the last batch's last offset
+    max_timestamp_ms: int
+    offset_of_max_timestamp: int
+    last_batch_at: int  # where the last batch starts in the buffer; -1 if it holds none
+
+
+def walk_whole_batches(
+    buffer: Buffer, next_offset: int, max_timestamp_ms: int, offset_of_max_timestamp: int
+) -> WalkedBatches | None:
+    """Batches that fill `buffer` exactly, each one sound (header_problem) and starting at
+    or past `next_offset`, the offset after the one before: what they leave, carrying on
+    from the given offset and largest timestamp. One unpack and one CRC a batch, no
+    objects (a clean open checks its active segment's tail so).
+
+    None at the first batch that is not so, or does not fit: the caller's reference
+    loop then says what is wrong with it.
+    """
+    unpack = fmt.HEADER_STRUCT.unpack_from
+    view = memoryview(buffer)
+    end, at, last_at = len(view), 0, -1
+    while at < end:
+        if end - at < fmt.HEADER_SIZE:
+            return None
+        header = unpack(view, at)
+        size = header[1] + fmt.LOG_OVERHEAD
+        if header[1] < MIN_BATCH_LENGTH or size > end - at or header[0] < next_offset:
+            return None
+        if header_problem(header, crc32c.crc32c(view[at + fmt.ATTRIBUTES_OFFSET : at + size])) is not None:
+            return None
+        next_offset = header[0] + header[6] + 1
+        if header[8] > max_timestamp_ms:
+            max_timestamp_ms, offset_of_max_timestamp = header[8], next_offset - 1
+        last_at, at = at, at + size
+    return WalkedBatches(next_offset, max_timestamp_ms, offset_of_max_timestamp, last_at)
 
 
 class RecordBatch:
@@ -236,25 +290,16 @@ class RecordBatch:
         return True
 
     def validate(self) -> None:
-        """Structural checks that hold for any stored batch, compacted ones included.
+        """Structural checks that hold for any stored batch, compacted ones included
+        (header_problem).
 
         The stricter rules for client appends (count == lastOffsetDelta + 1, no
         control batches) live in the log's append path, because compacted Kafka
         logs legally hold batches that break them.
         """
-        h = self._header
-        if h.magic != fmt.MAGIC_V2:
-            raise CorruptRecordError(f"magic {h.magic} is not 2")
-        computed = self.compute_crc()
-        if computed != h.crc:
-            raise CorruptRecordError(f"CRC mismatch: stored {h.crc:#010x}, computed {computed:#010x}")
-        delta, count = h.last_offset_delta, h.records_count
-        if delta < 0:
-            raise CorruptRecordError(f"lastOffsetDelta {delta} is negative")
-        if count < 0 or count > delta + 1:
-            raise CorruptRecordError(f"recordsCount {count} does not fit lastOffsetDelta {delta}")
-        if h.attributes & fmt.COMPRESSION_MASK not in fmt.COMPRESSION_NAMES:
-            raise CorruptRecordError(f"unknown compression codec {h.attributes & fmt.COMPRESSION_MASK}")
+        problem = header_problem(self._header, self.compute_crc())
+        if problem is not None:
+            raise CorruptRecordError(problem)
 
     def check_records(self, *, exact: bool, max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES) -> int:
         """Check that every record decodes (see check_batch_records); the largest timestamp delta."""

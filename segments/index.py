@@ -8,14 +8,14 @@ While the segment is active an index is written through a shared mapping of spac
 reserved ahead of its entries (see reservation: a mapped write to a block never
 reserved is SIGBUS on a full disk), in steps up to `max_index_bytes`, and trimmed to
 its entries when the segment is closed or rolled, as Kafka does, so a closed index's
-size is its entry count. A sealed index is mapped read-only. Neither keeps a
-descriptor: the file is opened for each change of its size or mapping and closed
-again (a mapping outlives its descriptor), so a log of many segments holds no index
-files open; what a mapping holds is page cache, which the kernel reclaims. A
-reserved file left by
-a crash has a zero-filled tail, found by binary search; the loader rebuilds the
-active segment's indexes after a crash anyway, and sanity-checks a sealed one's last
-entry (as Kafka does) rather than reading every entry.
+size is its entry count. A sealed index is mapped read-only; so is an active one as a
+clean close left it, but only once first read or written (its open reads just the last
+entry). Neither keeps a descriptor: the file is opened for each change of its size or
+mapping and closed again (a mapping outlives its descriptor), so a log of many segments
+holds no index files open; what a mapping holds is page cache, which the kernel
+reclaims. A reserved file left by a crash has a zero-filled tail, found by binary
+search; the loader rebuilds the active segment's indexes after a crash anyway, and
+sanity-checks a sealed one's last entry (as Kafka does) rather than reading every entry.
 
 Lookups binary-search the mapped bytes with struct, because numpy's searchsorted on
 big-endian fields would first copy the whole column.
@@ -86,6 +86,9 @@ class _MappedIndex:
         try:
             handle = self._open_handle(create=True)  # (not _opened: its generator is paid at every open)
             try:
+                if not sealed and self._open_unmapped(handle):
+                    self._writable_on_first_entry()
+                    return
                 entries_on_disk = handle.size() // self.ENTRY.size
                 self._map(handle, entries_on_disk, writable=False)
                 self.max_entries = entries_on_disk
@@ -101,6 +104,37 @@ class _MappedIndex:
             # A full disk while reserving: nothing stays mapped.
             self._unmap()
             raise
+
+    def _open_unmapped(self, handle: FileHandle) -> bool:
+        """Take an active index as a clean close left it (whole entries, the last one not
+        zero) from one read of its last entry, and map it only when first read or written:
+        an idle partition's open then maps neither index (a third of its segment's open).
+        False, with nothing changed, for anything else (a crash's zero tail, a torn entry)."""
+        size = handle.size()
+        entry_bytes = self.ENTRY.size
+        if size % entry_bytes:
+            return False
+        entries = size // entry_bytes
+        last = (0, 0)
+        if entries:
+            raw = handle.pread(entry_bytes, size - entry_bytes)
+            if len(raw) != entry_bytes:
+                return False
+            last = self.ENTRY.unpack(raw)
+            if not any(last):
+                return False
+        self._capacity = entries
+        self.max_entries = entries
+        c = self._cursor_view
+        c[cur.IDX_ENTRIES], (c[cur.IDX_LAST_FIRST], c[cur.IDX_LAST_SECOND]) = entries, last
+        return True
+
+    def _readable_view(self) -> memoryview:
+        """The mapped entries, mapping them read-only first if the open left them unmapped."""
+        if self._region is None and self._capacity:
+            with self._opened() as handle:
+                self._map(handle, self._capacity, writable=False)
+        return self._view
 
     @contextlib.contextmanager
     def _opened(self, *, create: bool = False) -> Iterator[FileHandle]:
@@ -197,7 +231,7 @@ class _MappedIndex:
         return lo
 
     def _entry(self, n: int) -> tuple[int, int]:
-        first, second = self.ENTRY.unpack_from(self._view, n * self.ENTRY.size)
+        first, second = self.ENTRY.unpack_from(self._readable_view(), n * self.ENTRY.size)
         return int(first), int(second)
 
     max_entries = _max_entries
@@ -242,7 +276,7 @@ class _MappedIndex:
         lo, hi = 0, self.entries
         unpack = self.ENTRY.unpack_from
         size = self.ENTRY.size
-        view = self._view
+        view = self._readable_view()
         while lo < hi:
             mid = (lo + hi) // 2
             probe = unpack(view, mid * size)[0]
@@ -309,9 +343,10 @@ class OffsetIndex(_MappedIndex):
         return OffsetPosition(self.base_offset + rel, position)
 
     def last_entry(self) -> OffsetPosition:
-        if not self.entries:
+        last = self._last_entry_fields()  # (from the cursor: an unmapped index stays unmapped)
+        if last is None:
             return OffsetPosition(self.base_offset, 0)
-        rel, position = self._entry(self.entries - 1)
+        rel, position = last
         return OffsetPosition(self.base_offset + rel, position)
 
     def truncate_to_position(self, position: int) -> None:
@@ -345,9 +380,10 @@ class TimeIndex(_MappedIndex):
         return TimestampOffset(ts, self.base_offset + rel)
 
     def last_entry(self) -> TimestampOffset | None:
-        if not self.entries:
+        last = self._last_entry_fields()  # (from the cursor: an unmapped index stays unmapped)
+        if last is None:
             return None
-        ts, rel = self._entry(self.entries - 1)
+        ts, rel = last
         return TimestampOffset(ts, self.base_offset + rel)
 
     def truncate_to_offset(self, offset: int) -> None:

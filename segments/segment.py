@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Protocol
 
 from oncelog.segments import cursor as cur
 from oncelog.segments import format as fmt
-from oncelog.segments.batch import RecordBatch, TruncatedBatchError, batch_size_at
+from oncelog.segments.batch import RecordBatch, TruncatedBatchError, batch_size_at, walk_whole_batches
 from oncelog.segments.cursor import mapped_address
 from oncelog.segments.errors import CorruptLogError, CorruptRecordError, TooManyOpenFilesError
 from oncelog.segments.file_cache import CachedFile
@@ -112,6 +112,10 @@ class _RebuildChecks(NamedTuple):
     first_base_offset: int | None
     client_only: bool
 
+
+# A clean open reads its active segment's tail (about index_interval_bytes) in one read
+# up to this size; a longer one is read as a recovery scan reads.
+CLEAN_TAIL_READ_BYTES = 1024 * 1024
 
 # What the compiled tail scan walks at a time (whole batches; a larger one goes to Python).
 TAIL_SCAN_CHUNK_BYTES = 1024 * 1024
@@ -732,17 +736,39 @@ class LogSegment:
             return True
         self.next_offset = self.base_offset
         self.bytes_since_last_index_entry = 0
-        for position, batch in self.scan(last_entry.position):
-            # The tail is short, so check it fully: bytes appended behind a clean
-            # close's back must not slip in unvalidated.
-            if not batch.is_valid() or batch.base_offset < self.next_offset:
-                return False
-            self.next_offset = batch.last_offset + 1
-            if batch.max_timestamp > self.max_timestamp_ms:
-                self.max_timestamp_ms, self.offset_of_max_timestamp = batch.max_timestamp, batch.last_offset
-            self.bytes_since_last_index_entry = self.size - position
+        # The tail is short, so check it fully: bytes appended behind a clean close's back
+        # must not slip in unvalidated. In one read and pass when it is sound, else batch by
+        # batch, which finds what is wrong.
+        if not self._walk_clean_tail(last_entry.position):
+            for position, batch in self.scan(last_entry.position):
+                if not batch.is_valid() or batch.base_offset < self.next_offset:
+                    return False
+                self.next_offset = batch.last_offset + 1
+                if batch.max_timestamp > self.max_timestamp_ms:
+                    self.max_timestamp_ms = batch.max_timestamp
+                    self.offset_of_max_timestamp = batch.last_offset
+                self.bytes_since_last_index_entry = self.size - position
         if self.size:
             self.first_batch_timestamp_ms = self._first_batch_timestamp()
+        return True
+
+    def _walk_clean_tail(self, start: int) -> bool:
+        """load_from_indexes' check of the bytes from `start` to the end (walk_whole_batches),
+        applied; False, with nothing changed, if that pass cannot vouch for them."""
+        length = self.size - start
+        if not 0 <= length <= CLEAN_TAIL_READ_BYTES:
+            return False
+        tail = self._handle.pread(length, start)
+        walked = walk_whole_batches(
+            tail, self.next_offset, self.max_timestamp_ms, self.offset_of_max_timestamp
+        )
+        if walked is None or len(tail) != length:
+            return False
+        self.next_offset = walked.next_offset
+        self.max_timestamp_ms = walked.max_timestamp_ms
+        self.offset_of_max_timestamp = walked.offset_of_max_timestamp
+        if walked.last_batch_at >= 0:
+            self.bytes_since_last_index_entry = length - walked.last_batch_at
         return True
 
     def _first_batch_timestamp(self) -> int:

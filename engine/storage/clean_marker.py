@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
+from collections.abc import Callable
 
 import crc32c
 
@@ -63,9 +64,15 @@ class CleanMarker:
     """A marker taken from a directory: the close before was clean.
 
     `store_copy`: what the store held at that close, or None when the marker did not
-    carry a whole copy (the open reads the store)."""
+    carry a whole copy (the open reads the store).
+
+    `made_durable`: returns once taking the marker is durable, for a taker that makes it
+    so while the log loads (LogManager: one syncfs beside every load). A load changes
+    nothing while the log is clean, and calls it before it would (validating after all).
+    None: the taker made it durable before handing the marker over."""
 
     store_copy: StoreCopy | None
+    made_durable: Callable[[], None] | None = dataclasses.field(default=None, compare=False)
 
 
 def encode_marker(copy: StoreCopy) -> bytes:

@@ -135,6 +135,10 @@ class FileSystem(SegmentFileSystem, Protocol):
 
     def listdir(self, path: str) -> list[str]: ...
 
+    def is_dir(self, path: str) -> bool:
+        """True if `path` is a directory (or a link to one); False if missing or anything else."""
+        ...
+
     def mkdir(self, path: str) -> None:
         """Create `path` and missing parents; no error if it exists."""
         ...
@@ -327,6 +331,9 @@ class OsFileSystem:
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
     def file_size(self, path: str) -> int:
         return os.stat(path).st_size
 
@@ -444,6 +451,9 @@ class DelegatingFileSystem:
 
     def exists(self, path: str) -> bool:
         return self.inner.exists(path)
+
+    def is_dir(self, path: str) -> bool:
+        return self.inner.is_dir(path)
 
     def file_size(self, path: str) -> int:
         return self.inner.file_size(path)

@@ -134,6 +134,8 @@ def _mark_locked_through_table(fs: FileSystem, legacy: str, held: str) -> DirLoc
     descriptor, until this holder lets the directory go. Not made durable: after a
     crash the file may be back, and is replaced again.
     """
+    if fs.is_dir(legacy):
+        return None  # marked already (every open but a partition's first): one stat
     if not fs.exists(legacy):
         try:
             fs.mkdir(legacy)

@@ -594,6 +594,9 @@ class FaultFileSystem:
     def exists(self, path: str) -> bool:
         return _norm(path) in self._model.dirs or self._inode_of(path) is not None
 
+    def is_dir(self, path: str) -> bool:
+        return _norm(path) in self._model.dirs
+
     def file_size(self, path: str) -> int:
         inode = self._inode_of(path)
         if inode is None:

@@ -20,6 +20,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -45,8 +46,20 @@ from oncelog.producer_ids import ProducerIdManager
 from oncelog.recovery_progress import RecoveryProgress
 from oncelog.root_config import ROOT_METADATA_DIR, read_root_config, read_topic_config
 from oncelog.segments.batch import encode_batch
-from oncelog.storage.clean_marker import CLEAN_SHUTDOWN_FILE, TAKEN_MARKER_FILE, take_clean_marker
-from oncelog.storage.fs import DEFAULT_FS, DelegatingFileSystem, FileHandle, MetadataStore
+from oncelog.segments.format import Buffer
+from oncelog.storage.clean_marker import (
+    CLEAN_SHUTDOWN_FILE,
+    TAKEN_MARKER_FILE,
+    CleanMarker,
+    take_clean_marker,
+)
+from oncelog.storage.fs import (
+    DEFAULT_FS,
+    DelegatingFileHandle,
+    DelegatingFileSystem,
+    FileHandle,
+    MetadataStore,
+)
 from oncelog.storage.log_dirs import PARTITION_LOCKS_DIR, lock_log_dir
 from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 
@@ -898,3 +911,123 @@ class TestRootConfig:
         assert read_root_config(str(tmp_path)) == self.ROOT_CONFIG
         with LogManager.open(tmp_path, progress=False) as manager:
             assert manager.log("t", 1).producer_state(2) is not None  # not expired by a default config
+
+
+# -- taking the markers durably while the partitions load ---------------------------------
+class ChangeRecording(DelegatingFileSystem):
+    """The OS, noting every call that changes a file or a name (handles' writes included)."""
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    def wrap(self, handle: FileHandle) -> FileHandle:
+        events = self.events
+
+        class Handle(DelegatingFileHandle):
+            def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+                events.append(f"write {Path(self.path).name}")
+                return super().pwritev(buffers, offset)
+
+            def truncate(self, size: int) -> None:
+                events.append(f"truncate {Path(self.path).name}")
+                super().truncate(size)
+
+            def allocate(self, size: int, *, start: int = 0) -> None:
+                events.append(f"allocate {Path(self.path).name}")
+                super().allocate(size, start=start)
+
+        return Handle(handle)
+
+    def rename(self, src: str, dst: str) -> None:
+        self.events.append(f"rename {Path(src).name}")
+        super().rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        self.events.append(f"unlink {Path(path).name}")
+        super().unlink(path)
+
+
+class TestMarkersTakenWhileTheLogsLoad:
+    """A LogManager syncs the filesystem once for every marker it took, beside the loads
+    (brief §5, KAFKA-10471): a load may not change a log its marker called clean before
+    that sync is done, and the open may not return before it."""
+
+    def marked_log(self, tmp_path: Path, *, damaged: bool) -> tuple[Path, CleanMarker]:
+        directory = tmp_path / "t-0"
+        with Log.open(directory, CONFIG) as log:
+            for seq in range(40):
+                log.append(batch(1, 2 * seq))
+            active = Path(log.active_segment.path)
+        if damaged:  # bytes appended behind the clean close's back: the load validates after all
+            with open(active, "ab") as out:
+                out.write(b"\xab" * 40)
+        lock = lock_log_dir(DEFAULT_FS, str(directory), "held")
+        marker = take_clean_marker(DEFAULT_FS, str(directory))
+        lock.release()
+        assert marker is not None
+        return directory, marker
+
+    def test_a_load_that_must_validate_after_all_waits_for_the_sync_before_changing_the_log(
+        self, tmp_path: Path
+    ) -> None:
+        directory, marker = self.marked_log(tmp_path, damaged=True)
+        events: list[str] = []
+        waiting = dataclasses.replace(marker, made_durable=lambda: events.append("durable"))
+        with Log.open(directory, CONFIG, fs=ChangeRecording(events), clean_shutdown=waiting) as log:
+            assert not log.recovery_report.clean
+            assert log.recovery_report.truncated_bytes == 40
+        assert events.count("durable") == 1
+        first_change = next(n for n, event in enumerate(events) if event != "durable")
+        assert events.index("durable") < first_change, events
+
+    def test_a_load_that_stays_clean_changes_nothing_and_never_waits(self, tmp_path: Path) -> None:
+        directory, marker = self.marked_log(tmp_path, damaged=False)
+        events: list[str] = []
+        waiting = dataclasses.replace(marker, made_durable=lambda: events.append("durable"))
+        log = Log.open(directory, CONFIG, fs=ChangeRecording(events), clean_shutdown=waiting)
+        assert log.recovery_report.clean
+        assert events == []  # (the close below writes, and needs no wait: the open has ended)
+        log.close()
+
+    def test_the_open_runs_the_sync_beside_the_loads_and_returns_only_after_it(self, tmp_path: Path) -> None:
+        write_root(tmp_path, partitions=4)
+        order: list[str] = []
+        loaded = threading.Event()
+
+        class SlowSync(DelegatingFileSystem):
+            def sync_filesystem(self, path: str) -> None:
+                order.append("sync started")
+                # Until every partition has read its snapshot: the loads must not wait for this.
+                loaded.wait(timeout=120)
+                super().sync_filesystem(path)
+                order.append("sync done")
+
+            def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
+                if path.endswith(".snapshot"):
+                    order.append(f"loading {Path(path).parent.name}")
+                    if sum(event.startswith("loading") for event in order) == 4:
+                        loaded.set()
+                return super().open(path, create=create, writable=writable)
+
+        with open_manager(tmp_path, fs=SlowSync()) as manager:
+            order.append("open returned")
+            assert manager.recovery_summary.clean == 4
+        assert order[0] == "sync started" and order[-2:] == ["sync done", "open returned"], order
+        assert sorted(order[1:5]) == [f"loading t-{p}" for p in range(4)], order
+
+    def test_a_failed_sync_fails_the_open_and_leaves_every_log_closed_and_unlocked(
+        self, tmp_path: Path
+    ) -> None:
+        write_root(tmp_path)
+
+        class FailingSync(DelegatingFileSystem):
+            def sync_filesystem(self, path: str) -> None:
+                raise OSError(errno.EIO, "injected EIO (syncfs)", path)
+
+        with pytest.raises(LogFailedError, match="injected EIO") as failed:
+            open_manager(tmp_path, fs=FailingSync())
+        assert isinstance(failed.value.__cause__, OSError) and failed.value.__cause__.errno == errno.EIO
+        assert not any(locked(tmp_path / f"t-{p}") for p in range(3))
+        with open_manager(tmp_path) as manager:  # the logs were closed cleanly: nothing to recover
+            assert manager.recovery_summary.clean == 3

@@ -421,6 +421,23 @@ class TestLoadRows:
         for pid in range(100, 100 + count):
             assert loaded.get(pid) == source.get(pid)._replace(last_append_ms=loaded.get(pid).last_append_ms)
 
+    @pytest.mark.parametrize("count", [3, 32, 33, 90])
+    def test_a_few_rows_and_many_name_the_same_open_transactions_in_ring_order(self, count: int) -> None:
+        rows = filled({pid: 1 for pid in range(500, 500 + count)}, capacity=count).live_rows().copy()
+        rows["txn_first_offset"] = [pid * 10 if pid % 3 else -1 for pid in rows["producer_id"]]
+        rows["last_append_ms"] = [T0 - 120_000 if pid % 4 == 1 else T0 for pid in rows["producer_id"]]
+        loaded = ProducerStateManager(count, expiration_ms=60_000)
+        loaded.load_rows(rows, T0)
+        loaded.expire(T0, exhaustive=True)  # holes where idle producers without a transaction were
+        live = loaded.live_rows()
+        assert len(live) < count
+        expected = {
+            int(pid): int(first)
+            for pid, first in zip(live["producer_id"], live["txn_first_offset"], strict=True)
+            if first >= 0
+        }
+        assert expected and list(loaded.open_transactions().items()) == list(expected.items())
+
     @pytest.mark.parametrize("count", [4, 40])
     def test_an_expiration_too_long_to_add_leaves_every_due_time_at_the_last_second_not_at_zero(
         self, count: int

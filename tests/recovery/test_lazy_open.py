@@ -8,6 +8,7 @@ files are opened.
 
 from __future__ import annotations
 
+import shutil
 import struct
 from pathlib import Path
 
@@ -116,3 +117,77 @@ class TestLazySegmentOpening:
         with Log.open(tmp_path / "t-0", CONFIG) as log, pytest.raises(CorruptLogError) as raised:
             read_values(log, base, 50)
         assert f"{base:020d}.log" in str(raised.value)
+
+
+def mapped_files() -> set[str]:
+    """The files this process maps now, as the kernel lists them (not as the engine thinks)."""
+    with open("/proc/self/maps") as maps:
+        return {Path(line.split(maxsplit=5)[5].strip()).name for line in maps if len(line.split()) > 5}
+
+
+def filled_in_time(directory: Path, batches: int) -> list[bytes]:
+    """Batches a millisecond apart, so a time lookup finds one batch."""
+    values = [b"value-%04d" % n + b"x" * 100 for n in range(batches)]
+    with Log.open(directory, CONFIG) as log:
+        for n, value in enumerate(values):
+            log.append(encode_batch([(b"k", value)], timestamp_ms=T0 + n))
+    return values
+
+
+class TestTheActiveSegmentOpenedClean:
+    def test_its_indexes_are_mapped_only_once_read(self, tmp_path: Path) -> None:
+        values = filled_in_time(tmp_path / "t-0", 125)
+        with Log.open(tmp_path / "t-0", CONFIG) as log:
+            active = log.active_segment.base_offset
+            assert log.log_end_offset - active > 5  # with index entries to read
+            names = {f"{active:020d}.index", f"{active:020d}.timeindex"}
+            assert not names & mapped_files()
+            assert read_values(log, active + 4, 2) == values[active + 4 : active + 6]
+            found = log.offset_for_timestamp(T0 + active + 3)
+            assert found is not None and found.offset == active + 3
+            assert names <= mapped_files()
+        assert not names & mapped_files()  # unmapped at close
+
+    def test_appending_after_it_writes_the_next_index_entries_through_a_mapping(self, tmp_path: Path) -> None:
+        values = filled_in_time(tmp_path / "t-0", 125)
+        with Log.open(tmp_path / "t-0", CONFIG) as log:
+            end = log.log_end_offset
+            more = [b"more-%04d" % n + b"y" * 100 for n in range(10)]
+            for n, value in enumerate(more):
+                log.append(encode_batch([(b"k", value)], timestamp_ms=T0 + end + n))
+        with Log.open(tmp_path / "t-0", CONFIG) as log:
+            assert read_values(log, 0, end + 10) == values + more
+            for offset in range(end - 3, end + 10):
+                found = log.offset_for_timestamp(T0 + offset)
+                assert found is not None and found.offset == offset
+
+    @pytest.mark.parametrize("tail_batches", [0, 1, 7])
+    def test_it_resumes_where_an_unclean_open_of_the_same_files_would(
+        self, tmp_path: Path, tail_batches: int
+    ) -> None:
+        # Batches after the active segment's last index entry: the tail a clean open reads.
+        config = LogConfig(segment_bytes=1 << 20, index_interval_bytes=1024)
+        source = tmp_path / "source"
+        with Log.open(source, config) as log:
+            for n in range(40 + tail_batches):
+                log.append(encode_batch([(b"k", b"v" * 90)], timestamp_ms=T0 + (n * 7919) % 1000))
+        ends = []
+        for marker in (True, False):
+            copy = tmp_path / f"copy-{marker}"
+            shutil.copytree(source, copy)
+            if not marker:
+                (copy / ".clean_shutdown").unlink()
+            with Log.open(copy, config) as log:
+                assert log.recovery_report.clean is marker
+                segment = log.active_segment
+                appended = log.append(encode_batch([(b"k", b"after")], timestamp_ms=T0 + 2000))
+                ends.append(
+                    (
+                        appended.first_offset,
+                        segment.max_timestamp_ms,
+                        segment.offset_of_max_timestamp,
+                        segment.first_batch_timestamp_ms,
+                        log.offset_for_timestamp(T0 + 999),
+                    )
+                )
+        assert ends[0] == ends[1]

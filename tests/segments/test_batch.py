@@ -18,6 +18,7 @@ from oncelog.segments.batch import (
     batch_size_at,
     encode_batch,
     iter_batches,
+    walk_whole_batches,
 )
 from oncelog.segments.records import Record
 
@@ -696,3 +697,80 @@ def test_offset_deltas_past_the_two_byte_varints_match_kafka_python() -> None:
     ours = encode_batch(specs, base_offset=7, timestamp_ms=0, partition_leader_epoch=0)
     assert ours[8:] == kafka_python_batch(specs, 0)[8:]  # kafka-python's base offset is 0
     assert [r.offset for r in RecordBatch(ours).records()] == list(range(7, 8207))
+
+
+# -- walk_whole_batches: a clean open's check of its active segment's tail ------------------
+def _reference_walk(
+    buffer: bytes, next_offset: int, max_ts: int, offset_of_max_ts: int
+) -> tuple[int, int, int, int] | None:
+    """The check batch by batch, from the header layout written out in this file."""
+    at, last_at = 0, -1
+    while at < len(buffer):
+        if len(buffer) - at < HEADER_SIZE:
+            return None
+        fields = {name: struct.unpack_from(f, buffer, at + off)[0] for name, off, f in HEADER_FIELDS}
+        size = fields["batch_length"] + 12
+        if fields["batch_length"] < HEADER_SIZE - 12 or at + size > len(buffer):
+            return None
+        crc_ok = crc32c.crc32c(buffer[at + 21 : at + size]) == fields["crc"]
+        delta, count = fields["last_offset_delta"], fields["records_count"]
+        if not (
+            fields["magic"] == 2
+            and crc_ok
+            and delta >= 0
+            and 0 <= count <= delta + 1
+            and fields["attributes"] & 7 <= 4
+            and fields["base_offset"] >= next_offset
+        ):
+            return None
+        next_offset = fields["base_offset"] + delta + 1
+        if fields["max_timestamp"] > max_ts:
+            max_ts, offset_of_max_ts = fields["max_timestamp"], next_offset - 1
+        last_at, at = at, at + size
+    return next_offset, max_ts, offset_of_max_ts, last_at
+
+
+_DAMAGE = st.one_of(
+    st.none(),
+    st.tuples(st.just("flip"), st.integers(0, 10**6), st.integers(0, 7)),
+    st.tuples(st.just("cut"), st.integers(1, 10**6)),
+    st.tuples(st.just("swap"), st.integers(0, 10**6)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 4), min_size=0, max_size=6),
+    gaps=st.lists(st.integers(-3, 3), min_size=6, max_size=6),
+    stamps=st.lists(st.integers(0, 50), min_size=6, max_size=6),
+    damage=_DAMAGE,
+)
+def test_the_clean_tail_walk_agrees_with_a_batch_by_batch_check_on_sound_and_damaged_tails(
+    sizes: list[int], gaps: list[int], stamps: list[int], damage: tuple[object, ...] | None
+) -> None:
+    parts, offset = [], 100
+    for n, records in enumerate(sizes):
+        offset = max(0, offset + gaps[n])  # gaps, and offsets going back, which the walk refuses
+        ts = 1_700_000_000_000 + stamps[n]
+        parts.append(
+            encode_batch([(b"k", b"v" * n)] * records, base_offset=offset, timestamp_ms=ts, producer_id=n)
+        )
+        offset += records
+    buffer = bytearray(b"".join(parts))
+    if damage is not None and buffer:
+        kind, where = damage[0], int(damage[1]) % len(buffer)  # type: ignore[call-overload]
+        if kind == "flip":
+            buffer[where] ^= 1 << int(damage[2])  # type: ignore[call-overload]
+        elif kind == "cut":
+            del buffer[where:]
+        else:
+            buffer[where : where + 4] = b"\0\0\0\0"
+    start = (97, 1_700_000_000_010, 96)
+    expected = _reference_walk(bytes(buffer), *start)
+    walked = walk_whole_batches(bytes(buffer), *start)
+    assert (None if walked is None else tuple(walked)) == expected
+
+
+def test_an_empty_tail_walks_to_what_it_was_given() -> None:
+    walked = walk_whole_batches(b"", 5, 7, 4)
+    assert walked is not None and tuple(walked) == (5, 7, 4, -1)

@@ -402,3 +402,30 @@ def test_a_sealed_index_is_mapped_read_only_and_reserves_nothing() -> None:
     assert sealed.last_entry() == OffsetPosition(7, 200)
     sealed.close()
     assert fs.sigbus_risks == []
+
+
+def test_an_active_index_with_a_torn_last_entry_is_cut_to_its_whole_entries_at_open() -> None:
+    fs = FaultFileSystem(5)
+    fs.mkdir("/data/t-0")
+    handle = fs.open(IDX, create=True)
+    handle.pwritev([OFFSET_ENTRY.pack(5, 100), OFFSET_ENTRY.pack(9, 250), b"\x00\x00\x01"], 0)
+    handle.close()
+    index = OffsetIndex(fs, IDX, 0, 64 * 1024, sealed=False)
+    assert index.entries == 2 and index.last_entry() == OffsetPosition(9, 250)
+    assert fs.open(IDX, writable=False).size() == 2 * OFFSET_ENTRY.size
+    assert index.lookup(7) == OffsetPosition(5, 100)
+    index.close()
+
+
+def test_an_active_index_opened_clean_answers_its_last_entry_and_lookups_as_it_was_written() -> None:
+    fs = FaultFileSystem(7)
+    index = _open_twin_index(fs, 64 * 1024)
+    for n in range(1, 200):
+        index.append(3 * n, 40 * n)
+    index.close()
+    reopened = OffsetIndex(fs, IDX, 0, 64 * 1024, sealed=False)
+    assert reopened.entries == 199 and reopened.last_entry() == OffsetPosition(597, 7960)
+    for offset in range(0, 600, 7):
+        n = offset // 3
+        assert reopened.lookup(offset) == (OffsetPosition(3 * n, 40 * n) if n else OffsetPosition(0, 0))
+    reopened.close()

@@ -417,6 +417,15 @@ def test_same_seed_gives_byte_identical_crash_states() -> None:
     assert states(11) != states(12)
 
 
+def test_is_dir_tells_directories_from_files_and_missing_names_as_the_os_does(tmp_path: Path) -> None:
+    twin, real = FaultFileSystem(0), OsFileSystem()
+    for fs, root in ((twin, D), (real, str(tmp_path))):
+        fs.mkdir(root + "/sub")
+        fs.open(root + "/file", create=True).close()
+        answers = [fs.is_dir(root + name) for name in ("", "/sub", "/file", "/missing", "/file/below")]
+        assert answers == [True, True, False, False, False], fs
+
+
 def test_namespace_matches_the_os_seam() -> None:
     fs = FaultFileSystem(0)
     fs.mkdir(D + "/sub")
