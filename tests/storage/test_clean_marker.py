@@ -278,22 +278,14 @@ class TestAStoreChangedBehindTheLog:
 
 
 class TestCrashWhileWritingTheMarker:
-    @pytest.mark.parametrize("taken", ["moved aside", "in place"])
-    def test_a_crash_at_any_io_call_of_a_close_reopens_to_the_same_log(self, taken: str) -> None:
+    def test_a_crash_at_any_io_call_of_a_close_reopens_to_the_same_log(self) -> None:
         directory = "/d/t-0"
 
         def build(fs: FaultFileSystem) -> tuple[Log, list[bytes]]:
             with Log.open(directory, CONFIG, fs=fs, clock=clock) as log:
                 fill(log, 30)
                 log.delete_records(3)
-            marker = None
-            if taken == "in place":  # as a LogManager takes it, and syncs before returning
-                marker = take_clean_marker_in_place(fs, directory)
-                fs.sync_filesystem(directory)
-                assert marker is not None
-            log = Log.open(
-                directory, CONFIG, fs=fs, clock=clock, clean_shutdown=marker
-            )  # clean, from the copy
+            log = Log.open(directory, CONFIG, fs=fs, clock=clock)  # clean, from the copy
             fill(log, 4)
             log.flush()
             return log, stored_batches(log)
@@ -360,3 +352,42 @@ class TestTakenInPlace:
         assert decode_marker((directory / CLEAN_SHUTDOWN_FILE).read_bytes()) == taken.store_copy
         with Log.open(directory, CONFIG, clock=clock) as log:
             assert log.recovery_report.clean and stored_batches(log) == before
+
+    def test_a_crash_at_any_io_call_of_a_close_over_a_marker_taken_in_place_reopens_to_the_same_log(
+        self,
+    ) -> None:
+        directory = "/d/t-0"
+
+        def build(fs: FaultFileSystem) -> tuple[Log, list[bytes]]:
+            with Log.open(directory, CONFIG, fs=fs, clock=clock) as log:
+                fill(log, 30)
+                log.delete_records(3)
+            marker = take_clean_marker_in_place(fs, directory)
+            fs.sync_filesystem(directory)
+            assert marker is not None
+            log = Log.open(directory, CONFIG, fs=fs, clock=clock, clean_shutdown=marker)
+            fill(log, 4)
+            log.flush()
+            return log, stored_batches(log)
+
+        dry = FaultFileSystem(6)
+        log, _ = build(dry)
+        start = dry.io_calls
+        log.close()
+        calls = dry.io_calls - start
+        assert calls > 5
+        for n in range(1, calls + 1):
+            fs = FaultFileSystem(6)
+            log, before = build(fs)
+            fs.kill_at(fs.io_calls + n)
+            with pytest.raises(SimulatedCrash):
+                log.close()
+            for mode in ("kill", "drop", "torn", "dirent"):
+                crashed = fs.crash(mode)  # type: ignore[arg-type]
+                why = f"killed at close I/O call {n}/{calls}, {mode}; {crashed.describe()}"
+                with Log.open(directory, CONFIG, fs=crashed, clock=clock) as reopened:
+                    assert stored_batches(reopened) == before, why
+                    assert reopened.log_start_offset == 3, why
+                with Log.open(directory, CONFIG, fs=crashed, clock=clock) as again:  # (clean now)
+                    assert again.recovery_report.clean, why
+                    assert (again.log_start_offset, stored_batches(again)) == (3, before), why
