@@ -50,7 +50,6 @@ from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_to
 from oncelog.lock_wait import wait_while_locked
 from oncelog.log import LOCK_FILE, Log
 from oncelog.partition_opening import (
-    BackgroundSync,
     PartitionLock,
     collections_paused,
     open_partitions,
@@ -76,7 +75,7 @@ from oncelog.root_config import read_root_config as read_root_config
 from oncelog.root_config import read_topic_config as read_topic_config
 from oncelog.root_identity import ensure_root_id
 from oncelog.storage.clean_marker import CleanMarker, take_clean_marker
-from oncelog.storage.fs import DEFAULT_FS, DirLock, FileSystem, LockTable, MetadataStore
+from oncelog.storage.fs import DEFAULT_FS, DirLock, FileSystem, LockTable, MetadataStore, PendingSync
 from oncelog.storage.log_dirs import (
     PARTITION_LOCKS_DIR,
     create_dir,
@@ -527,7 +526,7 @@ class LogManager:
         handed_over: set[TopicPartition] = set()  # locks a Log.open owns (and releases)
         opened: dict[TopicPartition, Log] = {}
         failures: dict[TopicPartition, BaseException] = {}
-        syncing: BackgroundSync | None = None
+        syncing: PendingSync | None = None
         try:
             # Every partition's lock before its marker is read: a process that opened the
             # partition in between could append and die, leaving a log trusted as clean.
@@ -542,7 +541,7 @@ class LogManager:
                 # recovery had half changed); one filesystem commit instead of one per
                 # partition, beside the loads: a load waits for it before it changes a log
                 # its marker called clean (made_durable), and the open before it returns.
-                syncing = BackgroundSync(self._fs, self.root)
+                syncing = self._fs.start_sync_filesystem(self.root)
                 clean = {
                     tp: None if marker is None else dataclasses.replace(marker, made_durable=syncing.wait)
                     for tp, marker in clean.items()
@@ -575,14 +574,17 @@ class LogManager:
         except BaseException as exc:
             self._logs = {}
             self._partition_locks = {}
-            if syncing is not None:
-                release_after_failure(exc, [syncing.wait])  # (its own failure noted, if that was not it)
             for tp, error in sorted(self._close_logs(opened).items()):
                 exc.add_note(
                     f"closing {tp} after the failed open also failed: {type(error).__name__}: {error}"
                 )
             unopened = [lock.release for tp, lock in locks.items() if tp not in handed_over]
             release_after_failure(exc, unopened)
+            # Last: a second Ctrl-C while the sync is awaited finds the logs closed and the
+            # locks released.
+            sync_error = None if syncing is None else syncing.join()
+            if sync_error is not None:
+                exc.add_note(f"syncing the filesystem after taking the markers failed: {sync_error}")
             raise
 
     def _lock_partitions(

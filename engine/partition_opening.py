@@ -1,6 +1,6 @@
 """What opening a root's partitions needs besides the loader: their locks, the pool that
-opens them and the opens in flight (which Ctrl-C stops), the sync that makes taking
-their markers durable while they load, and the garbage collector paused meanwhile.
+opens them and the opens in flight (which Ctrl-C stops), and the garbage collector
+paused meanwhile.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from oncelog.layout import TopicPartition
-from oncelog.storage.fs import DirLock, FileSystem
+from oncelog.storage.fs import DirLock
 
 
 class OpensInFlight:
@@ -87,34 +87,6 @@ def open_partitions(
         # Not the pool's join: a Ctrl-C inside `submit` (a worker starting) leaves it
         # a thread it does not know, which may be opening a partition right now.
         opens.stop_and_wait()
-
-
-class BackgroundSync:
-    """`fs.sync_filesystem(path)` on a thread of its own, started at once: a syncfs waits
-    on the disk (8-30 ms here), with the GIL let go, while Python loads partitions."""
-
-    def __init__(self, fs: FileSystem, path: str):
-        self._error: BaseException | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(fs, path), name="oncelog-syncfs", daemon=True)
-        self._thread.start()
-
-    def _run(self, fs: FileSystem, path: str) -> None:
-        try:
-            fs.sync_filesystem(path)
-        except BaseException as exc:  # raised to every waiter instead
-            self._error = exc
-        finally:
-            self._done.set()
-
-    def wait(self) -> None:
-        """Return once the sync is done; raise its error if it failed (to every caller)."""
-        self._done.wait()
-        error = self._error
-        if isinstance(error, OSError):  # a new one each time: waiters on two threads raise it
-            raise OSError(error.errno, error.strerror or str(error), error.filename) from error
-        if error is not None:
-            raise error
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import errno
 import mmap
 import os
 import stat
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -95,6 +96,57 @@ class LockTable(Protocol):
         ...
 
 
+class PendingSync(Protocol):
+    def wait(self) -> None:
+        """Return once the sync is done; raise its error if it failed (to every caller)."""
+        ...
+
+    def join(self) -> BaseException | None:
+        """Return once the sync is done: its error if it failed (not raised)."""
+        ...
+
+
+class BackgroundSync:
+    """A sync on a thread of its own, started at once (FileSystem.start_sync_filesystem)."""
+
+    def __init__(self, sync: Callable[[str], None], path: str):
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(sync, path), name="oncelog-syncfs", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, sync: Callable[[str], None], path: str) -> None:
+        try:
+            sync(path)
+        except BaseException as exc:  # raised to every waiter instead
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def join(self) -> BaseException | None:
+        self._done.wait()
+        return self._error
+
+    def wait(self) -> None:
+        error = self.join()
+        if isinstance(error, OSError):  # a new one each time: waiters on two threads raise it
+            raise OSError(error.errno, error.strerror or str(error), error.filename) from error
+        if error is not None:
+            raise error
+
+
+class FinishedSync:
+    """A sync that was done before it was handed over."""
+
+    def wait(self) -> None:
+        return None
+
+    def join(self) -> BaseException | None:
+        return None
+
+
 class FileSystem(SegmentFileSystem, Protocol):
     """The whole seam: segment files' part (open, exists, unlink, fsync_dir) and the rest."""
 
@@ -157,6 +209,12 @@ class FileSystem(SegmentFileSystem, Protocol):
         One journal commit for many directories, where an fsync of each would commit
         the journal once per directory.
         """
+        ...
+
+    def start_sync_filesystem(self, path: str) -> PendingSync:
+        """`sync_filesystem(path)`, started now: on a thread of its own on the OS (a syncfs
+        waits on the disk with the GIL let go, while Python goes on); done before this
+        returns where a thread would make runs irreproducible (the fault-injecting twin)."""
         ...
 
 
@@ -352,6 +410,9 @@ class OsFileSystem:
     def remove_dir(self, path: str) -> None:
         os.rmdir(path)
 
+    def start_sync_filesystem(self, path: str) -> PendingSync:
+        return BackgroundSync(self.sync_filesystem, path)
+
     def sync_filesystem(self, path: str) -> None:
         syncfs = getattr(_LIBC, "syncfs", None)
         if syncfs is None:  # not Linux: sync(2) flushes every filesystem, a superset
@@ -476,6 +537,13 @@ class DelegatingFileSystem:
     def sync_filesystem(self, path: str) -> None:
         self.inner.sync_filesystem(path)
 
+    def start_sync_filesystem(self, path: str) -> PendingSync:
+        # A subclass that watches or fails sync_filesystem gets it run on a thread, as
+        # the OS would; else the inner filesystem starts its own (the twin: inline).
+        if type(self).sync_filesystem is not DelegatingFileSystem.sync_filesystem:
+            return BackgroundSync(self.sync_filesystem, path)
+        return self.inner.start_sync_filesystem(path)
+
     def fsync_dir(self, path: str) -> None:
         self.inner.fsync_dir(path)
 
@@ -517,6 +585,9 @@ class ReadOnlyFileSystem(DelegatingFileSystem):
         raise read_only_error("remove_dir", path)
 
     def sync_filesystem(self, path: str) -> None:
+        raise read_only_error("sync_filesystem", path)
+
+    def start_sync_filesystem(self, path: str) -> PendingSync:
         raise read_only_error("sync_filesystem", path)
 
     def fsync_dir(self, path: str) -> None:

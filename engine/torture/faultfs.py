@@ -63,9 +63,11 @@ from oncelog.segments.format import Buffer
 from oncelog.storage.fs import (
     DirLock,
     FileHandle,
+    FinishedSync,
     LockTable,
     MappedRegion,
     MetadataStore,
+    PendingSync,
 )
 from oncelog.storage.lmdb_store import LmdbStore
 from oncelog.torture.crash_states import (
@@ -656,6 +658,12 @@ class FaultFileSystem:
         # Directories are durable as soon as made (module docstring), and so is their removal.
         del self._model.dirs[key]
         self._model.stores.pop(key, None)
+
+    def start_sync_filesystem(self, path: str) -> PendingSync:
+        # Inline: a thread would make the order of I/O calls, and so every kill point,
+        # differ from run to run (and the model is not made for concurrent calls).
+        self.sync_filesystem(path)
+        return FinishedSync()
 
     def sync_filesystem(self, path: str) -> None:
         self._io("syncfs", path)

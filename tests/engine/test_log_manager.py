@@ -397,6 +397,26 @@ class TestRecovery:
                 ) as reopened:
                     assert {tp: stored_batches(log) for tp, log in reopened.logs().items()} == before, why
 
+    @pytest.mark.parametrize("seed", [12, 13, 14])
+    @pytest.mark.parametrize("mode", ["kill", "drop", "torn", "dirent"])
+    def test_a_session_that_dies_without_closing_reopens_every_partition_it_took_as_unclean(
+        self, mode: str, seed: int
+    ) -> None:
+        root = "/root"
+        fs = FaultFileSystem(seed)
+        with LogManager.open(root, CONFIG, fs=fs, clock=clock, progress=False) as manager:
+            for p in range(3):
+                manager.log("t", p).append(batch(p + 1, 0))
+        manager = LogManager.open(root, CONFIG, fs=fs, clock=clock, progress=False)
+        assert manager.recovery_summary.clean == 3  # every marker taken, and the takes synced
+        for p in range(3):
+            manager.log("t", p).append(batch(p + 1, 2))  # not flushed
+        crashed = fs.crash(mode)  # type: ignore[arg-type]
+        with LogManager.open(root, CONFIG, fs=crashed, clock=clock, progress=False) as reopened:
+            assert reopened.recovery_summary.unclean == 3, crashed.describe()
+            for p in range(3):
+                assert stored_batches(reopened.log("t", p))[:1] == [batch(p + 1, 0)]
+
 
 class TestGarbageCollection:
     """Partitions load with collections paused; what they made goes to the oldest generation."""
@@ -997,6 +1017,7 @@ class TestMarkersTakenWhileTheLogsLoad:
 
         class SlowSync(DelegatingFileSystem):
             def sync_filesystem(self, path: str) -> None:
+                assert threading.current_thread().name.startswith("oncelog-syncfs")
                 order.append("sync started")
                 # Until every partition has read its snapshot: the loads must not wait for this.
                 loaded.wait(timeout=120)
@@ -1015,6 +1036,54 @@ class TestMarkersTakenWhileTheLogsLoad:
             assert manager.recovery_summary.clean == 4
         assert order[0] == "sync started" and order[-2:] == ["sync done", "open returned"], order
         assert sorted(order[1:5]) == [f"loading t-{p}" for p in range(4)], order
+
+    def test_a_ctrl_c_while_a_failed_open_awaits_the_sync_finds_every_log_closed_and_unlocked(
+        self, tmp_path: Path
+    ) -> None:
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            pytest.skip("SIGINT does not raise KeyboardInterrupt here")
+        write_root(tmp_path)
+        main_thread = threading.main_thread().ident
+        assert main_thread is not None
+        t1 = str(tmp_path / "t-1")
+        closed = [tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE for p in (0, 2)]
+
+        class SlowSyncAndABrokenPartition(FailingFileSystem):
+            def sync_filesystem(self, path: str) -> None:
+                # Until the failed open has closed the logs that opened: then a Ctrl-C.
+                deadline = time.monotonic() + 60
+                while not all(marker.exists() for marker in closed) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                signal.pthread_kill(main_thread, signal.SIGINT)
+                time.sleep(0.2)
+                super().sync_filesystem(path)
+
+        broken = SlowSyncAndABrokenPartition(
+            lambda op, path: op == "open" and path.startswith(t1 + os.sep) and path.endswith(".log")
+        )
+        with pytest.raises(KeyboardInterrupt):
+            open_manager(tmp_path, fs=broken, recovery_threads=1)
+        assert all(marker.exists() for marker in closed)
+        for name in ("t-0", "t-1", "t-2", ".lock", "producer_ids.lock"):
+            assert not locked(tmp_path / name), name
+        with open_manager(tmp_path) as manager:
+            assert manager.recovery_summary.clean == 2  # t-1 was taken and never opened
+
+    def test_on_the_fault_twin_the_sync_runs_inline_so_every_run_makes_the_same_calls(self) -> None:
+        fs = FaultFileSystem(21)
+        with LogManager.open("/root", CONFIG, fs=fs, clock=clock, progress=False) as manager:
+            for p in range(3):
+                manager.log("t", p).append(batch(p + 1, 0))
+        runs = []
+        for _ in range(2):
+            twin = fs.crash("kill")
+            threads: list[str] = []
+            twin.on_io = lambda: threads.append(threading.current_thread().name)
+            start = twin.io_calls
+            LogManager.open("/root", CONFIG, fs=twin, clock=clock, progress=False, recovery_threads=1).close()
+            runs.append((twin.io_calls - start, threads))
+        assert runs[0] == runs[1]
+        assert not any(name.startswith("oncelog-syncfs") for name in runs[0][1])
 
     def test_a_failed_sync_fails_the_open_and_leaves_every_log_closed_and_unlocked(
         self, tmp_path: Path
