@@ -341,7 +341,7 @@ class LogLoader:
 
     def _load_active_cleanly(self, segment: LogSegment) -> bool:
         try:
-            return segment.load_from_indexes(None)
+            return segment.load_from_indexes(None, client_only=self.client_only)
         except CorruptRecordError as exc:
             log.warning("clean shutdown marker, but %s", exc)
             return False

@@ -118,27 +118,58 @@ def header_problem(header: tuple[Any, ...], computed_crc: int) -> str | None:
     return None
 
 
+def client_append_problem(header: tuple[Any, ...], previous_last_offset: int | None) -> str | None:
+    """What shows that a stored batch (its header unpacked by HEADER_STRUCT) is not as a
+    client append left it, in the fields outside the CRC; None when nothing does.
+    `previous_last_offset`: the last offset of the batch before it (None: not known)."""
+    base_offset, leader_epoch = header[0], header[2]
+    if leader_epoch != fmt.NO_PARTITION_LEADER_EPOCH:
+        return (
+            f"batch at offset {base_offset} has partitionLeaderEpoch {leader_epoch}, not oncelog's stamp -1"
+        )
+    if previous_last_offset is not None and base_offset != previous_last_offset + 1:
+        return (
+            f"batch at offset {base_offset} leaves a gap after {previous_last_offset} in a log that has none"
+        )
+    return None
+
+
+class TailChecks(NamedTuple):
+    """What the batches of a clean segment's tail must also agree with."""
+
+    first_base_offset: int | None = None  # the first batch's base offset (it starts the segment)
+    first_last_offset: int | None = None  # the first batch's last offset (the index entry says so)
+    client_only: bool = False  # client_append_problem holds for every batch
+
+
+NO_TAIL_CHECKS = TailChecks()
+
+
 class WalkedBatches(NamedTuple):
     next_offset: int  # one past the last batch's last offset
     max_timestamp_ms: int
     offset_of_max_timestamp: int
-    last_batch_at: int  # where the last batch starts in the buffer; -1 if it holds none
 
 
 def walk_whole_batches(
-    buffer: Buffer, next_offset: int, max_timestamp_ms: int, offset_of_max_timestamp: int
+    buffer: Buffer,
+    next_offset: int,
+    max_timestamp_ms: int,
+    offset_of_max_timestamp: int,
+    checks: TailChecks = NO_TAIL_CHECKS,
 ) -> WalkedBatches | None:
-    """Batches that fill `buffer` exactly, each one sound (header_problem) and starting at
-    or past `next_offset`, the offset after the one before: what they leave, carrying on
-    from the given offset and largest timestamp. One unpack and one CRC a batch, no
-    objects (a clean open checks its active segment's tail so).
+    """Batches that fill `buffer` exactly, each one sound (header_problem), starting at or
+    past `next_offset`, the offset after the one before, and agreeing with `checks`: what
+    they leave, carrying on from the given offset and largest timestamp. One unpack and
+    one CRC a batch, no objects (a clean open checks its active segment's tail so).
 
     None at the first batch that is not so, or does not fit: the caller's reference
     loop then says what is wrong with it.
     """
     unpack = fmt.HEADER_STRUCT.unpack_from
     view = memoryview(buffer)
-    end, at, last_at = len(view), 0, -1
+    end, at = len(view), 0
+    previous_last: int | None = None
     while at < end:
         if end - at < fmt.HEADER_SIZE:
             return None
@@ -148,11 +179,18 @@ def walk_whole_batches(
             return None
         if header_problem(header, crc32c.crc32c(view[at + fmt.ATTRIBUTES_OFFSET : at + size])) is not None:
             return None
-        next_offset = header[0] + header[6] + 1
+        last = header[0] + header[6]
+        if at == 0 and checks.first_base_offset not in (None, header[0]):
+            return None
+        if at == 0 and checks.first_last_offset not in (None, last):
+            return None
+        if checks.client_only and client_append_problem(header, previous_last) is not None:
+            return None
+        previous_last, next_offset = last, last + 1
         if header[8] > max_timestamp_ms:
-            max_timestamp_ms, offset_of_max_timestamp = header[8], next_offset - 1
-        last_at, at = at, at + size
-    return WalkedBatches(next_offset, max_timestamp_ms, offset_of_max_timestamp, last_at)
+            max_timestamp_ms, offset_of_max_timestamp = header[8], last
+        at += size
+    return WalkedBatches(next_offset, max_timestamp_ms, offset_of_max_timestamp)
 
 
 class RecordBatch:

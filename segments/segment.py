@@ -28,7 +28,14 @@ from typing import Any, NamedTuple, Protocol
 
 from oncelog.segments import cursor as cur
 from oncelog.segments import format as fmt
-from oncelog.segments.batch import RecordBatch, TruncatedBatchError, batch_size_at, walk_whole_batches
+from oncelog.segments.batch import (
+    RecordBatch,
+    TailChecks,
+    TruncatedBatchError,
+    batch_size_at,
+    client_append_problem,
+    walk_whole_batches,
+)
 from oncelog.segments.cursor import mapped_address
 from oncelog.segments.errors import CorruptLogError, CorruptRecordError, TooManyOpenFilesError
 from oncelog.segments.file_cache import CachedFile
@@ -201,18 +208,10 @@ def zeros_to_end(handle: FileHandle, start: int, end: int) -> bool:
 
 
 def check_client_appended(batch: RecordBatch, previous_last_offset: int | None) -> None:
-    """Raise unless `batch` looks as a client append left it (fields outside the CRC)."""
-    h = batch.header
-    if h.partition_leader_epoch != fmt.NO_PARTITION_LEADER_EPOCH:
-        raise CorruptRecordError(
-            f"batch at offset {h.base_offset} has partitionLeaderEpoch {h.partition_leader_epoch}, "
-            "not oncelog's stamp -1"
-        )
-    if previous_last_offset is not None and h.base_offset != previous_last_offset + 1:
-        raise CorruptRecordError(
-            f"batch at offset {h.base_offset} leaves a gap after {previous_last_offset} "
-            "in a log that has none"
-        )
+    """Raise unless `batch` looks as a client append left it (client_append_problem)."""
+    problem = client_append_problem(batch.header, previous_last_offset)
+    if problem is not None:
+        raise CorruptRecordError(problem)
 
 
 class LogSegment:
@@ -712,63 +711,87 @@ class LogSegment:
                 return position + size
         return end
 
-    def load_from_indexes(self, next_base_offset: int | None) -> bool:
+    def load_from_indexes(self, next_base_offset: int | None, *, client_only: bool = False) -> bool:
         """Trust the indexes of a segment closed cleanly; False if they fail a sanity check.
 
         A sealed segment ends where the next one starts, so nothing is read. The
         active one (`next_base_offset` None) reads only its tail after the last
-        offset index entry, at most about `index_interval_bytes` plus a batch.
+        offset index entry, at most about `index_interval_bytes` plus a batch, and
+        checks it as an unclean open would (`client_only`: the log holds only client
+        appends, so no batch may look otherwise: client_append_problem).
         """
         last_entry = self.offset_index.last_entry()
         last_time = self.time_index.last_entry()
-        if self.size > 0 and (last_time is None or last_entry.position >= self.size):
+        entries = self.offset_index.entries
+        # An entry at or past the end, or a time entry in an empty segment: the .log was
+        # cut or emptied behind the index's back.
+        if (entries and last_entry.position >= self.size) or (self.size > 0) != (last_time is not None):
             return False
         # The first batch (position 0, offset base) never gets an entry, so a real
         # entry points past both; anything else is a damaged index.
-        if self.offset_index.entries and (last_entry.position <= 0 or last_entry.offset <= self.base_offset):
+        if entries and (last_entry.position <= 0 or last_entry.offset <= self.base_offset):
             return False
-        if next_base_offset is not None and last_entry.offset >= next_base_offset:
+        end = next_base_offset
+        if end is not None and last_entry.offset >= end:
             return False
         if last_time is not None:
+            if last_time.offset < self.base_offset or (end is not None and last_time.offset >= end):
+                return False
             self.max_timestamp_ms, self.offset_of_max_timestamp = last_time
-        if next_base_offset is not None:
-            self.next_offset = next_base_offset
+        if end is not None:
+            self.next_offset = end
             return True
         self.next_offset = self.base_offset
-        self.bytes_since_last_index_entry = 0
         # The tail is short, so check it fully: bytes appended behind a clean close's back
-        # must not slip in unvalidated. In one read and pass when it is sound, else batch by
-        # batch, which finds what is wrong.
-        if not self._walk_clean_tail(last_entry.position):
-            for position, batch in self.scan(last_entry.position):
-                if not batch.is_valid() or batch.base_offset < self.next_offset:
-                    return False
-                self.next_offset = batch.last_offset + 1
-                if batch.max_timestamp > self.max_timestamp_ms:
-                    self.max_timestamp_ms = batch.max_timestamp
-                    self.offset_of_max_timestamp = batch.last_offset
-                self.bytes_since_last_index_entry = self.size - position
+        # must not slip in unvalidated. The batch the last entry names must be there, with
+        # the last offset the entry gives.
+        checks = TailChecks(
+            first_base_offset=None if entries else self.base_offset,
+            first_last_offset=last_entry.offset if entries else None,
+            client_only=client_only,
+        )
+        if not self._walk_clean_tail(last_entry.position, checks):
+            return False
+        if last_time is not None and last_time.offset >= self.next_offset:
+            return False  # a time entry past the batches
+        # As appending left it: the bytes from the last indexed batch's start.
+        self.bytes_since_last_index_entry = self.size - last_entry.position
         if self.size:
             self.first_batch_timestamp_ms = self._first_batch_timestamp()
         return True
 
-    def _walk_clean_tail(self, start: int) -> bool:
+    def _walk_clean_tail(self, start: int, checks: TailChecks) -> bool:
         """load_from_indexes' check of the bytes from `start` to the end (walk_whole_batches),
-        applied; False, with nothing changed, if that pass cannot vouch for them."""
+        applied; False if they fail it. In one read up to CLEAN_TAIL_READ_BYTES, else
+        batch by batch (a scan's chunks: memory stays bounded), with the same checks."""
         length = self.size - start
-        if not 0 <= length <= CLEAN_TAIL_READ_BYTES:
-            return False
-        tail = self._handle.pread(length, start)
-        walked = walk_whole_batches(
-            tail, self.next_offset, self.max_timestamp_ms, self.offset_of_max_timestamp
-        )
-        if walked is None or len(tail) != length:
-            return False
-        self.next_offset = walked.next_offset
-        self.max_timestamp_ms = walked.max_timestamp_ms
-        self.offset_of_max_timestamp = walked.offset_of_max_timestamp
-        if walked.last_batch_at >= 0:
-            self.bytes_since_last_index_entry = length - walked.last_batch_at
+        if length <= CLEAN_TAIL_READ_BYTES:
+            tail = self._handle.pread(length, start)
+            walked = walk_whole_batches(
+                tail, self.next_offset, self.max_timestamp_ms, self.offset_of_max_timestamp, checks
+            )
+            if walked is None or len(tail) != length:
+                return False
+            self.next_offset, self.max_timestamp_ms, self.offset_of_max_timestamp = walked
+            return True
+        for position, batch in self.scan(start):
+            # Past the first batch: each starts right after the one before (client
+            # appends), or at least after it.
+            batch_checks = (
+                checks
+                if position == start
+                else TailChecks(self.next_offset if checks.client_only else None, None, checks.client_only)
+            )
+            walked = walk_whole_batches(
+                batch.buffer,
+                self.next_offset,
+                self.max_timestamp_ms,
+                self.offset_of_max_timestamp,
+                batch_checks,
+            )
+            if walked is None:
+                return False
+            self.next_offset, self.max_timestamp_ms, self.offset_of_max_timestamp = walked
         return True
 
     def _first_batch_timestamp(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,85 @@ class TestTheActiveSegmentOpenedClean:
                     )
                 )
         assert ends[0] == ends[1]
+
+
+def _last_batch_position(segment: Path) -> int:
+    data, at = segment.read_bytes(), 0
+    while True:
+        size = struct.unpack_from(">i", data, at + 8)[0] + 12
+        if at + size >= len(data):
+            return at
+        at += size
+
+
+def _empty_the_active_log(directory: Path, active: Path) -> None:
+    active.write_bytes(b"")
+
+
+def _move_the_last_batch_up(directory: Path, active: Path) -> None:
+    data = bytearray(active.read_bytes())  # its base offset: outside the CRC
+    at = _last_batch_position(active)
+    struct.pack_into(">q", data, at, struct.unpack_from(">q", data, at)[0] + 3)
+    active.write_bytes(bytes(data))
+
+
+def _stamp_a_leader_epoch(directory: Path, active: Path) -> None:
+    data = bytearray(active.read_bytes())  # also outside the CRC
+    struct.pack_into(">i", data, _last_batch_position(active) + 12, 5)
+    active.write_bytes(bytes(data))
+
+
+def _add_a_time_entry_past_the_data(directory: Path, active: Path) -> None:
+    with open(active.with_suffix(".timeindex"), "ab") as index:
+        index.write(struct.pack(">qi", 1 << 40, 1_000_000))
+
+
+class TestACleanOpenFindsWhatAnUncleanOneFinds:
+    """Files changed behind a clean close: the clean open must end where the unclean open
+    of the same files ends (found by a red-team helper; older than the one-pass tail check)."""
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            _empty_the_active_log,
+            _move_the_last_batch_up,
+            _stamp_a_leader_epoch,
+            _add_a_time_entry_past_the_data,
+        ],
+    )
+    def test_after_a_change_behind_the_close(
+        self, tmp_path: Path, change: Callable[[Path, Path], None]
+    ) -> None:
+        config = LogConfig(segment_bytes=1 << 20, index_interval_bytes=300, on_corruption="truncate")
+        source = tmp_path / "source"
+        with Log.open(source, config) as log:
+            for n in range(30):
+                log.append(encode_batch([(b"k", b"v" * 60)], timestamp_ms=T0 + n))
+            active = Path(log.active_segment.path).name
+        seen = []
+        for marker in (True, False):
+            copy = tmp_path / f"copy-{marker}"
+            shutil.copytree(source, copy)
+            change(copy, copy / active)
+            if not marker:
+                (copy / ".clean_shutdown").unlink()
+            states = []
+            for _ in range(2):  # and after a clean close of what the open made of it
+                with Log.open(copy, config) as log:
+                    segment = log.active_segment
+                    states.append(
+                        (
+                            log.log_end_offset,
+                            segment.max_timestamp_ms,
+                            segment.offset_of_max_timestamp,
+                            segment.bytes_since_last_index_entry,
+                        )
+                    )
+                    for n in range(12):  # past the next index entry
+                        log.append(encode_batch([(b"n", b"w" * 60)], timestamp_ms=T0 + 100 + n))
+                    states.append(
+                        (read_values(log, 0, log.log_end_offset), log.offset_for_timestamp(T0 + 105))
+                    )
+            states.append(((copy / active).with_suffix(".index").read_bytes(),))
+            seen.append(states)
+        assert seen[0] == seen[1]

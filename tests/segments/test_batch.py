@@ -14,6 +14,7 @@ from oncelog.bench.references import kafka_python_batch
 from oncelog.errors import CorruptRecordError
 from oncelog.segments.batch import (
     RecordBatch,
+    TailChecks,
     TruncatedBatchError,
     batch_size_at,
     encode_batch,
@@ -701,10 +702,10 @@ def test_offset_deltas_past_the_two_byte_varints_match_kafka_python() -> None:
 
 # -- walk_whole_batches: a clean open's check of its active segment's tail ------------------
 def _reference_walk(
-    buffer: bytes, next_offset: int, max_ts: int, offset_of_max_ts: int
-) -> tuple[int, int, int, int] | None:
+    buffer: bytes, next_offset: int, max_ts: int, offset_of_max_ts: int, checks: TailChecks
+) -> tuple[int, int, int] | None:
     """The check batch by batch, from the header layout written out in this file."""
-    at, last_at = 0, -1
+    at, previous_last = 0, None
     while at < len(buffer):
         if len(buffer) - at < HEADER_SIZE:
             return None
@@ -713,21 +714,31 @@ def _reference_walk(
         if fields["batch_length"] < HEADER_SIZE - 12 or at + size > len(buffer):
             return None
         crc_ok = crc32c.crc32c(buffer[at + 21 : at + size]) == fields["crc"]
-        delta, count = fields["last_offset_delta"], fields["records_count"]
+        delta, count, base = fields["last_offset_delta"], fields["records_count"], fields["base_offset"]
+        last = base + delta
         if not (
             fields["magic"] == 2
             and crc_ok
             and delta >= 0
             and 0 <= count <= delta + 1
             and fields["attributes"] & 7 <= 4
-            and fields["base_offset"] >= next_offset
+            and base >= next_offset
         ):
             return None
-        next_offset = fields["base_offset"] + delta + 1
+        if at == 0 and checks.first_base_offset is not None and base != checks.first_base_offset:
+            return None
+        if at == 0 and checks.first_last_offset is not None and last != checks.first_last_offset:
+            return None
+        if checks.client_only and (
+            fields["partition_leader_epoch"] != -1
+            or (previous_last is not None and base != previous_last + 1)
+        ):
+            return None
+        previous_last, next_offset = last, last + 1
         if fields["max_timestamp"] > max_ts:
-            max_ts, offset_of_max_ts = fields["max_timestamp"], next_offset - 1
-        last_at, at = at, at + size
-    return next_offset, max_ts, offset_of_max_ts, last_at
+            max_ts, offset_of_max_ts = fields["max_timestamp"], last
+        at += size
+    return next_offset, max_ts, offset_of_max_ts
 
 
 _DAMAGE = st.one_of(
@@ -738,22 +749,37 @@ _DAMAGE = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 4), min_size=0, max_size=6),
     gaps=st.lists(st.integers(-3, 3), min_size=6, max_size=6),
     stamps=st.lists(st.integers(0, 50), min_size=6, max_size=6),
+    epochs=st.lists(st.sampled_from([-1, -1, -1, 0, 7]), min_size=6, max_size=6),
     damage=_DAMAGE,
+    first=st.tuples(st.sampled_from([None, 100, 101]), st.sampled_from([None, 100, 101, 103])),
+    client_only=st.booleans(),
 )
 def test_the_clean_tail_walk_agrees_with_a_batch_by_batch_check_on_sound_and_damaged_tails(
-    sizes: list[int], gaps: list[int], stamps: list[int], damage: tuple[object, ...] | None
+    sizes: list[int],
+    gaps: list[int],
+    stamps: list[int],
+    epochs: list[int],
+    damage: tuple[object, ...] | None,
+    first: tuple[int | None, int | None],
+    client_only: bool,
 ) -> None:
     parts, offset = [], 100
     for n, records in enumerate(sizes):
-        offset = max(0, offset + gaps[n])  # gaps, and offsets going back, which the walk refuses
+        offset = max(0, offset + gaps[n]) if n else offset  # gaps, and offsets going back
         ts = 1_700_000_000_000 + stamps[n]
         parts.append(
-            encode_batch([(b"k", b"v" * n)] * records, base_offset=offset, timestamp_ms=ts, producer_id=n)
+            encode_batch(
+                [(b"k", b"v" * n)] * records,
+                base_offset=offset,
+                timestamp_ms=ts,
+                producer_id=n,
+                partition_leader_epoch=epochs[n],
+            )
         )
         offset += records
     buffer = bytearray(b"".join(parts))
@@ -765,12 +791,13 @@ def test_the_clean_tail_walk_agrees_with_a_batch_by_batch_check_on_sound_and_dam
             del buffer[where:]
         else:
             buffer[where : where + 4] = b"\0\0\0\0"
+    checks = TailChecks(first[0], first[1], client_only)
     start = (97, 1_700_000_000_010, 96)
-    expected = _reference_walk(bytes(buffer), *start)
-    walked = walk_whole_batches(bytes(buffer), *start)
+    expected = _reference_walk(bytes(buffer), *start, checks)
+    walked = walk_whole_batches(bytes(buffer), *start, checks)
     assert (None if walked is None else tuple(walked)) == expected
 
 
 def test_an_empty_tail_walks_to_what_it_was_given() -> None:
     walked = walk_whole_batches(b"", 5, 7, 4)
-    assert walked is not None and tuple(walked) == (5, 7, 4, -1)
+    assert walked is not None and tuple(walked) == (5, 7, 4)
