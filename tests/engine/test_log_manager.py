@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import gc
 import io
 import json
@@ -1078,7 +1079,7 @@ class TestMarkersTakenWhileTheLogsLoad:
         for _ in range(2):
             twin = fs.crash("kill")
             threads: list[str] = []
-            twin.on_io = lambda: threads.append(threading.current_thread().name)
+            twin.on_io = functools.partial(lambda seen: seen.append(threading.current_thread().name), threads)
             start = twin.io_calls
             LogManager.open("/root", CONFIG, fs=twin, clock=clock, progress=False, recovery_threads=1).close()
             runs.append((twin.io_calls - start, threads))
