@@ -75,7 +75,15 @@ from oncelog.root_config import read_root_config as read_root_config
 from oncelog.root_config import read_topic_config as read_topic_config
 from oncelog.root_identity import ensure_root_id
 from oncelog.storage.clean_marker import CleanMarker, take_clean_marker
-from oncelog.storage.fs import DEFAULT_FS, DirLock, FileSystem, LockTable, MetadataStore, PendingSync
+from oncelog.storage.fs import (
+    DEFAULT_FS,
+    DirLock,
+    EverySync,
+    FileSystem,
+    LockTable,
+    MetadataStore,
+    PendingSync,
+)
 from oncelog.storage.log_dirs import (
     PARTITION_LOCKS_DIR,
     create_dir,
@@ -541,7 +549,7 @@ class LogManager:
                 # recovery had half changed); one filesystem commit instead of one per
                 # partition, beside the loads: a load waits for it before it changes a log
                 # its marker called clean (made_durable), and the open before it returns.
-                syncing = self._fs.start_sync_filesystem(self.root)
+                syncing = self._sync_filesystems([self._partition_path(tp) for tp, m in clean.items() if m])
                 clean = {
                     tp: None if marker is None else dataclasses.replace(marker, made_durable=syncing.wait)
                     for tp, marker in clean.items()
@@ -586,6 +594,12 @@ class LogManager:
             if sync_error is not None:
                 exc.add_note(f"syncing the filesystem after taking the markers failed: {sync_error}")
             raise
+
+    def _sync_filesystems(self, paths: list[str]) -> PendingSync:
+        """Start a sync of every filesystem the paths are on (partitions may be mount points
+        or links to other disks: a syncfs of the root would not reach them)."""
+        by_filesystem = {self._fs.filesystem_of(path): path for path in paths}
+        return EverySync([self._fs.start_sync_filesystem(path) for path in by_filesystem.values()])
 
     def _lock_partitions(
         self,

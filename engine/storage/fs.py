@@ -137,6 +137,22 @@ class BackgroundSync:
             raise error
 
 
+class EverySync:
+    """Several pending syncs, waited for as one (every filesystem a set of paths is on)."""
+
+    def __init__(self, syncs: Sequence[PendingSync]):
+        self._syncs = syncs
+
+    def join(self) -> BaseException | None:
+        errors = [sync.join() for sync in self._syncs]  # (all of them: none left running)
+        return next((error for error in errors if error is not None), None)
+
+    def wait(self) -> None:
+        self.join()
+        for sync in self._syncs:
+            sync.wait()
+
+
 class FinishedSync:
     """A sync that was done before it was handed over."""
 
@@ -186,6 +202,11 @@ class FileSystem(SegmentFileSystem, Protocol):
         ...
 
     def listdir(self, path: str) -> list[str]: ...
+
+    def filesystem_of(self, path: str) -> int:
+        """Which filesystem holds `path` (its st_dev): one sync_filesystem of a path makes
+        every path with the same answer durable."""
+        ...
 
     def is_dir(self, path: str) -> bool:
         """True if `path` is a directory (or a link to one); False if missing or anything else."""
@@ -395,6 +416,9 @@ class OsFileSystem:
     def file_size(self, path: str) -> int:
         return os.stat(path).st_size
 
+    def filesystem_of(self, path: str) -> int:
+        return os.stat(path).st_dev
+
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))
 
@@ -518,6 +542,9 @@ class DelegatingFileSystem:
 
     def file_size(self, path: str) -> int:
         return self.inner.file_size(path)
+
+    def filesystem_of(self, path: str) -> int:
+        return self.inner.filesystem_of(path)
 
     def listdir(self, path: str) -> list[str]:
         return self.inner.listdir(path)

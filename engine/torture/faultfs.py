@@ -599,6 +599,11 @@ class FaultFileSystem:
     def is_dir(self, path: str) -> bool:
         return _norm(path) in self._model.dirs
 
+    def filesystem_of(self, path: str) -> int:
+        if not self.exists(path):
+            raise FileNotFoundError(errnos.ENOENT, "no such file or directory", path)
+        return 0  # one modelled filesystem
+
     def file_size(self, path: str) -> int:
         inode = self._inode_of(path)
         if inode is None:

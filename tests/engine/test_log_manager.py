@@ -567,7 +567,7 @@ class TestOtherOpeners:
             def sync_filesystem(self, path: str) -> None:
                 super().sync_filesystem(path)
                 for p in range(3):
-                    self.intrude(os.path.join(path, f"t-{p}"))
+                    self.intrude(str(tmp_path / f"t-{p}"))
 
             def intrude(self, directory: str) -> None:
                 try:
@@ -1069,6 +1069,24 @@ class TestMarkersTakenWhileTheLogsLoad:
             assert not locked(tmp_path / name), name
         with open_manager(tmp_path) as manager:
             assert manager.recovery_summary.clean == 2  # t-1 was taken and never opened
+
+    def test_partitions_on_other_filesystems_get_a_sync_of_their_own(self, tmp_path: Path) -> None:
+        write_root(tmp_path, partitions=4)
+        synced: list[str] = []
+
+        class TwoDisks(DelegatingFileSystem):
+            # t-1 and t-3 as if mounted from another disk (a syncfs of the root misses them).
+            def filesystem_of(self, path: str) -> int:
+                return 2 if Path(path).name in ("t-1", "t-3") else 1
+
+            def sync_filesystem(self, path: str) -> None:
+                synced.append(Path(path).name)
+                super().sync_filesystem(path)
+
+        with open_manager(tmp_path, fs=TwoDisks()) as manager:
+            assert manager.recovery_summary.clean == 4
+            assert len(synced) == 2  # one sync each, done before the open returned
+        assert {name in ("t-1", "t-3") for name in synced} == {True, False}
 
     def test_on_the_fault_twin_the_sync_runs_inline_so_every_run_makes_the_same_calls(self) -> None:
         fs = FaultFileSystem(21)
