@@ -113,26 +113,7 @@ def partition_open_figures(
     idle: dict[str, list[IdleCost]] = {"clean": [], "unclean": []}
     clean_open_s = 0.0
     for state, paths in roots.items():
-        fresh = itertools.cycle(paths)
-        managed: list[float] = []
-        sequential: list[float] = []
-        threads = 0
-        if state == "clean":
-            # Untimed, both sides: the process's first open of a root grows its heap (about
-            # 4 page faults a partition more than any later one), whichever side it is.
-            _time_manager_open(paths[0], state)
-            _time_sequential_open(paths[0], state)
-        for n in range(rounds):
-            # Interleaved, so drift in the machine hits both alike, and each side first in
-            # every other round, so neither always opens just after the other closed.
-            if n % 2:
-                sequential.append(_time_sequential_open(next(fresh), state))
-            opened = _time_manager_open(next(fresh), state)
-            managed.append(opened.elapsed_s)
-            threads = opened.threads
-            idle[state].append(opened.idle)
-            if not n % 2:
-                sequential.append(_time_sequential_open(next(fresh), state))
+        managed, sequential, threads = _open_rounds(paths, state, rounds, idle[state])
         if state == "clean":
             clean_open_s = median(managed)
         # Issue 28's target, for 1,000 partitions (scaled with the count in a scaled run).
@@ -164,6 +145,34 @@ def partition_open_figures(
     if settings.mode.startswith("full"):
         descriptors = {state: median([cost.descriptors for cost in costs]) for state, costs in idle.items()}
         _ten_times_the_partitions(directory, images, count, clean_open_s, descriptors, results, progress)
+
+
+def _open_rounds(
+    paths: list[str], state: str, rounds: int, idle: list[IdleCost]
+) -> tuple[list[float], list[float], int]:
+    """`rounds` managed and sequential opens of the roots `paths` (in turn): their times,
+    and the manager's thread count; each managed open's idle cost goes into `idle`."""
+    fresh = itertools.cycle(paths)
+    managed: list[float] = []
+    sequential: list[float] = []
+    threads = 0
+    if state == "clean":
+        # Untimed, both sides: the process's first open of a root grows its heap (about
+        # 4 page faults a partition more than any later one), whichever side it is.
+        _time_manager_open(paths[0], state)
+        _time_sequential_open(paths[0], state)
+    for n in range(rounds):
+        # Interleaved, so drift in the machine hits both alike, and each side first in
+        # every other round, so neither always opens just after the other closed.
+        if n % 2:
+            sequential.append(_time_sequential_open(next(fresh), state))
+        opened = _time_manager_open(next(fresh), state)
+        managed.append(opened.elapsed_s)
+        threads = opened.threads
+        idle.append(opened.idle)
+        if not n % 2:
+            sequential.append(_time_sequential_open(next(fresh), state))
+    return managed, sequential, threads
 
 
 def _idle_rows(partition: str, count: int, idle: list[IdleCost], results: BenchResults) -> None:
