@@ -523,6 +523,17 @@ def write_root(root: Path | str, partitions: int = 3, **kwargs: object) -> None:
             manager.log("t", p).append(batch(p + 1, 0))
 
 
+def root_to_interrupt(root: Path) -> int:
+    """A root of 3 partitions, and the thread a test's SIGINT goes to (skipped where
+    SIGINT does not raise KeyboardInterrupt)."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT does not raise KeyboardInterrupt here")
+    write_root(root)
+    main_thread = threading.main_thread().ident
+    assert main_thread is not None
+    return main_thread
+
+
 class FailingFileSystem(DelegatingFileSystem):
     """The OS, but with the calls `fail(op, path)` picks raising EIO."""
 
@@ -713,11 +724,7 @@ class TestFailedOpen:
     def test_ctrl_c_during_recovery_closes_the_logs_that_opened_and_releases_every_lock(
         self, tmp_path: Path
     ) -> None:
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            pytest.skip("SIGINT does not raise KeyboardInterrupt here")
-        write_root(tmp_path)
-        main_thread = threading.main_thread().ident
-        assert main_thread is not None
+        main_thread = root_to_interrupt(tmp_path)
         t1 = str(tmp_path / "t-1")
 
         interrupted: list[str] = []
@@ -1041,11 +1048,7 @@ class TestMarkersTakenWhileTheLogsLoad:
     def test_a_ctrl_c_while_a_failed_open_awaits_the_sync_finds_every_log_closed_and_unlocked(
         self, tmp_path: Path
     ) -> None:
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            pytest.skip("SIGINT does not raise KeyboardInterrupt here")
-        write_root(tmp_path)
-        main_thread = threading.main_thread().ident
-        assert main_thread is not None
+        main_thread = root_to_interrupt(tmp_path)
         t1 = str(tmp_path / "t-1")
         closed = [tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE for p in (0, 2)]
 
