@@ -543,13 +543,17 @@ class LogManager:
             self._lock_partitions(partitions, locks, failures)
             if failures:  # before any marker is taken: nothing on disk has changed
                 raise PartitionRecoveryError(self.root, failures)
+            # Before any marker is taken too: a failure here leaves every partition clean.
+            disks = {tp: self._fs.filesystem_of(self._partition_path(tp)) for tp in partitions}
             clean = {tp: take_clean_marker(self._fs, self._partition_path(tp)) for tp in partitions}
             if any(clean.values()):
                 # syncfs: a crash while loading must find no marker (it would trust a log
                 # recovery had half changed); one filesystem commit instead of one per
                 # partition, beside the loads: a load waits for it before it changes a log
                 # its marker called clean (made_durable), and the open before it returns.
-                syncing = self._sync_filesystems([self._partition_path(tp) for tp, m in clean.items() if m])
+                syncing = self._sync_filesystems(
+                    {disks[tp]: self._partition_path(tp) for tp in clean if clean[tp]}
+                )
                 clean = {
                     tp: None if marker is None else dataclasses.replace(marker, made_durable=syncing.wait)
                     for tp, marker in clean.items()
@@ -595,11 +599,10 @@ class LogManager:
                 exc.add_note(f"syncing the filesystem after taking the markers failed: {sync_error}")
             raise
 
-    def _sync_filesystems(self, paths: list[str]) -> PendingSync:
-        """Start a sync of every filesystem the paths are on (partitions may be mount points
+    def _sync_filesystems(self, path_on: Mapping[int, str]) -> PendingSync:
+        """Start a sync of each filesystem, given a path on it (partitions may be mount points
         or links to other disks: a syncfs of the root would not reach them)."""
-        by_filesystem = {self._fs.filesystem_of(path): path for path in paths}
-        return EverySync([self._fs.start_sync_filesystem(path) for path in by_filesystem.values()])
+        return EverySync([self._fs.start_sync_filesystem(path) for path in path_on.values()])
 
     def _lock_partitions(
         self,

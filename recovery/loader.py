@@ -341,10 +341,16 @@ class LogLoader:
 
     def _load_active_cleanly(self, segment: LogSegment) -> bool:
         try:
-            return segment.load_from_indexes(None, client_only=self.client_only)
+            if not segment.load_from_indexes(None, client_only=self.client_only):
+                return False
         except CorruptRecordError as exc:
             log.warning("clean shutdown marker, but %s", exc)
             return False
+        # A clean close flushed to its end: a recovery point at this segment's end names
+        # the offset the tail must end at (a base offset moved outside the CRC does not).
+        point = read_recovery_point(self.store)
+        at_end = point.segment_base == segment.base_offset and point.position == segment.size
+        return not at_end or point.offset == segment.next_offset
 
     def _load_newest_snapshot(
         self, limit: int | None, listed: list[int] | None = None
@@ -428,9 +434,12 @@ class LogLoader:
         error = segment.rebuild(
             validate=True,
             on_batch=on_batch,
-            # The active segment was created at its first batch's offset (Kafka never
-            # compacts it), so a different first offset means moved bytes.
-            first_base_offset=segment.base_offset if n == len(self.segments) - 1 else None,
+            # A client-only log's active segment was made at its first batch's offset, so
+            # a different first offset means moved bytes. (A follower's first batch may
+            # land past an empty segment's base: replication takes the leader's offsets.)
+            first_base_offset=segment.base_offset
+            if n == len(self.segments) - 1 and self.client_only
+            else None,
             client_only=self.client_only,
             tail_scan=scan,
         )

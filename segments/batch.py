@@ -140,6 +140,8 @@ class TailChecks(NamedTuple):
     first_base_offset: int | None = None  # the first batch's base offset (it starts the segment)
     first_last_offset: int | None = None  # the first batch's last offset (the index entry says so)
     client_only: bool = False  # client_append_problem holds for every batch
+    # Every last offset within an i32 of this base (an index entry's relative offset).
+    segment_base_offset: int | None = None
 
 
 NO_TAIL_CHECKS = TailChecks()
@@ -185,6 +187,8 @@ def walk_whole_batches(
         if at == 0 and checks.first_last_offset not in (None, last):
             return None
         if checks.client_only and client_append_problem(header, previous_last) is not None:
+            return None
+        if checks.segment_base_offset is not None and last - checks.segment_base_offset > fmt.INT32_MAX:
             return None
         previous_last, next_offset = last, last + 1
         if header[8] > max_timestamp_ms:

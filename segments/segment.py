@@ -746,9 +746,10 @@ class LogSegment:
         # must not slip in unvalidated. The batch the last entry names must be there, with
         # the last offset the entry gives.
         checks = TailChecks(
-            first_base_offset=None if entries else self.base_offset,
+            first_base_offset=None if entries or not client_only else self.base_offset,
             first_last_offset=last_entry.offset if entries else None,
             client_only=client_only,
+            segment_base_offset=self.base_offset,
         )
         if not self._walk_clean_tail(last_entry.position, checks):
             return False
@@ -780,7 +781,12 @@ class LogSegment:
             batch_checks = (
                 checks
                 if position == start
-                else TailChecks(self.next_offset if checks.client_only else None, None, checks.client_only)
+                else TailChecks(
+                    self.next_offset if checks.client_only else None,
+                    None,
+                    checks.client_only,
+                    checks.segment_base_offset,
+                )
             )
             walked = walk_whole_batches(
                 batch.buffer,

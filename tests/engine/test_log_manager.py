@@ -1091,6 +1091,23 @@ class TestMarkersTakenWhileTheLogsLoad:
             assert len(synced) == 2  # one sync each, done before the open returned
         assert {name in ("t-1", "t-3") for name in synced} == {True, False}
 
+    def test_a_partition_whose_filesystem_cannot_be_told_fails_the_open_before_any_marker_is_taken(
+        self, tmp_path: Path
+    ) -> None:
+        write_root(tmp_path)
+
+        class Unknowable(DelegatingFileSystem):
+            def filesystem_of(self, path: str) -> int:
+                if Path(path).name == "t-1":
+                    raise OSError(errno.EIO, "injected EIO (stat)", path)
+                return super().filesystem_of(path)
+
+        with pytest.raises(LogFailedError, match="injected EIO"):
+            open_manager(tmp_path, fs=Unknowable())
+        assert all((tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE).exists() for p in range(3))
+        with open_manager(tmp_path) as manager:
+            assert manager.recovery_summary.clean == 3  # nothing to recover
+
     def test_on_the_fault_twin_the_sync_runs_inline_so_every_run_makes_the_same_calls(self) -> None:
         fs = FaultFileSystem(21)
         with LogManager.open("/root", CONFIG, fs=fs, clock=clock, progress=False) as manager:

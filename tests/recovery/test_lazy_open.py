@@ -53,6 +53,17 @@ def read_values(log: Log, offset: int, count: int) -> list[bytes | None]:
     return out[:count]
 
 
+def every_batch(log: Log) -> list[tuple[int, bytes]]:
+    """(offset, bytes) of every batch from the log start, read until a read finds none."""
+    out, offset = [], log.log_start_offset
+    while True:
+        batches = log.read(offset, max_bytes=1 << 16).batches
+        if not batches:
+            return out
+        out += [(batch.base_offset, bytes(batch.buffer)) for batch in batches]
+        offset = batches[-1].last_offset + 1
+
+
 def index_files(names: list[str]) -> set[str]:
     return {name for name in names if name.endswith((".index", ".timeindex"))}
 
@@ -214,6 +225,13 @@ def _move_the_last_batch_up(directory: Path, active: Path) -> None:
     active.write_bytes(bytes(data))
 
 
+def _move_the_last_batch_past_an_i32(directory: Path, active: Path) -> None:
+    data = bytearray(active.read_bytes())
+    at = _last_batch_position(active)
+    struct.pack_into(">q", data, at, struct.unpack_from(">q", data, at)[0] + (1 << 32))
+    active.write_bytes(bytes(data))
+
+
 def _stamp_a_leader_epoch(directory: Path, active: Path) -> None:
     data = bytearray(active.read_bytes())  # also outside the CRC
     struct.pack_into(">i", data, _last_batch_position(active) + 12, 5)
@@ -227,50 +245,86 @@ def _add_a_time_entry_past_the_data(directory: Path, active: Path) -> None:
 
 class TestACleanOpenFindsWhatAnUncleanOneFinds:
     """Files changed behind a clean close: the clean open must end where the unclean open
-    of the same files ends (found by a red-team helper; older than the one-pass tail check)."""
+    of the same files ends (found by red-team helpers; older than the one-pass tail check)."""
 
+    @pytest.mark.parametrize("client_only", [True, False])
     @pytest.mark.parametrize(
         "change",
         [
             _empty_the_active_log,
             _move_the_last_batch_up,
+            _move_the_last_batch_past_an_i32,
             _stamp_a_leader_epoch,
             _add_a_time_entry_past_the_data,
         ],
     )
     def test_after_a_change_behind_the_close(
-        self, tmp_path: Path, change: Callable[[Path, Path], None]
+        self, tmp_path: Path, change: Callable[[Path, Path], None], client_only: bool
     ) -> None:
         config = LogConfig(segment_bytes=1 << 20, index_interval_bytes=300, on_corruption="truncate")
         source = tmp_path / "source"
         with Log.open(source, config) as log:
             for n in range(30):
-                log.append(encode_batch([(b"k", b"v" * 60)], timestamp_ms=T0 + n))
+                # A follower's log (a replicated batch first) is not client-only.
+                origin = "client" if client_only or n else "replication"
+                log.append(
+                    encode_batch([(b"k", b"v" * 60)], base_offset=n, timestamp_ms=T0 + n), origin=origin
+                )
             active = Path(log.active_segment.path).name
-        seen = []
+        seen: list[list[object]] = []
         for marker in (True, False):
             copy = tmp_path / f"copy-{marker}"
             shutil.copytree(source, copy)
             change(copy, copy / active)
             if not marker:
                 (copy / ".clean_shutdown").unlink()
-            states = []
-            for _ in range(2):  # and after a clean close of what the open made of it
-                with Log.open(copy, config) as log:
-                    segment = log.active_segment
-                    states.append(
-                        (
-                            log.log_end_offset,
-                            segment.max_timestamp_ms,
-                            segment.offset_of_max_timestamp,
-                            segment.bytes_since_last_index_entry,
-                        )
-                    )
-                    for n in range(12):  # past the next index entry
-                        log.append(encode_batch([(b"n", b"w" * 60)], timestamp_ms=T0 + 100 + n))
-                    states.append(
-                        (read_values(log, 0, log.log_end_offset), log.offset_for_timestamp(T0 + 105))
-                    )
-            states.append(((copy / active).with_suffix(".index").read_bytes(),))
-            seen.append(states)
+            try:
+                seen.append(self.states(copy, active, config))
+            except CorruptLogError as refused:  # both must refuse alike
+                seen.append([str(refused).replace(str(copy), "")])
         assert seen[0] == seen[1]
+
+    @staticmethod
+    def states(copy: Path, active: str, config: LogConfig) -> list[object]:
+        states: list[object] = []
+        for _ in range(2):  # and after a clean close of what the open made of it
+            with Log.open(copy, config) as log:
+                segment = log.active_segment
+                states.append(
+                    (
+                        log.log_end_offset,
+                        segment.max_timestamp_ms,
+                        segment.offset_of_max_timestamp,
+                        segment.bytes_since_last_index_entry,
+                    )
+                )
+                for n in range(12):  # past the next index entry
+                    log.append(encode_batch([(b"n", b"w" * 60)], timestamp_ms=T0 + 100 + n))
+                states.append((every_batch(log), log.offset_for_timestamp(T0 + 105)))
+        states.append(((copy / active).with_suffix(".index").read_bytes(),))
+        return states
+
+    @pytest.mark.parametrize("ending", ["closed", "killed", "flushed and killed"])
+    def test_a_followers_first_batch_past_an_empty_segments_base_is_kept(
+        self, tmp_path: Path, ending: str
+    ) -> None:
+        # Replication takes the leader's offsets: a new follower of a log that starts at
+        # 100 writes offset 100 into its empty segment 0 (the unclean open cut it, before
+        # this change; the clean one refused it in it; found by a red-team helper).
+        config = LogConfig()
+        source = tmp_path / "t-0"
+        log = Log.open(source, config)
+        log.append(encode_batch([(b"k", b"v")], base_offset=100, timestamp_ms=T0), origin="replication")
+        if ending == "flushed and killed":
+            log.flush()
+        copy = tmp_path / "copy"
+        if ending == "closed":
+            log.close()
+            shutil.copytree(source, copy)
+        else:
+            shutil.copytree(source, copy)  # as the process left it, killed: no marker
+            log.close()
+        with Log.open(copy, config) as reopened:
+            assert reopened.recovery_report.clean is (ending == "closed")
+            assert reopened.log_end_offset == 101
+            assert [batch.base_offset for batch in reopened.read(100, 1 << 20).batches] == [100]
