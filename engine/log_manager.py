@@ -543,21 +543,7 @@ class LogManager:
             self._lock_partitions(partitions, locks, failures)
             if failures:  # before any marker is taken: nothing on disk has changed
                 raise PartitionRecoveryError(self.root, failures)
-            # Before any marker is taken too: a failure here leaves every partition clean.
-            disks = {tp: self._fs.filesystem_of(self._partition_path(tp)) for tp in partitions}
-            clean = {tp: take_clean_marker(self._fs, self._partition_path(tp)) for tp in partitions}
-            if any(clean.values()):
-                # syncfs: a crash while loading must find no marker (it would trust a log
-                # recovery had half changed); one filesystem commit instead of one per
-                # partition, beside the loads: a load waits for it before it changes a log
-                # its marker called clean (made_durable), and the open before it returns.
-                syncing = self._sync_filesystems(
-                    {disks[tp]: self._partition_path(tp) for tp in clean if clean[tp]}
-                )
-                clean = {
-                    tp: None if marker is None else dataclasses.replace(marker, made_durable=syncing.wait)
-                    for tp, marker in clean.items()
-                }
+            clean, syncing = self._take_markers(partitions)
             tracker = RecoveryProgress(len(partitions), show=progress)
 
             def open_one(tp: TopicPartition) -> None:
@@ -599,10 +585,28 @@ class LogManager:
                 exc.add_note(f"syncing the filesystem after taking the markers failed: {sync_error}")
             raise
 
-    def _sync_filesystems(self, path_on: Mapping[int, str]) -> PendingSync:
-        """Start a sync of each filesystem, given a path on it (partitions may be mount points
-        or links to other disks: a syncfs of the root would not reach them)."""
-        return EverySync([self._fs.start_sync_filesystem(path) for path in path_on.values()])
+    def _take_markers(
+        self, partitions: list[TopicPartition]
+    ) -> tuple[dict[TopicPartition, CleanMarker | None], PendingSync | None]:
+        """Take every partition's clean-shutdown marker (the partitions are locked), and start
+        the sync that makes the takes durable: each marker taken, and the sync (None if none was)."""
+        # Before any marker is taken: a failure here leaves every partition clean.
+        disks = {tp: self._fs.filesystem_of(self._partition_path(tp)) for tp in partitions}
+        clean = {tp: take_clean_marker(self._fs, self._partition_path(tp)) for tp in partitions}
+        if not any(clean.values()):
+            return clean, None
+        # syncfs: a crash while loading must find no marker (it would trust a log recovery
+        # had half changed); one commit per filesystem instead of one per partition (a
+        # partition may be a mount point or a link to another disk, which a syncfs of the
+        # root would miss), beside the loads: a load waits for it before it changes a log
+        # its marker called clean (made_durable), and the open before it returns.
+        path_on = {disks[tp]: self._partition_path(tp) for tp in partitions if clean[tp]}
+        syncing = EverySync([self._fs.start_sync_filesystem(path) for path in path_on.values()])
+        marked = {
+            tp: None if marker is None else dataclasses.replace(marker, made_durable=syncing.wait)
+            for tp, marker in clean.items()
+        }
+        return marked, syncing
 
     def _lock_partitions(
         self,
