@@ -39,10 +39,21 @@ class OpensInFlight:
         return True
 
     def stop_and_wait(self) -> None:
-        with self._changed:
-            self._stopped = True
-            while self._running:
-                self._changed.wait()
+        """Start no more opens, and return once those running have ended, whatever Ctrl-Cs
+        come meanwhile (the last is raised then): an open left running would finish after
+        the caller closed what it had, and its log would stay open."""
+        interrupted: KeyboardInterrupt | None = None
+        while True:
+            try:
+                with self._changed:
+                    self._stopped = True
+                    while self._running:
+                        self._changed.wait()
+                break
+            except KeyboardInterrupt as again:
+                interrupted = again
+        if interrupted is not None:
+            raise interrupted
 
 
 def open_partitions(

@@ -21,8 +21,9 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 
 import pytest
 from log_helpers import stored_batches
@@ -521,6 +522,12 @@ def write_root(root: Path | str, partitions: int = 3, **kwargs: object) -> None:
     with open_manager(root, **kwargs) as manager:
         for p in range(partitions):
             manager.log("t", p).append(batch(p + 1, 0))
+
+
+def iter_frames(frame: FrameType | None) -> Iterator[FrameType]:
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
 
 
 def root_to_interrupt(root: Path) -> int:
@@ -1123,6 +1130,41 @@ class TestMarkersTakenWhileTheLogsLoad:
             runs.append((twin.io_calls - start, threads))
         assert runs[0] == runs[1]
         assert not any(name.startswith("oncelog-syncfs") for name in runs[0][1])
+
+    def test_two_ctrl_cs_while_a_load_awaits_the_sync_still_close_the_log_it_was_opening(
+        self, tmp_path: Path
+    ) -> None:
+        main_thread = root_to_interrupt(tmp_path)
+        with open(next((tmp_path / "t-1").glob("*.log")), "ab") as log_file:
+            log_file.write(b"\xab" * 40)  # t-1 must validate after all: it awaits the sync
+
+        def somewhere_in(function: str) -> bool:
+            return any(
+                frame.f_code.co_name == function
+                for top in sys._current_frames().values()
+                for frame in iter_frames(top)
+            )
+
+        def until(function: str) -> None:
+            deadline = time.monotonic() + 60
+            while not somewhere_in(function) and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+        class InterruptedTwice(DelegatingFileSystem):
+            def sync_filesystem(self, path: str) -> None:
+                until("_wait_marker_durable")  # t-1's load waits for this sync
+                signal.pthread_kill(main_thread, signal.SIGINT)
+                until("stop_and_wait")  # the open, interrupted, waits for t-1's load
+                signal.pthread_kill(main_thread, signal.SIGINT)
+                time.sleep(0.2)
+                super().sync_filesystem(path)
+
+        with pytest.raises(KeyboardInterrupt):
+            open_manager(tmp_path, fs=InterruptedTwice(), recovery_threads=2)
+        for name in ("t-0", "t-1", "t-2", ".lock", "producer_ids.lock"):
+            assert not locked(tmp_path / name), name
+        with open_manager(tmp_path) as manager:  # no log of the failed open still holds its store
+            assert len(manager.logs()) == 3
 
     def test_a_failed_sync_fails_the_open_and_leaves_every_log_closed_and_unlocked(
         self, tmp_path: Path
