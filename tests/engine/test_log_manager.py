@@ -530,11 +530,20 @@ def iter_frames(frame: FrameType | None) -> Iterator[FrameType]:
         frame = frame.f_back
 
 
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt for the test, as in a terminal, even where the
+    suite was started with it ignored (a job started in the background inherits that)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def root_to_interrupt(root: Path) -> int:
-    """A root of 3 partitions, and the thread a test's SIGINT goes to (skipped where
-    SIGINT does not raise KeyboardInterrupt)."""
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("SIGINT does not raise KeyboardInterrupt here")
+    """A root of 3 partitions, and the thread a test's SIGINT goes to (see sigint_raises)."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     write_root(root)
     main_thread = threading.main_thread().ident
     assert main_thread is not None
@@ -729,7 +738,7 @@ class TestFailedOpen:
             assert manager.recovery_summary.clean == 3
 
     def test_ctrl_c_during_recovery_closes_the_logs_that_opened_and_releases_every_lock(
-        self, tmp_path: Path
+        self, tmp_path: Path, sigint_raises: None
     ) -> None:
         main_thread = root_to_interrupt(tmp_path)
         t1 = str(tmp_path / "t-1")
@@ -1053,7 +1062,7 @@ class TestMarkersTakenWhileTheLogsLoad:
         assert sorted(order[1:5]) == [f"loading t-{p}" for p in range(4)], order
 
     def test_a_ctrl_c_while_a_failed_open_awaits_the_sync_finds_every_log_closed_and_unlocked(
-        self, tmp_path: Path
+        self, tmp_path: Path, sigint_raises: None
     ) -> None:
         main_thread = root_to_interrupt(tmp_path)
         t1 = str(tmp_path / "t-1")
@@ -1132,7 +1141,7 @@ class TestMarkersTakenWhileTheLogsLoad:
         assert not any(name.startswith("oncelog-syncfs") for name in runs[0][1])
 
     def test_two_ctrl_cs_while_a_load_awaits_the_sync_still_close_the_log_it_was_opening(
-        self, tmp_path: Path
+        self, tmp_path: Path, sigint_raises: None
     ) -> None:
         main_thread = root_to_interrupt(tmp_path)
         with open(next((tmp_path / "t-1").glob("*.log")), "ab") as log_file:
