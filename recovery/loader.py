@@ -266,7 +266,7 @@ class LogLoader:
         first_unsafe = len(bases) if first is None else first
         last = len(bases) - 1
         self._open_segments(bases, first_unsafe)
-        if first_unsafe == len(bases) and not self._load_active_cleanly(self.segments[last]):
+        if first_unsafe == len(bases) and not self._load_active_cleanly(self.segments[last], point):
             # The marker said clean but the active segment disagrees: validate it.
             first = first_validated(bases, point, clean=True, store_found=True, active_tail_ok=False)
             assert first == last, (first, last)
@@ -339,7 +339,7 @@ class LogLoader:
             next_base_offset=next_base,
         )
 
-    def _load_active_cleanly(self, segment: LogSegment) -> bool:
+    def _load_active_cleanly(self, segment: LogSegment, point: RecoveryPoint) -> bool:
         try:
             if not segment.load_from_indexes(None, client_only=self.client_only):
                 return False
@@ -348,7 +348,6 @@ class LogLoader:
             return False
         # A clean close flushed to its end: a recovery point at this segment's end names
         # the offset the tail must end at (a base offset moved outside the CRC does not).
-        point = read_recovery_point(self.store)
         at_end = point.segment_base == segment.base_offset and point.position == segment.size
         return not at_end or point.offset == segment.next_offset
 

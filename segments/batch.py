@@ -165,8 +165,8 @@ def walk_whole_batches(
     they leave, carrying on from the given offset and largest timestamp. One unpack and
     one CRC a batch, no objects (a clean open checks its active segment's tail so).
 
-    None at the first batch that is not so, or does not fit: the caller's reference
-    loop then says what is wrong with it.
+    None at the first batch that is not so, or does not fit (the caller then validates
+    the segment as after a crash, which names what is wrong).
     """
     unpack = fmt.HEADER_STRUCT.unpack_from
     view = memoryview(buffer)
