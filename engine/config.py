@@ -34,6 +34,12 @@ class LogConfig:
     # None leaves durability to explicit flush() calls (Kafka's default).
     flush_messages: int | None = None
     flush_ms: int | None = None
+    # A flush makes its data durable with one fdatasync of the segment. The recovery point
+    # (what lets an unclean open tell a bit flipped in fsynced bytes, which it reports, from
+    # a torn tail, which it cuts) costs an LMDB commit, two more syncs: flushes commit it
+    # at most this often, and every roll, clean close and Log.checkpoint() does. 0: every
+    # flush commits it. (Kafka's log.flush.offset.checkpoint.interval.ms, 60 s there.)
+    recovery_point_interval_ms: int = 1000
     # Bad bytes below the recovery point: raise CorruptLogError, or cut the log there.
     on_corruption: OnCorruption = "raise"
     # Rows in the producer table (160 bytes each, touched only as producers arrive),
@@ -74,6 +80,10 @@ class LogConfig:
             raise ValueError(f"flush_messages must be positive or None, got {self.flush_messages}")
         if self.flush_ms is not None and self.flush_ms < 0:
             raise ValueError(f"flush_ms must be >= 0 or None, got {self.flush_ms}")
+        if self.recovery_point_interval_ms < 0:
+            raise ValueError(
+                f"recovery_point_interval_ms must be >= 0, got {self.recovery_point_interval_ms}"
+            )
         if self.on_corruption not in ("raise", "truncate"):
             raise ValueError(f"on_corruption must be 'raise' or 'truncate', got {self.on_corruption!r}")
         if self.producer_expiration_ms <= 0:

@@ -117,6 +117,10 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
         self._fsync_lock = threads.lock()
         self._recovery_point_lock = threads.lock()
         self._generation = 0
+        # The last flush's fsynced end and its generation, and when the recovery point was
+        # last committed: a flush commits it only every recovery_point_interval_ms.
+        self._fsynced_point = (loaded.recovery_point, 0, 0, -1)  # (generation -1: none yet)
+        self._point_committed_ms = clock()
         self._retirements_recorded = False  # retired-producer records in the store (the loader clears them)
         # The compiled append (oncelog.compiled_append), bound to the active segment and the
         # producer table by _bind_compiled (oncelog.log_appends).
@@ -305,7 +309,9 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
                     errors.append(self._failure)
                 else:
                     try:
-                        self._flush()
+                        # The point at the end too: the next unclean open tells corruption
+                        # from a torn tail by it.
+                        self._flush(commit_point=True)
                         end = self.log_end_offset
                         snapshots.write_snapshot(self._fs, self.directory, end, self._producers.live_rows())
                         self._forget_retirements()

@@ -89,6 +89,34 @@ class LogDurability(LogState):
         self._bind_compiled()
         return segment
 
+    @property
+    def durable_end_offset(self) -> int:
+        """Offsets below this are fsynced: they survive a power loss. The recovery point
+        (`recovery_point`) follows it, at most `recovery_point_interval_ms` behind a flush."""
+        return self._group_commit.durable_end_offset
+
+    def _point_due(self) -> bool:
+        """Whether a flush commits the recovery point (two more syncs, LMDB's) or leaves it
+        behind the data it just fsynced. See `LogConfig.recovery_point_interval_ms`."""
+        interval_ms = self.config.recovery_point_interval_ms
+        return interval_ms == 0 or self._clock() - self._point_committed_ms >= interval_ms
+
+    def checkpoint(self) -> bool:
+        """Commit the recovery point up to what flushes have fsynced, if it lags behind;
+        True if it moved. (A flush commits it at most every `recovery_point_interval_ms`;
+        call this now and then so an idle log's point catches up, as `oncelog serve` does.)"""
+        with self._lock:
+            self._check_open()
+        with self._fsync_lock:
+            self._raise_if_failed()
+            end, segment_base, position, generation = self._fsynced_point
+            # A cut or reload since that flush (the generation rule) may have moved its
+            # bytes: only a point fsynced in this generation may be committed.
+            if generation != self._generation or end <= self.recovery_point:
+                return False
+            self._set_recovery_point(end, segment_base, position)
+            return True
+
     def _set_recovery_point(self, offset: int, segment_base: int, position: int) -> None:
         # One durable LMDB commit; only ever called after what it covers was fsynced.
         # Its own lock: a flush commits it outside the append lock, and the point
@@ -98,6 +126,7 @@ class LogDurability(LogState):
             if offset >= self.recovery_point:
                 self._commit_metadata(write_recovery_point, RecoveryPoint(offset, segment_base, position))
                 self.recovery_point = offset
+                self._point_committed_ms = self._clock()
 
     def _commit_metadata(self, write: Callable[[MetadataStore, T], None], value: T) -> None:
         """`write(store, value)`, failing the log closed if the store cannot commit (a full disk)."""
@@ -148,8 +177,9 @@ class LogDurability(LogState):
             raise OffsetOutOfRangeError(f"{self.directory} ends at {end}, before offset {end_offset - 1}")
         self._group_commit.wait(end_offset, self._flush, self.directory, cuts=cuts)
 
-    def _flush(self) -> None:
-        """fsync every segment with unflushed bytes, then move the recovery point.
+    def _flush(self, *, commit_point: bool = False) -> None:
+        """fsync every segment with unflushed bytes, then move the recovery point if it is
+        due (`_point_due`) or `commit_point` (a close) says so.
 
         What to fsync is captured under the append lock; the fsyncs and the commit run
         outside it, under the fsync lock (a caller holding the append lock, like
@@ -176,7 +206,8 @@ class LogDurability(LogState):
                     # "succeed" after the kernel dropped the dirty pages (fsyncgate).
                     self._fail(exc)
                     raise LogFailedError(f"fsync of {segment.path} failed: {exc}") from exc
-            if end > self.recovery_point:
+            self._fsynced_point = (end, active.base_offset, active_size, generation)
+            if end > self.recovery_point and (commit_point or self._point_due()):
                 try:
                     # Outside the append lock: appenders go on during the store's commit too.
                     self._set_recovery_point(end, active.base_offset, active_size)

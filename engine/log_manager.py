@@ -419,24 +419,27 @@ class LogManager:
                 log.reconfigure(config)
 
     # -- maintenance ---------------------------------------------------------------------
-    def apply_retention(self, now_ms: int | None = None) -> int:
-        """Run each partition's retention; returns the number of segments deleted.
+    def apply_retention(self, now_ms: int | None = None) -> int:  # how many segments it deleted
+        return self._on_every_log(lambda log: log.apply_retention(now_ms))
 
-        Every partition is tried; the first error (if any) is raised afterwards.
-        """
-        deleted, first_error = 0, None
+    def _on_every_log(self, step: Callable[[Log], int]) -> int:
+        """`step` on every partition, summed. Every one is tried; the first error is raised after."""
+        total, first_error = 0, None
         for log in self.logs().values():
             try:
-                deleted += log.apply_retention(now_ms)
+                total += step(log)
             except Exception as exc:
                 first_error = first_error or exc
         if first_error is not None:
             raise first_error
-        return deleted
+        return total
 
     def flush(self) -> None:
         for log in self.logs().values():
             log.flush()
+
+    def checkpoint(self) -> int:  # Log.checkpoint() on each: how many recovery points moved
+        return self._on_every_log(Log.checkpoint)
 
     def close(self) -> None:
         """Close every log (flush, snapshot, clean marker), the PID manager and the root lock."""

@@ -79,6 +79,8 @@ class LogState:
     _fsync_lock: threads.Lock  # 2nd
     _recovery_point_lock: threads.Lock  # 3rd
     _generation: int  # the generation rule (see the module docstring)
+    _fsynced_point: tuple[int, int, int, int]  # the last flush's end, segment base, position, generation
+    _point_committed_ms: int  # when the recovery point was last committed (engine clock)
     _group_commit: GroupCommit
     _closed: bool
     _failure: BaseException | None  # set by _fail

@@ -75,6 +75,7 @@ class Server:
         self._coordination = [
             asyncio.create_task(self.broker.groups.run_sweeper()),
             asyncio.create_task(self.broker.transactions.run_timeouts()),
+            asyncio.create_task(self._checkpoint_periodically()),
         ]
 
     async def _apply_retention_periodically(self) -> None:
@@ -88,6 +89,19 @@ class Server:
                 continue
             if deleted:
                 log.info("retention deleted %d segments", deleted)
+
+    async def _checkpoint_periodically(self) -> None:
+        """Commit each partition's recovery point up to what its flushes fsynced: a flush
+        commits it at most every recovery_point_interval_ms, so an idle one catches up here."""
+        interval_ms = self.broker.manager.config.recovery_point_interval_ms
+        if interval_ms == 0:
+            return  # every flush commits it
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                await self.broker.in_thread(self.broker.manager.checkpoint)
+            except Exception as exc:
+                self.broker.warnings.warning(("checkpoint",), "committing a recovery point failed: %s", exc)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.broker.stopping:

@@ -137,6 +137,8 @@ class AppliedFault:
     offset: int = -1
     length: int = 0
     detail: str = ""
+    # Where fsynced bytes were changed (a bit flip, a misdirected write's landing); -1: none.
+    damaged_at: int = -1
 
     def __str__(self) -> str:
         where = f"{self.path}@{self.offset}+{self.length}" if self.offset >= 0 else self.path
@@ -312,7 +314,9 @@ def _misdirect(path: str, inode: Inode, n: int, rng: random.Random, faults: list
         wrong = op.offset + shift if op.offset + shift >= 0 else op.offset - shift
     ops = [Op(wrong, op.data) if m == n else other for m, other in enumerate(inode.pending)]
     content = _replay(inode.durable, ops)
-    faults.append(AppliedFault("misdirect", path, op.offset, len(op.data), f"landed at {wrong}"))
+    # Durable bytes changed only where it landed inside what was fsynced.
+    damaged_at = wrong if wrong < len(inode.durable) else -1
+    faults.append(AppliedFault("misdirect", path, op.offset, len(op.data), f"landed at {wrong}", damaged_at))
     return content
 
 
@@ -356,4 +360,4 @@ def _bitflip(
     offset = rng.randrange(min(len(inode.durable), len(content)))
     bit = rng.randrange(8)
     content[offset] ^= 1 << bit
-    faults.append(AppliedFault("bitflip", path, offset, 1, f"bit {bit}"))
+    faults.append(AppliedFault("bitflip", path, offset, 1, f"bit {bit}", offset))

@@ -58,9 +58,10 @@ from oncelog.errors import CorruptLogError, CorruptRecordError, OncelogError
 from oncelog.log import METADATA_DIR, Log
 from oncelog.producer_replay import ReplayBuffer
 from oncelog.producer_state import ProducerStateEntry, ProducerStateManager
+from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch
 from oncelog.segments.control import decode_txn_marker
-from oncelog.storage.checkpoint import read_recovery_point
+from oncelog.storage.checkpoint import RecoveryPoint, read_recovery_point
 from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.torture.model import (
     ABORTED,
@@ -155,6 +156,8 @@ def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) ->
     reportable = fault in ("bitflip", "misdirect") or lost_segment
     if lost_segment:
         model.lost_from = _stored_recovery_point(fs)
+    elif reportable:
+        model.damaged_from = _damaged_past_recovery_point(fs)
     # Recovery runs at the crash's time, or after an idle gap past the expiration: the
     # load then expires what the snapshot knows to be idle, and must keep the rest.
     gap = random.Random(f"{seed}/recovery-clock").choice((0, 0, 0, EXPIRATION_MS + 1, 3 * EXPIRATION_MS))
@@ -214,11 +217,51 @@ def _place_in_flight(model: Model, present: dict[int, bytes]) -> None:
 
 
 def _stored_recovery_point(fs: FaultFileSystem) -> int:
+    return _stored_point(fs).offset
+
+
+def _stored_point(fs: FaultFileSystem) -> RecoveryPoint:
     store = fs.open_store(f"{DIRECTORY}/{METADATA_DIR}")
     try:
-        return read_recovery_point(store).offset
+        return read_recovery_point(store)
     finally:
         store.close()
+
+
+def _damaged_past_recovery_point(fs: FaultFileSystem) -> int | None:
+    """The first offset of the batch a bit flip or misdirected write changed in fsynced
+    bytes of a segment past the stored recovery point; None if it changed none there.
+    (Below the point, the damage must be reported: no excuse.)"""
+    point = _stored_point(fs)
+    for fault in fs.faults:
+        name = fault.path.rpartition("/")[2]
+        if fault.damaged_at < 0 or not name.endswith(".log") or not name[:20].isdigit():
+            continue
+        base = int(name[:20])
+        if point.covers(base, fault.damaged_at):
+            continue
+        return _offset_of_batch_at(fs, fault.path, base, fault.damaged_at)
+    return None
+
+
+def _offset_of_batch_at(fs: FaultFileSystem, path: str, base: int, position: int) -> int:
+    """The first offset of the batch holding byte `position` of the crashed segment `path`
+    (the batches before it are intact: the damage starts at `position`)."""
+    handle = fs.open(path, writable=False)
+    try:
+        at, offset = 0, base
+        while True:
+            header = handle.pread(fmt.HEADER_SIZE, at)
+            if len(header) < fmt.HEADER_SIZE:
+                return offset
+            size = fmt.LOG_OVERHEAD + fmt.INT32.unpack_from(header, fmt.LENGTH_OFFSET)[0]
+            if size < fmt.HEADER_SIZE or at + size > position:  # (zeros: the reserved space past the data)
+                return offset
+            base_offset = fmt.INT64.unpack_from(header, 0)[0]
+            offset = base_offset + fmt.INT32.unpack_from(header, fmt.LAST_OFFSET_DELTA_OFFSET)[0] + 1
+            at += size
+    finally:
+        handle.close()
 
 
 def _bytes_from_recovery_point(fs: FaultFileSystem) -> int:

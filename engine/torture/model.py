@@ -148,15 +148,20 @@ class Model:
     # Set by the checker after a "lost" crash: the recovery point then stored. Batches past
     # it may have gone with the lost file without the engine being able to know.
     lost_from: int | None = None
+    # Set by the checker after a bit flip or misdirected write in fsynced bytes past the
+    # stored recovery point (which a flush leaves behind, LogConfig.recovery_point_interval_ms):
+    # the offset of the batch it hit. From there recovery cannot tell the damage from a
+    # torn tail, and may cut it with what follows, as Kafka's does; nothing before it.
+    damaged_from: int | None = None
     truncations: int = 0  # completed, for the tests' coverage figures
     starts_moved: int = 0
 
     def excused(self, last_offset: int) -> bool:
         """A batch ending at `last_offset` may be gone: cut by a truncation the crash interrupted,
-        or in a segment file an operator lost past what the recovery point covered."""
-        return (self.pending_cut is not None and last_offset >= self.pending_cut) or (
-            self.lost_from is not None and last_offset >= self.lost_from
-        )
+        in a segment file an operator lost past what the recovery point covered, or from a
+        batch damaged past the recovery point on."""
+        cuts = (self.pending_cut, self.lost_from, self.damaged_from)
+        return any(cut is not None and last_offset >= cut for cut in cuts)
 
 
 def stamped(batch: bytes, offset: int) -> bytes:

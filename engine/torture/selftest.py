@@ -85,6 +85,18 @@ def ack_before_data_fsync() -> contextlib.AbstractContextManager[None]:
     return _patched(Log, "_flush", flush)
 
 
+def checkpoint_past_the_fsynced_data() -> contextlib.AbstractContextManager[None]:
+    def checkpoint(self: Log) -> bool:
+        # The point moves to the log end, unflushed batches and all.
+        active, end = self.active_segment, self.log_end_offset
+        if end <= self.recovery_point:
+            return False
+        self._set_recovery_point(end, active.base_offset, active.size)
+        return True
+
+    return _patched(Log, "checkpoint", checkpoint)
+
+
 def flush_racing_a_truncation() -> contextlib.AbstractContextManager[None]:
     # The flush before the fix: the log end captured under the append lock, the fsync
     # outside it with nothing keeping a truncation out, then the recovery point moved to
@@ -225,6 +237,10 @@ PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], 
     "fsync ignored": (fsync_ignored, ("drop", "torn")),
     "directory fsync skipped on segment create": (directory_fsync_skipped_on_segment_create, ("dirent",)),
     "ack before the data fsync": (ack_before_data_fsync, ("drop", "torn")),
+    "a checkpoint commits a recovery point past the fsynced data": (
+        checkpoint_past_the_fsynced_data,
+        ("drop", "torn"),
+    ),
     "a flush racing a truncation commits the log end it saw before the cut": (
         flush_racing_a_truncation,
         ("kill", "drop"),

@@ -512,9 +512,13 @@ def _run(fs: FaultFileSystem, rng: random.Random, model: Model, steps: int, sche
                 retried = rng.choice(PRODUCERS + TXN_PRODUCERS)
                 if w.recent[retried]:
                     w.retry(log, retried)
-            elif action < 0.77:
+            elif action < 0.74:
                 log.flush()
                 model.durable_end = log.log_end_offset
+            elif action < 0.77:
+                # The recovery point catches up with the last flush, not past it (flushes
+                # commit it only every LogConfig.recovery_point_interval_ms).
+                log.checkpoint()
             elif action < 0.83:
                 log.roll()
             elif action < 0.86:

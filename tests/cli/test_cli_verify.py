@@ -624,7 +624,8 @@ def test_verify_oncelog_damage_below_the_recovery_point_is_corruption(
 ) -> None:
     log = oncelog_log(tmp_path / "orders-0", close=False)
     try:
-        log.flush()  # the recovery point moves to the end: every batch is durable
+        log.flush()
+        assert log.checkpoint()  # the recovery point moves to the end: every batch is vouched for
         active = tmp_path / "orders-0" / f"{log.active_segment.base_offset:020d}.log"
         image = tmp_path / "image" / "orders-0"
         shutil.copytree(tmp_path / "orders-0", image)

@@ -218,7 +218,7 @@ def test_a_plain_or_idempotent_append_on_the_wall_clock_runs_no_python_frame(tmp
     counted = Log.open(tmp_path / "counted", LogConfig(flush_messages=1))
     counted.append(plain)
     assert "log_appends.py:append" in _python_calls_during(lambda: counted.append(plain))
-    assert counted.recovery_point == 2  # flushed by the policy after the compiled append
+    assert counted.durable_end_offset == 2  # flushed by the policy after the compiled append
     counted.close()
     log.close()
 
@@ -264,7 +264,7 @@ def test_append_keeps_its_signature_its_doc_and_every_other_call_shape(tmp_path:
     assert log.append(batch).first_offset == 0
     assert log.append(bytearray(batch)).first_offset == 1
     assert log.append(memoryview(batch)).first_offset == 2
-    assert log.append(batch, durable=True).first_offset == 3 and log._group_commit.durable_end_offset == 4
+    assert log.append(batch, durable=True).first_offset == 3 and log.durable_end_offset == 4
     with pytest.raises(OncelogError, match="below the log end 4"):
         log.append(batch, origin="replication")  # a leader's offsets: the Python method's rule
     assert Log.append(log, batch).first_offset == 4  # called on the class

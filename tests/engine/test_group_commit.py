@@ -96,17 +96,53 @@ def run_threads(threads: int, work: list[list[bytes]], log: Log) -> list[list[ob
 
 
 class TestDurableAppend:
-    def test_a_durable_append_returns_with_its_batch_fdatasynced_and_the_recovery_point_past_it(
+    def test_a_durable_append_costs_one_fdatasync_and_leaves_the_recovery_point_to_its_interval(
         self, tmp_path: Path
     ) -> None:
         fs = SlowFsyncFileSystem(fsync_s=0)
-        with Log.open(tmp_path / "t-0", CONFIG, fs=fs) as log:
+        now = [T0]
+        with Log.open(tmp_path / "t-0", CONFIG, fs=fs, clock=lambda: now[0]) as log:
             log.append(batch(0))
             assert fs.segment_fsyncs == 0
             result = log.append(batch(1), durable=True)
             assert fs.segment_fsyncs == 1
-            assert log.recovery_point == result.last_offset + 1
-            assert read_recovery_point(log._store).offset == result.last_offset + 1
+            # Durable, but not yet vouched for: the interval has not passed since the open.
+            assert log.recovery_point == read_recovery_point(log._store).offset == 0
+            now[0] += CONFIG.recovery_point_interval_ms
+            later = log.append(batch(2), durable=True)
+            assert fs.segment_fsyncs == 2
+            assert log.recovery_point == read_recovery_point(log._store).offset == later.last_offset + 1
+            assert later.last_offset == result.last_offset + 1
+
+    def test_with_no_interval_every_durable_append_commits_the_recovery_point_past_it(
+        self, tmp_path: Path
+    ) -> None:
+        fs = SlowFsyncFileSystem(fsync_s=0)
+        config = LogConfig(recovery_point_interval_ms=0)
+        with Log.open(tmp_path / "t-0", config, fs=fs, clock=lambda: T0) as log:
+            result = log.append(batch(1), durable=True)
+            assert fs.segment_fsyncs == 1
+            assert log.recovery_point == read_recovery_point(log._store).offset == result.last_offset + 1
+
+    def test_checkpoint_commits_what_the_last_flush_fsynced_and_nothing_past_it(self, tmp_path: Path) -> None:
+        fs = SlowFsyncFileSystem(fsync_s=0)
+        with Log.open(tmp_path / "t-0", CONFIG, fs=fs, clock=lambda: T0) as log:
+            durable = log.append(batch(1), durable=True)
+            log.append(batch(2))  # not fsynced: the point must not pass it
+            assert log.checkpoint()
+            assert read_recovery_point(log._store).offset == durable.last_offset + 1
+            assert not log.checkpoint()  # nothing new fsynced
+            assert fs.segment_fsyncs == 1
+
+    def test_checkpoint_after_a_truncation_below_the_fsynced_end_never_commits_the_old_end(
+        self, tmp_path: Path
+    ) -> None:
+        with Log.open(tmp_path / "t-0", CONFIG, clock=lambda: T0) as log:
+            log.append(batch(1))
+            log.append(batch(2), durable=True)  # fsynced to 2; the point stays at 0
+            log.truncate_to(1)  # reloads, which fsyncs what it keeps and commits the point there
+            assert not log.checkpoint()
+            assert read_recovery_point(log._store).offset == log.log_end_offset == 1
 
     def test_a_durable_append_of_data_already_fsynced_takes_no_fsync(self, tmp_path: Path) -> None:
         fs = SlowFsyncFileSystem(fsync_s=0)

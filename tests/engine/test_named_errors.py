@@ -210,9 +210,10 @@ def test_a_full_disk_under_the_metadata_store_fails_the_log_closed_by_name() -> 
     fs = FaultFileSystem(0)
     log = Log.open("/d/t-0", fs=fs, clock=Clock())
     log.append(encode_batch([(b"k", b"v")], timestamp_ms=T0))
+    log.flush()
     fs.fail_next("put", errno.ENOSPC)  # the recovery point's commit
     with pytest.raises(LogFailedError, match=r"commit to /d/t-0/meta\.lmdb failed"):
-        log.flush()
+        log.checkpoint()
     with pytest.raises(LogFailedError, match="refuses appends"):
         log.append(encode_batch([(b"k", b"v")], timestamp_ms=T0))
     with pytest.raises(LogFailedError, match="without a flush"):

@@ -26,10 +26,13 @@ from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 
 D = "/data/topic-0"
 T0 = 1_800_000_000_000
+# Every flush commits its recovery point (recovery_point_interval_ms=0): these tests damage
+# what a flush vouched for, which must be reported. The default lags: tests/recovery/test_loader.py.
 CONFIG = LogConfig(
     segment_bytes=2048,
     segment_index_bytes=1024,
     index_interval_bytes=256,
+    recovery_point_interval_ms=0,
 )
 MARKER = D + "/.clean_shutdown"
 METADATA = "meta.lmdb"

@@ -54,7 +54,9 @@ MARKER = ".clean_shutdown"
 # Batch timestamps here are pinned to 2023 and the Kafka fixtures date from 2024, while
 # the logs run on the wall clock with Kafka's default expiration: expiry reads the
 # engine's clock, so no producer here expires.
-CONFIG = LogConfig(segment_bytes=2048, segment_index_bytes=4096)
+# Every flush commits its recovery point (recovery_point_interval_ms=0): these tests damage
+# bytes a flush vouched for, which must be reported. A lagging point: TestALaggingRecoveryPoint.
+CONFIG = LogConfig(segment_bytes=2048, segment_index_bytes=4096, recovery_point_interval_ms=0)
 
 
 # -- producers and batches ------------------------------------------------------------
@@ -818,6 +820,7 @@ class TestCorruptionBelowTheRecoveryPoint:
             segment_bytes=2048,
             segment_index_bytes=4096,
             on_corruption="truncate",
+            recovery_point_interval_ms=0,
         )
         data = active.read_bytes()
         with Log.open(rolled.directory, config) as cut:
@@ -1032,9 +1035,69 @@ class TestSingleWriter:
 
 
 # -- flush policy ------------------------------------------------------------------------------
+class TestALaggingRecoveryPoint:
+    """The default: a flush fsyncs the segment alone, and the recovery point moves only every
+    recovery_point_interval_ms, at rolls, at a clean close and on Log.checkpoint()."""
+
+    LAGGING = dataclasses.replace(CONFIG, recovery_point_interval_ms=60_000)
+
+    def _durable_batches(self, directory: Path, count: int) -> tuple[Log, list[AppendResult]]:
+        producers = Producers()
+        log = Log.open(directory, self.LAGGING, clock=lambda: T0)
+        results = []
+        for _ in range(count):
+            results.append(producers.append(log, 1))
+            log.flush()
+        assert log.recovery_point == 0  # fsynced, not vouched for
+        return log, results
+
+    def test_a_kill_after_durable_appends_keeps_every_one_though_the_point_lags(self, tmp_path: Path) -> None:
+        log, results = self._durable_batches(tmp_path / "t-0", 5)
+        copy = crash_copy(tmp_path / "t-0", tmp_path / "crashed")
+        log.close()
+        with Log.open(copy, self.LAGGING) as reopened:
+            assert reopened.recovery_report.clean is False
+            assert reopened.log_end_offset == results[-1].last_offset + 1
+
+    def test_a_bit_flip_past_the_lagging_point_is_cut_as_a_torn_tail_with_what_follows_it(
+        self, tmp_path: Path
+    ) -> None:
+        log, results = self._durable_batches(tmp_path / "t-0", 5)
+        copy = crash_copy(tmp_path / "t-0", tmp_path / "crashed")
+        log.close()
+        active = segment_path(copy, 0)
+        position, _, base = batch_positions(active)[2]
+        flip_byte(active, position + HEADER_SIZE + 2)
+        # Kafka's answer too: nothing tells these fsynced bytes from a torn unsynced tail.
+        with Log.open(copy, self.LAGGING) as reopened:
+            assert reopened.log_end_offset == base == results[2].first_offset
+            assert reopened.recovery_report.truncated_bytes > 0
+
+    def test_a_bit_flip_below_a_checkpointed_point_is_still_reported(self, tmp_path: Path) -> None:
+        log, _ = self._durable_batches(tmp_path / "t-0", 5)
+        assert log.checkpoint()
+        copy = crash_copy(tmp_path / "t-0", tmp_path / "crashed")
+        log.close()
+        active = segment_path(copy, 0)
+        position = batch_positions(active)[2][0]
+        flip_byte(active, position + HEADER_SIZE + 2)
+        with pytest.raises(CorruptLogError) as info:
+            Log.open(copy, self.LAGGING)
+        assert (info.value.path, info.value.position) == (str(active), position)
+
+    def test_a_clean_close_commits_the_point_at_the_end(self, tmp_path: Path) -> None:
+        log, results = self._durable_batches(tmp_path / "t-0", 3)
+        log.close()
+        store = OsFileSystem().open_store(str(tmp_path / "t-0" / "meta.lmdb"))
+        try:
+            assert read_offset(store, RECOVERY_POINT_KEY) == results[-1].last_offset + 1
+        finally:
+            store.close()
+
+
 class TestFlushPolicy:
     def test_flush_messages_advances_the_recovery_point_every_three_messages(self, tmp_path: Path) -> None:
-        config = LogConfig(segment_index_bytes=4096, flush_messages=3)
+        config = LogConfig(segment_index_bytes=4096, flush_messages=3, recovery_point_interval_ms=0)
         producers = Producers()
         with Log.open(tmp_path / "t-0", config) as log:
             points = []
@@ -1054,7 +1117,7 @@ class TestFlushPolicy:
 
     def test_flush_ms_flushes_once_the_injected_clock_has_moved_far_enough(self, tmp_path: Path) -> None:
         now = [T0]
-        config = LogConfig(segment_index_bytes=4096, flush_ms=100)
+        config = LogConfig(segment_index_bytes=4096, flush_ms=100, recovery_point_interval_ms=0)
         producers = Producers()
         with Log.open(tmp_path / "t-0", config, clock=lambda: now[0]) as log:
             now[0] += 50
@@ -1075,7 +1138,9 @@ class TestFlushPolicy:
 
     def test_without_a_policy_only_flush_moves_the_recovery_point(self, tmp_path: Path) -> None:
         producers = Producers()
-        with Log.open(tmp_path / "t-0", LogConfig(segment_index_bytes=4096)) as log:
+        with Log.open(
+            tmp_path / "t-0", LogConfig(segment_index_bytes=4096, recovery_point_interval_ms=0)
+        ) as log:
             for _ in range(20):
                 producers.append(log, 1)
             assert log.recovery_point == 0

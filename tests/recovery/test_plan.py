@@ -119,7 +119,11 @@ def test_a_point_without_positions_covers_nothing() -> None:
 
 # -- agreement on real directories -----------------------------------------------------------
 
-CONFIG = LogConfig(segment_bytes=2048, index_interval_bytes=300, segment_index_bytes=4096)
+# Every flush commits its recovery point (recovery_point_interval_ms=0): these tests damage
+# what a flush vouched for, which must be reported. The default lags: tests/recovery/test_loader.py.
+CONFIG = LogConfig(
+    segment_bytes=2048, index_interval_bytes=300, segment_index_bytes=4096, recovery_point_interval_ms=0
+)
 
 
 def _crash_image(tmp_path: Path, *, flush: bool) -> tuple[Path, int, int]:
@@ -160,7 +164,11 @@ def _stat_end(image: Path) -> int:
 
 def _open(image: Path, on_corruption: str) -> Log | CorruptLogError:
     config = LogConfig(
-        segment_bytes=2048, index_interval_bytes=300, segment_index_bytes=4096, on_corruption=on_corruption
+        segment_bytes=2048,
+        index_interval_bytes=300,
+        segment_index_bytes=4096,
+        on_corruption=on_corruption,
+        recovery_point_interval_ms=0,
     )
     try:
         return Log.open(image, config, clock=lambda: T0)

@@ -104,7 +104,7 @@ def test_with_fsync_acks_an_acks_all_answer_means_the_batch_is_fsynced(tmp_path:
         for sequence in range(5):
             assert _produce(sock, _idempotent(4000, 0, sequence)).error_code == 0
             log = running.manager.log(TOPIC, 0)
-            assert log.recovery_point >= log.log_end_offset == sequence + 1
+            assert log.durable_end_offset >= log.log_end_offset == sequence + 1
         # acks=1 does not wait for the fsync.
         assert _produce(sock, _idempotent(4000, 0, 5), acks=1).error_code == 0
 
@@ -114,7 +114,7 @@ def test_without_fsync_acks_an_answer_does_not_wait_for_an_fsync(server: Any) ->
         for sequence in range(3):
             _produce(sock, _idempotent(5000, 0, sequence))
     log = server.manager.log(TOPIC, 0)
-    assert log.recovery_point < log.log_end_offset  # what the test above would notice
+    assert log.durable_end_offset < log.log_end_offset  # what the test above would notice
 
 
 def _fetch_body(offset: int, *, max_wait_ms: int, min_bytes: int, isolation: int = 0) -> Any:

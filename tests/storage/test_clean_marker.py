@@ -231,8 +231,9 @@ class TestAStoreChangedBehindTheLog:
         log = Log.open(directory, CONFIG, clock=clock)  # the copy: the store is not opened
         flip_root_page_flag(directory)
         fill(log, 2)
+        log.flush()
         with pytest.raises(LogFailedError):
-            log.flush()  # its first commit meets the damage
+            log.checkpoint()  # its first commit meets the damage
         with pytest.raises(LogFailedError):
             log.close()
         # No store environment left open by the failed log (which is still referenced here):

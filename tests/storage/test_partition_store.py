@@ -69,7 +69,8 @@ def test_the_first_commit_opens_the_store_and_a_reopen_reads_what_it_wrote(tmp_p
     with Log.open(directory) as log:
         assert store_descriptors(directory) == []
         log.append(encode_batch([(b"k", b"late")], timestamp_ms=T0))
-        log.flush()  # commits the recovery point
+        log.flush()
+        assert log.checkpoint()  # commits the recovery point
         assert store_descriptors(directory) != []
         log.delete_records(2)
     assert store_descriptors(directory) == []
@@ -162,9 +163,10 @@ def test_a_log_whose_commit_fails_is_failed_closed_and_reopens_at_what_was_commi
     fs = _FullDiskStores()
     log = Log.open(directory, fs=fs)
     log.append(encode_batch([(b"k", b"late")], timestamp_ms=T0))
+    log.flush()
     fs.failing[0] = True
     with pytest.raises(LogFailedError):
-        log.flush()
+        log.checkpoint()  # the recovery point's commit
     with pytest.raises(LogFailedError, match="the next open recovers it"):
         log.close()
     # The commit that failed left the store at the recovery point before it.
@@ -224,7 +226,8 @@ def test_a_read_only_look_at_the_store_in_the_same_process_does_not_fail_the_fir
         look = DEFAULT_FS.open_store(str(directory / METADATA_DIR), readonly=True)
         closer = threading.Timer(0.2, look.close)
         closer.start()
-        log.flush()  # opens the store for writing once the look is over
+        log.flush()
+        log.checkpoint()  # opens the store for writing once the look is over
         closer.join()
         assert log.recovery_point == 5
 

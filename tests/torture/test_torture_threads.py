@@ -169,7 +169,7 @@ def test_several_threads_appending_durably_to_one_log_replay_exactly_from_the_se
             for name in ("a", "b", "c"):
                 scheduler.spawn(name, lambda name=name: appender(name))
             assert [error for _, error in scheduler.join_spawned()] == [None, None, None]
-            assert log.recovery_point == log.log_end_offset == 12
+            assert log.durable_end_offset == log.log_end_offset == 12
             log.close()
             fs.on_io = None
         return results
