@@ -92,7 +92,8 @@ class LogDurability(LogState):
     @property
     def durable_end_offset(self) -> int:
         """Offsets below this are fsynced: they survive a power loss. The recovery point
-        (`recovery_point`) follows it, at most `recovery_point_interval_ms` behind a flush."""
+        (`recovery_point`) catches up at the next flush due (`recovery_point_interval_ms`
+        on the engine's clock), roll, clean close or `checkpoint()`."""
         return self._group_commit.durable_end_offset
 
     def _point_due(self) -> bool:
@@ -101,14 +102,17 @@ class LogDurability(LogState):
         interval_ms = self.config.recovery_point_interval_ms
         return interval_ms == 0 or self._clock() - self._point_committed_ms >= interval_ms
 
-    def checkpoint(self) -> bool:
+    def checkpoint(self, *, due_only: bool = False) -> bool:
         """Commit the recovery point up to what flushes have fsynced, if it lags behind;
-        True if it moved. (A flush commits it at most every `recovery_point_interval_ms`;
-        call this now and then so an idle log's point catches up, as `oncelog serve` does.)"""
+        True if it moved. A flush commits it at most every `recovery_point_interval_ms`:
+        call this now and then so an idle log's point catches up (`due_only`: only once
+        that interval has passed since the last commit, as `oncelog serve` calls it)."""
         with self._lock:
             self._check_open()
         with self._fsync_lock:
             self._raise_if_failed()
+            if due_only and not self._point_due():
+                return False
             end, segment_base, position, generation = self._fsynced_point
             # A cut or reload since that flush (the generation rule) may have moved its
             # bytes: only a point fsynced in this generation may be committed.

@@ -438,8 +438,8 @@ class LogManager:
         for log in self.logs().values():
             log.flush()
 
-    def checkpoint(self) -> int:  # Log.checkpoint() on each: how many recovery points moved
-        return self._on_every_log(Log.checkpoint)
+    def checkpoint(self, *, due_only: bool = False) -> int:  # Log.checkpoint on each: how many moved
+        return self._on_every_log(lambda log: log.checkpoint(due_only=due_only))
 
     def close(self) -> None:
         """Close every log (flush, snapshot, clean marker), the PID manager and the root lock."""

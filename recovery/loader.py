@@ -448,10 +448,14 @@ class LogLoader:
             if recovery_point.position in scan.end_positions:
                 offset_at_point.append(scan.end_positions[recovery_point.position])
         self._bytes_scanned += segment.size  # the batches read; a bad one ends the count
-        if error is None and holds_point and offset_at_point != [recovery_point.offset]:
+        # The walk passed the point when it found no bad batch, or found one only from the
+        # point on (an active segment always ends in its reserved zeros).
+        walked_past_point = error is None or segment.size >= recovery_point.position
+        if holds_point and walked_past_point and offset_at_point != [recovery_point.offset]:
             # Valid batches, but not the ones that were fsynced: bytes below the
             # recovery point are missing, or a misdirected write put a batch from the
-            # tail onto a batch boundary there.
+            # tail onto a batch boundary there (in a follower's log, whose offsets may
+            # skip, nothing else tells).
             error = CorruptRecordError(
                 f"the batches fsynced up to position {recovery_point.position} should end at offset "
                 f"{recovery_point.offset}; what is there now ends at {offset_at_point or 'no batch'}",

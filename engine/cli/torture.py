@@ -47,7 +47,7 @@ examples:
   oncelog torture --crashes 2000
   oncelog torture --seed 7 --crashes 500 --faults kill,torn --json
   oncelog torture --seed 1000015 --crashes 1 --faults bitflip   # replay one state
-  oncelog torture --self-test --json      # {"planted": 11, "caught": 11, "missed": []}"""
+  oncelog torture --self-test --json      # {"planted": 15, "caught": 15, "missed": []}"""
 
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:

@@ -34,6 +34,10 @@ log = logging.getLogger("oncelog.server")
 DRAIN_TIMEOUT_S: Final = 10.0
 
 
+# How often `oncelog serve` offers every partition a checkpoint (each commits only when due).
+CHECKPOINT_TICK_S = 1.0
+
+
 class Server:
     def __init__(self, manager: LogManager, config: ServeConfig):
         self.broker = Broker(manager, config)
@@ -91,15 +95,13 @@ class Server:
                 log.info("retention deleted %d segments", deleted)
 
     async def _checkpoint_periodically(self) -> None:
-        """Commit each partition's recovery point up to what its flushes fsynced: a flush
-        commits it at most every recovery_point_interval_ms, so an idle one catches up here."""
-        interval_ms = self.broker.manager.config.recovery_point_interval_ms
-        if interval_ms == 0:
-            return  # every flush commits it
+        """Each partition's recovery point catches up with what its flushes fsynced once its
+        own recovery_point_interval_ms (topic overrides included) has passed: a flush
+        commits it only when due, so an idle partition's would lag without this."""
         while True:
-            await asyncio.sleep(interval_ms / 1000)
+            await asyncio.sleep(CHECKPOINT_TICK_S)
             try:
-                await self.broker.in_thread(self.broker.manager.checkpoint)
+                await self.broker.in_thread(lambda: self.broker.manager.checkpoint(due_only=True))
             except Exception as exc:
                 self.broker.warnings.warning(("checkpoint",), "committing a recovery point failed: %s", exc)
 

@@ -136,7 +136,7 @@ def _durability_against_change(w: Workload, log: Log, scheduler: Scheduler, reop
         w.retention(log)
     elif change == "close":
         log.close()
-        w.model.durable_end = log.log_end_offset  # close flushes
+        w.model.durable_end = w.model.point_floor = log.log_end_offset  # close flushes and commits
         closed = True
     elif change == "append":
         w.append(log, rng.choice(PRODUCERS))

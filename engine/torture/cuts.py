@@ -42,6 +42,7 @@ def cut_model(model: Model, new_end: int) -> None:
         kept.append(txn)
     model.txns = kept
     model.durable_end = min(model.durable_end, new_end)
+    model.point_floor = min(model.point_floor, new_end)
     model.log_start = min(model.log_start, new_end)
 
 

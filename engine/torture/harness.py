@@ -157,7 +157,10 @@ def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) ->
     if lost_segment:
         model.lost_from = _stored_recovery_point(fs)
     elif reportable:
-        model.damaged_from = _damaged_past_recovery_point(fs)
+        damaged = _damaged_past_recovery_point(fs)
+        # Below where the point must have reached (a roll, close or checkpoint put it
+        # there), the damage must be reported whatever point was stored: no excuse.
+        model.damaged_from = damaged if damaged is not None and damaged >= model.point_floor else None
     # Recovery runs at the crash's time, or after an idle gap past the expiration: the
     # load then expires what the snapshot knows to be idle, and must keep the rest.
     gap = random.Random(f"{seed}/recovery-clock").choice((0, 0, 0, EXPIRATION_MS + 1, 3 * EXPIRATION_MS))

@@ -153,6 +153,10 @@ class Model:
     # the offset of the batch it hit. From there recovery cannot tell the damage from a
     # torn tail, and may cut it with what follows, as Kafka's does; nothing before it.
     damaged_from: int | None = None
+    # Where the stored recovery point must have reached (a batch boundary): the end at the
+    # last roll, clean close or checkpoint after a flush, back to a completed truncation's
+    # end. Damage below it must be reported, whatever point the engine stored.
+    point_floor: int = 0
     truncations: int = 0  # completed, for the tests' coverage figures
     starts_moved: int = 0
 

@@ -41,6 +41,14 @@ def _patched(owner: Any, name: str, replacement: Any) -> Iterator[None]:
         setattr(owner, name, original)
 
 
+@contextlib.contextmanager
+def _stacked(patches: list[contextlib.AbstractContextManager[Any]]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
+        yield
+
+
 def fsync_ignored() -> contextlib.AbstractContextManager[None]:
     def flush(self: LogSegment) -> None:
         self.unflushed = False  # reports durable, fsyncs nothing
@@ -95,6 +103,22 @@ def checkpoint_past_the_fsynced_data() -> contextlib.AbstractContextManager[None
         return True
 
     return _patched(Log, "checkpoint", checkpoint)
+
+
+def recovery_point_left_behind() -> contextlib.AbstractContextManager[None]:
+    # Only rolls move the point: no flush is ever due, checkpoints and clean closes commit
+    # nothing. Damage to fsynced bytes then reads as a torn tail, and is cut silently.
+    flush = Log._flush
+
+    def flush_without_point(self: Log, *, commit_point: bool = False) -> None:
+        flush(self, commit_point=False)
+
+    patches: list[contextlib.AbstractContextManager[Any]] = [
+        _patched(Log, "_flush", flush_without_point),
+        _patched(Log, "_point_due", lambda self: False),
+        _patched(Log, "checkpoint", lambda self, due_only=False: False),
+    ]
+    return _stacked(patches)
 
 
 def flush_racing_a_truncation() -> contextlib.AbstractContextManager[None]:
@@ -236,6 +260,10 @@ def index_mapped_over_sparse_space() -> contextlib.AbstractContextManager[None]:
 PLANTED: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], tuple[str, ...]]] = {
     "fsync ignored": (fsync_ignored, ("drop", "torn")),
     "directory fsync skipped on segment create": (directory_fsync_skipped_on_segment_create, ("dirent",)),
+    "the recovery point left behind by checkpoints and clean closes": (
+        recovery_point_left_behind,
+        ("bitflip", "misdirect"),
+    ),
     "ack before the data fsync": (ack_before_data_fsync, ("drop", "torn")),
     "a checkpoint commits a recovery point past the fsynced data": (
         checkpoint_past_the_fsynced_data,

@@ -519,8 +519,10 @@ def _run(fs: FaultFileSystem, rng: random.Random, model: Model, steps: int, sche
                 # The recovery point catches up with the last flush, not past it (flushes
                 # commit it only every LogConfig.recovery_point_interval_ms).
                 log.checkpoint()
+                model.point_floor = max(model.point_floor, model.durable_end)
             elif action < 0.83:
                 log.roll()
+                model.point_floor = max(model.point_floor, log.log_end_offset)  # a roll moves it there
             elif action < 0.86:
                 w.epochs[pid] += 1
                 w.sequences[pid] = 0
@@ -535,7 +537,7 @@ def _run(fs: FaultFileSystem, rng: random.Random, model: Model, steps: int, sche
                 w.retention(log)
             else:
                 log.close()
-                model.durable_end = log.log_end_offset  # close flushes
+                model.durable_end = model.point_floor = log.log_end_offset  # close flushes and commits
                 log = reopen()
             w.check_stable_offset(log)
             w.check_kept(log)

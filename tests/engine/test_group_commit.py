@@ -134,6 +134,17 @@ class TestDurableAppend:
             assert not log.checkpoint()  # nothing new fsynced
             assert fs.segment_fsyncs == 1
 
+    def test_a_checkpoint_due_only_waits_out_the_interval_since_the_last_commit(self, tmp_path: Path) -> None:
+        now = [T0]
+        with Log.open(tmp_path / "t-0", CONFIG, clock=lambda: now[0]) as log:
+            log.append(batch(1), durable=True)
+            assert not log.checkpoint(due_only=True)
+            now[0] += CONFIG.recovery_point_interval_ms - 1
+            assert not log.checkpoint(due_only=True)
+            now[0] += 1
+            assert log.checkpoint(due_only=True)
+            assert read_recovery_point(log._store).offset == 1
+
     def test_checkpoint_after_a_truncation_below_the_fsynced_end_never_commits_the_old_end(
         self, tmp_path: Path
     ) -> None:

@@ -813,6 +813,34 @@ class TestCorruptionBelowTheRecoveryPoint:
             Log.open(copy, CONFIG)
         assert (info.value.path, info.value.position) == (str(active), position)
 
+    def test_a_followers_fsynced_batch_overwritten_by_a_later_one_of_its_size_is_reported(
+        self, tmp_path: Path
+    ) -> None:
+        # A follower's offsets may skip, so only the recovery point's offset tells that the
+        # batch ending at its position is not the one fsynced (found by a red-team pass).
+        def batch(offset: int, value: bytes) -> bytes:
+            return encode_batch(
+                [(b"k", value)], base_offset=offset, timestamp_ms=T0, partition_leader_epoch=3
+            )
+
+        first, fsynced, later = batch(0, b"A" * 40), batch(1, b"B" * 40), batch(2, b"C" * 40)
+        log = Log.open(tmp_path / "t-0", CONFIG)
+        for data in (first, fsynced):
+            log.append_batches([data], origin="replication")
+            log.flush()
+        log.append_batches([later], origin="replication")
+        copy = crash_copy(tmp_path / "t-0", tmp_path / "crashed")
+        log.close()
+        active = segment_path(copy, 0)
+        data = bytearray(active.read_bytes())
+        # The later batch's write landed on the fsynced one's place, and not on its own.
+        data[len(first) : len(first) + len(later)] = later
+        data[len(first) + len(fsynced) : len(first) + len(fsynced) + len(later)] = bytes(len(later))
+        active.write_bytes(bytes(data))
+        with pytest.raises(CorruptLogError) as info:
+            Log.open(copy, CONFIG)
+        assert info.value.path == str(active)
+
     def test_on_corruption_truncate_cuts_the_log_at_the_bad_batch(self, rolled: OpenLog) -> None:
         active, position, base = self._flip_early_batch_of_active_segment(rolled)
         size = active.stat().st_size
