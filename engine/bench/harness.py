@@ -562,6 +562,7 @@ def durable_figures(
             "appends/s",
             median(one_thread),
             Target(min_ratio=8.0),  # issue 30
+            [many / one for many, one in zip(with_threads, one_thread, strict=True)],
         )
     )
     results.rows.append(
@@ -571,6 +572,7 @@ def durable_figures(
             "appends/s",
             median(raw),
             Target(min_ratio=0.9),  # issue 30
+            [ours / theirs for ours, theirs in zip(one_thread, raw, strict=True)],
         )
     )
 
