@@ -81,8 +81,10 @@ Figures, and the reference each is measured against:
       every producer, Kafka's method; ≤ 1 ms.
   durable appends, 16 threads (group commit)
       16 threads each appending 170 B batches with Log.append(..., durable=True)
-      (returns once fsynced) vs one thread doing the same on the same log (fsync
-      per append); appends/s, ratio ≥ 8. Run on the disk that holds --dir.
+      (returns once fdatasynced; the recovery point follows at most every 1 s,
+      LogConfig.recovery_point_interval_ms) vs one thread doing the same on the
+      same log (a sync per append); appends/s, ratio ≥ 8. Run on the disk that
+      holds --dir.
       Where Log.append has no durable= parameter, append() then flush() is
       measured instead, and a note says so.
   durable appends, 1 thread, vs raw os.write+fsync loop
