@@ -309,24 +309,28 @@ class LogLoader:
             wait()
 
     def _open_segments(self, bases: list[int], first_unsafe: int) -> None:
+        assert bases, self.directory
         last = len(bases) - 1
-        for n, base in enumerate(bases):
-            if n < min(first_unsafe, last):
-                # Sealed and below the recovery point: trusted, and its indexes are
-                # mapped and sanity-checked on first use (as Kafka's LazyIndex), so
-                # the cost of opening does not grow with the number of segments.
-                self.segments.append(self._open(base, next_base=bases[n + 1]))
-                continue
-            segment = self._open(base, sealed=n != last)
+        trusted = min(first_unsafe, last)
+        # Sealed and below the recovery point: trusted, with no I/O until used (as Kafka's
+        # LazyIndex), so the cost of opening barely grows with the number of segments.
+        prefix = os.path.join(self.directory, "")
+        config = self.config
+        limits = (config.index_interval_bytes, config.segment_bytes, config.segment_index_bytes)
+        open_trusted = LogSegment.open_trusted
+        for n in range(trusted):
+            base = bases[n]
+            log_path = prefix + segment_file_name(base, LOG_SUFFIX)
+            self.segments.append(open_trusted(self.fs, self.directory, log_path, base, bases[n + 1], limits))
+        for n in range(trusted, last + 1):
+            segment = self._open(bases[n], sealed=n != last)
             if n != last:
                 # Validated later one at a time: a log whose every segment needs it (a
                 # Kafka directory, a lost store) must not hold a descriptor for each.
                 segment.park_descriptor()
             self.segments.append(segment)
 
-    def _open(
-        self, base: int, *, create: bool = False, sealed: bool = False, next_base: int | None = None
-    ) -> LogSegment:
+    def _open(self, base: int, *, create: bool = False, sealed: bool = False) -> LogSegment:
         return LogSegment.open(
             self.fs,
             self.directory,
@@ -336,7 +340,6 @@ class LogLoader:
             create=create,
             sealed=sealed,
             max_segment_bytes=self.config.segment_bytes,
-            next_base_offset=next_base,
         )
 
     def _load_active_cleanly(self, segment: LogSegment, point: RecoveryPoint) -> bool:
@@ -448,23 +451,7 @@ class LogLoader:
             if recovery_point.position in scan.end_positions:
                 offset_at_point.append(scan.end_positions[recovery_point.position])
         self._bytes_scanned += segment.size  # the batches read; a bad one ends the count
-        # The walk passed the point when it found no bad batch, or found one only from the
-        # point on (an active segment always ends in its reserved zeros).
-        walked_past_point = error is None or segment.size >= recovery_point.position
-        if holds_point and walked_past_point and offset_at_point != [recovery_point.offset]:
-            # Valid batches, but not the ones that were fsynced: bytes below the
-            # recovery point are missing, or a misdirected write put a batch from the
-            # tail onto a batch boundary there (in a follower's log, whose offsets may
-            # skip, nothing else tells).
-            error = CorruptRecordError(
-                f"the batches fsynced up to position {recovery_point.position} should end at offset "
-                f"{recovery_point.offset}; what is there now ends at {offset_at_point or 'no batch'}",
-                path=segment.path,
-                position=min(recovery_point.position, segment.size),
-            )
-            self._corruption_below_recovery_point(
-                segment, error, recovery_point, corruption(truncate=self._truncate)
-            )
+        if holds_point and self._point_batches_replaced(segment, error, recovery_point, offset_at_point):
             return False
         if error is not None:
             # segment.size is where the bad batch starts.
@@ -482,6 +469,28 @@ class LogLoader:
                     segment, error, recovery_point, verdict
                 )  # raises or cuts
             return False
+        return True
+
+    def _point_batches_replaced(
+        self, segment: LogSegment, error: Exception | None, point: RecoveryPoint, offset_at_point: list[int]
+    ) -> bool:
+        """Whether the batch ending at the point's position (in `segment`, walked) is not the
+        one fsynced there; if so, say so (raises, or cuts with on_corruption="truncate")."""
+        # The walk passed the point when it found no bad batch, or found one only from the
+        # point on (an active segment always ends in its reserved zeros).
+        walked_past_point = error is None or segment.size >= point.position
+        if not walked_past_point or offset_at_point == [point.offset]:
+            return False
+        # Valid batches, but not the ones that were fsynced: bytes below the recovery point
+        # are missing, or a misdirected write put a batch from the tail onto a batch boundary
+        # there (in a follower's log, whose offsets may skip, nothing else tells).
+        replaced = CorruptRecordError(
+            f"the batches fsynced up to position {point.position} should end at offset "
+            f"{point.offset}; what is there now ends at {offset_at_point or 'no batch'}",
+            path=segment.path,
+            position=min(point.position, segment.size),
+        )
+        self._corruption_below_recovery_point(segment, replaced, point, corruption(truncate=self._truncate))
         return True
 
     def _fsynced_data_missing(self, point: RecoveryPoint, end: int) -> None:

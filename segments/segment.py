@@ -83,6 +83,14 @@ _NO_LEADER_EPOCH = fmt.NO_PARTITION_LEADER_EPOCH
 _MAGIC = fmt.MAGIC_V2
 
 
+# A new segment's scalars before any batch (see LogSegment.__init__): no timestamp, no
+# descriptor to pwrite to, no offset limit yet; the rest zero (not unflushed, nothing mapped).
+_CURSOR_TEMPLATE = cur.new_cursor(cur.SEG_FIELDS)
+_CURSOR_TEMPLATE[cur.SEG_MAX_TS] = fmt.NO_TIMESTAMP
+_CURSOR_TEMPLATE[cur.SEG_WRITE_FD] = -1
+_CURSOR_TEMPLATE[cur.SEG_LAST_OFFSET_LIMIT] = -1
+
+
 def segment_file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
 
@@ -214,9 +222,23 @@ def check_client_appended(batch: RecordBatch, previous_last_offset: int | None) 
         raise CorruptRecordError(problem)
 
 
+# SEG_SIZE of a trusted sealed segment opened without a stat (see LogSegment.open).
+_SIZE_UNKNOWN = -1
+
+
+class _SegmentSize(cur.CursorField[int]):
+    """LogSegment.size: a trusted sealed segment, opened without a stat, learns it on first use."""
+
+    __slots__ = ()
+
+    def __get__(self, owner: Any, owner_type: type | None = None) -> int:
+        size: int = owner._cursor_view[_SIZE]
+        return size if size != _SIZE_UNKNOWN else owner._stat_size()
+
+
 class LogSegment:
     # The scalars the compiled append shares, in the cursor array (segments.cursor).
-    size = cur.CursorField[int](cur.SEG_SIZE)  # logical end: bytes past it are not part of the log
+    size = _SegmentSize(cur.SEG_SIZE)  # logical end: bytes past it are not part of the log
     next_offset = cur.CursorField[int](cur.SEG_NEXT_OFFSET)  # one past the last offset held
     max_timestamp_ms = cur.CursorField[int](cur.SEG_MAX_TS)
     offset_of_max_timestamp = cur.CursorField[int](cur.SEG_OFFSET_OF_MAX_TS)
@@ -243,13 +265,17 @@ class LogSegment:
         self.fs = fs
         self.directory = directory
         self.base_offset = base_offset
-        self.cursor = cur.new_cursor(cur.SEG_FIELDS)
-        self._cursor_view = cur.cursor_view(self.cursor)
-        self.cursor[cur.SEG_BASE_OFFSET] = base_offset
+        # The scalars start from a template (one copy, not a dozen descriptor stores: a
+        # log opened with 100 sealed segments makes 100 of these), then this segment's own.
+        self.cursor = _CURSOR_TEMPLATE.copy()
+        self._cursor_view = c = cur.cursor_view(self.cursor)
+        c[cur.SEG_BASE_OFFSET] = c[cur.SEG_NEXT_OFFSET] = c[cur.SEG_OFFSET_OF_MAX_TS] = base_offset
+        c[cur.SEG_INDEX_INTERVAL] = index_interval_bytes
         # A handle that does not say (an older double) gets every write through the seam.
         direct = getattr(handle, "direct_write_fd", None)
         fd = direct() if direct is not None else -1
-        self.cursor[cur.SEG_WRITE_FD] = fd if isinstance(fd, int) and fd >= 0 else -1
+        if isinstance(fd, int) and fd >= 0:
+            c[cur.SEG_WRITE_FD] = fd
         self._handle: FileHandle = handle
         # None until first used (a sealed segment opened lazily, see open()).
         self._offset_index = offset_index
@@ -259,27 +285,30 @@ class LogSegment:
         # mapped (each is one of the process's vm.max_map_count mappings).
         self.on_indexes_mapped: Callable[[LogSegment], None] | None = None
         # Aborted transactions whose ABORT marker is in this segment; no I/O until used.
-        self.txn_index = TransactionIndex(
-            fs, _index_path(directory, base_offset, TXN_INDEX_SUFFIX), base_offset
+        # (Its path beside the .log's: the same as joining the directory, without the join.)
+        log_path = handle.path
+        txn_path = (
+            log_path[: -len(LOG_SUFFIX)] + TXN_INDEX_SUFFIX
+            if log_path.endswith(LOG_SUFFIX)
+            else _index_path(directory, base_offset, TXN_INDEX_SUFFIX)
         )
-        self.index_interval_bytes = index_interval_bytes
+        self.txn_index = TransactionIndex(fs, txn_path, base_offset)
         self.size = handle.size() if size is None else size
-        self.next_offset = base_offset
-        self.max_timestamp_ms = fmt.NO_TIMESTAMP
-        self.offset_of_max_timestamp = base_offset
-        # Time-based rolling counts from the first batch's timestamp, as Kafka does,
-        # so a restart does not reset the clock.
-        self.first_batch_timestamp_ms = None
-        self.bytes_since_last_index_entry = 0
-        self.unflushed = False
+        # Time-based rolling counts from the first batch's timestamp, as Kafka does, so a
+        # restart does not reset the clock (none yet: the template's SEG_HAS_FIRST_TS is 0).
         # Pre-allocation never goes past the size the log rolls at.
         self.max_segment_bytes = max_segment_bytes
-        self.last_offset_limit = -1
         self._update_last_offset_limit()
-        # The write mapping: bytes [0, _mapped_bytes) of the file, allocated on disk.
+        # The write mapping: bytes [0, _mapped_bytes) of the file, allocated on disk (none yet).
         self._write_region: MappedRegion | None = None
         self._write_view = memoryview(b"")
-        self._mapped_bytes = 0
+
+    def _stat_size(self) -> int:
+        """The .log's size, for a segment opened without it (see _SegmentSize)."""
+        size = self.fs.file_size(self.path)
+        assert size >= 0, (self.path, size)
+        self._cursor_view[_SIZE] = size
+        return size
 
     def shared_cursors(self) -> dict[str, object]:
         """The cursors of the segment and its indexes, which the compiled append shares."""
@@ -313,6 +342,26 @@ class LogSegment:
         return self._handle.path
 
     @classmethod
+    def open_trusted(
+        cls,
+        fs: SegmentFileSystem,
+        directory: str,
+        log_path: str,
+        base_offset: int,
+        next_base_offset: int,
+        limits: tuple[int, int, int],
+    ) -> LogSegment:
+        """A sealed segment below the recovery point, trusted: its .log at `log_path` (in
+        `directory`) is opened when first read, its size taken when first needed, and its
+        indexes mapped and sanity-checked when first used, as Kafka's LazyIndex does. So
+        opening a log costs no I/O per sealed segment, whatever their number. `limits`:
+        (index_interval_bytes, max_segment_bytes, max_index_bytes)."""
+        handle = CachedFile(fs, log_path)  # listed by the loader, so it exists
+        segment = cls(fs, directory, base_offset, handle, None, None, *limits, size=_SIZE_UNKNOWN)
+        segment.next_offset = next_base_offset
+        return segment
+
+    @classmethod
     def open(
         cls,
         fs: SegmentFileSystem,
@@ -324,24 +373,10 @@ class LogSegment:
         create: bool = False,
         sealed: bool = False,
         max_segment_bytes: int = fmt.INT32_MAX,
-        next_base_offset: int | None = None,
     ) -> LogSegment:
-        """Open (or create) a segment.
-
-        Given `next_base_offset`, the segment is sealed and trusted (below the
-        recovery point): only its .log is opened now, and its indexes are mapped and
-        sanity-checked when first used, as Kafka's LazyIndex does. Opening a log then
-        costs one open per sealed segment, whatever their number.
-        """
+        """Open (or create) a segment (a trusted sealed one: open_trusted)."""
         log_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
         limits = (index_interval_bytes, max_segment_bytes, max_index_bytes)
-        if next_base_offset is not None:
-            # Listed by the loader, so it exists. Its size now (one stat), no descriptor until read.
-            size = fs.file_size(log_path)
-            cached = CachedFile(fs, log_path)
-            segment = cls(fs, directory, base_offset, cached, None, None, *limits, size=size)
-            segment.next_offset = next_base_offset
-            return segment
         is_new = not fs.exists(log_path)
         if is_new and not create:  # listed, yet not there: a dangling or looping link, say
             raise FileNotFoundError(errno.ENOENT, "no such segment file", log_path)

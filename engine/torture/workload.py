@@ -354,6 +354,12 @@ class Workload:
         if (log.log_end_offset, log.last_stable_offset) != (end, stable):
             raise OnlineCheckFailed(invariant, f"producer {pid}: a refused write moved the log")
 
+    def checkpoint(self, log: Log) -> None:
+        """The recovery point catches up with the last flush, not past it (flushes commit it
+        only every LogConfig.recovery_point_interval_ms): from here it must be there."""
+        log.checkpoint()
+        self.model.point_floor = max(self.model.point_floor, self.model.durable_end)
+
     def truncate(self, log: Log) -> None:
         """A follower cuts its diverged suffix: mostly the last few offsets, now and then deep."""
         rng, model = self.rng, self.model
@@ -516,13 +522,9 @@ def _run(fs: FaultFileSystem, rng: random.Random, model: Model, steps: int, sche
                 log.flush()
                 model.durable_end = log.log_end_offset
             elif action < 0.77:
-                # The recovery point catches up with the last flush, not past it (flushes
-                # commit it only every LogConfig.recovery_point_interval_ms).
-                log.checkpoint()
-                model.point_floor = max(model.point_floor, model.durable_end)
+                w.checkpoint(log)
             elif action < 0.83:
-                log.roll()
-                model.point_floor = max(model.point_floor, log.log_end_offset)  # a roll moves it there
+                model.point_floor = max(model.point_floor, log.roll().base_offset)  # a roll moves it there
             elif action < 0.86:
                 w.epochs[pid] += 1
                 w.sequences[pid] = 0
