@@ -222,23 +222,9 @@ def check_client_appended(batch: RecordBatch, previous_last_offset: int | None) 
         raise CorruptRecordError(problem)
 
 
-# SEG_SIZE of a trusted sealed segment opened without a stat (see LogSegment.open).
-_SIZE_UNKNOWN = -1
-
-
-class _SegmentSize(cur.CursorField[int]):
-    """LogSegment.size: a trusted sealed segment, opened without a stat, learns it on first use."""
-
-    __slots__ = ()
-
-    def __get__(self, owner: Any, owner_type: type | None = None) -> int:
-        size: int = owner._cursor_view[_SIZE]
-        return size if size != _SIZE_UNKNOWN else owner._stat_size()
-
-
 class LogSegment:
     # The scalars the compiled append shares, in the cursor array (segments.cursor).
-    size = _SegmentSize(cur.SEG_SIZE)  # logical end: bytes past it are not part of the log
+    size = cur.CursorField[int](cur.SEG_SIZE)  # logical end: bytes past it are not part of the log
     next_offset = cur.CursorField[int](cur.SEG_NEXT_OFFSET)  # one past the last offset held
     max_timestamp_ms = cur.CursorField[int](cur.SEG_MAX_TS)
     offset_of_max_timestamp = cur.CursorField[int](cur.SEG_OFFSET_OF_MAX_TS)
@@ -303,13 +289,6 @@ class LogSegment:
         self._write_region: MappedRegion | None = None
         self._write_view = memoryview(b"")
 
-    def _stat_size(self) -> int:
-        """The .log's size, for a segment opened without it (see _SegmentSize)."""
-        size = self.fs.file_size(self.path)
-        assert size >= 0, (self.path, size)
-        self._cursor_view[_SIZE] = size
-        return size
-
     def shared_cursors(self) -> dict[str, object]:
         """The cursors of the segment and its indexes, which the compiled append shares."""
         return {
@@ -352,12 +331,15 @@ class LogSegment:
         limits: tuple[int, int, int],
     ) -> LogSegment:
         """A sealed segment below the recovery point, trusted: its .log at `log_path` (in
-        `directory`) is opened when first read, its size taken when first needed, and its
-        indexes mapped and sanity-checked when first used, as Kafka's LazyIndex does. So
-        opening a log costs no I/O per sealed segment, whatever their number. `limits`:
-        (index_interval_bytes, max_segment_bytes, max_index_bytes)."""
-        handle = CachedFile(fs, log_path)  # listed by the loader, so it exists
-        segment = cls(fs, directory, base_offset, handle, None, None, *limits, size=_SIZE_UNKNOWN)
+        `directory`) is opened when first read, and its indexes mapped and sanity-checked
+        when first used, as Kafka's LazyIndex does. So opening a log costs one stat per
+        sealed segment, whatever their number. `limits`: (index_interval_bytes,
+        max_segment_bytes, max_index_bytes)."""
+        # Its size now: one stat, which also finds a listed .log that is not there (a
+        # dangling link) at the open, where it is named, and not at a later read.
+        size = fs.file_size(log_path)
+        handle = CachedFile(fs, log_path)
+        segment = cls(fs, directory, base_offset, handle, None, None, *limits, size=size)
         segment.next_offset = next_base_offset
         return segment
 

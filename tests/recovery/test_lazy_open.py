@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from oncelog.config import LogConfig
-from oncelog.errors import CorruptLogError
+from oncelog.errors import CorruptLogError, LogDirectoryError
 from oncelog.log import Log
 from oncelog.segments.batch import encode_batch
 from oncelog.storage.fs import DelegatingFileSystem, FileHandle
@@ -144,6 +144,22 @@ def filled_in_time(directory: Path, batches: int) -> list[bytes]:
         for n, value in enumerate(values):
             log.append(encode_batch([(b"k", value)], timestamp_ms=T0 + n))
     return values
+
+    @pytest.mark.parametrize("clean", [True, False])
+    def test_a_listed_sealed_log_that_is_not_there_fails_the_open_by_name(
+        self, tmp_path: Path, clean: bool
+    ) -> None:
+        # Found by a red-team pass on a variant that took sealed sizes lazily: the open
+        # passed, and size_bytes, retention and reads raised a bare FileNotFoundError later.
+        directory = tmp_path / "t-0"
+        filled(directory)
+        if not clean:
+            (directory / ".clean_shutdown").unlink()
+        sealed = sorted(directory.glob("*.log"))[2]
+        sealed.unlink()
+        sealed.symlink_to(sealed.with_suffix(".gone"))  # a dangling link, still listed
+        with pytest.raises(LogDirectoryError, match=sealed.name):
+            Log.open(directory, CONFIG)
 
 
 class TestTheActiveSegmentOpenedClean:
