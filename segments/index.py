@@ -121,7 +121,7 @@ class _MappedIndex:
             if len(raw) != entry_bytes:
                 return False
             last = self.ENTRY.unpack(raw)
-            if not any(last):
+            if not any(last) and not self._zero_entry_is_real(entries):
                 return False
         self._capacity = entries
         self.max_entries = entries
@@ -215,11 +215,11 @@ class _MappedIndex:
     def _entries_before_zero_tail(self, entries: int) -> int:
         """Entries before a zero-filled tail (a pre-allocated file left by a crash).
 
-        Binary search: the zeros are a suffix, and no real entry is all zeros (the
-        first batch at position 0 never gets an offset entry). O(log n), so opening
-        a log does not cost a pass over every index.
+        Binary search: the zeros are a suffix, and no real entry is all zeros but a
+        time index's lone first one (`_zero_entry_is_real`). O(log n), so opening a log
+        does not cost a pass over every index.
         """
-        if not entries or any(self._entry(entries - 1)):
+        if not entries or any(self._entry(entries - 1)) or self._zero_entry_is_real(entries):
             return entries  # no zero tail (every index a clean close left): one read
         lo, hi = 0, entries - 1
         while lo < hi:
@@ -229,6 +229,15 @@ class _MappedIndex:
             else:
                 hi = mid
         return lo
+
+    # Whether an index's first entry may be all zeros (see TimeIndex).
+    FIRST_ENTRY_MAY_BE_ZERO = False
+
+    def _zero_entry_is_real(self, entries: int) -> bool:
+        """Whether a file of `entries` entries ending in an all-zero one holds it for real:
+        only a lone first entry, in a file trimmed to it (a close or seal trims; a crash
+        leaves a reservation of 4 entries or more)."""
+        return self.FIRST_ENTRY_MAY_BE_ZERO and entries == 1
 
     def _entry(self, n: int) -> tuple[int, int]:
         first, second = self.ENTRY.unpack_from(self._readable_view(), n * self.ENTRY.size)
@@ -357,6 +366,9 @@ class OffsetIndex(_MappedIndex):
 
 class TimeIndex(_MappedIndex):
     ENTRY = struct.Struct(">qi")
+    # (0 ms, relative offset 0): the first batch stamped 0 (clients may send it). Any later
+    # entry has a larger relative offset, so only the first can be all zeros.
+    FIRST_ENTRY_MAY_BE_ZERO = True
 
     def maybe_append(self, timestamp_ms: int, offset: int) -> None:
         """Add an entry only when the timestamp grows (Kafka's rule)."""

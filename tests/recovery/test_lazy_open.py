@@ -176,6 +176,25 @@ class TestTheActiveSegmentOpenedClean:
             assert names <= mapped_files()
         assert not names & mapped_files()  # unmapped at close
 
+    def test_batches_all_stamped_zero_reopen_clean_with_their_time_entry(self, tmp_path: Path) -> None:
+        # The lone time entry (0 ms, relative offset 0) was read as unwritten space: every
+        # such log reopened unclean, and a sealed segment's entry was dropped.
+        directory = tmp_path / "t-0"
+        with Log.open(directory, CONFIG) as log:
+            for n in range(6):
+                log.append(encode_batch([(b"k", b"v%d" % n)], timestamp_ms=0))
+                if n == 2:
+                    log.roll()
+        with Log.open(directory, CONFIG) as log:
+            assert log.recovery_report.clean
+            sealed, active = log.segments
+            assert sealed.time_index.last_entry() == (0, 0)
+            assert active.time_index.last_entry() == (0, 3)
+            assert log.active_segment.max_timestamp_ms == 0
+            found = log.offset_for_timestamp(0)
+            assert found is not None and found.offset == 0
+            assert [offset for offset, _ in every_batch(log)] == list(range(6))
+
     def test_appending_after_it_writes_the_next_index_entries_through_a_mapping(self, tmp_path: Path) -> None:
         values = filled_in_time(tmp_path / "t-0", 125)
         with Log.open(tmp_path / "t-0", CONFIG) as log:
