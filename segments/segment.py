@@ -84,7 +84,8 @@ _MAGIC = fmt.MAGIC_V2
 
 
 # A new segment's scalars before any batch (see LogSegment.__init__): no timestamp, no
-# descriptor to pwrite to, no offset limit yet; the rest zero (not unflushed, nothing mapped).
+# descriptor to pwrite to, no offset limit yet; the rest zero (not unflushed, nothing
+# mapped, no first batch's timestamp, from which time-based rolling counts, as Kafka's).
 _CURSOR_TEMPLATE = cur.new_cursor(cur.SEG_FIELDS)
 _CURSOR_TEMPLATE[cur.SEG_MAX_TS] = fmt.NO_TIMESTAMP
 _CURSOR_TEMPLATE[cur.SEG_WRITE_FD] = -1
@@ -280,8 +281,6 @@ class LogSegment:
         )
         self.txn_index = TransactionIndex(fs, txn_path, base_offset)
         self.size = handle.size() if size is None else size
-        # Time-based rolling counts from the first batch's timestamp, as Kafka does, so a
-        # restart does not reset the clock (none yet: the template's SEG_HAS_FIRST_TS is 0).
         # Pre-allocation never goes past the size the log rolls at.
         self.max_segment_bytes = max_segment_bytes
         self._update_last_offset_limit()

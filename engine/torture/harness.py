@@ -58,8 +58,7 @@ from oncelog.errors import CorruptLogError, CorruptRecordError, OncelogError
 from oncelog.log import METADATA_DIR, Log
 from oncelog.producer_replay import ReplayBuffer
 from oncelog.producer_state import ProducerStateEntry, ProducerStateManager
-from oncelog.segments import format as fmt
-from oncelog.segments.batch import RecordBatch
+from oncelog.segments.batch import RecordBatch, iter_batches
 from oncelog.segments.control import decode_txn_marker
 from oncelog.storage.checkpoint import RecoveryPoint, read_recovery_point
 from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
@@ -252,19 +251,18 @@ def _offset_of_batch_at(fs: FaultFileSystem, path: str, base: int, position: int
     (the batches before it are intact: the damage starts at `position`)."""
     handle = fs.open(path, writable=False)
     try:
-        at, offset = 0, base
-        while True:
-            header = handle.pread(fmt.HEADER_SIZE, at)
-            if len(header) < fmt.HEADER_SIZE:
-                return offset
-            size = fmt.LOG_OVERHEAD + fmt.INT32.unpack_from(header, fmt.LENGTH_OFFSET)[0]
-            if size < fmt.HEADER_SIZE or at + size > position:  # (zeros: the reserved space past the data)
-                return offset
-            base_offset = fmt.INT64.unpack_from(header, 0)[0]
-            offset = base_offset + fmt.INT32.unpack_from(header, fmt.LAST_OFFSET_DELTA_OFFSET)[0] + 1
-            at += size
+        before = handle.pread(position, 0)
     finally:
         handle.close()
+    offset = base
+    try:
+        # Header by header up to `position`: the batch holding it ends the walk cut short
+        # (or the reserved zeros past the data end it first).
+        for batch in iter_batches(before, until_unwritten=True):
+            offset = batch.last_offset + 1
+    except CorruptRecordError:
+        pass
+    return offset
 
 
 def _bytes_from_recovery_point(fs: FaultFileSystem) -> int:
