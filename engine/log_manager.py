@@ -34,7 +34,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgpack
@@ -51,6 +50,7 @@ from oncelog.lock_wait import wait_while_locked
 from oncelog.log import LOCK_FILE, Log
 from oncelog.partition_opening import (
     PartitionLock,
+    close_partitions,
     collections_paused,
     open_partitions,
     release_after_failure,
@@ -249,7 +249,7 @@ class LogManager:
         except BaseException as exc:
             releases: list[Callable[[], object]] = []
             if manager is not None:  # interrupted after its partitions opened: close them
-                releases.append(lambda: manager._close_logs(manager._logs))
+                releases.append(lambda: close_partitions(manager.recovery_threads, manager._logs))
             if producer_ids is not None:
                 releases.append(producer_ids.close)
             if store is not None:
@@ -452,7 +452,7 @@ class LogManager:
             self._partition_locks.clear()
         errors: dict[TopicPartition, BaseException] = {}
         try:
-            errors = self._close_logs(logs)
+            errors = close_partitions(self.recovery_threads, logs)
         finally:
             try:
                 self.producer_ids.close()
@@ -518,18 +518,6 @@ class LogManager:
             path, config, fs=self._fs, clock=self._clock, clean_shutdown=clean_shutdown, dir_lock=lock
         )
 
-    def _close_logs(self, logs: Mapping[TopicPartition, Log]) -> dict[TopicPartition, BaseException]:
-        """Close every log, whatever some of the closes raise; their errors."""
-        errors: dict[TopicPartition, BaseException] = {}
-        # Each close fsyncs; the pool overlaps them as at open.
-        with ThreadPoolExecutor(self.recovery_threads, thread_name_prefix="oncelog-close") as pool:
-            futures = {tp: pool.submit(log.close) for tp, log in logs.items()}
-            for tp, future in futures.items():
-                exc = future.exception()
-                if exc is not None:
-                    errors[tp] = exc
-        return errors
-
     def _recover_all(self, progress: bool | None) -> None:
         partitions = partitions_on_disk(self._fs, self.root)
         started = time.perf_counter()
@@ -575,7 +563,7 @@ class LogManager:
         except BaseException as exc:
             self._logs = {}
             self._partition_locks = {}
-            for tp, error in sorted(self._close_logs(opened).items()):
+            for tp, error in sorted(close_partitions(self.recovery_threads, opened).items()):
                 exc.add_note(
                     f"closing {tp} after the failed open also failed: {type(error).__name__}: {error}"
                 )

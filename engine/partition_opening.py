@@ -1,6 +1,6 @@
 """What opening a root's partitions needs besides the loader: their locks, the pool that
 opens them and the opens in flight (which Ctrl-C stops), and the garbage collector
-paused meanwhile.
+paused meanwhile; and the pool that closes them.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import gc
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from oncelog.layout import TopicPartition
 from oncelog.storage.fs import DirLock
@@ -98,6 +99,38 @@ def open_partitions(
         # Not the pool's join: a Ctrl-C inside `submit` (a worker starting) leaves it
         # a thread it does not know, which may be opening a partition right now.
         opens.stop_and_wait()
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def close_partitions(
+    threads: int, logs: Mapping[TopicPartition, Closable]
+) -> dict[TopicPartition, BaseException]:
+    """Close every log on a pool of `threads` (each close fsyncs; the pool overlaps them as
+    at open), whatever some of the closes raise; their errors. A Ctrl-C while they are
+    handed over still closes every log: those not yet handed over close inline, after
+    the pool's, or they would keep their files open and miss their clean markers."""
+    errors: dict[TopicPartition, BaseException] = {}
+    unsubmitted = dict(logs)
+    try:
+        with ThreadPoolExecutor(threads, thread_name_prefix="oncelog-close") as pool:
+            futures = {}
+            for tp, log in logs.items():
+                futures[tp] = pool.submit(log.close)
+                del unsubmitted[tp]  # (interrupted just before this: a second close returns at once)
+            for tp, future in futures.items():
+                exc = future.exception()
+                if exc is not None:
+                    errors[tp] = exc
+    finally:
+        for tp, log in unsubmitted.items():
+            try:
+                log.close()
+            except Exception as exc:
+                errors[tp] = exc
+    return errors
 
 
 @contextlib.contextmanager

@@ -142,6 +142,9 @@ class TailChecks(NamedTuple):
     client_only: bool = False  # client_append_problem holds for every batch
     # Every last offset within an i32 of this base (an index entry's relative offset).
     segment_base_offset: int | None = None
+    # No batch starts more than this past the first (the last indexed one): appending
+    # would have indexed it, so an entry was lost (a clean open of the active segment).
+    index_interval_bytes: int | None = None
 
 
 NO_TAIL_CHECKS = TailChecks()
@@ -178,6 +181,8 @@ def walk_whole_batches(
         header = unpack(view, at)
         size = header[1] + fmt.LOG_OVERHEAD
         if header[1] < MIN_BATCH_LENGTH or size > end - at or header[0] < next_offset:
+            return None
+        if checks.index_interval_bytes is not None and at > checks.index_interval_bytes:
             return None
         if header_problem(header, crc32c.crc32c(view[at + fmt.ATTRIBUTES_OFFSET : at + size])) is not None:
             return None

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple, Protocol
 from oncelog.segments import cursor as cur
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import (
+    MIN_BATCH_LENGTH,
     RecordBatch,
     TailChecks,
     TruncatedBatchError,
@@ -753,6 +754,10 @@ class LogSegment:
         if last_time is not None:
             if last_time.offset < self.base_offset or (end is not None and last_time.offset >= end):
                 return False
+            # A sealed segment's newest timestamp is its last time entry's, and retention
+            # deletes by it: a flipped bit must not pass for it (Kafka trusts the entry).
+            if end is not None and self._max_timestamp_of_batch_ending_at(last_time.offset) != last_time[0]:
+                return False
             self.max_timestamp_ms, self.offset_of_max_timestamp = last_time
         if end is not None:
             self.next_offset = end
@@ -766,6 +771,8 @@ class LogSegment:
             first_last_offset=last_entry.offset if entries else None,
             client_only=client_only,
             segment_base_offset=self.base_offset,
+            # A batch that would have been indexed: entries were dropped (a full index takes none).
+            index_interval_bytes=None if self.indexes_full else self.index_interval_bytes,
         )
         if not self._walk_clean_tail(last_entry.position, checks):
             return False
@@ -776,6 +783,29 @@ class LogSegment:
         if self.size:
             self.first_batch_timestamp_ms = self._first_batch_timestamp()
         return True
+
+    def _max_timestamp_of_batch_ending_at(self, last_offset: int) -> int | None:
+        """The max timestamp in the header of the batch whose last offset is `last_offset`,
+        found from the offset index; None if no batch ends there. Headers only: one read
+        reaches the batches an index entry covers, a read a header past them."""
+        header_bytes = fmt.HEADER_SIZE
+        start = position = self.offset_index.lookup(last_offset).position
+        nearby = self._handle.pread(min(self.size - start, self.index_interval_bytes + header_bytes), start)
+        while position + header_bytes <= self.size:
+            at = position - start
+            raw = nearby[at : at + header_bytes] if at + header_bytes <= len(nearby) else b""
+            if not raw:
+                raw = self._handle.pread(header_bytes, position)
+                if len(raw) < header_bytes:
+                    return None
+            header = fmt.HEADER_STRUCT.unpack_from(raw)
+            last = header[0] + header[6]
+            if last >= last_offset:
+                return int(header[8]) if last == last_offset else None
+            if header[1] < MIN_BATCH_LENGTH:
+                return None
+            position += header[1] + fmt.LOG_OVERHEAD
+        return None
 
     def _walk_clean_tail(self, start: int, checks: TailChecks) -> bool:
         """load_from_indexes' check of the bytes from `start` to the end (walk_whole_batches),
@@ -794,6 +824,9 @@ class LogSegment:
         for position, batch in self.scan(start):
             # Past the first batch: each starts right after the one before (client
             # appends), or at least after it.
+            interval = checks.index_interval_bytes
+            if interval is not None and position - start > interval:
+                return False  # (as walk_whole_batches: an index entry was dropped)
             batch_checks = (
                 checks
                 if position == start
@@ -904,6 +937,9 @@ class LogSegment:
         self.offset_index.truncate_to_position(self.size)
         self.time_index.truncate_to_offset(self.next_offset)
         self.txn_index.truncate_to(self.next_offset)
+        # Counted from the last entry kept, as appending left it: the next entry lands
+        # where an unclean open's rebuild would put it (and a clean open expects it).
+        self.bytes_since_last_index_entry = self.size - self.offset_index.last_entry().position
         self._update_last_offset_limit()
         return on_disk - self.size
 
@@ -1055,9 +1091,8 @@ class LogSegment:
                 # fsync: the clean-shutdown marker promises the file ends at its last batch.
                 self._handle.fsync()
             if self._offset_index is not None and self._time_index is not None:
-                # The final time entry lets the next clean open take the max timestamp from the index.
-                if durable and not self._time_index.is_sealed and self.max_timestamp_ms != fmt.NO_TIMESTAMP:
-                    self._time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+                if durable and not self._time_index.is_sealed:
+                    self._close_time_entry(self._time_index)
                 self._offset_index.close(trim=durable)
                 self._time_index.close(trim=durable)
         finally:
@@ -1068,6 +1103,17 @@ class LogSegment:
             finally:
                 self.txn_index.close()
                 self._handle.close()
+
+    def _close_time_entry(self, time_index: TimeIndex) -> None:
+        """The active segment's final time entry, at a clean close: a segment with batches
+        has at least one. Not when it would fill the index (one slot stays free): the clean
+        reopen would then roll at the next append where an unclean one would not, and it
+        walks the batches past the last offset entry anyway, finding the max timestamp."""
+        if self.max_timestamp_ms == fmt.NO_TIMESTAMP:
+            return
+        if time_index.entries and time_index.entries + 2 >= time_index.max_entries:
+            return
+        time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
 
     def __repr__(self) -> str:
         return f"LogSegment({self.path}, base={self.base_offset}, next={self.next_offset}, size={self.size})"

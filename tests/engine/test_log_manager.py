@@ -21,9 +21,11 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 from log_helpers import stored_batches
@@ -39,6 +41,7 @@ from oncelog import (
     PartitionRecoveryError,
     TopicPartition,
     UnknownTopicOrPartitionError,
+    partition_opening,
 )
 from oncelog import log_manager as log_manager_module
 from oncelog.cli.main import main as cli_main
@@ -763,6 +766,33 @@ class TestFailedOpen:
             assert not locked(tmp_path / name), name
         with open_manager(tmp_path) as manager:
             assert len(manager.logs()) == 3
+
+    def test_a_ctrl_c_while_the_close_hands_logs_to_its_pool_still_closes_every_log(
+        self, tmp_path: Path, sigint_raises: None, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Found by a red-team helper: the logs not yet handed over stayed open, their
+        # files held and their clean markers never written.
+        root_to_interrupt(tmp_path)
+        manager = open_manager(tmp_path, recovery_threads=1)
+        handed: list[object] = []
+
+        class InterruptedOnTheSecond(ThreadPoolExecutor):
+            def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+                handed.append(fn)
+                if len(handed) == 2:
+                    signal.raise_signal(signal.SIGINT)  # as a terminal's Ctrl-C, in this thread
+                return super().submit(fn, *args, **kwargs)
+
+        monkeypatch.setattr(partition_opening, "ThreadPoolExecutor", InterruptedOnTheSecond)
+        with pytest.raises(KeyboardInterrupt):
+            manager.close()
+        assert len(handed) == 2  # the third log was never handed over
+        assert all((tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE).exists() for p in range(3))
+        for name in ("t-0", "t-1", "t-2", ".lock", "producer_ids.lock"):
+            assert not locked(tmp_path / name), name
+        monkeypatch.undo()
+        with open_manager(tmp_path) as manager:
+            assert manager.recovery_summary.clean == 3
 
 
 class TestDeleteAfterFailure:

@@ -113,6 +113,41 @@ class TestLazySegmentOpening:
         entries = index.read_bytes()
         assert all(struct.unpack_from(">ii", entries, n)[1] < 4096 for n in range(0, len(entries), 8))
 
+    @pytest.mark.parametrize("field", ["timestamp", "offset"])
+    def test_a_flipped_bit_in_a_sealed_segments_last_time_entry_is_not_trusted(
+        self, tmp_path: Path, field: str
+    ) -> None:
+        # Found by a red-team helper: a sealed segment's newest timestamp is its last time
+        # entry's, trusted as Kafka trusts it; a bit flipped there made it old enough to go.
+        directory = tmp_path / "t-0"
+        values = filled_in_time(directory, 200)
+        with Log.open(directory, CONFIG) as log:
+            second = log.segments[1]
+            base, newest = second.base_offset, second.newest_timestamp_ms()
+        time_index = directory / f"{base:020d}.timeindex"
+        entries = bytearray(time_index.read_bytes())
+        last = len(entries) - 12
+        timestamp, relative = struct.unpack_from(">qi", entries, last)
+        if field == "timestamp":  # 2^30 ms (12 days) older
+            flipped = timestamp ^ (1 << 30)
+            assert flipped < timestamp
+            struct.pack_into(">q", entries, last, flipped)
+        else:
+            struct.pack_into(">i", entries, last + 8, relative ^ 1)
+        time_index.write_bytes(bytes(entries))
+        retention = LogConfig(segment_bytes=4096, index_interval_bytes=256, retention_ms=86_400_000)
+        with Log.open(directory, retention) as log:
+            # Now is a day past the first segment's newest batch, not past the second's.
+            first_newest = log.segments[0].newest_timestamp_ms()
+            assert first_newest < newest
+            assert log.apply_retention(now_ms=first_newest + 86_400_000) == 1
+            assert log.log_start_offset == base
+            assert log.segments[0].newest_timestamp_ms() == newest
+            assert log.segments[0].offset_of_max_timestamp == newest - T0  # (batches of one record)
+            found = log.offset_for_timestamp(newest)
+            assert found is not None and read_values(log, found.offset, 1) == [values[found.offset]]
+            assert found.offset == newest - T0
+
     def test_a_sealed_segment_whose_index_and_log_are_damaged_is_reported_when_read(
         self, tmp_path: Path
     ) -> None:
@@ -194,6 +229,38 @@ class TestTheActiveSegmentOpenedClean:
             found = log.offset_for_timestamp(0)
             assert found is not None and found.offset == 0
             assert [offset for offset, _ in every_batch(log)] == list(range(6))
+
+    def test_a_close_whose_final_time_entry_would_fill_the_index_reopens_as_an_unclean_open_would(
+        self, tmp_path: Path
+    ) -> None:
+        # Found by a red-team helper: the close's final time entry took the slot kept free
+        # for the seal's, so the clean reopen rolled at its next append and the unclean did not.
+        config = LogConfig(segment_index_bytes=12 * 5, index_interval_bytes=200)  # 5 time entries
+        source = tmp_path / "source"
+        with Log.open(source, config) as log:
+            for n in range(8):  # 3 offset and 3 time entries, then a newer max timestamp
+                log.append(encode_batch([(b"k", b"v" * 90)], timestamp_ms=T0 + n))
+            time_index = log.active_segment.time_index
+            assert (time_index.entries, time_index.max_entries, log.active_segment.max_timestamp_ms) == (
+                3,
+                5,
+                T0 + 7,
+            )
+            assert time_index.last_entry() != (T0 + 7, 7)
+        seen = []
+        for marker in (True, False):
+            copy = tmp_path / f"copy-{marker}"
+            shutil.copytree(source, copy)
+            if not marker:
+                (copy / ".clean_shutdown").unlink()
+            with Log.open(copy, config) as log:
+                assert log.recovery_report.clean is marker
+                segment = log.active_segment
+                before = (segment.max_timestamp_ms, segment.offset_of_max_timestamp)
+                log.append(encode_batch([(b"k", b"after")], timestamp_ms=T0 + 8))
+                seen.append((before, len(log.segments), log.offset_for_timestamp(T0 + 7)))
+        assert seen[0] == seen[1]
+        assert seen[0][:2] == ((T0 + 7, 7), 1)
 
     def test_appending_after_it_writes_the_next_index_entries_through_a_mapping(self, tmp_path: Path) -> None:
         values = filled_in_time(tmp_path / "t-0", 125)
@@ -278,6 +345,13 @@ def _add_a_time_entry_past_the_data(directory: Path, active: Path) -> None:
         index.write(struct.pack(">qi", 1 << 40, 1_000_000))
 
 
+def _drop_the_last_offset_index_entries(directory: Path, active: Path) -> None:
+    index = active.with_suffix(".index")
+    entries = index.read_bytes()
+    assert len(entries) >= 3 * 8
+    index.write_bytes(entries[: -2 * 8])
+
+
 class TestACleanOpenFindsWhatAnUncleanOneFinds:
     """Files changed behind a clean close: the clean open must end where the unclean open
     of the same files ends (found by red-team helpers; older than the one-pass tail check)."""
@@ -291,6 +365,7 @@ class TestACleanOpenFindsWhatAnUncleanOneFinds:
             _move_the_last_batch_past_an_i32,
             _stamp_a_leader_epoch,
             _add_a_time_entry_past_the_data,
+            _drop_the_last_offset_index_entries,
         ],
     )
     def test_after_a_change_behind_the_close(
