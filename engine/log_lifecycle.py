@@ -109,8 +109,9 @@ class LogLifecycle(LogState):
         """Delete the oldest sealed segments past `retention_ms` or `retention_bytes`; returns how many.
 
         Whole segments only, oldest first, never the active one. A segment is past
-        retention_ms when its newest timestamp is; past retention_bytes while the log
-        stays at least that large without it (Kafka's rules).
+        retention_ms when its newest timestamp is (when no batch is stamped, when its file
+        was last written); past retention_bytes while the log stays at least that large
+        without it (Kafka's rules).
         """
         if now_ms is not None:
             fmt.check_int("now_ms", now_ms, "i64")
@@ -121,7 +122,9 @@ class LogLifecycle(LogState):
             excess_bytes = self.size_bytes - retention_bytes if retention_bytes is not None else 0
             expired = 0
             for segment in self._segments[:-1]:
-                too_old = retention_ms is not None and segment.newest_timestamp_ms() <= now_ms - retention_ms
+                # (An age of -1 is unknown: no batch stamped and no file time; kept.)
+                age_ms = segment.age_reference_ms() if retention_ms is not None else fmt.NO_TIMESTAMP
+                too_old = retention_ms is not None and fmt.NO_TIMESTAMP != age_ms <= now_ms - retention_ms
                 too_big = retention_bytes is not None and excess_bytes >= segment.size
                 if not (too_old or too_big):
                     break

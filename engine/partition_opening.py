@@ -125,11 +125,21 @@ def close_partitions(
                 if exc is not None:
                     errors[tp] = exc
     finally:
+        again: KeyboardInterrupt | None = None
         for tp, log in unsubmitted.items():
-            try:
-                log.close()
-            except Exception as exc:
-                errors[tp] = exc
+            for _attempt in range(2):
+                try:
+                    log.close()
+                    break
+                except KeyboardInterrupt as interrupted:
+                    # One more Ctrl-C: this log's close once more (a close under way returns
+                    # at once), and the rest still close; the Ctrl-C is raised after them.
+                    again = interrupted
+                except Exception as exc:
+                    errors[tp] = exc
+                    break
+        if again is not None:
+            raise again
     return errors
 
 

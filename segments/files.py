@@ -98,6 +98,11 @@ class SegmentFileSystem(Protocol):
         """The size of the file at `path`, holding no descriptor (FileNotFoundError if none)."""
         ...
 
+    def modified_ms(self, path: str) -> int:
+        """When the file at `path` was last written, in ms since the epoch; -1 where the
+        filesystem cannot tell (FileNotFoundError if none)."""
+        ...
+
     def unlink(self, path: str) -> None: ...
 
     def fsync_dir(self, path: str) -> None:

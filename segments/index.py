@@ -83,6 +83,8 @@ class _MappedIndex:
         self._region: MappedRegion | None = None
         self._view: memoryview = memoryview(b"")
         self.is_sealed = True
+        # The entry before the last, as the unmapped open read it (drop_last_entry).
+        self._before_last: tuple[int, int] | None = None
         try:
             handle = self._open_handle(create=True)  # (not _opened: its generator is paid at every open)
             try:
@@ -107,9 +109,10 @@ class _MappedIndex:
 
     def _open_unmapped(self, handle: FileHandle) -> bool:
         """Take an active index as a clean close left it (whole entries, the last one not
-        zero) from one read of its last entry, and map it only when first read or written:
-        an idle partition's open then maps neither index (a third of its segment's open).
-        False, with nothing changed, for anything else (a crash's zero tail, a torn entry)."""
+        zero) from one read of its last two entries, and map it only when first read or
+        written: an idle partition's open then maps neither index (a third of its
+        segment's open). False, with nothing changed, for anything else (a crash's zero
+        tail, a torn entry)."""
         size = handle.size()
         entry_bytes = self.ENTRY.size
         if size % entry_bytes:
@@ -117,12 +120,15 @@ class _MappedIndex:
         entries = size // entry_bytes
         last = (0, 0)
         if entries:
-            raw = handle.pread(entry_bytes, size - entry_bytes)
-            if len(raw) != entry_bytes:
+            read_bytes = entry_bytes * min(entries, 2)
+            raw = handle.pread(read_bytes, size - read_bytes)
+            if len(raw) != read_bytes:
                 return False
-            last = self.ENTRY.unpack(raw)
+            last = self.ENTRY.unpack_from(raw, read_bytes - entry_bytes)
             if not any(last) and not self._zero_entry_is_real(entries):
                 return False
+            if entries > 1:
+                self._before_last = self.ENTRY.unpack_from(raw)
         self._capacity = entries
         self.max_entries = entries
         c = self._cursor_view
@@ -256,6 +262,19 @@ class _MappedIndex:
         if value:
             c = self._cursor_view
             c[cur.IDX_LAST_FIRST], c[cur.IDX_LAST_SECOND] = self._entry(value - 1)
+
+    def drop_last_entry(self) -> None:
+        """Forget the last entry: the next one takes its slot. Read from the mapping, or
+        as the unmapped open read it (an idle partition's open maps nothing)."""
+        n = self._entries
+        assert n, self.path
+        if self._region is not None or n == 1:
+            self.entries = n - 1
+            return
+        assert self._before_last is not None and not self._mapped_writable, self.path
+        c = self._cursor_view
+        c[cur.IDX_ENTRIES], (c[cur.IDX_LAST_FIRST], c[cur.IDX_LAST_SECOND]) = n - 1, self._before_last
+        self._before_last = None
 
     @property
     def is_full(self) -> bool:

@@ -741,8 +741,12 @@ class LogSegment:
         last_time = self.time_index.last_entry()
         entries = self.offset_index.entries
         # An entry at or past the end, or a time entry in an empty segment: the .log was
-        # cut or emptied behind the index's back.
-        if (entries and last_entry.position >= self.size) or (self.size > 0) != (last_time is not None):
+        # cut or emptied behind the index's back. A time entry comes with the first offset
+        # entry, and with a close or seal of stamped batches: without one, none is stamped
+        # (-1), which is checked below, or the time index was lost.
+        if (entries and last_entry.position >= self.size) or (self.size == 0 and last_time is not None):
+            return False
+        if last_time is None and entries:
             return False
         # The first batch (position 0, offset base) never gets an entry, so a real
         # entry points past both; anything else is a damaged index.
@@ -754,14 +758,27 @@ class LogSegment:
         if last_time is not None:
             if last_time.offset < self.base_offset or (end is not None and last_time.offset >= end):
                 return False
-            # A sealed segment's newest timestamp is its last time entry's, and retention
-            # deletes by it: a flipped bit must not pass for it (Kafka trusts the entry).
-            if end is not None and self._max_timestamp_of_batch_ending_at(last_time.offset) != last_time[0]:
-                return False
             self.max_timestamp_ms, self.offset_of_max_timestamp = last_time
         if end is not None:
+            # A sealed segment's newest timestamp is its last time entry's, and retention
+            # deletes by it: a flipped bit must not pass for it (Kafka trusts the entry).
+            unstamped = TimestampOffset(fmt.NO_TIMESTAMP, self.base_offset)
+            if self.size and not self._time_entry_matches_log(last_time or unstamped):
+                return False
             self.next_offset = end
             return True
+        closed_at = None  # the close's time entry, if there is one
+        if last_time is not None and (not entries or last_time.offset > last_entry.offset):
+            closed_at = last_time
+            # The close's time entry (an indexed batch's comes with its offset entry, at or
+            # below it): dropped, as an unclean open's rebuild has none, so both fill the
+            # index alike; the next entry takes its slot. The tail walk finds what it held.
+            self.time_index.drop_last_entry()
+            self._update_last_offset_limit()  # (the index may no longer be full)
+            before = self.time_index.last_entry()
+            self.max_timestamp_ms, self.offset_of_max_timestamp = (
+                before if before is not None else (fmt.NO_TIMESTAMP, self.base_offset)
+            )
         self.next_offset = self.base_offset
         # The tail is short, so check it fully: bytes appended behind a clean close's back
         # must not slip in unvalidated. The batch the last entry names must be there, with
@@ -778,34 +795,73 @@ class LogSegment:
             return False
         if last_time is not None and last_time.offset >= self.next_offset:
             return False  # a time entry past the batches
+        if last_time is None and self.max_timestamp_ms != fmt.NO_TIMESTAMP:
+            return False  # stamped batches, and no time entry: the time index was lost
+        if closed_at is not None and closed_at != (self.max_timestamp_ms, self.offset_of_max_timestamp):
+            return False  # the close wrote the newest timestamp there, and the batches disagree
         # As appending left it: the bytes from the last indexed batch's start.
         self.bytes_since_last_index_entry = self.size - last_entry.position
         if self.size:
             self.first_batch_timestamp_ms = self._first_batch_timestamp()
         return True
 
-    def _max_timestamp_of_batch_ending_at(self, last_offset: int) -> int | None:
-        """The max timestamp in the header of the batch whose last offset is `last_offset`,
-        found from the offset index; None if no batch ends there. Headers only: one read
-        reaches the batches an index entry covers, a read a header past them."""
-        header_bytes = fmt.HEADER_SIZE
-        start = position = self.offset_index.lookup(last_offset).position
-        nearby = self._handle.pread(min(self.size - start, self.index_interval_bytes + header_bytes), start)
-        while position + header_bytes <= self.size:
+    def _time_entry_matches_log(self, entry: TimestampOffset) -> bool:
+        """Whether a sealed segment's last time entry holds its newest timestamp, as far as
+        a few batch headers tell: the batch it names ends at its offset with its timestamp
+        (a flipped bit fails this), and no batch after the last offset entry is newer (a
+        lost or zeroed last entry leaves an older one last). Without timestamps (-1) the
+        entry names the base offset, not a batch's last (none was ever newer)."""
+        timestamp_ms, offset = entry
+        if timestamp_ms != fmt.NO_TIMESTAMP:
+            named = self._last_batch_header_up_to(offset, start=self.offset_index.lookup(offset).position)
+            if named is None or named[0] + named[6] != offset or named[8] != timestamp_ms:
+                return False
+        newest = fmt.NO_TIMESTAMP
+        for header in self._headers_from(self.offset_index.last_entry().position, to_end=True):
+            if header is None:
+                return False
+            newest = max(newest, int(header[8]))
+        return newest <= timestamp_ms
+
+    def _last_batch_header_up_to(self, last_offset: int, *, start: int) -> tuple[Any, ...] | None:
+        """The header of the first batch from `start` whose last offset is `last_offset` or
+        more; None if there is none."""
+        for header in self._headers_from(start, to_end=False):
+            if header is None or header[0] + header[6] >= last_offset:
+                return header
+        return None
+
+    # Batch headers a check reads one at a time past its first read, at most.
+    _HEADER_READS_MAX = 64
+
+    def _headers_from(self, start: int, *, to_end: bool) -> Iterator[tuple[Any, ...] | None]:
+        """The headers of the batches from `start` (a position an index entry gave) on:
+        one read reaching an index interval past it, then a read per header. None last if
+        one is not a batch's (or `to_end` and they do not end at the segment's end, or
+        more than _HEADER_READS_MAX more reads would be needed: then what is known ends)."""
+        size, header_bytes = self.size, fmt.HEADER_SIZE
+        if not 0 <= start <= size:
+            yield None  # a damaged index entry
+            return
+        nearby = self._handle.pread(min(size - start, self.index_interval_bytes + header_bytes), start)
+        position, reads = start, 0
+        while position + header_bytes <= size:
             at = position - start
-            raw = nearby[at : at + header_bytes] if at + header_bytes <= len(nearby) else b""
-            if not raw:
+            raw = nearby[at : at + header_bytes]
+            if len(raw) < header_bytes:
+                reads += 1
+                if reads > self._HEADER_READS_MAX:
+                    return  # (no verdict: a tail this long is not what appending leaves)
                 raw = self._handle.pread(header_bytes, position)
                 if len(raw) < header_bytes:
-                    return None
+                    break
             header = fmt.HEADER_STRUCT.unpack_from(raw)
-            last = header[0] + header[6]
-            if last >= last_offset:
-                return int(header[8]) if last == last_offset else None
-            if header[1] < MIN_BATCH_LENGTH:
-                return None
+            if header[1] < MIN_BATCH_LENGTH or header[3] != fmt.MAGIC_V2:
+                break
+            yield header
             position += header[1] + fmt.LOG_OVERHEAD
-        return None
+        if position != size or not to_end:
+            yield None
 
     def _walk_clean_tail(self, start: int, checks: TailChecks) -> bool:
         """load_from_indexes' check of the bytes from `start` to the end (walk_whole_batches),
@@ -873,6 +929,12 @@ class LogSegment:
         if self._offset_index is None:
             self._load_lazy_indexes()  # a lazily opened segment learns its max timestamp there
         return self.max_timestamp_ms
+
+    def age_reference_ms(self) -> int:
+        """What retention ages the segment by: its newest batch timestamp or, when no batch
+        is stamped (-1), when its file was last written, as Kafka does; -1 if unknown."""
+        newest = self.newest_timestamp_ms()
+        return newest if newest != fmt.NO_TIMESTAMP else self.fs.modified_ms(self.path)
 
     def batch_start_at_or_after(self, offset: int) -> tuple[int, int]:
         """(position, kept end): where the first batch whose last offset is at or after
@@ -1091,8 +1153,10 @@ class LogSegment:
                 # fsync: the clean-shutdown marker promises the file ends at its last batch.
                 self._handle.fsync()
             if self._offset_index is not None and self._time_index is not None:
-                if durable and not self._time_index.is_sealed:
-                    self._close_time_entry(self._time_index)
+                if durable and not self._time_index.is_sealed and self.max_timestamp_ms != fmt.NO_TIMESTAMP:
+                    # For a reader that takes the newest timestamp from the index (Kafka's
+                    # clean load does); this module's next clean open drops it again.
+                    self._time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
                 self._offset_index.close(trim=durable)
                 self._time_index.close(trim=durable)
         finally:
@@ -1103,17 +1167,6 @@ class LogSegment:
             finally:
                 self.txn_index.close()
                 self._handle.close()
-
-    def _close_time_entry(self, time_index: TimeIndex) -> None:
-        """The active segment's final time entry, at a clean close: a segment with batches
-        has at least one. Not when it would fill the index (one slot stays free): the clean
-        reopen would then roll at the next append where an unclean one would not, and it
-        walks the batches past the last offset entry anyway, finding the max timestamp."""
-        if self.max_timestamp_ms == fmt.NO_TIMESTAMP:
-            return
-        if time_index.entries and time_index.entries + 2 >= time_index.max_entries:
-            return
-        time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
 
     def __repr__(self) -> str:
         return f"LogSegment({self.path}, base={self.base_offset}, next={self.next_offset}, size={self.size})"

@@ -416,6 +416,9 @@ class OsFileSystem:
     def file_size(self, path: str) -> int:
         return os.stat(path).st_size
 
+    def modified_ms(self, path: str) -> int:
+        return os.stat(path).st_mtime_ns // 1_000_000
+
     def filesystem_of(self, path: str) -> int:
         return os.stat(path).st_dev
 
@@ -542,6 +545,9 @@ class DelegatingFileSystem:
 
     def file_size(self, path: str) -> int:
         return self.inner.file_size(path)
+
+    def modified_ms(self, path: str) -> int:
+        return self.inner.modified_ms(path)
 
     def filesystem_of(self, path: str) -> int:
         return self.inner.filesystem_of(path)

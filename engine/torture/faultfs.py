@@ -610,6 +610,10 @@ class FaultFileSystem:
             raise FileNotFoundError(errnos.ENOENT, "no such file", path)
         return len(inode.volatile)
 
+    def modified_ms(self, path: str) -> int:
+        self.file_size(path)  # (FileNotFoundError as the OS)
+        return -1  # the twin keeps no times
+
     def listdir(self, path: str) -> list[str]:
         key = _norm(path)
         names = set(self._dir(key).volatile)

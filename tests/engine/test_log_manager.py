@@ -794,6 +794,35 @@ class TestFailedOpen:
         with open_manager(tmp_path) as manager:
             assert manager.recovery_summary.clean == 3
 
+    def test_a_second_ctrl_c_during_the_inline_closes_still_closes_every_log(
+        self, tmp_path: Path, sigint_raises: None, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Found by a red-team helper: the second Ctrl-C stopped the inline closes.
+        write_root(tmp_path, partitions=4)
+        manager = open_manager(tmp_path, recovery_threads=1)
+
+        class InterruptedAtOnce(ThreadPoolExecutor):
+            def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+                signal.raise_signal(signal.SIGINT)
+                return super().submit(fn, *args, **kwargs)
+
+        real_close, inline_closes = Log.close, []
+
+        def close_interrupted_once(log: Log) -> None:
+            inline_closes.append(log.directory)
+            if len(inline_closes) == 1:
+                signal.raise_signal(signal.SIGINT)  # before this log's close starts
+            real_close(log)
+
+        monkeypatch.setattr(partition_opening, "ThreadPoolExecutor", InterruptedAtOnce)
+        monkeypatch.setattr(Log, "close", close_interrupted_once)
+        with pytest.raises(KeyboardInterrupt):
+            manager.close()
+        monkeypatch.undo()
+        assert all((tmp_path / f"t-{p}" / CLEAN_SHUTDOWN_FILE).exists() for p in range(4))
+        with open_manager(tmp_path) as manager:
+            assert manager.recovery_summary.clean == 4
+
 
 class TestDeleteAfterFailure:
     def test_the_partition_stays_locked_and_its_intent_durable_through_every_step_of_its_delete(

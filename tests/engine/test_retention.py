@@ -10,6 +10,7 @@ the start it reports.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,28 @@ class TestRetentionTime:
             assert 0 < expected < len(log.segments) - 1
             assert log.apply_retention(now) == expected
             assert all(s.newest_timestamp_ms() > now - 10 * HOUR_MS for s in log.segments[:-1])
+
+    @pytest.mark.parametrize("written_hours_ago", [1, 48])
+    def test_segments_of_unstamped_batches_age_by_when_their_file_was_written(
+        self, tmp_path: Path, written_hours_ago: int
+    ) -> None:
+        # Found by a red-team helper: a newest timestamp of -1 (no batch stamped) counted as
+        # older than any retention, so such segments were deleted at once. Kafka ages them
+        # by the file's modification time.
+        directory = tmp_path / "t-0"
+        with Log.open(directory, config(retention_ms=24 * HOUR_MS)) as log:
+            for n in range(12):
+                log.append(encode_batch([(b"k", b"v%d" % n + b"x" * 150)], timestamp_ms=-1))
+            assert len(log.segments) > 2
+            sealed = [Path(segment.path) for segment in log.segments[:-1]]
+            assert {segment.newest_timestamp_ms() for segment in log.segments[:-1]} == {-1}
+        now_ms = T0 + 100 * HOUR_MS
+        for path in sealed:
+            written_s = (now_ms - written_hours_ago * HOUR_MS) / 1000
+            os.utime(path, (written_s, written_s))
+        with Log.open(directory, config(retention_ms=24 * HOUR_MS)) as log:
+            deleted = log.apply_retention(now_ms=now_ms)
+            assert deleted == (len(sealed) if written_hours_ago > 24 else 0)
 
 
 class TestDeleteRecords:

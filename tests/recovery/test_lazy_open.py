@@ -12,6 +12,7 @@ import shutil
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from oncelog.config import LogConfig
 from oncelog.errors import CorruptLogError, LogDirectoryError
 from oncelog.log import Log
 from oncelog.segments.batch import encode_batch
+from oncelog.segments.segment import LogSegment
 from oncelog.storage.fs import DelegatingFileSystem, FileHandle
 
 T0 = 1_700_000_000_000
@@ -148,6 +150,87 @@ class TestLazySegmentOpening:
             assert found is not None and read_values(log, found.offset, 1) == [values[found.offset]]
             assert found.offset == newest - T0
 
+    @pytest.mark.parametrize("how", ["zeroed", "cut"])
+    def test_a_sealed_segment_that_lost_its_last_time_entry_is_not_deleted_early(
+        self, tmp_path: Path, how: str
+    ) -> None:
+        # Found by a red-team helper: the entry before it is genuine, so it passed the check
+        # of the batch it names, and it became the segment's newest timestamp.
+        directory, now_ms = tmp_path / "t-0", T0 + 10_000_000
+        config = LogConfig(index_interval_bytes=100, retention_ms=1_000_000)
+        with Log.open(directory, config) as log:
+            for n in range(30):
+                log.append(encode_batch([(b"k", b"v" * 10)], timestamp_ms=now_ms - 5_000_000 + n * 1000))
+            log.append(encode_batch([(b"k", b"newest")], timestamp_ms=now_ms - 10))
+            for n in range(3):
+                log.append(encode_batch([(b"k", b"v" * 10)], timestamp_ms=now_ms - 500_000 + n))
+            log.roll()
+            log.append(encode_batch([(b"k", b"v")], timestamp_ms=now_ms))
+        time_index = directory / f"{0:020d}.timeindex"
+        entries = time_index.read_bytes()
+        time_index.write_bytes(entries[:-12] + (bytes(12) if how == "zeroed" else b""))
+        with Log.open(directory, config) as log:
+            assert log.segments[0].newest_timestamp_ms() == now_ms - 10
+            assert log.apply_retention(now_ms=now_ms) == 0
+            found = log.offset_for_timestamp(now_ms - 100)
+            assert found is not None and found.offset == 30
+
+    def test_a_damaged_position_in_the_index_entry_the_time_check_reads_rebuilds_the_indexes(
+        self, tmp_path: Path
+    ) -> None:
+        # Found by a red-team helper: a negative position reached a pread (a bare EINVAL).
+        directory = tmp_path / "t-0"
+        config = LogConfig(index_interval_bytes=100, retention_ms=1_000_000)
+        with Log.open(directory, config) as log:
+            for n in range(30):  # the newest batch mid-segment: its index entry is not the last
+                newest = n == 11
+                log.append(encode_batch([(b"k", b"v" * 10)], timestamp_ms=T0 + (100_000 if newest else n)))
+            log.roll()
+            log.append(encode_batch([(b"k", b"v")], timestamp_ms=T0 + 200_000))
+        index = directory / f"{0:020d}.index"
+        entries = bytearray(index.read_bytes())
+        named = max(n for n in range(0, len(entries), 8) if struct.unpack_from(">i", entries, n)[0] <= 11)
+        assert named < len(entries) - 8
+        entries[named + 4] ^= 0x80  # the sign bit of that entry's position
+        index.write_bytes(bytes(entries))
+        with Log.open(directory, config) as log:
+            assert log.apply_retention(now_ms=T0 + 200_000) == 0
+            assert log.segments[0].newest_timestamp_ms() == T0 + 100_000
+            assert [offset for offset, _ in every_batch(log)] == list(range(31))
+
+    def test_sealed_segments_of_unstamped_batches_are_trusted_without_a_rebuild(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Found by a red-team helper: every first use of such a segment rebuilt its indexes
+        # (their time entry names the base offset, no batch's last), and a follower's offset
+        # gap at a segment boundary then read as corruption.
+        directory = tmp_path / "t-0"
+        config = LogConfig(index_interval_bytes=100)
+        with Log.open(directory, config) as log:
+            for _ in range(300):
+                log.append(encode_batch([(b"k", b"v")] * 3, timestamp_ms=-1))
+            log.roll()
+            log.append(
+                encode_batch([(b"k", b"v")] * 3, base_offset=905, timestamp_ms=-1), origin="replication"
+            )
+        rebuilds: list[str] = []
+        rebuild = LogSegment.rebuild
+
+        def counted(segment: LogSegment, **kwargs: Any) -> Any:
+            rebuilds.append(segment.path)
+            return rebuild(segment, **kwargs)
+
+        monkeypatch.setattr(LogSegment, "rebuild", counted)
+        with Log.open(directory, config) as log:
+            assert log.recovery_report.clean
+            for _ in range(3):
+                assert len(log.read(10, 1000).batches) > 0
+                assert log.offset_for_timestamp(0) is None
+                assert log.apply_retention(now_ms=T0) == 0
+            assert log.segments[0].newest_timestamp_ms() == -1
+            assert [offset for offset, _ in every_batch(log)][-2:] == [897, 905]
+        assert rebuilds == []
+
     def test_a_sealed_segment_whose_index_and_log_are_damaged_is_reported_when_read(
         self, tmp_path: Path
     ) -> None:
@@ -224,7 +307,9 @@ class TestTheActiveSegmentOpenedClean:
             assert log.recovery_report.clean
             sealed, active = log.segments
             assert sealed.time_index.last_entry() == (0, 0)
-            assert active.time_index.last_entry() == (0, 3)
+            # The close's entry, on disk for other readers, is dropped by the open (its slot reused).
+            assert (directory / f"{3:020d}.timeindex").read_bytes() == struct.pack(">qi", 0, 0)
+            assert active.time_index.last_entry() is None
             assert log.active_segment.max_timestamp_ms == 0
             found = log.offset_for_timestamp(0)
             assert found is not None and found.offset == 0
@@ -261,6 +346,44 @@ class TestTheActiveSegmentOpenedClean:
                 seen.append((before, len(log.segments), log.offset_for_timestamp(T0 + 7)))
         assert seen[0] == seen[1]
         assert seen[0][:2] == ((T0 + 7, 7), 1)
+
+    def test_an_active_segment_of_unstamped_batches_reopens_clean(self, tmp_path: Path) -> None:
+        # Found by a red-team helper: with no time entry (no batch stamped), every clean open
+        # was refused and the segment validated as after a crash.
+        directory = tmp_path / "t-0"
+        with Log.open(directory, LogConfig(index_interval_bytes=1 << 20)) as log:
+            for _ in range(5):
+                log.append(encode_batch([(b"k", b"v")], timestamp_ms=-1))
+        with Log.open(directory, LogConfig(index_interval_bytes=1 << 20)) as log:
+            assert log.recovery_report.clean
+            assert log.active_segment.max_timestamp_ms == -1 and log.log_end_offset == 5
+
+    @pytest.mark.parametrize("batches", range(1, 12))
+    def test_a_clean_reopen_rolls_where_an_unclean_one_does_after_the_closes_time_entry(
+        self, tmp_path: Path, batches: int
+    ) -> None:
+        # Found by a red-team helper: the close's final time entry stayed in the index, so
+        # a clean reopen's time index filled an entry before an unclean one's and rolled first.
+        config = LogConfig(segment_index_bytes=120, index_interval_bytes=100)  # 10 time entries
+        source = tmp_path / "source"
+        with Log.open(source, config) as log:
+            for n in range(batches):
+                log.append(encode_batch([(b"k", b"v" * 10)], timestamp_ms=T0 + n))
+        layouts = []
+        for marker in (True, False):
+            copy = tmp_path / f"copy-{marker}"
+            shutil.copytree(source, copy)
+            if not marker:
+                (copy / ".clean_shutdown").unlink()
+            with Log.open(copy, config) as log:
+                assert log.recovery_report.clean is marker
+                for n in range(40):
+                    log.append(encode_batch([(b"k", b"v" * 10)], timestamp_ms=T0 + 1000 + n))
+                layouts.append(
+                    [(s.base_offset, s.next_offset, s.newest_timestamp_ms()) for s in log.segments]
+                )
+        assert layouts[0] == layouts[1]
+        assert len(layouts[0]) > 1
 
     def test_appending_after_it_writes_the_next_index_entries_through_a_mapping(self, tmp_path: Path) -> None:
         values = filled_in_time(tmp_path / "t-0", 125)
