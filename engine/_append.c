@@ -1408,8 +1408,25 @@ static PyObject *py_crc32c(PyObject *module, PyObject *data) {
     return PyLong_FromUnsignedLong(crc);
 }
 
+/* check_batch for one buffer: what the Python path's validate_batch checks of a client
+ * batch, stricter never looser (a compressed batch, or one with record headers, is 0:
+ * the Python path decides). */
+static PyObject *py_check_client_batch(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer view;
+    long long max_batch_bytes;
+    if (!PyArg_ParseTuple(args, "y*L", &view, &max_batch_bytes)) return NULL;
+    Batch b = {.data = (const uint8_t *)view.buf, .size = view.len};
+    int ok = check_batch(&b, (int64_t)max_batch_bytes);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef module_methods[] = {
     {"crc32c", py_crc32c, METH_O, "crc32c(data) -> the CRC-32C of the bytes (what batches carry)."},
+    {"check_client_batch", py_check_client_batch, METH_VARARGS,
+     "check_client_batch(batch, max_batch_bytes) -> True when the client batch passes every check "
+     "of oncelog.validation.validate_batch (False: the Python checks decide, and say why)."},
     {"scan_tail", (PyCFunction)(void (*)(void))py_scan_tail, METH_VARARGS | METH_KEYWORDS,
      "scan_tail(data, file_position, segment, offset_index, time_index, rows, client_only, "
      "first_base_offset) -> (batches, bytes, stop): recovery's loop over the common batch "

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, Protocol, TypeVar, cast
 
+from oncelog.segments.format import Buffer
+
 PURE_ENV = "ONCELOG_PURE"
 
 
@@ -72,6 +74,14 @@ def tail_scanner(on: bool) -> Callable[..., tuple[int, int, int]] | None:
 def enabled() -> bool:
     """Whether a log opened now takes the compiled path."""
     return compiled is not None and not _forced_pure
+
+
+def client_batch_passes(buffer: Buffer, max_batch_bytes: int) -> bool:
+    """Whether the compiled append's checks pass `buffer` as a client batch: every check
+    validation.validate_batch makes (False: not built, forced pure, or left to those)."""
+    if compiled is None or _forced_pure:
+        return False
+    return bool(compiled.check_client_batch(buffer, max_batch_bytes))
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import crc32c
 
+from oncelog.compiled_append import client_batch_passes
 from oncelog.errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, check_batch_records
@@ -59,6 +60,10 @@ def validate_batch(
     """
     if type(buffer) is not bytes:
         buffer = batch_buffer(buffer)
+    if origin == "client" and client_batch_passes(buffer, max_batch_bytes):
+        # Checked in C as the compiled append checks (the records walked at C speed: a
+        # transaction's first batch in a partition takes this path, not the compiled one).
+        return RecordBatch(buffer)
     if len(buffer) > max_batch_bytes:
         raise RecordTooLargeError(f"batch of {len(buffer)} bytes exceeds max_batch_bytes={max_batch_bytes}")
     batch = RecordBatch(buffer)

@@ -7,8 +7,10 @@ Run by wire.wire_figures on the same two brokers, interleaved repeat by repeat:
    (begin_transaction, produce, commit_transaction), from the first begin to the
    last commit returning; messages/s. init_transactions and a first transaction
    to every partition stay out of the timed region. Each commit on oncelog serve
-   stores the transaction's Prepare and Complete states durably (LMDB commits) and
-   writes and fsyncs a marker in every partition; the mock keeps all of it in memory.
+   stores the transaction's Prepare state durably (an LMDB commit) and is answered;
+   the markers (written and fsynced in every partition) and the Complete state follow
+   while the client starts its next transaction, whose AddPartitionsToTxn waits for
+   them. The mock keeps all of it in memory.
 2. rebalance time: two consumers share a 4-partition topic in one group (the
    classic protocol, the range assignor) and are stable; a third subscribes, and
    the time from its subscribe() to every consumer holding its new share (the

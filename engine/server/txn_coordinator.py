@@ -5,11 +5,20 @@ CompleteCommit | CompleteAbort -> Ongoing ... Each transition is durable before 
 answered. Ending a transaction:
 
 1. stores Prepare* (from here on the outcome is decided: a crash finishes it);
-2. waits for the producer's appends in flight, then writes a COMMIT or ABORT marker to
-   every partition of the transaction and fsyncs it (a crash after step 3 must find
-   the markers on disk, or read_committed readers would wait on the partition forever);
-3. stores Complete* together with the group offsets the transaction committed, in one
+2. waits for the producer's appends in flight, and answers EndTxn, as Kafka does: the
+   rest runs in the background (`settled` waits for it);
+3. writes a COMMIT or ABORT marker to every partition of the transaction and fsyncs it
+   (the logs' group commit shares one fsync among the markers of transactions ending
+   together; a crash after step 4 must find the markers on disk, or read_committed
+   readers would wait on the partition forever);
+4. stores Complete* together with the group offsets the transaction committed, in one
    commit (a crash can never apply the offsets without the markers, or the reverse).
+
+Until step 4 the transaction is still open in its partitions: their last stable offset
+stays below its data, so no read_committed reader sees it before its marker. The
+producer's next request for this transactional id (AddPartitionsToTxn, AddOffsetsToTxn,
+TxnOffsetCommit, EndTxn, InitProducerId) waits for step 4 rather than being refused
+with CONCURRENT_TRANSACTIONS, which clients retry only after a backoff.
 
 Crash cases, by what the store holds at the next start:
 
@@ -17,7 +26,10 @@ Crash cases, by what the store holds at the next start:
 |---|---|
 | Empty, Complete* | nothing |
 | Ongoing | keeps it; the producer carries on, or the timeout aborts it |
-| Prepare* | writes the markers again (a second marker completes nothing) and completes |
+| Prepare*, EndTxn not answered | writes the markers again (a second marker completes |
+|   | nothing) and completes; the producer's retried EndTxn finds it complete |
+| Prepare*, EndTxn answered, | the same: the outcome the producer was told is the one |
+|   markers not all written | its markers carry |
 
 Every start bumps the coordinator epoch, so a marker a killed process was still
 writing is fenced by the logs once this process has written its own.
@@ -59,6 +71,9 @@ CHECK_INTERVAL_S: Final = 0.5
 # How often idle transactional ids are looked for (Kafka: transactional.id.expiration.ms's check).
 EXPIRY_CHECK_S: Final = 60.0
 MAX_TXN_PARTITIONS: Final = 100_000
+# How long a request waits for the end its transactional id was last answered (its markers)
+# to complete before it is refused with CONCURRENT_TRANSACTIONS, which clients retry.
+SETTLE_WAIT_S: Final = 10.0
 
 
 # Writes one marker to a partition and makes it durable: (partition, producer id, epoch,
@@ -89,6 +104,8 @@ class TransactionCoordinator:
         self._in_thread = in_thread
         self._wake = wake
         self._checking: dict[str, asyncio.Task[None]] = {}
+        # Ends answered at Prepare whose markers and completion are still being written.
+        self._completing: dict[str, asyncio.Task[bool]] = {}
         # Timeouts and expiry are measured on the wall clock (it outlives a restart), never stepping
         # back: a clock set back must not hold an abandoned transaction open longer.
         self._clock_ms: Clock = clock_ms or MonotonicClock(wall_clock_ms)
@@ -126,6 +143,7 @@ class TransactionCoordinator:
             )
         if (producer_id == -1) != (producer_epoch == -1):
             raise TxnError(ErrorCode.invalid_request, "give both the producer id and the epoch, or neither")
+        await self.settled(transactional_id)
         txn = self.transactions.get(transactional_id)
         if txn is None:
             txn = Transaction(transactional_id, self.producer_ids.lease().producer_id, -1, timeout_ms)
@@ -204,7 +222,9 @@ class TransactionCoordinator:
         self._store(txn, f"offsets of transaction {transactional_id!r}")
 
     async def end(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> None:
+        """EndTxn: returns once the outcome is stored (Prepare*); the markers follow (`settled`)."""
         ending = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        await self.settled(transactional_id)  # a retry of the end answered before, say
         txn = self.transactions.get(transactional_id)
         if txn is not None and txn.state.preparing and txn.state is not ending:
             raise TxnError(ErrorCode.invalid_txn_state, f"the transaction is already in {txn.state.value}")
@@ -216,7 +236,32 @@ class TransactionCoordinator:
             raise TxnError(
                 ErrorCode.invalid_txn_state, f"cannot end a transaction in state {txn.state.value}"
             )
-        await self._end(txn, commit=commit, bump=False)
+        await self._end(txn, commit=commit, bump=False, answer_at_prepare=True)
+
+    async def settled(self, transactional_id: str, timeout_s: float = SETTLE_WAIT_S) -> None:
+        """Wait (at most `timeout_s`) for the end last answered for `transactional_id` to
+        complete: its markers written and its completion stored. Callers then find the
+        transaction complete, or still preparing (a marker failed: CONCURRENT_TRANSACTIONS,
+        and the timeout check retries it)."""
+        task = self._completing.get(transactional_id)
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=timeout_s)
+
+    async def offsets_settled(self, group_id: str, timeout_s: float = SETTLE_WAIT_S) -> None:
+        """Wait (at most `timeout_s`) for the ends answered whose offsets go to `group_id`."""
+        pending = [
+            task
+            for tid, task in self._completing.items()
+            if not task.done() and (txn := self.transactions.get(tid)) is not None and group_id in txn.groups
+        ]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout_s)
+
+    async def completions_finished(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for every end answered to complete (a draining stop)."""
+        pending = [task for task in self._completing.values() if not task.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout_s)
 
     def _current(self, transactional_id: str, producer_id: int, producer_epoch: int) -> Transaction:
         txn = self.transactions.get(transactional_id)
@@ -271,8 +316,11 @@ class TransactionCoordinator:
             txn.drained.set()
 
     # -- ending ------------------------------------------------------------------------------
-    async def _end(self, txn: Transaction, *, commit: bool, bump: bool) -> None:
-        """Prepare durably, write the markers, complete durably (the module's steps 1-3)."""
+    async def _end(
+        self, txn: Transaction, *, commit: bool, bump: bool, answer_at_prepare: bool = False
+    ) -> None:
+        """Prepare durably, write the markers, complete durably (the module's steps 1-4);
+        `answer_at_prepare`: return after step 2, the rest in a task (`settled`)."""
         marker_epoch = txn.producer_epoch
         if bump:  # fences the incarnation whose transaction this is
             txn.last_epoch = -1
@@ -282,15 +330,36 @@ class TransactionCoordinator:
         txn.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
         self._index(txn)
         txn.ending = True
+        handed_over = False
         try:
             self._store(txn, f"preparing the end of transaction {txn.transactional_id!r}")
             while txn.appends_in_flight:
                 txn.drained = asyncio.Event()
                 await txn.drained.wait()
             txn.drained = None
+            if answer_at_prepare:
+                task = asyncio.create_task(self._complete_in_background(txn, marker_epoch))
+                self._completing[txn.transactional_id] = task
+                task.add_done_callback(functools.partial(self._completed, txn.transactional_id))
+                handed_over = True  # the task ends the `ending`
+                return
             await self._complete(txn, marker_epoch)
         finally:
+            if not handed_over:
+                txn.ending = False
+
+    async def _complete_in_background(self, txn: Transaction, marker_epoch: int) -> bool:
+        try:
+            return await self._complete(txn, marker_epoch)
+        except Exception:  # still prepared: the timeout check completes it
+            log.exception("transaction %r: completing failed; trying again", txn.transactional_id)
+            return False
+        finally:
             txn.ending = False
+
+    def _completed(self, transactional_id: str, task: asyncio.Task[bool]) -> None:
+        if self._completing.get(transactional_id) is task:
+            del self._completing[transactional_id]
 
     async def complete(self, txn: Transaction) -> bool:
         """Finish a prepared transaction no request is ending (after a crash, or a failed marker)."""

@@ -16,7 +16,7 @@ from kio.schema.errors import ErrorCode
 from oncelog.errors import MetadataWriteError
 from oncelog.layout import TopicPartition
 from oncelog.producer_ids import MAX_EPOCH, ProducerIdManager
-from oncelog.server.coordinator_store import CoordinatorStore
+from oncelog.server.coordinator_store import TXN, CoordinatorStore
 from oncelog.server.group_coordinator import CommittedOffset, GroupCoordinator, GroupLimits
 from oncelog.server.txn_coordinator import TransactionCoordinator, TxnError, TxnState
 from oncelog.storage.fs import DEFAULT_FS
@@ -58,6 +58,8 @@ class World:
         self.now_ms = 1_000_000
         self.markers = Markers()
         self.woken: list[TopicPartition] = []
+        # While set and not open, marker writes wait for it (a slow disk).
+        self.marker_gate: asyncio.Event | None = None
 
     def open(self) -> tuple[TransactionCoordinator, Callable[[], None]]:
         store = FailingStore.open(DEFAULT_FS, str(self.root))
@@ -66,6 +68,8 @@ class World:
         groups = GroupCoordinator(store, GroupLimits())
 
         async def in_thread(call: Callable[[], None]) -> None:
+            if self.marker_gate is not None:
+                await self.marker_gate.wait()
             call()
 
         def wake(partitions: Iterable[TopicPartition]) -> None:
@@ -132,11 +136,13 @@ def test_a_commit_writes_markers_then_applies_its_offsets_in_the_same_store_comm
         assert c.groups.pending_transactional("group", "in", 0)
         assert c.groups.committed("group") == {}
         await c.end("app", pid, epoch, True)
+        await c.settled("app")  # its markers, written after the answer
         assert world.markers.written == [(TP0, pid, epoch, True, 0), (TP1, pid, epoch, True, 0)]
         assert c.groups.committed("group")[("in", 0)].offset == 17
         assert not c.groups.pending_transactional("group", "in", 0)
         assert set(world.woken) == {TP0, TP1}
         await c.end("app", pid, epoch, True)  # a retry of the completed commit succeeds
+        await c.settled("app")  # its markers, written after the answer
         with Refused(ErrorCode.invalid_txn_state):
             await c.end("app", pid, epoch, False)
         return pid
@@ -160,10 +166,74 @@ def test_an_abort_discards_the_offsets(tmp_path: Path) -> None:
         c.add_offsets("app", pid, epoch, "group")
         c.commit_offsets("app", pid, epoch, "group", [("in", 0, CommittedOffset(17, -1, "", 5))])
         await c.end("app", pid, epoch, False)
+        await c.settled("app")  # its markers, written after the answer
         assert c.groups.committed("group") == {}
         assert not c.groups.pending_transactional("group", "in", 0)
 
     world.run(scenario)
+
+
+def test_end_txn_is_answered_once_prepared_and_the_next_request_waits_for_the_markers(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        world.marker_gate = asyncio.Event()
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0, TP1])
+        c.add_offsets("app", pid, epoch, "group")
+        c.commit_offsets("app", pid, epoch, "group", [("in", 0, CommittedOffset(17, -1, "", 5))])
+        await c.end("app", pid, epoch, True)  # answered with no marker written
+        assert c.transactions["app"].state is TxnState.PREPARE_COMMIT
+        assert world.markers.written == [] and world.woken == []
+        assert c.groups.committed("group") == {}  # not the group's before the markers
+        fetching = asyncio.ensure_future(c.offsets_settled("group"))  # an OffsetFetch of it
+        unrelated = asyncio.ensure_future(c.offsets_settled("other"))
+        stored = {record["id"]: record["state"] for record, _ in world.store.records(TXN, "id", dict)}
+        assert stored["app"] == TxnState.PREPARE_COMMIT.value  # decided, durably
+        waiting = asyncio.ensure_future(c.settled("app"))
+        retried = asyncio.ensure_future(c.end("app", pid, epoch, True))  # a retry of the answered end
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done() and not retried.done() and not fetching.done()
+        assert unrelated.done()
+        world.marker_gate.set()
+        await asyncio.gather(waiting, retried, fetching)
+        assert c.groups.committed("group")[("in", 0)].offset == 17
+        assert world.markers.written == [(TP0, pid, epoch, True, 0), (TP1, pid, epoch, True, 0)]
+        assert c.transactions["app"].state is TxnState.COMPLETE_COMMIT
+        assert set(world.woken) == {TP0, TP1}
+        c.add_partitions("app", pid, epoch, [TP0])  # the next transaction
+        assert c.transactions["app"].state is TxnState.ONGOING
+
+    world.run(scenario)
+
+
+def test_a_crash_after_end_txn_was_answered_and_before_its_markers_completes_them_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+
+    async def first_life(c: TransactionCoordinator) -> tuple[int, int]:
+        world.marker_gate = asyncio.Event()  # never opened: the process dies first
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0])
+        c.add_offsets("app", pid, epoch, "group")
+        c.commit_offsets("app", pid, epoch, "group", [("in", 0, CommittedOffset(7, -1, "", 1))])
+        await c.end("app", pid, epoch, False)  # the producer was told: aborted
+        return pid, epoch
+
+    pid, epoch = world.run(first_life)
+    assert world.markers.written == []
+    world.marker_gate = None
+
+    async def second_life(c: TransactionCoordinator) -> None:
+        (unfinished,) = c.unfinished()
+        assert unfinished.state is TxnState.PREPARE_ABORT
+        assert await c.complete(unfinished)
+        assert world.markers.written == [(TP0, pid, epoch, False, 1)]  # the outcome it was told
+        assert c.groups.committed("group") == {}
+
+    world.run(second_life)
 
 
 def test_a_new_incarnation_aborts_the_open_transaction_and_fences_the_old_one(tmp_path: Path) -> None:
@@ -201,6 +271,7 @@ def test_a_crash_after_prepare_is_completed_by_the_next_start_with_a_newer_coord
         c.commit_offsets("app", pid, epoch, "group", [("in", 3, CommittedOffset(99, -1, "", 5))])
         world.markers.failing = True  # the process "dies" with the commit decided, no marker written
         await c.end("app", pid, epoch, True)
+        await c.settled("app")  # its markers, written after the answer
         assert c.transactions["app"].state is TxnState.PREPARE_COMMIT
         with Refused(ErrorCode.concurrent_transactions):
             c.add_partitions("app", pid, epoch, [TP1])
@@ -278,6 +349,7 @@ def test_the_end_waits_for_appends_in_flight(tmp_path: Path) -> None:
         assert c.admit_append(pid, epoch, TP0) == ErrorCode.invalid_txn_state  # no new appends once prepared
         c.appended(pid)
         await ending
+        await c.settled("app")
         assert world.markers.written == [(TP0, pid, epoch, True, 0)]
 
     world.run(scenario)
@@ -323,6 +395,7 @@ def test_a_failed_store_write_refuses_the_request_and_leaves_the_transaction_as_
         )
         world.store.failing = False
         await c.end("app", pid, epoch, True)
+        await c.settled("app")  # its markers, written after the answer
         assert c.transactions["app"].state is TxnState.COMPLETE_COMMIT
 
     world.run(scenario)
@@ -345,6 +418,7 @@ def test_a_completion_that_cannot_be_stored_stays_prepared_and_is_retried(tmp_pa
 
         world.store.write = fail_the_completion  # type: ignore[method-assign]
         await c.end("app", pid, epoch, True)  # decided (Prepare stored): the answer is success
+        await c.settled("app")  # its markers, written after the answer
         assert c.transactions["app"].state is TxnState.PREPARE_COMMIT
         assert c.groups.committed("group") == {}
         world.store.write = original_write  # type: ignore[method-assign]
@@ -394,12 +468,14 @@ def test_unstable_offsets_are_indexed_by_group_and_partition_through_commit_abor
         assert not c.groups.pending_transactional("group", "in", 1)
         a = c.transactions["a"]
         await c.end("a", a.producer_id, a.producer_epoch, False)
+        await c.settled("a")  # its markers, written after the answer
         assert c.groups.pending_transactional("group", "in", 0)  # "b" still holds it
 
     async def second_life(c: TransactionCoordinator) -> None:
         assert c.groups.pending_transactional("group", "in", 0)
         b = c.transactions["b"]
         await c.end("b", b.producer_id, b.producer_epoch, True)
+        await c.settled("b")  # its markers, written after the answer
         assert not c.groups.pending_transactional("group", "in", 0)
         assert c.groups.committed("group")[("in", 0)].offset == 2
 
@@ -416,6 +492,7 @@ def test_transactional_ids_idle_past_the_expiration_are_forgotten_but_not_open_o
         pid, epoch = await c.init_producer_id("done", 60_000, -1, -1)
         c.add_partitions("done", pid, epoch, [TP0])
         await c.end("done", pid, epoch, True)
+        await c.settled("done")  # its markers, written after the answer
         pid, epoch = await c.init_producer_id("open", 60_000, -1, -1)
         c.add_partitions("open", pid, epoch, [TP1])
         world.now_ms += 5_000

@@ -765,6 +765,23 @@ def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = TIMEOU
         time.sleep(0.05)
 
 
+def markers_in(bootstrap: str, topic: str, partition: int = 0) -> StableView:
+    """The partition once no transaction is open in it: EndTxn is answered once the outcome
+    is stored, and the markers follow."""
+    return wait_for(f"the markers in {topic}", lambda: settled_view(bootstrap, topic, partition))
+
+
+def marker_written(wire: Wire, topic: str, partition: int = 0) -> None:
+    """Wait until read_committed readers reach the log end: EndTxn is answered once the
+    outcome is stored, and the markers follow."""
+
+    def stable_at_end() -> bool | None:
+        stable = wire.latest(topic, partition, READ_COMMITTED)
+        return stable == wire.latest(topic, partition, READ_UNCOMMITTED) or None
+
+    wait_for("the markers", stable_at_end)
+
+
 def committed_offset(
     bootstrap: str, group: str, topic: str, *, require_stable: bool = False
 ) -> tuple[ErrorCode, int]:
@@ -798,6 +815,7 @@ def test_a_committed_transaction_is_read_committed_and_an_aborted_one_only_read_
         producer.send(topic, END)
         producer.commit()
 
+    markers_in(bootstrap, topic)  # (EndTxn is answered before its markers are written)
     batches = partition_batches(bootstrap, topic)
     assert layout(batches) == "tttttC" + "tttA" + "tC"
     producer_ids = {(b.producer_id, b.producer_epoch) for b in batches}
@@ -811,6 +829,41 @@ def test_a_committed_transaction_is_read_committed_and_an_aborted_one_only_read_
     aborted = [(6 + i, b"aborted-%d" % i) for i in range(3)]
     assert read_to_end(client, bootstrap, topic, "read_committed") == [*committed, (10, END)]
     assert read_to_end(client, bootstrap, topic, "read_uncommitted") == [*committed, *aborted, (10, END)]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_commit_is_answered_before_its_markers_and_read_committed_readers_wait_for_them(
+    server: InProcessServer, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # EndTxn is answered once PrepareCommit is stored; the markers follow. Held back here
+    # (a slow disk): the client's commit returns, yet no read_committed reader sees the data.
+    bootstrap, topic = server.bootstrap, unique(f"answered-{client}")
+    coordinator = server.server.broker.transactions
+    write_marker, gate = coordinator._write_marker, threading.Event()
+
+    def held_back(tp: TopicPartition, *args: Any) -> None:
+        if tp.topic == topic:
+            assert gate.wait(4 * TIMEOUT_S), "the test never opened the gate"
+        write_marker(tp, *args)
+
+    monkeypatch.setattr(coordinator, "_write_marker", held_back)
+    with transactional(client, bootstrap, unique(f"answered-{client}")) as producer:
+        producer.begin()
+        for i in range(5):
+            producer.send(topic, b"committed-%d" % i)
+        producer.commit()  # answered with no marker written
+        view = stable_view(bootstrap, topic)
+        assert (view.high_watermark, view.last_stable_offset, view.latest_committed) == (5, 0, 0)
+        # The producer's next transaction waits for the markers, then goes on.
+        threading.Timer(0.3, gate.set).start()
+        producer.begin()
+        producer.send(topic, END)
+        producer.commit()
+    assert gate.is_set()
+    markers_in(bootstrap, topic)
+    assert layout(partition_batches(bootstrap, topic)) == "tttttC" + "tC"
+    committed = [(i, b"committed-%d" % i) for i in range(5)]
+    assert read_to_end(client, bootstrap, topic, "read_committed") == [*committed, (6, END)]
 
 
 # == 2. a second incarnation fences the first ========================================================
@@ -840,6 +893,7 @@ def test_init_transactions_of_a_second_instance_fences_the_first_and_aborts_its_
             second.send(topic, END)
             second.commit()
 
+    markers_in(bootstrap, topic)
     batches = partition_batches(bootstrap, topic)
     assert layout(batches) == "t" + "A" + "ttC"
     first_data, abort, *second_data = batches
@@ -1097,6 +1151,7 @@ def test_sigkill_between_transactions_keeps_committed_data_and_offsets_committed
                 producer.send_offsets(source, 0, 5, member.metadata)
                 producer.flush()
                 producer.abort()
+                markers_in(bootstrap, topic)
                 before = partition_batches(bootstrap, topic)
 
                 process.restart()  # SIGKILL, then start on the same port
@@ -1164,6 +1219,7 @@ def test_sigkill_with_transactions_open_leaves_none_hanging_after_the_restart(tm
         commit_end("confluent", bootstrap, "abandoned")
 
         for topic, expected_layout in (("resumed", "tttC"), ("replaced", "ttAtC"), ("abandoned", "ttAtC")):
+            markers_in(bootstrap, topic)
             assert layout(partition_batches(bootstrap, topic)) == expected_layout, topic
             view = stable_view(bootstrap, topic)
             assert settled(view), f"{topic}: {view}"
@@ -1384,6 +1440,7 @@ def test_a_transactional_produce_to_a_partition_not_added_is_invalid_txn_state_a
     assert wire.end_txn(transactional_id, pid, epoch, commit=True) == ErrorCode.none
     # Ended: the partition must be added again for the next transaction.
     assert wire.produce(topic, 0, batch(1), transactional_id) == (ErrorCode.invalid_txn_state, -1)
+    marker_written(wire, topic)
     assert wire.latest(topic, 0, READ_UNCOMMITTED) == wire.latest(topic, 0, READ_COMMITTED) == 2
 
 
@@ -1420,6 +1477,7 @@ def test_a_produce_refused_part_way_releases_its_admitted_append_and_the_transac
     codes = {answer.name: answer.partition_responses[0].error_code for answer in response.responses}
     assert codes == {topic: ErrorCode.none, over: ErrorCode.invalid_partitions}
     assert wire.end_txn(transactional_id, pid, epoch, commit=True) == ErrorCode.none
+    marker_written(wire, topic)
     assert wire.latest(topic, 0, READ_COMMITTED) == wire.latest(topic, 0, READ_UNCOMMITTED) == 2
 
 

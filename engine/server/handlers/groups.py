@@ -181,6 +181,10 @@ async def handle_offset_fetch(broker: Broker, request: Request) -> Any:
     body = request.body
     response = response_type(request.api_key, request.api_version)
     stable = getattr(body, "require_stable", False)
+    # Offsets a commit just answered are the group's once its markers are written: a
+    # consumer that fetches them right after commit_transaction returned reads them.
+    for group_id in [body.group_id] if not hasattr(body, "groups") else [g.group_id for g in body.groups]:
+        await broker.transactions.offsets_settled(group_id)
     if not hasattr(body, "groups"):  # v1-7: one group
         topics = _fetched(broker, body.group_id, body.topics, stable, nested(response, "topics"))
         return build(response, throttle_time=NO_THROTTLE, topics=topics, error_code=ErrorCode.none)

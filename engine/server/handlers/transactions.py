@@ -85,6 +85,8 @@ async def handle_add_partitions_to_txn(broker: Broker, request: Request) -> Any:
         code = ErrorCode.operation_not_attempted  # Kafka adds none when one is refused
     else:
         try:
+            # The end answered before must be complete: until then its partitions are its own.
+            await broker.transactions.settled(body.v3_and_below_transactional_id)
             broker.transactions.add_partitions(
                 body.v3_and_below_transactional_id,
                 body.v3_and_below_producer_id,
@@ -117,6 +119,7 @@ async def handle_add_offsets_to_txn(broker: Broker, request: Request) -> Any:
     body = request.body
     code = ErrorCode.none
     try:
+        await broker.transactions.settled(body.transactional_id)
         broker.transactions.add_offsets(
             body.transactional_id, body.producer_id, body.producer_epoch, body.group_id
         )
@@ -156,6 +159,7 @@ async def handle_txn_offset_commit(broker: Broker, request: Request) -> Any:
     )
     if code == ErrorCode.none:
         try:
+            await broker.transactions.settled(body.transactional_id)
             broker.transactions.commit_offsets(
                 body.transactional_id, body.producer_id, body.producer_epoch, body.group_id, offsets
             )
