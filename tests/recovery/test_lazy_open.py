@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,17 @@ def every_batch(log: Log) -> list[tuple[int, bytes]]:
             return out
         out += [(batch.base_offset, bytes(batch.buffer)) for batch in batches]
         offset = batches[-1].last_offset + 1
+
+
+def clean_and_unclean_copies(source: Path) -> Iterator[tuple[bool, Path]]:
+    """(True, a copy of the closed log `source`), then (False, a copy without its clean
+    marker): the same files, opened clean and as after a crash."""
+    for marker in (True, False):
+        copy = source.parent / f"{source.name}-copy-{marker}"
+        shutil.copytree(source, copy)
+        if not marker:
+            (copy / ".clean_shutdown").unlink()
+        yield marker, copy
 
 
 def index_files(names: list[str]) -> set[str]:
@@ -333,11 +344,7 @@ class TestTheActiveSegmentOpenedClean:
             )
             assert time_index.last_entry() != (T0 + 7, 7)
         seen = []
-        for marker in (True, False):
-            copy = tmp_path / f"copy-{marker}"
-            shutil.copytree(source, copy)
-            if not marker:
-                (copy / ".clean_shutdown").unlink()
+        for marker, copy in clean_and_unclean_copies(source):
             with Log.open(copy, config) as log:
                 assert log.recovery_report.clean is marker
                 segment = log.active_segment
@@ -370,11 +377,7 @@ class TestTheActiveSegmentOpenedClean:
             for n in range(batches):
                 log.append(encode_batch([(b"k", b"v" * 10)], timestamp_ms=T0 + n))
         layouts = []
-        for marker in (True, False):
-            copy = tmp_path / f"copy-{marker}"
-            shutil.copytree(source, copy)
-            if not marker:
-                (copy / ".clean_shutdown").unlink()
+        for marker, copy in clean_and_unclean_copies(source):
             with Log.open(copy, config) as log:
                 assert log.recovery_report.clean is marker
                 for n in range(40):
@@ -409,11 +412,7 @@ class TestTheActiveSegmentOpenedClean:
             for n in range(40 + tail_batches):
                 log.append(encode_batch([(b"k", b"v" * 90)], timestamp_ms=T0 + (n * 7919) % 1000))
         ends = []
-        for marker in (True, False):
-            copy = tmp_path / f"copy-{marker}"
-            shutil.copytree(source, copy)
-            if not marker:
-                (copy / ".clean_shutdown").unlink()
+        for marker, copy in clean_and_unclean_copies(source):
             with Log.open(copy, config) as log:
                 assert log.recovery_report.clean is marker
                 segment = log.active_segment
@@ -505,12 +504,8 @@ class TestACleanOpenFindsWhatAnUncleanOneFinds:
                 )
             active = Path(log.active_segment.path).name
         seen: list[list[object]] = []
-        for marker in (True, False):
-            copy = tmp_path / f"copy-{marker}"
-            shutil.copytree(source, copy)
+        for _marker, copy in clean_and_unclean_copies(source):
             change(copy, copy / active)
-            if not marker:
-                (copy / ".clean_shutdown").unlink()
             try:
                 seen.append(self.states(copy, active, config))
             except CorruptLogError as refused:  # both must refuse alike
