@@ -74,6 +74,9 @@ MAX_TXN_PARTITIONS: Final = 100_000
 # How long a request waits for the end its transactional id was last answered (its markers)
 # to complete before it is refused with CONCURRENT_TRANSACTIONS, which clients retry.
 SETTLE_WAIT_S: Final = 10.0
+# How long an OffsetFetch or OffsetCommit waits for the ends whose offsets go to its group:
+# short, as the consumer's heartbeats queue behind it on the same connection.
+GROUP_SETTLE_WAIT_S: Final = 1.0
 
 
 # Writes one marker to a partition and makes it durable: (partition, producer id, epoch,
@@ -247,8 +250,11 @@ class TransactionCoordinator:
         if task is not None and not task.done():
             await asyncio.wait({task}, timeout=timeout_s)
 
-    async def offsets_settled(self, group_id: str, timeout_s: float = SETTLE_WAIT_S) -> None:
-        """Wait (at most `timeout_s`) for the ends answered whose offsets go to `group_id`."""
+    async def offsets_settled(self, group_id: str, timeout_s: float = GROUP_SETTLE_WAIT_S) -> None:
+        """Wait (at most `timeout_s`) for the ends answered whose offsets go to `group_id`.
+        Past it, an OffsetFetch answers as Kafka does meanwhile (the offsets before; with
+        require_stable, UNSTABLE_OFFSET_COMMIT), and an OffsetCommit is kept over the
+        transaction's older offsets when they land (`_complete`)."""
         pending = [
             task
             for tid, task in self._completing.items()
@@ -393,7 +399,11 @@ class TransactionCoordinator:
         by_group: dict[str, list[tuple[str, int, CommittedOffset]]] = {}
         if commit:
             for (group_id, topic, partition), committed in txn.offsets.items():
-                by_group.setdefault(group_id, []).append((topic, partition, committed))
+                # A plain OffsetCommit made after the TxnOffsetCommit is the newer one and
+                # stays (Kafka orders them by their records' places in its offsets log).
+                current = self.groups.committed(group_id).get((topic, partition))
+                if current is None or current.commit_ms <= committed.commit_ms:
+                    by_group.setdefault(group_id, []).append((topic, partition, committed))
             for group_id, offsets in by_group.items():
                 records.update(self.groups.commit_records(group_id, offsets))
         final = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT

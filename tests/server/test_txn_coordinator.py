@@ -236,6 +236,41 @@ def test_a_crash_after_end_txn_was_answered_and_before_its_markers_completes_the
     world.run(second_life)
 
 
+def test_a_plain_offset_commit_after_the_answer_outlives_the_transactions_older_offsets(
+    tmp_path: Path,
+) -> None:
+    # Found by a red-team helper: the completion applied the transaction's offsets over a
+    # plain commit made after commit_transaction returned (Kafka keeps the later one).
+    world = World(tmp_path)
+
+    async def first_life(c: TransactionCoordinator) -> None:
+        world.marker_gate = asyncio.Event()
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0])
+        c.add_offsets("app", pid, epoch, "group")
+        sent_ms = world.now_ms
+        c.commit_offsets("app", pid, epoch, "group", [("in", 0, CommittedOffset(11, -1, "", sent_ms))])
+        await c.end("app", pid, epoch, True)
+        world.now_ms += 5
+        c.groups.commit("group", [("in", 0, CommittedOffset(15, -1, "", world.now_ms))])  # the consumer's own
+        # The process dies here, the markers unwritten.
+
+    world.run(first_life)
+    world.marker_gate = None
+
+    async def second_life(c: TransactionCoordinator) -> None:
+        (unfinished,) = c.unfinished()
+        assert await c.complete(unfinished)
+        assert c.groups.committed("group")[("in", 0)].offset == 15
+
+    world.run(second_life)
+
+    async def third_life(c: TransactionCoordinator) -> None:
+        assert c.groups.committed("group")[("in", 0)].offset == 15
+
+    world.run(third_life)
+
+
 def test_a_new_incarnation_aborts_the_open_transaction_and_fences_the_old_one(tmp_path: Path) -> None:
     world = World(tmp_path)
 

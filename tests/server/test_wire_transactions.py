@@ -1024,6 +1024,37 @@ def test_offsets_sent_to_a_transaction_are_the_groups_after_its_commit_and_uncha
     assert read_to_end(client, bootstrap, sink, "read_committed") == [(0, b"out-0..3"), (4, END)]
 
 
+def test_a_plain_commit_after_a_transactional_one_returned_is_the_groups_offset(
+    server: InProcessServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a red-team helper: the transaction's offsets, applied with its markers after
+    # the answer, overwrote the consumer's later plain commit. Markers held back past the
+    # time an OffsetCommit waits for them (a slow disk), so the later commit lands first.
+    bootstrap, source, group = server.bootstrap, unique("plain-after-in"), unique("plain-after-g")
+    coordinator = server.server.broker.transactions
+    write_marker = coordinator._write_marker
+
+    def slow(tp: TopicPartition, *args: Any) -> None:
+        time.sleep(1.5)
+        write_marker(tp, *args)
+
+    produce_plain(bootstrap, source, 30)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.assign([ConfluentTopicPartition(source, 0)])
+        monkeypatch.setattr(coordinator, "_write_marker", slow)
+        with transactional("confluent", bootstrap, unique("plain-after")) as producer:
+            producer.begin()
+            producer.send(unique("plain-after-out"), b"out")
+            producer.send_offsets(source, 0, 10, consumer.consumer_group_metadata())
+            producer.commit()
+            consumer.commit(offsets=[ConfluentTopicPartition(source, 0, 20)], asynchronous=False)
+            wait_for("the markers", lambda: None if coordinator._completing else True)
+        assert committed_offset(bootstrap, group, source) == (ErrorCode.none, 20)
+    finally:
+        consumer.close()
+
+
 class StableCommitted(Protocol):
     """A read_committed consumer of a group that only asks for its committed offset (no join)."""
 

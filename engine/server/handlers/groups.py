@@ -165,6 +165,9 @@ async def handle_offset_commit(broker: Broker, request: Request) -> Any:
     code = broker.groups.check_commit(
         body.group_id, generation, body.member_id, getattr(body, "group_instance_id", None)
     )
+    if code == ErrorCode.none:
+        # After the offsets of a transaction whose commit was answered, as they were sent.
+        await broker.transactions.offsets_settled(body.group_id)
     offsets, refused = offsets_of(broker, body.topics)
     if code == ErrorCode.none and offsets:
         try:
