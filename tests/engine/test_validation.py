@@ -26,7 +26,9 @@ MAX_BATCH_BYTES = 1 << 20
 MAX_DECOMPRESSED_BYTES = 1 << 24
 CRC_AT, CRC_FROM = 17, 21
 
-needs_compiled = pytest.mark.skipif(not compiled_append.enabled(), reason="the compiled append is not built")
+needs_compiled = pytest.mark.skipif(
+    not compiled_append.enabled(), reason="the compiled append is off (not built, or ONCELOG_PURE=1)"
+)
 
 
 def with_crc_fixed(batch: bytearray) -> bytes:
