@@ -122,9 +122,9 @@ class LogLifecycle(LogState):
             excess_bytes = self.size_bytes - retention_bytes if retention_bytes is not None else 0
             expired = 0
             for segment in self._segments[:-1]:
-                # (An age of -1 is unknown: no batch stamped and no file time; kept.)
-                age_ms = segment.age_reference_ms() if retention_ms is not None else fmt.NO_TIMESTAMP
-                too_old = retention_ms is not None and fmt.NO_TIMESTAMP != age_ms <= now_ms - retention_ms
+                too_old = retention_ms is not None and _aged_past(
+                    segment.age_reference_ms(), now_ms - retention_ms
+                )
                 too_big = retention_bytes is not None and excess_bytes >= segment.size
                 if not (too_old or too_big):
                     break
@@ -190,3 +190,9 @@ class LogLifecycle(LogState):
         self.recovery_point = loaded.recovery_point
         self._group_commit.mark_durable(loaded.recovery_point)
         self._bind_compiled()
+
+
+def _aged_past(age_ms: int, cutoff_ms: int) -> bool:
+    """Whether a segment aged by `age_ms` is past retention; -1 is unknown (no batch
+    stamped, no file time): kept."""
+    return age_ms != fmt.NO_TIMESTAMP and age_ms <= cutoff_ms

@@ -836,7 +836,9 @@ class LogSegment:
 
     def _headers_from(self, start: int, *, to_end: bool) -> Iterator[tuple[Any, ...] | None]:
         """The headers of the batches from `start` (a position an index entry gave) on:
-        one read reaching an index interval past it, then a read per header. None last if
+        one read reaching an index interval past it, then a read per header (not
+        scan_file, which reads every batch whole: a check of 1 MiB batches would read
+        them all). None last if
         one is not a batch's (or `to_end` and they do not end at the segment's end, or
         more than _HEADER_READS_MAX more reads would be needed: then what is known ends)."""
         size, header_bytes = self.size, fmt.HEADER_SIZE

@@ -771,17 +771,6 @@ def markers_in(bootstrap: str, topic: str, partition: int = 0) -> StableView:
     return wait_for(f"the markers in {topic}", lambda: settled_view(bootstrap, topic, partition))
 
 
-def marker_written(wire: Wire, topic: str, partition: int = 0) -> None:
-    """Wait until read_committed readers reach the log end: EndTxn is answered once the
-    outcome is stored, and the markers follow."""
-
-    def stable_at_end() -> bool | None:
-        stable = wire.latest(topic, partition, READ_COMMITTED)
-        return stable == wire.latest(topic, partition, READ_UNCOMMITTED) or None
-
-    wait_for("the markers", stable_at_end)
-
-
 def committed_offset(
     bootstrap: str, group: str, topic: str, *, require_stable: bool = False
 ) -> tuple[ErrorCode, int]:
@@ -1471,7 +1460,7 @@ def test_a_transactional_produce_to_a_partition_not_added_is_invalid_txn_state_a
     assert wire.end_txn(transactional_id, pid, epoch, commit=True) == ErrorCode.none
     # Ended: the partition must be added again for the next transaction.
     assert wire.produce(topic, 0, batch(1), transactional_id) == (ErrorCode.invalid_txn_state, -1)
-    marker_written(wire, topic)
+    markers_in(wire.bootstrap, topic)
     assert wire.latest(topic, 0, READ_UNCOMMITTED) == wire.latest(topic, 0, READ_COMMITTED) == 2
 
 
@@ -1508,7 +1497,7 @@ def test_a_produce_refused_part_way_releases_its_admitted_append_and_the_transac
     codes = {answer.name: answer.partition_responses[0].error_code for answer in response.responses}
     assert codes == {topic: ErrorCode.none, over: ErrorCode.invalid_partitions}
     assert wire.end_txn(transactional_id, pid, epoch, commit=True) == ErrorCode.none
-    marker_written(wire, topic)
+    markers_in(wire.bootstrap, topic)
     assert wire.latest(topic, 0, READ_COMMITTED) == wire.latest(topic, 0, READ_UNCOMMITTED) == 2
 
 

@@ -186,9 +186,10 @@ async def handle_offset_fetch(broker: Broker, request: Request) -> Any:
     stable = getattr(body, "require_stable", False)
     # Offsets a commit just answered are the group's once its markers are written: a
     # consumer that fetches them right after commit_transaction returned reads them.
-    for group_id in [body.group_id] if not hasattr(body, "groups") else [g.group_id for g in body.groups]:
+    one_group = not hasattr(body, "groups")  # v1-7
+    for group_id in [body.group_id] if one_group else [group.group_id for group in body.groups]:
         await broker.transactions.offsets_settled(group_id)
-    if not hasattr(body, "groups"):  # v1-7: one group
+    if one_group:
         topics = _fetched(broker, body.group_id, body.topics, stable, nested(response, "topics"))
         return build(response, throttle_time=NO_THROTTLE, topics=topics, error_code=ErrorCode.none)
     group_type = nested(response, "groups")
