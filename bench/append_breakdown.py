@@ -45,7 +45,7 @@ def main(rounds: int) -> None:
             sequence = 0
 
             calls: list[tuple[str, Callable[[bytes], object]]] = [("Log.append", log.append)]
-            appender = log._compiled_appender
+            appender = log._compiled_for_append()  # (bound at the first append otherwise)
             if appender is not None and not producer:
                 # Plain batches only: a None (the rare batch it leaves to Python) is not appended,
                 # which a producer's next batch would take for a gap.

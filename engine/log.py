@@ -102,6 +102,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
         self._closed = False
         self._compiled_appender: compiled_append.Appender | None = None
         self._client_appender: compiled_append.Appender | None = None
+        self._bind_pending = False
         # Set by the first failed write or fsync; appends are refused until reopen.
         self._failure: BaseException | None = None
         self._unflushed_messages = 0
@@ -123,7 +124,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
         self._point_committed_ms = clock()
         self._retirements_recorded = False  # retired-producer records in the store (the loader clears them)
         # The compiled append (oncelog.compiled_append), bound to the active segment and the
-        # producer table by _bind_compiled (oncelog.log_appends).
+        # producer table at the first append after _bind_compiled (oncelog.log_appends).
         self._compiled = compiled_append.enabled()
         self._bind_compiled()
 

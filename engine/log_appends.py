@@ -11,7 +11,9 @@ and `_publish` applies producer state once the bytes are in the segment.
 The compiled appender must be rebound whenever what it is bound to is replaced (a
 roll's new active segment, a reload's segments and producer table) and unbound when
 the log stops taking appends (a failure, close): `_bind_compiled` and
-`_unbind_compiled` are the only places that bind or unbind it.
+`_unbind_compiled` are the only places that bind or unbind it. Binding waits for the
+next append (`_compiled_for_append`): most of a broker's partitions are opened or
+rolled and then idle, and an open should not make what only an append uses.
 """
 
 from __future__ import annotations
@@ -54,13 +56,27 @@ class LogAppends(LogState):
             compiled.close()
 
     def _bind_compiled(self) -> None:
+        """Unbind the compiled append from what it was bound to; the next append binds it
+        to the current active segment and producer table (`_compiled_for_append`)."""
+        self._unbind_compiled()
+        self._bind_pending = True
+
+    def _compiled_for_append(self) -> compiled_append.Appender | None:
+        """The compiled appender, bound first if `_bind_compiled` asked for it. Under the
+        lock: a bind unbinds what is there, which another appender may be using."""
+        with self._lock:
+            if self._bind_pending:
+                self._bind_pending = False
+                self._bind_compiled_now()
+            return self._compiled_appender
+
+    def _bind_compiled_now(self) -> None:
         """Bind the compiled append to the current active segment and producer table.
 
         The compiled path leaves the log on the Python path (returns None) for every
         case it does not take, so a log without one is only slower. None on a closed
         or failed log, and for LogAppendTime (which rewrites CRC-covered fields).
         """
-        self._unbind_compiled()
         module = compiled_append.compiled
         if (
             module is None
@@ -111,6 +127,8 @@ class LogAppends(LogState):
             if origin != "client" or self._log_append_time:
                 return self.append_batches([batch_bytes], origin=origin)[0]
             compiled = self._compiled_appender
+            if compiled is None and self._bind_pending:
+                compiled = self._compiled_for_append()
             if compiled is not None:
                 result: AppendResult | None = compiled.append(batch_bytes)
                 if result is not None:
@@ -253,6 +271,8 @@ class LogAppends(LogState):
         if origin not in ("client", "replication"):
             raise ValueError(f"origin is 'client' or 'replication', got {origin!r}")
         compiled = self._compiled_appender
+        if compiled is None and self._bind_pending:
+            compiled = self._compiled_for_append()
         if compiled is not None and origin == "client":
             results: list[AppendResult] | None = compiled.append_batches(batches)
             if results is not None:

@@ -87,6 +87,7 @@ class LogState:
     _compiled: bool  # whether this log may take the compiled append at all
     _compiled_appender: compiled_append.Appender | None  # bound by _bind_compiled
     _client_appender: compiled_append.Appender | None  # what append() calls first (_bind_compiled)
+    _bind_pending: bool  # the next append binds the compiled appender (_bind_compiled)
     _unflushed_messages: int
     _last_flush_ms: int
     _has_flush_policy: bool

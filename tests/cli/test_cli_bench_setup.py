@@ -105,6 +105,25 @@ class TestPartitionRoots:
             assert bench_manager._time_sequential_open(root, state) > 0
         images[state].check_unwritten()
 
+    def test_a_clean_root_is_as_a_log_managers_open_and_close_left_it(
+        self, images: dict[str, bench_manager.PartitionImage], tmp_path: Path
+    ) -> None:
+        root = str(tmp_path / "root")
+        bench_manager.build_root(root, images["clean"], PARTITIONS, root_store=True)
+
+        def entries() -> set[tuple[str, bool]]:
+            return {
+                (os.path.relpath(os.path.join(folder, name), root), name in dirs)
+                for folder, dirs, files in os.walk(root)
+                for name in dirs + files
+            }
+
+        built = entries()
+        assert (f"{bench_manager.TOPIC}-0/{LEGACY_LOCK_FILE}", True) in built  # the mark, a directory
+        bench_manager._time_manager_open(root, "clean")
+        # The timed open made nothing a later open would not find made already.
+        assert entries() == built
+
     def test_a_root_in_the_wrong_state_is_refused(
         self, images: dict[str, bench_manager.PartitionImage], tmp_path: Path
     ) -> None:

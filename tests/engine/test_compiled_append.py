@@ -188,6 +188,28 @@ def test_plain_idempotent_and_request_appends_take_the_compiled_path(tmp_path: A
     log.close()
 
 
+@needs_compiled
+def test_an_idle_log_makes_no_compiled_appender_until_its_next_append(tmp_path: Any) -> None:
+    # Most of a broker's partitions open (or roll) and then sit idle: the appender, bound to
+    # the active segment and the producer table, is made by the append that needs it.
+    path = tmp_path / "log"
+    with Log.open(path, LogConfig(segment_bytes=1024)) as log:
+        log.append(_batch(7, 0))
+    log = Log.open(path, LogConfig(segment_bytes=1024))
+    assert log._compiled_appender is None
+    assert log.append(_batch(7, 1)).first_offset == 1  # the reopened producer, on the bound appender
+    first = log._compiled_appender
+    assert first is not None
+    while log.active_segment.base_offset == 0:  # until a roll rebinds it
+        log.append(_batch(-1, 0))
+    assert log._compiled_appender is None  # the roll unbound it
+    appended = log.append_batches([_batch(7, 2)])  # a request binds it too
+    assert appended[0].first_offset == log.log_end_offset - 1
+    assert log._compiled_appender is not None and log._compiled_appender is not first
+    log.close()
+    assert log._compiled_appender is None
+
+
 def _python_calls_during(action: Any) -> list[str]:
     """The Python functions (file:name) entered while `action` runs."""
     calls: list[str] = []
