@@ -149,6 +149,8 @@ class LogAppends(LogState):
 
     def _append_one(self, buffer: Buffer) -> AppendResult:
         header = client_batch_header(buffer, self._max_batch_bytes, self._max_decompressed_bytes)
+        if header is None:  # its header's maxTimestamp is set right in a copy, as a request's is
+            return self.append_batches([buffer])[0]
         size = len(buffer)
         last_delta, max_ts, pid = header[6], header[8], header[9]
         with self._lock:

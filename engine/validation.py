@@ -83,28 +83,36 @@ def validate_batch(
     if batch.producer_id >= 0 and batch.base_sequence < 0:
         raise InvalidRecordError(f"producer {batch.producer_id} sent baseSequence {batch.base_sequence}")
     max_ts_delta = batch.check_records(exact=True, max_decompressed_bytes=max_decompressed_bytes)
-    check_max_timestamp(batch.attributes, batch.base_timestamp, batch.max_timestamp, max_ts_delta)
-    return batch
+    return with_records_max_timestamp(batch, max_ts_delta)
 
 
-def check_max_timestamp(
-    attributes: int, base_timestamp_ms: int, max_timestamp_ms: int, max_ts_delta: int
-) -> None:
-    """A client's header maxTimestamp must be its records' largest timestamp.
+def with_records_max_timestamp(batch: RecordBatch, max_ts_delta: int) -> RecordBatch:
+    """`batch` with its header's maxTimestamp set to its records' largest timestamp.
 
     Time lookups (ListOffsets by time, the time index) and time-based rolls and
-    retention trust the header; every Kafka client writes the records' largest
-    timestamp there (Kafka's broker rewrites the field; oncelog keeps the client's
-    bytes, so it refuses a batch whose field lies). A LogAppendTime batch's field is
-    the append time, not the records'.
+    retention trust the stored header, so it must be true. Kafka's broker sets the
+    field as it validates (LogValidator), and clients rely on that: librdkafka writes
+    maxTimestamp 0 over records that carry none (-1). A header that says otherwise is
+    set right in a copy, its CRC computed again (over bytes whose CRC was checked
+    first); the records' bytes are kept. A LogAppendTime batch's field is the append
+    time, set when it is appended.
     """
-    if attributes & fmt.TIMESTAMP_TYPE_MASK:
-        return
-    if base_timestamp_ms + max_ts_delta != max_timestamp_ms:
+    if batch.attributes & fmt.TIMESTAMP_TYPE_MASK:
+        return batch
+    largest_ms = batch.base_timestamp + max_ts_delta
+    if largest_ms == batch.max_timestamp:
+        return batch
+    if not fmt.INT64_MIN <= largest_ms <= fmt.INT64_MAX:
         raise InvalidRecordError(
-            f"maxTimestamp {max_timestamp_ms} in the header is not the records' largest timestamp "
-            f"{base_timestamp_ms + max_ts_delta}"
+            f"the records' largest timestamp {largest_ms} (baseTimestamp {batch.base_timestamp} + "
+            f"delta {max_ts_delta}) is past a 64-bit timestamp"
         )
+    corrected = bytearray(batch.buffer)
+    fmt.INT64.pack_into(corrected, fmt.MAX_TIMESTAMP_OFFSET, largest_ms)
+    fmt.UINT32.pack_into(
+        corrected, fmt.CRC_OFFSET, crc32c.crc32c(memoryview(corrected)[fmt.ATTRIBUTES_OFFSET :])
+    )
+    return RecordBatch(corrected)
 
 
 # Attribute bits a client batch may not set: the control bit, and compression codes
@@ -116,8 +124,12 @@ _COPY_TO_CRC_BYTES = 1024
 _CRC_START = fmt.ATTRIBUTES_OFFSET
 
 
-def client_batch_header(buffer: Buffer, max_batch_bytes: int, max_decompressed_bytes: int) -> tuple[Any, ...]:
+def client_batch_header(
+    buffer: Buffer, max_batch_bytes: int, max_decompressed_bytes: int
+) -> tuple[Any, ...] | None:
     """The header fields of a client batch that passes every check; raises like validate_batch.
+    None: it passes once its header's maxTimestamp is set right (with_records_max_timestamp),
+    which the request route (validate_batch) does.
 
     The single-batch route's check (Log.append): one struct unpack, one CRC and one walk over the records,
     no objects. Anything unusual in the header goes to validate_batch, which names
@@ -154,8 +166,10 @@ def client_batch_header(buffer: Buffer, max_batch_bytes: int, max_decompressed_b
                 # What check_batch_records does for an uncompressed body, one call less.
                 max_ts_delta = check_records(buffer, fmt.HEADER_SIZE, count, last_delta, exact=True)
             if header[7] + max_ts_delta == header[8] or attributes & fmt.TIMESTAMP_TYPE_MASK:
-                return header  # (base, max) timestamps agree with the records, as check_max_timestamp asks
-    validate_batch(buffer, "client", max_batch_bytes, max_decompressed_bytes)
+                return header  # (base, max) timestamps agree with the records (with_records_max_timestamp)
+    checked = validate_batch(buffer, "client", max_batch_bytes, max_decompressed_bytes)
+    if checked.max_timestamp != _HEADER.unpack_from(buffer)[8]:
+        return None  # its maxTimestamp set right, in a copy
     raise AssertionError(
         f"validate_batch accepted a batch the single-batch check refused: {bytes(buffer[:61])!r}"
     )

@@ -158,6 +158,13 @@ class Server:
         deadline = loop.time() + DRAIN_TIMEOUT_S
         while any(c.busy for c in self._connections) and loop.time() < deadline:
             await asyncio.sleep(0.01)
+        busy = sum(c.busy for c in self._connections)
+        if busy:
+            log.warning(
+                "%d connections still handling a request after %g s of draining: closing them",
+                busy,
+                DRAIN_TIMEOUT_S,
+            )
         for connection in list(self._connections):
             connection.close()  # each connection's loop then ends on its own
         if self._tasks:

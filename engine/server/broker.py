@@ -414,8 +414,10 @@ class Broker:
                 event.set()
 
     def stop(self) -> None:
-        """Begin a shutdown: waiting fetches return at once with what they have."""
+        """Begin a shutdown: waiting fetches return at once with what they have, and waiting
+        JoinGroups and SyncGroups with NOT_COORDINATOR (GroupCoordinator.stop)."""
         self.stopping = True
+        self.groups.stop()
         for watchers in self._watchers.values():
             for event in watchers:
                 event.set()

@@ -96,6 +96,17 @@ class GroupCoordinator:
         self._active = {group_id for group_id, group in self.groups.items() if group.members}
         # Whether a transaction holds uncommitted offsets for (group, topic, partition).
         self.pending_transactional: Callable[[str, str, int], bool] = lambda group, topic, partition: False
+        self._stopped = False
+
+    def stop(self) -> None:
+        """A shutdown: every JoinGroup and SyncGroup waiting is answered NOT_COORDINATOR at once,
+        and every later one too, as Kafka answers when it unloads its groups. A waiting join
+        would otherwise hold its connection (and the drain) until its rebalance ended; the
+        members find the coordinator again once the server is back, their groups as stored."""
+        self._stopped = True
+        for group in self.groups.values():
+            for member in group.members.values():
+                self._fence(member, ErrorCode.not_coordinator)
 
     # -- membership ---------------------------------------------------------------------
     async def join(
@@ -124,6 +135,11 @@ class GroupCoordinator:
             previous = group.static_member(instance_id)
             if previous is not None:
                 # KIP-345: a static member's new incarnation takes its place; the old one is fenced.
+                rejoined = self._rejoin_static_member(
+                    group, previous, member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocols
+                )
+                if rejoined is not None:
+                    return rejoined
                 self._remove_member(group, previous, ErrorCode.fenced_instance_id)
             elif len(group.members) + len(group.pending) >= self.limits.max_size:
                 return JoinResult(ErrorCode.group_max_size_reached, member_id=member_id)
@@ -160,6 +176,57 @@ class GroupCoordinator:
         self._try_complete_join(group)
         return await joined
 
+    def _rejoin_static_member(
+        self,
+        group: Group,
+        previous: Member,
+        member_id: str,
+        client_id: str,
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        protocols: Sequence[tuple[str, bytes]],
+    ) -> JoinResult | None:
+        """A static member restarted while its group is Stable, as Kafka takes it (KIP-345):
+        the new member id takes the old one's place and assignment with no rebalance, unless
+        its protocols would change the group's; None then (the caller rebalances).
+
+        The answer names the leader as it was: a restarted leader sees another id and
+        computes no assignment, which a Stable group would not hand out anyway; its
+        SyncGroup gets its assignment back."""
+        if group.state is not GroupState.STABLE:
+            return None
+        kept_protocols = previous.protocols
+        previous.protocols = tuple(protocols)
+        if group.choose_protocol() != group.protocol_name:
+            previous.protocols = kept_protocols
+            return None
+        leader = group.leader
+        self._fence(previous)
+        del group.members[previous.member_id]
+        member = group.members[member_id] = Member(
+            member_id,
+            previous.instance_id,
+            client_id,
+            session_timeout_ms,
+            rebalance_timeout_ms,
+            previous.protocol_type,
+            tuple(protocols),
+            previous.assignment,
+            deadline_s=self._clock_s() + session_timeout_ms / 1000,
+        )
+        if leader == previous.member_id:
+            group.leader = member_id
+        # Stored at once: after a restart the old member id is fenced, not the new one.
+        self._store_group(group, f"static member {previous.instance_id!r} of {group.group_id!r} rejoining")
+        return JoinResult(
+            ErrorCode.none,
+            group.generation,
+            group.protocol_type,
+            group.protocol_name,
+            leader,
+            member.member_id,
+        )
+
     def _join_refusal(
         self,
         group_id: str,
@@ -169,6 +236,8 @@ class GroupCoordinator:
         protocols: Sequence[tuple[str, bytes]],
     ) -> ErrorCode | None:
         """Why a JoinGroup is refused before it touches the group, or None."""
+        if self._stopped:
+            return ErrorCode.not_coordinator
         limits = self.limits
         if not group_id:
             return ErrorCode.invalid_group_id
@@ -213,6 +282,8 @@ class GroupCoordinator:
         protocol_name: str | None,
         assignments: Iterable[tuple[str, bytes]],
     ) -> SyncResult:
+        if self._stopped:
+            return SyncResult(ErrorCode.not_coordinator)
         group = self.groups.get(group_id)
         refusal = _member_refusal(group, generation, member_id, instance_id)
         if refusal is not None:
@@ -280,15 +351,20 @@ class GroupCoordinator:
         self, group: Group, member: Member, answer: ErrorCode = ErrorCode.unknown_member_id
     ) -> None:
         del group.members[member.member_id]
-        if member.joining is not None and not member.joining.done():
-            member.joining.set_result(JoinResult(answer))
-        if member.syncing is not None and not member.syncing.done():
-            member.syncing.set_result(SyncResult(answer))
+        self._fence(member, answer)
         if group.state is not GroupState.PREPARING_REBALANCE:
             self._prepare_rebalance(group)
         # Written at once: a member that left or was evicted must not come back after a restart.
         self._store_group(group, f"the removal of member {member.member_id!r} from {group.group_id!r}")
         self._try_complete_join(group)
+
+    @staticmethod
+    def _fence(member: Member, answer: ErrorCode = ErrorCode.fenced_instance_id) -> None:
+        """Answer `member`'s waiting JoinGroup and SyncGroup with `answer`: it is gone."""
+        if member.joining is not None and not member.joining.done():
+            member.joining.set_result(JoinResult(answer))
+        if member.syncing is not None and not member.syncing.done():
+            member.syncing.set_result(SyncResult(answer))
 
     # -- rebalances -----------------------------------------------------------------------
     def _prepare_rebalance(self, group: Group) -> None:

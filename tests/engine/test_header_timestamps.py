@@ -1,9 +1,11 @@
-"""A client batch's header maxTimestamp must be its records' largest timestamp.
+"""A stored batch's header maxTimestamp is its records' largest timestamp.
 
 Found by red-teaming `oncelog serve`: a batch whose header said maxTimestamp 0 over
 records at T+10s was stored, and ListOffsets by time then skipped its records (the
-time index and the segment scan trust the header). Kafka's broker rewrites the field;
-oncelog keeps the client's bytes, so it refuses the batch on both append paths.
+time index and the segment scan trust the header). Refusing such a batch (as oncelog
+did) lost librdkafka's batches of records without timestamps (its test 0053: the
+header says 0 over records at -1), which Kafka accepts: its broker sets the field as
+it validates. So does oncelog now, on both append paths, keeping the records' bytes.
 Batches are built by kafka-python (an independent encoder) and patched here.
 """
 
@@ -60,15 +62,46 @@ def log(tmp_path: Path) -> Log:
 
 @pytest.mark.parametrize("codec", [0, GZIP, LZ4], ids=["uncompressed", "gzip", "lz4"])
 @pytest.mark.parametrize("lie", [0, T0 + 5_000, T0 + 10_001, -1], ids=["zero", "below", "above", "none"])
-def test_a_header_max_timestamp_that_is_not_the_records_largest_is_refused_on_both_paths(
-    log: Log, codec: int, lie: int
+@pytest.mark.parametrize("route", ["append", "append_batches"])
+def test_a_header_max_timestamp_that_is_not_the_records_largest_is_stored_set_right(
+    log: Log, codec: int, lie: int, route: str
 ) -> None:
-    forged = with_max_timestamp(kafka_python_batch([T0, T0 + 10_000, T0 + 7_000], codec), lie)
+    honest = kafka_python_batch([T0, T0 + 10_000, T0 + 7_000], codec)
+    forged = with_max_timestamp(honest, lie)
+    if route == "append":
+        first = log.append(forged).first_offset
+    else:
+        first = log.append_batches([forged])[0].first_offset
+    stored = log.read(first, 1 << 20).batches[0]
+    stored.validate()  # its CRC computed again over the field set right
+    assert stored.max_timestamp == T0 + 10_000
+    # Everything from magic on is the honest batch's (the log stamps the offset and the
+    # leader epoch before it): the records untouched.
+    assert bytes(stored.buffer)[16:] == honest[16:]
+    found = log.offset_for_timestamp(T0 + 8_000)
+    assert found is not None and (found.timestamp_ms, found.offset) == (T0 + 10_000, first + 1)
+
+
+def test_librdkafkas_batch_of_records_without_timestamps_is_stored_with_max_timestamp_minus_one(
+    log: Log,
+) -> None:
+    # librdkafka's header for records with no timestamp: firstTimestamp -1, maxTimestamp 0.
+    untimed = with_max_timestamp(kafka_python_batch([-1, -1]), 0)
+    assert RecordBatch(untimed).base_timestamp == -1
+    first = log.append(untimed).first_offset
+    stored = log.read(first, 1 << 20).batches[0]
+    assert (stored.base_timestamp, stored.max_timestamp) == (-1, -1)
+    assert [record.timestamp_ms for record in stored.records()] == [-1, -1]
+
+
+def test_a_largest_timestamp_past_64_bits_is_refused(log: Log) -> None:
     end = log.log_end_offset
-    with pytest.raises(InvalidRecordError, match="maxTimestamp"):
+    past = kafka_python_batch([2**63 - 10, 2**63 - 1])
+    data = bytearray(past)
+    struct.pack_into(">q", data, 27, 2**63 - 5)  # baseTimestamp moved up: the largest passes 2^63 - 1
+    forged = with_max_timestamp(bytes(data), 0)
+    with pytest.raises(InvalidRecordError, match="past a 64-bit timestamp"):
         log.append(forged)
-    with pytest.raises(InvalidRecordError, match="maxTimestamp"):
-        log.append_batches([forged])
     assert log.log_end_offset == end
 
 

@@ -29,6 +29,7 @@ from oncelog.storage.fs import DEFAULT_FS
 _T = TypeVar("_T")
 PROTOCOLS = [("range", b"range-meta"), ("roundrobin", b"rr-meta")]
 SESSION_MS = 10_000
+LIVENESS_S = 15.0  # a bound on waits that must end at once, so a regression fails instead of hanging
 
 
 class Clock:
@@ -363,6 +364,131 @@ def test_a_static_members_new_incarnation_takes_its_place_and_fences_the_old_one
             coordinator.leave("g", "", "pod-1") == ErrorCode.none
         )  # the new incarnation leaves by instance id
         assert "pod-1" not in {m.instance_id for m in coordinator.groups["g"].members.values()}
+
+    run(scenario, tmp_path)
+
+
+async def _stable_static_pair(coordinator: GroupCoordinator) -> dict[str, JoinResult]:
+    """Static members pod-1 (the leader: p0) and pod-2 (p1), Stable at generation 2."""
+
+    def static_join(instance: str, member_id: str = "") -> asyncio.Task[JoinResult]:
+        return asyncio.ensure_future(
+            coordinator.join(
+                "g",
+                member_id,
+                instance,
+                "c",
+                SESSION_MS,
+                30_000,
+                "consumer",
+                PROTOCOLS,
+                member_id_required=True,
+            )
+        )
+
+    first = await static_join("pod-1")
+    await coordinator.sync("g", 1, first.member_id, "pod-1", None, None, [(first.member_id, b"p0")])
+    second = static_join("pod-2")
+    await settle()
+    again = await static_join("pod-1", first.member_id)  # the rebalance pod-2's join started
+    joined = {"pod-1": again, "pod-2": await second}
+    assert {j.generation for j in joined.values()} == {2} and again.leader == first.member_id
+    assignments = [(first.member_id, b"p0"), (joined["pod-2"].member_id, b"p1")]
+    synced = await asyncio.gather(
+        coordinator.sync("g", 2, first.member_id, "pod-1", None, None, assignments),
+        coordinator.sync("g", 2, joined["pod-2"].member_id, "pod-2", None, None, []),
+    )
+    assert [s.assignment for s in synced] == [b"p0", b"p1"]
+    return joined
+
+
+@pytest.mark.parametrize("restarted", ["pod-1", "pod-2"], ids=["the-leader", "a-follower"])
+def test_a_static_member_restarted_in_a_stable_group_gets_its_assignment_back_with_no_rebalance(
+    tmp_path: Path, restarted: str
+) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        before = await _stable_static_pair(coordinator)
+        old = before[restarted]
+        other = before["pod-2" if restarted == "pod-1" else "pod-1"]
+        # Answered without a rebalance (which would wait for pod-2 on this frozen clock: bounded).
+        new = await asyncio.wait_for(
+            coordinator.join(
+                "g", "", restarted, "c", SESSION_MS, 30_000, "consumer", PROTOCOLS, member_id_required=True
+            ),
+            LIVENESS_S,
+        )
+        # The same generation, and the leader as it was: the new id is told it does not lead.
+        assert (new.error, new.generation, new.leader) == (ErrorCode.none, 2, before["pod-1"].member_id)
+        assert new.member_id != old.member_id and new.members == ()
+        synced = await coordinator.sync("g", 2, new.member_id, restarted, None, None, [])
+        assert synced.assignment == (b"p0" if restarted == "pod-1" else b"p1")
+        assert coordinator.groups["g"].state is GroupState.STABLE
+        assert coordinator.heartbeat(
+            "g", 2, other.member_id, "pod-2" if restarted == "pod-1" else "pod-1"
+        ) == (
+            ErrorCode.none  # no rebalance for the member that stayed
+        )
+        assert coordinator.heartbeat("g", 2, old.member_id, restarted) == ErrorCode.fenced_instance_id
+        if restarted == "pod-1":
+            assert coordinator.groups["g"].leader == new.member_id
+
+    run(scenario, tmp_path)
+
+
+def test_a_static_member_restarted_with_protocols_that_change_the_groups_rebalances(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        before = await _stable_static_pair(coordinator)
+        rejoining = asyncio.ensure_future(
+            coordinator.join(
+                "g",
+                "",
+                "pod-2",
+                "c",
+                SESSION_MS,
+                30_000,
+                "consumer",
+                [("roundrobin", b"rr")],
+                member_id_required=True,
+            )
+        )
+        await settle()
+        assert coordinator.groups["g"].state is GroupState.PREPARING_REBALANCE
+        assert (
+            coordinator.heartbeat("g", 2, before["pod-1"].member_id, "pod-1")
+            == ErrorCode.rebalance_in_progress
+        )
+        rejoined = await coordinator.join(
+            "g",
+            before["pod-1"].member_id,
+            "pod-1",
+            "c",
+            SESSION_MS,
+            30_000,
+            "consumer",
+            PROTOCOLS,
+            member_id_required=True,
+        )
+        assert rejoined.generation == 3 and (await rejoining).generation == 3
+        assert coordinator.groups["g"].protocol_name == "roundrobin"
+
+    run(scenario, tmp_path)
+
+
+def test_stop_answers_waiting_joins_and_syncs_not_coordinator_and_every_later_one(tmp_path: Path) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        first, second = await stable_pair(coordinator)
+        waiting = join(coordinator)  # a third member: a rebalance the two others must rejoin
+        await settle()
+        rejoined = join(coordinator, first.member_id)
+        await settle()
+        assert not waiting.done() and not rejoined.done()  # waiting for the second to rejoin
+        coordinator.stop()
+        await settle()
+        assert waiting.done() and waiting.result().error == ErrorCode.not_coordinator
+        assert rejoined.result().error == ErrorCode.not_coordinator
+        assert (await join(coordinator)).error == ErrorCode.not_coordinator
+        synced = await coordinator.sync("g", second.generation, second.member_id, None, None, None, [])
+        assert synced.error == ErrorCode.not_coordinator
 
     run(scenario, tmp_path)
 
