@@ -31,6 +31,12 @@ from oncelog.server.codec import API_VERSIONS_KEY, NO_THROTTLE, Request, build, 
 from oncelog.server.handlers.create_topics import handle_create_topics
 from oncelog.server.handlers.fetch import handle_fetch
 from oncelog.server.handlers.find_coordinator import handle_find_coordinator
+from oncelog.server.handlers.group_admin import (
+    handle_delete_groups,
+    handle_describe_groups,
+    handle_list_groups,
+    handle_offset_delete,
+)
 from oncelog.server.handlers.groups import (
     handle_heartbeat,
     handle_join_group,
@@ -122,6 +128,8 @@ APIS: Final[Mapping[int, Api]] = {
         _api(12, "Heartbeat", handle_heartbeat, 4),
         _api(13, "LeaveGroup", handle_leave_group, 5),
         _api(14, "SyncGroup", handle_sync_group, 5),
+        _api(15, "DescribeGroups", handle_describe_groups, 5),
+        _api(16, "ListGroups", handle_list_groups, 5),
         _api(API_VERSIONS_KEY, "ApiVersions", handle_api_versions, 4, fallback_request=ApiVersionsRequest),
         _api(
             19,
@@ -137,5 +145,7 @@ APIS: Final[Mapping[int, Api]] = {
         _api(25, "AddOffsetsToTxn", handle_add_offsets_to_txn, 3),
         _api(26, "EndTxn", handle_end_txn, 3),
         _api(28, "TxnOffsetCommit", handle_txn_offset_commit, 3),
+        _api(42, "DeleteGroups", handle_delete_groups, 2),
+        _api(47, "OffsetDelete", handle_offset_delete, 0),
     )
 }

@@ -93,6 +93,8 @@ class Request:
     size_bytes: int
     # Bytes after the body, which were ignored.
     trailing_bytes: int = 0
+    # The client's address, as Kafka names a member's host ("/127.0.0.1").
+    client_host: str = ""
 
 
 def frame_size(prefix: bytes) -> int:
@@ -106,8 +108,9 @@ def frame_size(prefix: bytes) -> int:
     return size
 
 
-def decode_request(frame: bytes, apis: Mapping[int, ApiSpec]) -> Request:
-    """One request frame (without its size prefix), decoded; `apis`: what is served, by key."""
+def decode_request(frame: bytes, apis: Mapping[int, ApiSpec], client_host: str = "") -> Request:
+    """One request frame (without its size prefix), decoded; `apis`: what is served, by key;
+    `client_host`: where it came from."""
     if len(frame) < _HEADER_PREFIX.size:
         raise MalformedRequestError(f"a {len(frame)}-byte frame is shorter than a request header")
     api_key, api_version, correlation_id = _HEADER_PREFIX.unpack_from(frame)
@@ -118,7 +121,7 @@ def decode_request(frame: bytes, apis: Mapping[int, ApiSpec]) -> Request:
         if api_key == API_VERSIONS_KEY or spec.advertises(api_version):
             # Answered without decoding: the header past the prefix may be in a layout
             # this codec does not know. ApiVersions answers in v0 (Kafka's rule).
-            return Request(api_key, api_version, correlation_id, None, None, len(frame))
+            return Request(api_key, api_version, correlation_id, None, None, len(frame), 0, client_host)
         raise MalformedRequestError(f"{spec.name} v{api_version} is neither served nor advertised")
     request_type = _request_type(api_key, api_version)
     size_bytes = len(frame)
@@ -147,7 +150,9 @@ def decode_request(frame: bytes, apis: Mapping[int, ApiSpec]) -> Request:
         raise MalformedRequestError(
             f"{spec.name} v{api_version} needs {-trailing_bytes} bytes past its frame"
         )
-    return Request(api_key, api_version, correlation_id, header.client_id, body, size_bytes, trailing_bytes)
+    return Request(
+        api_key, api_version, correlation_id, header.client_id, body, size_bytes, trailing_bytes, client_host
+    )
 
 
 def _kio_decode(request_type: type[Any], frame: bytes) -> tuple[Any, int, Any, int]:

@@ -70,6 +70,7 @@ class Connection:
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         # The client's address: what per-address limits and rate-limited warnings count by.
         self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        self.client_host = f"/{self.host}"  # as Kafka writes a client's address
         # True while a request is being handled: a draining shutdown waits for these.
         self.busy = False
         # True while a response is being written.
@@ -121,7 +122,7 @@ class Connection:
             except TimeoutError as exc:
                 raise SlowRequestError(f"no complete request within {limit_name} ({limit_ms} ms)") from exc
             first_request = False
-            request = decode_request(frame, APIS)
+            request = decode_request(frame, APIS, self.client_host)
             if request.trailing_bytes:
                 self.broker.requests_with_trailing_bytes += 1
                 log.debug(

@@ -121,6 +121,7 @@ class GroupCoordinator:
         protocols: Sequence[tuple[str, bytes]],
         *,
         member_id_required: bool,
+        client_host: str = "",
     ) -> JoinResult:
         refusal = self._join_refusal(group_id, member_id, session_timeout_ms, protocol_type, protocols)
         if refusal is not None:
@@ -136,7 +137,13 @@ class GroupCoordinator:
             if previous is not None:
                 # KIP-345: a static member's new incarnation takes its place; the old one is fenced.
                 rejoined = self._rejoin_static_member(
-                    group, previous, member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocols
+                    group,
+                    previous,
+                    member_id,
+                    (client_id, client_host),
+                    session_timeout_ms,
+                    rebalance_timeout_ms,
+                    protocols,
                 )
                 if rejoined is not None:
                     return rejoined
@@ -156,7 +163,14 @@ class GroupCoordinator:
         changed = member is None or member.protocols != tuple(protocols)
         if member is None:
             member = group.members[member_id] = Member(
-                member_id, instance_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocol_type, ()
+                member_id,
+                instance_id,
+                client_id,
+                session_timeout_ms,
+                rebalance_timeout_ms,
+                protocol_type,
+                (),
+                client_host=client_host,
             )
         member.protocols = tuple(protocols)
         member.session_timeout_ms = session_timeout_ms
@@ -181,7 +195,7 @@ class GroupCoordinator:
         group: Group,
         previous: Member,
         member_id: str,
-        client_id: str,
+        client: tuple[str, str],
         session_timeout_ms: int,
         rebalance_timeout_ms: int,
         protocols: Sequence[tuple[str, bytes]],
@@ -203,6 +217,7 @@ class GroupCoordinator:
         leader = group.leader
         self._fence(previous)
         del group.members[previous.member_id]
+        client_id, client_host = client
         member = group.members[member_id] = Member(
             member_id,
             previous.instance_id,
@@ -213,6 +228,7 @@ class GroupCoordinator:
             tuple(protocols),
             previous.assignment,
             deadline_s=self._clock_s() + session_timeout_ms / 1000,
+            client_host=client_host,
         )
         if leader == previous.member_id:
             group.leader = member_id
@@ -476,16 +492,37 @@ class GroupCoordinator:
         ]
         if not stale:
             return 0
-        keys = [store_key(kind, group.group_id) for group in stale for kind in (GROUP, OFFSETS)]
         try:
-            self.store.delete(keys, f"expiring the offsets of {len(stale)} groups")
+            self.remove_groups(stale, f"expiring the offsets of {len(stale)} groups")
         except OncelogError as exc:
             log.warning("offset retention: %s", exc)
             return 0
-        for group in stale:
-            del self.groups[group.group_id]
         log.info("expired the offsets of %d groups idle past %d ms", len(stale), retention_ms)
         return len(stale)
+
+    def remove_groups(self, groups: Sequence[Group], what: str) -> None:
+        """Forget `groups` (each with no members), their offsets too: from the store first,
+        in one commit (OncelogError if it fails: nothing changed), then from memory."""
+        assert all(not group.members for group in groups), "a group with members is not removed"
+        self.store.delete(
+            [store_key(kind, group.group_id) for group in groups for kind in (GROUP, OFFSETS)], what
+        )
+        for group in groups:
+            del self.groups[group.group_id]
+            self._active.discard(group.group_id)
+
+    def remove_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]]) -> None:
+        """Forget the group's committed offsets of `partitions`: stored first (OncelogError if
+        that fails: nothing changed), then in memory."""
+        group = self.groups[group_id]
+        kept = dict(group.offsets)
+        for key in partitions:
+            kept.pop(key, None)
+        self.store.write(
+            {store_key(OFFSETS, group_id): group.offsets_record(kept)},
+            f"deleting offsets of group {group_id!r}",
+        )
+        group.offsets = kept
 
     # -- offsets ---------------------------------------------------------------------------
     def check_commit(

@@ -92,6 +92,7 @@ class Member:
     deadline_s: float = 0.0
     joining: asyncio.Future[JoinResult] | None = None
     syncing: asyncio.Future[SyncResult] | None = None
+    client_host: str = ""  # as Kafka describes it: "/" and the address it joined from
 
     def metadata_for(self, protocol: str) -> bytes:
         return next(metadata for name, metadata in self.protocols if name == protocol)
@@ -144,6 +145,7 @@ class Group:
                     m.rebalance_timeout_ms,
                     [list(protocol) for protocol in m.protocols],
                     m.assignment,
+                    m.client_host,
                 ]
                 for m in self.members.values()
             ],
@@ -160,9 +162,11 @@ class Group:
                 record["protocol_name"],
                 record["leader"],
             )
-            for member_id, instance_id, client_id, session_ms, rebalance_ms, protocols, assignment in record[
-                "members"
-            ]:
+            for stored in record["members"]:
+                # (a record from before members kept their client host has 7 fields)
+                member_id, instance_id, client_id, session_ms, rebalance_ms, protocols, assignment = stored[
+                    :7
+                ]
                 member = Member(
                     member_id,
                     instance_id,
@@ -173,6 +177,7 @@ class Group:
                     tuple((name, metadata) for name, metadata in protocols),
                     assignment,
                     deadline_s=now_s + session_ms / 1000,
+                    client_host=stored[7] if len(stored) > 7 else "",
                 )
                 group.members[member_id] = member
         return group

@@ -60,6 +60,7 @@ _correlation = count(1000)
 PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 0, 1, 2, 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, INIT_PRODUCER_ID = 11, 12, 13, 14, 22
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
+DELETE_GROUPS, OFFSET_DELETE = 42, 47
 # The APIs a member of a group sends; each served version gets a member of its own.
 MEMBER_APIS: Final = (JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP)
 # Fixture members are never heartbeated: their session and rebalance timeouts outlast the module.
@@ -136,6 +137,13 @@ def _set_up(
     if api_key in (FETCH, LIST_OFFSETS, OFFSET_COMMIT, ADD_PARTITIONS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT):
         # The topic must exist: Kafka refuses commits to unknown partitions too.
         _produce_to(sock, topic)
+    if api_key in (DELETE_GROUPS, OFFSET_DELETE):
+        # A group with offsets and no members: deletable, and its offsets too.
+        _produce_to(sock, topic)
+        ids = ProtocolIds(group=f"conf-admin-{api_key}-{version}")
+        committed = sock.request(OFFSET_COMMIT, 9, request_body(OFFSET_COMMIT, 9, topic, ids))
+        assert _error_codes(committed) == [0], committed
+        return ids
     if api_key in (OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR):
         # A simple commit (generation -1, no member id) to a group with no members; v8+ of
         # OffsetFetch and v4+ of FindCoordinator name several groups.

@@ -384,6 +384,24 @@ def _api_versions(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
     return build(cls, client_software_name="oncelog-tests", client_software_version="1.0")
 
 
+def _describe_groups(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(cls, groups=(ids.group,), include_authorized_operations=version >= 3)
+
+
+def _list_groups(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(cls, states_filter=(), types_filter=())
+
+
+def _delete_groups(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(cls, groups_names=(ids.group,))
+
+
+def _offset_delete(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    topic_type = nested(cls, "topics")
+    partition = build(nested(topic_type, "partitions"), partition_index=0)
+    return build(cls, group_id=ids.group, topics=(build(topic_type, name=topic, partitions=(partition,)),))
+
+
 _TIMEOUT = datetime.timedelta(seconds=5)
 _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     0: _produce,
@@ -397,6 +415,8 @@ _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     12: _heartbeat,
     13: _leave_group,
     14: _sync_group,
+    15: _describe_groups,
+    16: _list_groups,
     18: _api_versions,
     19: _create_topics,
     22: _init_producer_id,
@@ -404,6 +424,8 @@ _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     25: _add_offsets_to_txn,
     26: _end_txn,
     28: _txn_offset_commit,
+    42: _delete_groups,
+    47: _offset_delete,
 }
 
 

@@ -38,6 +38,7 @@ async def handle_join_group(broker: Broker, request: Request) -> Any:
         body.protocol_type,
         [(protocol.name, protocol.metadata) for protocol in body.protocols],
         member_id_required=request.api_version >= _MEMBER_ID_REQUIRED_FROM,
+        client_host=request.client_host,
     )
     member_type = nested(response, "members")
     return build(
