@@ -14,12 +14,15 @@ The wire:
 - `handlers`: one module per API or family of APIs, from a decoded request to a response body:
   `produce`, `fetch`, `list_offsets`, `metadata`, `find_coordinator`, `create_topics`,
   `groups` (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch),
-  `transactions` (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit)
+  `transactions` (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit),
+  `group_admin` (ListGroups, DescribeGroups, DeleteGroups, OffsetDelete),
+  `cluster_admin` (DeleteRecords, DescribeCluster, DescribeLogDirs)
 - `errors`: the server's exceptions, and oncelog's as Kafka error codes
 
 The state behind the APIs:
 - `broker`: the LogManager, topics, the cluster id, append wake-ups, the coordinators
 - `group_coordinator`, `group_state`: consumer groups (membership, rebalances, offsets)
+- `group_admin`: what an operator asks of the groups (list, describe, delete, delete offsets)
 - `txn_coordinator`, `txn_state`: transactional ids, epochs, the two-phase end of a transaction
 - `coordinator_store`: what both coordinators keep across restarts
 

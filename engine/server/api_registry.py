@@ -28,6 +28,11 @@ from kio.schema.errors import ErrorCode
 from oncelog.server import fallback
 from oncelog.server.broker import Broker
 from oncelog.server.codec import API_VERSIONS_KEY, NO_THROTTLE, Request, build, nested, response_type
+from oncelog.server.handlers.cluster_admin import (
+    handle_delete_records,
+    handle_describe_cluster,
+    handle_describe_log_dirs,
+)
 from oncelog.server.handlers.create_topics import handle_create_topics
 from oncelog.server.handlers.fetch import handle_fetch
 from oncelog.server.handlers.find_coordinator import handle_find_coordinator
@@ -140,12 +145,15 @@ APIS: Final[Mapping[int, Api]] = {
             fallback_request=CreateTopicsRequest,
             unsupported=fallback.CREATE_TOPICS,
         ),
+        _api(21, "DeleteRecords", handle_delete_records, 2),
         _api(22, "InitProducerId", handle_init_producer_id, 4, fallback_request=InitProducerIdRequest),
         _api(24, "AddPartitionsToTxn", handle_add_partitions_to_txn, 3),
         _api(25, "AddOffsetsToTxn", handle_add_offsets_to_txn, 3),
         _api(26, "EndTxn", handle_end_txn, 3),
         _api(28, "TxnOffsetCommit", handle_txn_offset_commit, 3),
+        _api(35, "DescribeLogDirs", handle_describe_log_dirs, 4, 1, unsupported=fallback.DESCRIBE_LOG_DIRS),
         _api(42, "DeleteGroups", handle_delete_groups, 2),
         _api(47, "OffsetDelete", handle_offset_delete, 0),
+        _api(60, "DescribeCluster", handle_describe_cluster, 1),
     )
 }

@@ -25,7 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
+from kafka.protocol.admin import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
+)
 from kafka.protocol.consumer import (
     FetchRequest,
     FetchResponse,
@@ -188,6 +193,12 @@ def _offset_fetch(response: Any, request: Any) -> Any:
     )
 
 
+def _describe_log_dirs(response: Any, request: Any) -> Any:
+    # v0 has no request-wide error code: one log directory entry carries it.
+    result = response.DescribeLogDirsResult
+    return response(results=[result(error_code=UNSUPPORTED_VERSION, log_dir="", topics=[])])
+
+
 @dataclass(frozen=True, slots=True)
 class UnsupportedAnswer:
     """How to answer an API's old versions: kafka-python's request and response classes,
@@ -204,3 +215,4 @@ LIST_OFFSETS = UnsupportedAnswer(ListOffsetsRequest, ListOffsetsResponse, _list_
 OFFSET_COMMIT = UnsupportedAnswer(OffsetCommitRequest, OffsetCommitResponse, _offset_commit)
 OFFSET_FETCH = UnsupportedAnswer(OffsetFetchRequest, OffsetFetchResponse, _offset_fetch)
 CREATE_TOPICS = UnsupportedAnswer(CreateTopicsRequest, CreateTopicsResponse, _create_topics)
+DESCRIBE_LOG_DIRS = UnsupportedAnswer(DescribeLogDirsRequest, DescribeLogDirsResponse, _describe_log_dirs)

@@ -19,7 +19,12 @@ from itertools import count
 from typing import Any, Final
 
 import pytest
-from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
+from kafka.protocol.admin import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
+)
 from kafka.protocol.consumer import (
     FetchRequest,
     FetchResponse,
@@ -60,7 +65,7 @@ _correlation = count(1000)
 PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 0, 1, 2, 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, INIT_PRODUCER_ID = 11, 12, 13, 14, 22
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
-DELETE_GROUPS, OFFSET_DELETE = 42, 47
+DELETE_RECORDS, DESCRIBE_LOG_DIRS, DELETE_GROUPS, OFFSET_DELETE = 21, 35, 42, 47
 # The APIs a member of a group sends; each served version gets a member of its own.
 MEMBER_APIS: Final = (JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP)
 # Fixture members are never heartbeated: their session and rebalance timeouts outlast the module.
@@ -134,7 +139,15 @@ def _set_up(
     sock: WireSocket, api_key: int, version: int, topic: str, fixtures: pytest.FixtureRequest
 ) -> ProtocolIds:
     """What the request of `api_key` at `version` must name to succeed, after any request it needs first."""
-    if api_key in (FETCH, LIST_OFFSETS, OFFSET_COMMIT, ADD_PARTITIONS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT):
+    if api_key in (
+        FETCH,
+        LIST_OFFSETS,
+        OFFSET_COMMIT,
+        ADD_PARTITIONS_TO_TXN,
+        END_TXN,
+        TXN_OFFSET_COMMIT,
+        DELETE_RECORDS,
+    ):
         # The topic must exist: Kafka refuses commits to unknown partitions too.
         _produce_to(sock, topic)
     if api_key in (DELETE_GROUPS, OFFSET_DELETE):
@@ -246,6 +259,9 @@ def _legacy_request(api_key: int, version: int, topic: str) -> Any:
             name=topic, num_partitions=1, replication_factor=1, assignments=[], configs=[]
         )
         return cls(topics=[creatable], timeout_ms=1000, validate_only=False)
+    if api_key == DESCRIBE_LOG_DIRS:
+        cls = DescribeLogDirsRequest[version]
+        return cls(topics=[cls.DescribableLogDirTopic(topic=topic, partitions=[0])])
     raise AssertionError(api_key)
 
 
@@ -257,6 +273,8 @@ def _legacy_codes(api_key: int, response: Any) -> list[int]:
         return [p.error_code for t in response.responses for p in t.partitions]
     if api_key in (2, OFFSET_COMMIT, OFFSET_FETCH):
         return [p.error_code for t in response.topics for p in t.partitions]
+    if api_key == DESCRIBE_LOG_DIRS:
+        return [r.error_code for r in response.results]
     return [t.error_code for t in response.topics]
 
 
@@ -267,6 +285,7 @@ _LEGACY_RESPONSES: dict[int, Any] = {
     8: OffsetCommitResponse,
     9: OffsetFetchResponse,
     19: CreateTopicsResponse,
+    DESCRIBE_LOG_DIRS: DescribeLogDirsResponse,
 }
 
 

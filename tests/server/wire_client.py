@@ -402,6 +402,20 @@ def _offset_delete(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
     return build(cls, group_id=ids.group, topics=(build(topic_type, name=topic, partitions=(partition,)),))
 
 
+def _delete_records(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    topic_type = nested(cls, "topics")
+    partition = build(nested(topic_type, "partitions"), partition_index=0, offset=-1)  # the high watermark
+    return build(cls, topics=(build(topic_type, name=topic, partitions=(partition,)),), timeout=_TIMEOUT)
+
+
+def _describe_log_dirs(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(cls, topics=None)
+
+
+def _describe_cluster(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(cls, include_cluster_authorized_operations=True, endpoint_type=1)
+
+
 _TIMEOUT = datetime.timedelta(seconds=5)
 _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     0: _produce,
@@ -424,8 +438,11 @@ _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     25: _add_offsets_to_txn,
     26: _end_txn,
     28: _txn_offset_commit,
+    21: _delete_records,
+    35: _describe_log_dirs,
     42: _delete_groups,
     47: _offset_delete,
+    60: _describe_cluster,
 }
 
 
