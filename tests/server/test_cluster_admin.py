@@ -75,7 +75,8 @@ def test_each_clients_delete_records_moves_the_low_watermark_for_good_and_refuse
             assert answers[KafkaTopicPartition(TOPIC, 1)]["low_watermark"] == RECORDS
             # Sent to the node by hand (librdkafka refuses an unknown topic before sending).
             with pytest.raises(UnknownTopicOrPartitionError):
-                kafka_admin.delete_records({KafkaTopicPartition("no-such-topic", 0): 1}, partition_leader_id=0)
+                unknown = KafkaTopicPartition("no-such-topic", 0)
+                kafka_admin.delete_records({unknown: 1}, partition_leader_id=0)
         finally:
             kafka_admin.close()
 
