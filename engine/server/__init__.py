@@ -16,13 +16,14 @@ The wire:
   `groups` (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch),
   `transactions` (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit),
   `group_admin` (ListGroups, DescribeGroups, DeleteGroups, OffsetDelete),
-  `cluster_admin` (DeleteRecords, DescribeCluster, DescribeLogDirs)
+  `cluster_admin` (DeleteRecords, DescribeCluster, DescribeLogDirs), `describe_configs`
 - `errors`: the server's exceptions, and oncelog's as Kafka error codes
 
 The state behind the APIs:
 - `broker`: the LogManager, topics, the cluster id, append wake-ups, the coordinators
 - `group_coordinator`, `group_state`: consumer groups (membership, rebalances, offsets)
 - `group_admin`: what an operator asks of the groups (list, describe, delete, delete offsets)
+- `topic_configs`: Kafka's topic config names and the LogConfig fields behind them, and the broker's
 - `txn_coordinator`, `txn_state`: transactional ids, epochs, the two-phase end of a transaction
 - `coordinator_store`: what both coordinators keep across restarts
 

@@ -34,6 +34,7 @@ from oncelog.server.handlers.cluster_admin import (
     handle_describe_log_dirs,
 )
 from oncelog.server.handlers.create_topics import handle_create_topics
+from oncelog.server.handlers.describe_configs import handle_describe_configs
 from oncelog.server.handlers.fetch import handle_fetch
 from oncelog.server.handlers.find_coordinator import handle_find_coordinator
 from oncelog.server.handlers.group_admin import (
@@ -151,6 +152,7 @@ APIS: Final[Mapping[int, Api]] = {
         _api(25, "AddOffsetsToTxn", handle_add_offsets_to_txn, 3),
         _api(26, "EndTxn", handle_end_txn, 3),
         _api(28, "TxnOffsetCommit", handle_txn_offset_commit, 3),
+        _api(32, "DescribeConfigs", handle_describe_configs, 4, 1, unsupported=fallback.DESCRIBE_CONFIGS),
         _api(35, "DescribeLogDirs", handle_describe_log_dirs, 4, 1, unsupported=fallback.DESCRIBE_LOG_DIRS),
         _api(42, "DeleteGroups", handle_delete_groups, 2),
         _api(47, "OffsetDelete", handle_offset_delete, 0),

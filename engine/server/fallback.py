@@ -28,6 +28,8 @@ from typing import Any, Final
 from kafka.protocol.admin import (
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
     DescribeLogDirsRequest,
     DescribeLogDirsResponse,
 )
@@ -199,6 +201,22 @@ def _describe_log_dirs(response: Any, request: Any) -> Any:
     return response(results=[result(error_code=UNSUPPORTED_VERSION, log_dir="", topics=[])])
 
 
+def _describe_configs(response: Any, request: Any) -> Any:
+    result = response.DescribeConfigsResult
+    return response(
+        results=[
+            result(
+                error_code=UNSUPPORTED_VERSION,
+                error_message="use DescribeConfigs v1 or later",
+                resource_type=r.resource_type,
+                resource_name=r.resource_name,
+                configs=[],
+            )
+            for r in request.resources
+        ],
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class UnsupportedAnswer:
     """How to answer an API's old versions: kafka-python's request and response classes,
@@ -216,3 +234,4 @@ OFFSET_COMMIT = UnsupportedAnswer(OffsetCommitRequest, OffsetCommitResponse, _of
 OFFSET_FETCH = UnsupportedAnswer(OffsetFetchRequest, OffsetFetchResponse, _offset_fetch)
 CREATE_TOPICS = UnsupportedAnswer(CreateTopicsRequest, CreateTopicsResponse, _create_topics)
 DESCRIBE_LOG_DIRS = UnsupportedAnswer(DescribeLogDirsRequest, DescribeLogDirsResponse, _describe_log_dirs)
+DESCRIBE_CONFIGS = UnsupportedAnswer(DescribeConfigsRequest, DescribeConfigsResponse, _describe_configs)

@@ -22,6 +22,8 @@ import pytest
 from kafka.protocol.admin import (
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
     DescribeLogDirsRequest,
     DescribeLogDirsResponse,
 )
@@ -65,7 +67,7 @@ _correlation = count(1000)
 PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 0, 1, 2, 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, INIT_PRODUCER_ID = 11, 12, 13, 14, 22
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
-DELETE_RECORDS, DESCRIBE_LOG_DIRS, DELETE_GROUPS, OFFSET_DELETE = 21, 35, 42, 47
+DELETE_RECORDS, DESCRIBE_CONFIGS, DESCRIBE_LOG_DIRS, DELETE_GROUPS, OFFSET_DELETE = 21, 32, 35, 42, 47
 # The APIs a member of a group sends; each served version gets a member of its own.
 MEMBER_APIS: Final = (JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP)
 # Fixture members are never heartbeated: their session and rebalance timeouts outlast the module.
@@ -147,6 +149,7 @@ def _set_up(
         END_TXN,
         TXN_OFFSET_COMMIT,
         DELETE_RECORDS,
+        DESCRIBE_CONFIGS,
     ):
         # The topic must exist: Kafka refuses commits to unknown partitions too.
         _produce_to(sock, topic)
@@ -259,6 +262,13 @@ def _legacy_request(api_key: int, version: int, topic: str) -> Any:
             name=topic, num_partitions=1, replication_factor=1, assignments=[], configs=[]
         )
         return cls(topics=[creatable], timeout_ms=1000, validate_only=False)
+    if api_key == DESCRIBE_CONFIGS:
+        cls = DescribeConfigsRequest[version]
+        return cls(
+            resources=[
+                cls.DescribeConfigsResource(resource_type=2, resource_name=topic, configuration_keys=None)
+            ]
+        )
     if api_key == DESCRIBE_LOG_DIRS:
         cls = DescribeLogDirsRequest[version]
         return cls(topics=[cls.DescribableLogDirTopic(topic=topic, partitions=[0])])
@@ -273,7 +283,7 @@ def _legacy_codes(api_key: int, response: Any) -> list[int]:
         return [p.error_code for t in response.responses for p in t.partitions]
     if api_key in (2, OFFSET_COMMIT, OFFSET_FETCH):
         return [p.error_code for t in response.topics for p in t.partitions]
-    if api_key == DESCRIBE_LOG_DIRS:
+    if api_key in (DESCRIBE_LOG_DIRS, DESCRIBE_CONFIGS):
         return [r.error_code for r in response.results]
     return [t.error_code for t in response.topics]
 
@@ -286,6 +296,7 @@ _LEGACY_RESPONSES: dict[int, Any] = {
     9: OffsetFetchResponse,
     19: CreateTopicsResponse,
     DESCRIBE_LOG_DIRS: DescribeLogDirsResponse,
+    DESCRIBE_CONFIGS: DescribeConfigsResponse,
 }
 
 

@@ -416,6 +416,19 @@ def _describe_cluster(cls: Any, version: int, topic: str, ids: ProtocolIds) -> A
     return build(cls, include_cluster_authorized_operations=True, endpoint_type=1)
 
 
+def _describe_configs(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    resource = nested(cls, "resources")
+    return build(
+        cls,
+        resources=(
+            build(resource, resource_type=2, resource_name=topic, configuration_keys=None),
+            build(resource, resource_type=4, resource_name="0", configuration_keys=("broker.id",)),
+        ),
+        include_synonyms=True,
+        include_documentation=True,
+    )
+
+
 _TIMEOUT = datetime.timedelta(seconds=5)
 _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     0: _produce,
@@ -439,6 +452,7 @@ _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     26: _end_txn,
     28: _txn_offset_commit,
     21: _delete_records,
+    32: _describe_configs,
     35: _describe_log_dirs,
     42: _delete_groups,
     47: _offset_delete,

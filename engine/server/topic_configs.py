@@ -1,0 +1,244 @@
+"""Kafka's topic config names, and the LogConfig fields behind them.
+
+Each Kafka topic config a client may name maps to one LogConfig field (a per-topic
+override, LogManager.set_topic_config) or to a fixed value this server does not let
+change (replication and compaction settings of a single node without a log cleaner).
+Values are Kafka's strings: "-1" for no limit where LogConfig has None.
+
+Sources are Kafka's DescribeConfigs codes: a topic's override is DYNAMIC_TOPIC_CONFIG,
+the root's own value DEFAULT_CONFIG; broker configs are STATIC_BROKER_CONFIG (set on
+the command line) and read-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from oncelog.config import LogConfig
+
+DYNAMIC_TOPIC_CONFIG: Final = 1
+STATIC_BROKER_CONFIG: Final = 4
+DEFAULT_CONFIG: Final = 5
+# DescribeConfigs' config types (KIP-569).
+BOOLEAN, STRING, INT, LONG, LIST = 1, 2, 3, 5, 7
+# Kafka's "never" for the flush settings (Long.MAX_VALUE).
+_NEVER: Final = str(2**63 - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """One Kafka topic config: its LogConfig field (None: fixed here), type, and documentation."""
+
+    name: str
+    field: str | None
+    config_type: int
+    documentation: str
+    # The broker config Kafka names as its synonym (the default under a topic's value).
+    broker_name: str = ""
+    fixed: str | None = None  # the value of a config that is not a LogConfig field
+    unlimited: str = "-1"  # Kafka's value for what LogConfig says with None
+
+    def value(self, config: LogConfig) -> str:
+        if self.field is None:
+            assert self.fixed is not None
+            return self.fixed
+        value = getattr(config, self.field)
+        return self.unlimited if value is None else _to_kafka(value)
+
+
+def _to_kafka(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+TOPIC_CONFIGS: Final[Mapping[str, TopicConfig]] = {
+    config.name: config
+    for config in (
+        TopicConfig(
+            "retention.ms",
+            "retention_ms",
+            LONG,
+            "Sealed segments older than this are deleted (-1: never).",
+            "log.retention.ms",
+        ),
+        TopicConfig(
+            "retention.bytes",
+            "retention_bytes",
+            LONG,
+            "Oldest sealed segments go while the log is past this (-1: no limit).",
+            "log.retention.bytes",
+        ),
+        TopicConfig(
+            "segment.bytes",
+            "segment_bytes",
+            INT,
+            "A segment rolls before it would pass this size.",
+            "log.segment.bytes",
+        ),
+        TopicConfig(
+            "segment.ms",
+            "segment_ms",
+            LONG,
+            "A segment rolls once its first batch is this old.",
+            "log.roll.ms",
+        ),
+        TopicConfig(
+            "segment.index.bytes",
+            "segment_index_bytes",
+            INT,
+            "The largest offset and time index of a segment.",
+            "log.index.size.max.bytes",
+        ),
+        TopicConfig(
+            "index.interval.bytes",
+            "index_interval_bytes",
+            INT,
+            "Bytes between offset index entries.",
+            "log.index.interval.bytes",
+        ),
+        TopicConfig(
+            "max.message.bytes",
+            "max_batch_bytes",
+            INT,
+            "The largest record batch a client may append.",
+            "message.max.bytes",
+        ),
+        TopicConfig(
+            "message.timestamp.type",
+            "timestamp_type",
+            STRING,
+            "CreateTime (the client's) or LogAppendTime (the server's).",
+            "log.message.timestamp.type",
+        ),
+        TopicConfig(
+            "flush.messages",
+            "flush_messages",
+            LONG,
+            "Appends between forced fsyncs.",
+            "log.flush.interval.messages",
+            unlimited=_NEVER,
+        ),
+        TopicConfig(
+            "flush.ms",
+            "flush_ms",
+            LONG,
+            "Time between forced fsyncs.",
+            "log.flush.interval.ms",
+            unlimited=_NEVER,
+        ),
+        TopicConfig(
+            "cleanup.policy",
+            None,
+            LIST,
+            "Whole segments past retention are deleted.",
+            "log.cleanup.policy",
+            fixed="delete",
+        ),
+        TopicConfig(
+            "compression.type",
+            None,
+            STRING,
+            "Batches are stored as the producer compressed them.",
+            "compression.type",
+            fixed="producer",
+        ),
+        TopicConfig(
+            "min.insync.replicas",
+            None,
+            INT,
+            "One node holds every partition.",
+            "min.insync.replicas",
+            fixed="1",
+        ),
+        TopicConfig(
+            "unclean.leader.election.enable",
+            None,
+            BOOLEAN,
+            "One node: no leader election.",
+            "unclean.leader.election.enable",
+            fixed="false",
+        ),
+    )
+}
+
+
+def describe_topic(config: LogConfig, overrides: Mapping[str, Any]) -> list[tuple[TopicConfig, str, int]]:
+    """(config, value, source) of every topic config, for a topic with these LogConfig overrides."""
+    return [
+        (each, each.value(config), DYNAMIC_TOPIC_CONFIG if each.field in overrides else DEFAULT_CONFIG)
+        for each in TOPIC_CONFIGS.values()
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    name: str
+    config_type: int
+    value: Callable[[Any], str]  # from the broker
+    documentation: str
+
+
+BROKER_CONFIGS: Final = (
+    BrokerConfig("broker.id", INT, lambda broker: "0", "The one node's id."),
+    BrokerConfig(
+        "advertised.listeners",
+        STRING,
+        lambda broker: "PLAINTEXT://{}:{}".format(*broker.config.advertised),
+        "Where clients connect (Metadata's node).",
+    ),
+    BrokerConfig("log.dirs", STRING, lambda broker: broker.manager.root, "The LogManager root."),
+    BrokerConfig(
+        "num.partitions",
+        INT,
+        lambda broker: str(broker.config.partitions),
+        "Partitions of an auto-created topic.",
+    ),
+    BrokerConfig(
+        "auto.create.topics.enable",
+        BOOLEAN,
+        lambda broker: _to_kafka(broker.config.auto_create_topics),
+        "Whether a Metadata or Produce naming an unknown topic creates it.",
+    ),
+    BrokerConfig(
+        "max.connections", INT, lambda broker: str(broker.config.max_connections), "Connections in all."
+    ),
+    BrokerConfig(
+        "max.connections.per.ip",
+        INT,
+        lambda broker: str(broker.config.connections_per_ip),
+        "Connections from one client address.",
+    ),
+    BrokerConfig(
+        "group.min.session.timeout.ms",
+        INT,
+        lambda broker: str(broker.config.groups.min_session_timeout_ms),
+        "The shortest session a consumer may ask for.",
+    ),
+    BrokerConfig(
+        "group.initial.rebalance.delay.ms",
+        INT,
+        lambda broker: str(broker.config.groups.initial_rebalance_delay_ms),
+        "How long an empty group's first rebalance waits for more members.",
+    ),
+    BrokerConfig(
+        "offsets.retention.minutes",
+        INT,
+        lambda broker: str(broker.config.groups.offsets_retention_ms // 60_000),
+        "An empty group's offsets are kept this long after its last commit.",
+    ),
+    BrokerConfig(
+        "transaction.max.timeout.ms",
+        INT,
+        lambda broker: str(broker.config.transaction_max_timeout_ms),
+        "The longest transaction timeout a producer may ask for.",
+    ),
+    BrokerConfig(
+        "transactional.id.expiration.ms",
+        INT,
+        lambda broker: str(broker.config.transactional_id_expiration_ms),
+        "An idle transactional id is forgotten after this.",
+    ),
+)
