@@ -132,27 +132,17 @@ class GroupCoordinator:
         if member_id and group.fences(member_id, instance_id):
             return JoinResult(ErrorCode.fenced_instance_id, member_id=member_id)
         if not member_id:
-            member_id = f"{instance_id or client_id or 'member'}-{uuid.uuid4()}"
-            previous = group.static_member(instance_id)
-            if previous is not None:
-                # KIP-345: a static member's new incarnation takes its place; the old one is fenced.
-                rejoined = self._rejoin_static_member(
-                    group,
-                    previous,
-                    member_id,
-                    (client_id, client_host),
-                    session_timeout_ms,
-                    rebalance_timeout_ms,
-                    protocols,
-                )
-                if rejoined is not None:
-                    return rejoined
-                self._remove_member(group, previous, ErrorCode.fenced_instance_id)
-            elif len(group.members) + len(group.pending) >= self.limits.max_size:
-                return JoinResult(ErrorCode.group_max_size_reached, member_id=member_id)
-            if member_id_required and instance_id is None:  # KIP-394: the client rejoins with this id
-                group.pending[member_id] = now + session_timeout_ms / 1000
-                return JoinResult(ErrorCode.member_id_required, member_id=member_id)
+            admitted = self._admit(
+                group,
+                instance_id,
+                (client_id, client_host),
+                (session_timeout_ms, rebalance_timeout_ms),
+                protocols,
+                member_id_required=member_id_required,
+            )
+            if isinstance(admitted, JoinResult):
+                return admitted
+            member_id = admitted
         elif member_id in group.pending:
             del group.pending[member_id]
         elif member_id not in group.members:
@@ -189,6 +179,37 @@ class GroupCoordinator:
             self._prepare_rebalance(group)
         self._try_complete_join(group)
         return await joined
+
+    def _admit(
+        self,
+        group: Group,
+        instance_id: str | None,
+        client: tuple[str, str],
+        timeouts_ms: tuple[int, int],
+        protocols: Sequence[tuple[str, bytes]],
+        *,
+        member_id_required: bool,
+    ) -> str | JoinResult:
+        """A join with no member id: the id made for it, or the answer that ends the join
+        (a static member's rejoin, a full group, KIP-394's MEMBER_ID_REQUIRED)."""
+        client_id, _ = client
+        session_timeout_ms, rebalance_timeout_ms = timeouts_ms
+        member_id = f"{instance_id or client_id or 'member'}-{uuid.uuid4()}"
+        previous = group.static_member(instance_id)
+        if previous is not None:
+            # KIP-345: a static member's new incarnation takes its place; the old one is fenced.
+            rejoined = self._rejoin_static_member(
+                group, previous, member_id, client, session_timeout_ms, rebalance_timeout_ms, protocols
+            )
+            if rejoined is not None:
+                return rejoined
+            self._remove_member(group, previous, ErrorCode.fenced_instance_id)
+        elif len(group.members) + len(group.pending) >= self.limits.max_size:
+            return JoinResult(ErrorCode.group_max_size_reached, member_id=member_id)
+        if member_id_required and instance_id is None:  # KIP-394: the client rejoins with this id
+            group.pending[member_id] = self._clock_s() + session_timeout_ms / 1000
+            return JoinResult(ErrorCode.member_id_required, member_id=member_id)
+        return member_id
 
     def _rejoin_static_member(
         self,
