@@ -379,8 +379,9 @@ static int check_batch(Batch *b, int64_t max_batch_bytes) {
     if (crc32c_of(d + CRC_START, (size_t)(size - CRC_START)) != (uint32_t)be32(d + H_CRC)) return 0;
     int64_t max_ts_delta, sum;
     if (!walk_records(d, size, count, &max_ts_delta)) return 0;
-    if (!(attributes & TIMESTAMP_TYPE_MASK) &&
-        (__builtin_add_overflow(base_ts, max_ts_delta, &sum) || sum != max_ts))
+    /* A header maxTimestamp that is not the records' largest, or a client's LogAppendTime
+     * bit: the Python path stores the batch set right (validation.with_records_max_timestamp). */
+    if ((attributes & TIMESTAMP_TYPE_MASK) || __builtin_add_overflow(base_ts, max_ts_delta, &sum) || sum != max_ts)
         return 0;
     b->pid = pid;
     b->max_ts = max_ts;

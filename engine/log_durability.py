@@ -151,6 +151,8 @@ class LogDurability(LogState):
             if not result.duplicate
         )
         with self._lock:
+            if self._closed:
+                return  # closed since the batch was written (outside this lock): the close flushed it
             self._maybe_flush(records)
 
     def _maybe_flush(self, appended_messages: int) -> None:

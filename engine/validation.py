@@ -94,13 +94,14 @@ def with_records_max_timestamp(batch: RecordBatch, max_ts_delta: int) -> RecordB
     field as it validates (LogValidator), and clients rely on that: librdkafka writes
     maxTimestamp 0 over records that carry none (-1). A header that says otherwise is
     set right in a copy, its CRC computed again (over bytes whose CRC was checked
-    first); the records' bytes are kept. A LogAppendTime batch's field is the append
-    time, set when it is appended.
+    first); the records' bytes are kept. The LogAppendTime bit is the log's to set, as
+    the topic's timestamp type is Kafka's: a client's is cleared, or a batch claiming any
+    maxTimestamp would be stored with it (a far future one would stop time retention and
+    rolls). A LogAppendTime log stamps the bit and the append time when it appends.
     """
-    if batch.attributes & fmt.TIMESTAMP_TYPE_MASK:
-        return batch
     largest_ms = batch.base_timestamp + max_ts_delta
-    if largest_ms == batch.max_timestamp:
+    flagged = batch.attributes & fmt.TIMESTAMP_TYPE_MASK
+    if largest_ms == batch.max_timestamp and not flagged:
         return batch
     if not fmt.INT64_MIN <= largest_ms <= fmt.INT64_MAX:
         raise InvalidRecordError(
@@ -108,6 +109,9 @@ def with_records_max_timestamp(batch: RecordBatch, max_ts_delta: int) -> RecordB
             f"delta {max_ts_delta}) is past a 64-bit timestamp"
         )
     corrected = bytearray(batch.buffer)
+    if flagged:  # the log's timestamp type decides (a LogAppendTime log stamps it again)
+        cleared = batch.attributes & ~fmt.TIMESTAMP_TYPE_MASK
+        corrected[fmt.ATTRIBUTES_OFFSET : fmt.ATTRIBUTES_OFFSET + 2] = cleared.to_bytes(2, "big", signed=True)
     fmt.INT64.pack_into(corrected, fmt.MAX_TIMESTAMP_OFFSET, largest_ms)
     fmt.UINT32.pack_into(
         corrected, fmt.CRC_OFFSET, crc32c.crc32c(memoryview(corrected)[fmt.ATTRIBUTES_OFFSET :])
@@ -165,11 +169,12 @@ def client_batch_header(
             else:
                 # What check_batch_records does for an uncompressed body, one call less.
                 max_ts_delta = check_records(buffer, fmt.HEADER_SIZE, count, last_delta, exact=True)
-            if header[7] + max_ts_delta == header[8] or attributes & fmt.TIMESTAMP_TYPE_MASK:
+            if header[7] + max_ts_delta == header[8] and not attributes & fmt.TIMESTAMP_TYPE_MASK:
                 return header  # (base, max) timestamps agree with the records (with_records_max_timestamp)
     checked = validate_batch(buffer, "client", max_batch_bytes, max_decompressed_bytes)
-    if checked.max_timestamp != _HEADER.unpack_from(buffer)[8]:
-        return None  # its maxTimestamp set right, in a copy
+    sent = _HEADER.unpack_from(buffer)
+    if (checked.max_timestamp, checked.attributes) != (sent[8], sent[5]):
+        return None  # its maxTimestamp (and timestamp type) set right, in a copy
     raise AssertionError(
         f"validate_batch accepted a batch the single-batch check refused: {bytes(buffer[:61])!r}"
     )

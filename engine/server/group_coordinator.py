@@ -203,7 +203,19 @@ class GroupCoordinator:
             )
             if rejoined is not None:
                 return rejoined
-            self._remove_member(group, previous, ErrorCode.fenced_instance_id)
+            if group.state is GroupState.PREPARING_REBALANCE:
+                # Kafka's rule too: the new incarnation takes the old one's place in the
+                # rebalance under way. Removing the old one first would end the join phase
+                # without it (the others have all rejoined) and start another.
+                self._fence(previous)
+                del group.members[previous.member_id]
+                if group.leader == previous.member_id:
+                    group.leader = member_id
+                self._store_group(
+                    group, f"static member {previous.instance_id!r} of {group.group_id!r} rejoining"
+                )
+            else:
+                self._remove_member(group, previous, ErrorCode.fenced_instance_id)
         elif len(group.members) + len(group.pending) >= self.limits.max_size:
             return JoinResult(ErrorCode.group_max_size_reached, member_id=member_id)
         if member_id_required and instance_id is None:  # KIP-394: the client rejoins with this id

@@ -210,6 +210,29 @@ def test_an_idle_log_makes_no_compiled_appender_until_its_next_append(tmp_path: 
     assert log._compiled_appender is None
 
 
+@needs_compiled
+def test_a_close_between_a_compiled_append_and_its_flush_policy_leaves_the_append_acknowledged(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The compiled append writes under the lock and lets it go; the flush policy counts the
+    # batch after. A close in between flushed it: the append is acknowledged (it raised
+    # LogClosedError, found by red-teaming, and a retry would have stored it twice).
+    path = tmp_path / "log"
+    log = Log.open(path, LogConfig(flush_messages=1))
+    log.append(_batch(-1, 0))
+    counted = LogClass._count_for_flush
+
+    def closed_meanwhile(self: LogClass, results: Any, batches: Any) -> None:
+        self.close()
+        counted(self, results, batches)
+
+    monkeypatch.setattr(LogClass, "_count_for_flush", closed_meanwhile)
+    assert log.append(_batch(-1, 0)).first_offset == 1
+    monkeypatch.undo()
+    with Log.open(path, LogConfig(flush_messages=1)) as reopened:
+        assert reopened.log_end_offset == 2 and reopened.recovery_report.clean
+
+
 def _python_calls_during(action: Any) -> list[str]:
     """The Python functions (file:name) entered while `action` runs."""
     calls: list[str] = []

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from oncelog.config import LogConfig
 from oncelog.errors import InvalidRecordError
 from oncelog.log import Log
 from oncelog.segments import RecordBatch
@@ -28,6 +29,7 @@ from oncelog.segments.records import check_records
 T0 = 1_700_000_000_000
 MAX_TIMESTAMP_AT = 35
 GZIP, LZ4 = 1, 3
+LOG_APPEND_TIME_BIT = 0x08
 
 
 def kafka_python_batch(timestamps: list[int], codec: int = 0) -> bytes:
@@ -92,6 +94,33 @@ def test_librdkafkas_batch_of_records_without_timestamps_is_stored_with_max_time
     stored = log.read(first, 1 << 20).batches[0]
     assert (stored.base_timestamp, stored.max_timestamp) == (-1, -1)
     assert [record.timestamp_ms for record in stored.records()] == [-1, -1]
+
+
+@pytest.mark.parametrize("route", ["append", "append_batches"])
+def test_a_clients_log_append_time_bit_is_the_logs_to_set(tmp_path: Path, route: str) -> None:
+    # A batch flagged LogAppendTime with a far-future maxTimestamp, on a CreateTime log:
+    # stored as CreateTime with its records' largest timestamp (as Kafka's topic type
+    # decides), or it would stop time retention and rolls for the partition.
+    flagged = bytearray(with_max_timestamp(kafka_python_batch([T0, T0 + 10]), 2**63 - 1))
+    struct.pack_into(">h", flagged, 21, struct.unpack_from(">h", flagged, 21)[0] | LOG_APPEND_TIME_BIT)
+    struct.pack_into(">I", flagged, 17, crc32c.crc32c(bytes(flagged[21:])))
+    for timestamp_type in ("CreateTime", "LogAppendTime"):
+        log = Log.open(
+            tmp_path / timestamp_type, LogConfig(timestamp_type=timestamp_type), clock=lambda: T0 + 99
+        )
+        appended = (
+            log.append(bytes(flagged)) if route == "append" else log.append_batches([bytes(flagged)])[0]
+        )
+        stored = log.read(appended.first_offset, 1 << 20).batches[0]
+        stored.validate()
+        if timestamp_type == "CreateTime":
+            assert (stored.attributes & LOG_APPEND_TIME_BIT, stored.max_timestamp) == (0, T0 + 10)
+        else:  # stamped by the log with its own clock
+            assert (stored.attributes & LOG_APPEND_TIME_BIT, stored.max_timestamp) == (
+                LOG_APPEND_TIME_BIT,
+                T0 + 99,
+            )
+        log.close()
 
 
 def test_a_largest_timestamp_past_64_bits_is_refused(log: Log) -> None:

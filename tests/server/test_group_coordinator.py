@@ -435,6 +435,42 @@ def test_a_static_member_restarted_in_a_stable_group_gets_its_assignment_back_wi
     run(scenario, tmp_path)
 
 
+def test_a_static_member_restarted_while_a_rebalance_is_prepared_takes_its_place_in_it(
+    tmp_path: Path,
+) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        before = await _stable_static_pair(coordinator)
+        leader_rejoin = asyncio.ensure_future(
+            coordinator.join(
+                "g",
+                before["pod-1"].member_id,
+                "pod-1",
+                "c",
+                SESSION_MS,
+                30_000,
+                "consumer",
+                PROTOCOLS,
+                member_id_required=True,
+            )
+        )
+        await settle()
+        assert coordinator.groups["g"].state is GroupState.PREPARING_REBALANCE
+        restarted = asyncio.ensure_future(
+            coordinator.join(
+                "g", "", "pod-2", "c", SESSION_MS, 30_000, "consumer", PROTOCOLS, member_id_required=True
+            )
+        )
+        # One rebalance holding both (bounded: a regression answered the leader alone and waited).
+        joined = await asyncio.wait_for(asyncio.gather(leader_rejoin, restarted), LIVENESS_S)
+        assert [j.generation for j in joined] == [3, 3]
+        assert {m[0] for m in joined[0].members} == {before["pod-1"].member_id, joined[1].member_id}
+        assert (
+            coordinator.heartbeat("g", 3, before["pod-2"].member_id, "pod-2") == ErrorCode.fenced_instance_id
+        )
+
+    run(scenario, tmp_path)
+
+
 def test_a_static_member_restarted_with_protocols_that_change_the_groups_rebalances(tmp_path: Path) -> None:
     async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
         before = await _stable_static_pair(coordinator)
