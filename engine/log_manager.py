@@ -387,31 +387,35 @@ class LogManager:
 
         Fields in Log.FIELDS_APPLIED_AT_OPEN reach open logs when they are reopened.
         """
-        unknown = sorted(set(overrides) - CONFIG_FIELDS)
-        if unknown:
-            raise ValueError(f"unknown LogConfig field(s): {', '.join(unknown)}")
         with self._lock:
-            self._check_open()
-            merged = {**self.topic_overrides(topic), **overrides}
-            config = dataclasses.replace(self.config, **merged)  # validates the values
-            with committing(self._store, f"storing {topic}'s config"):
-                self._store.put({TOPIC_CONFIG_PREFIX + topic: msgpack.packb(merged)})
-            self._reconfigure_topic(topic, config)
-            return config
+            return self._store_topic_config(topic, {**self.topic_overrides(topic), **overrides})
+
+    def replace_topic_config(self, topic: str, overrides: Mapping[str, Any]) -> LogConfig:
+        """Durably make `overrides` every override `topic` has, in one commit (Kafka's
+        AlterConfigs, and a topic's creation with its configs)."""
+        with self._lock:
+            return self._store_topic_config(topic, dict(overrides))
 
     def reset_topic_config(self, topic: str, *names: str) -> LogConfig:
         """Drop `topic`'s overrides of `names` (all of them if none are named)."""
         with self._lock:
-            self._check_open()
             kept = {k: v for k, v in self.topic_overrides(topic).items() if names and k not in names}
-            with committing(self._store, f"storing {topic}'s config"):
-                if kept:
-                    self._store.put({TOPIC_CONFIG_PREFIX + topic: msgpack.packb(kept)})
-                else:
-                    self._store.delete([TOPIC_CONFIG_PREFIX + topic])
-            config = dataclasses.replace(self.config, **kept)
-            self._reconfigure_topic(topic, config)
-            return config
+            return self._store_topic_config(topic, kept)
+
+    def _store_topic_config(self, topic: str, overrides: dict[str, Any]) -> LogConfig:
+        unknown = sorted(set(overrides) - CONFIG_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown LogConfig field(s): {', '.join(unknown)}")
+        self._check_open()
+        validate_topic_partition(topic, 0)
+        config = dataclasses.replace(self.config, **overrides)  # validates the values
+        with committing(self._store, f"storing {topic}'s config"):
+            if overrides:
+                self._store.put({TOPIC_CONFIG_PREFIX + topic: msgpack.packb(overrides)})
+            else:
+                self._store.delete([TOPIC_CONFIG_PREFIX + topic])
+        self._reconfigure_topic(topic, config)
+        return config
 
     def _reconfigure_topic(self, topic: str, config: LogConfig) -> None:
         for tp, log in self._logs.items():

@@ -16,7 +16,8 @@ The wire:
   `groups` (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch),
   `transactions` (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit),
   `group_admin` (ListGroups, DescribeGroups, DeleteGroups, OffsetDelete),
-  `cluster_admin` (DeleteRecords, DescribeCluster, DescribeLogDirs), `describe_configs`
+  `cluster_admin` (DeleteRecords, DescribeCluster, DescribeLogDirs), `describe_configs`,
+  `alter_configs` (AlterConfigs, IncrementalAlterConfigs)
 - `errors`: the server's exceptions, and oncelog's as Kafka error codes
 
 The state behind the APIs:

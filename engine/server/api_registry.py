@@ -28,6 +28,7 @@ from kio.schema.errors import ErrorCode
 from oncelog.server import fallback
 from oncelog.server.broker import Broker
 from oncelog.server.codec import API_VERSIONS_KEY, NO_THROTTLE, Request, build, nested, response_type
+from oncelog.server.handlers.alter_configs import handle_alter_configs, handle_incremental_alter_configs
 from oncelog.server.handlers.cluster_admin import (
     handle_delete_records,
     handle_describe_cluster,
@@ -153,8 +154,10 @@ APIS: Final[Mapping[int, Api]] = {
         _api(26, "EndTxn", handle_end_txn, 3),
         _api(28, "TxnOffsetCommit", handle_txn_offset_commit, 3),
         _api(32, "DescribeConfigs", handle_describe_configs, 4, 1, unsupported=fallback.DESCRIBE_CONFIGS),
+        _api(33, "AlterConfigs", handle_alter_configs, 2),
         _api(35, "DescribeLogDirs", handle_describe_log_dirs, 4, 1, unsupported=fallback.DESCRIBE_LOG_DIRS),
         _api(42, "DeleteGroups", handle_delete_groups, 2),
+        _api(44, "IncrementalAlterConfigs", handle_incremental_alter_configs, 1),
         _api(47, "OffsetDelete", handle_offset_delete, 0),
         _api(60, "DescribeCluster", handle_describe_cluster, 1),
     )

@@ -32,10 +32,10 @@ import contextlib
 import logging
 import resource
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition, validate_topic_partition
@@ -47,6 +47,7 @@ from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, To
 from oncelog.server.group_coordinator import GroupCoordinator
 from oncelog.server.group_state import GroupLimits
 from oncelog.server.rate_limited_log import RateLimitedLog
+from oncelog.server.topic_configs import checked
 from oncelog.server.txn_coordinator import TransactionCoordinator
 from oncelog.server.unsent import UnsentBytes
 from oncelog.storage.partition_store import STORE_WRITERS
@@ -278,18 +279,29 @@ class Broker:
             raise
         return self._partitions.get(topic)
 
-    async def create_topic(self, topic: str, partitions: int, *, validate_only: bool = False) -> None:
-        """Create `topic` with `partitions` partitions off the event loop; raises what CreateTopics says."""
+    async def create_topic(
+        self,
+        topic: str,
+        partitions: int,
+        *,
+        validate_only: bool = False,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Create `topic` with `partitions` partitions (and LogConfig `overrides`) off the event
+        loop; raises what CreateTopics says (ValueError for an override LogConfig refuses)."""
         pending = self._creating.get(topic)
         if pending is not None:
             await asyncio.shield(pending)
         self._check_new_topic(topic, partitions)
+        checked(self.manager.config, overrides or {})  # InvalidConfigError names a value it cannot take
         if validate_only:
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._creating[topic] = done
         try:
-            self._partitions[topic] = await self.in_thread(lambda: self._create_partitions(topic, partitions))
+            self._partitions[topic] = await self.in_thread(
+                lambda: self._create_partitions(topic, partitions, overrides or {})
+            )
         finally:
             del self._creating[topic]
             done.set_result(None)
@@ -316,8 +328,13 @@ class Broker:
             if existing != topic and existing.replace(".", "_") == collides:
                 raise InvalidTopicError(f"topic {topic!r} collides with existing topic {existing!r}")
 
-    def _create_partitions(self, topic: str, partitions: int) -> int:
+    def _create_partitions(self, topic: str, partitions: int, overrides: Mapping[str, Any]) -> int:
         """Create the partitions; the count created (a failed earlier attempt's, if one was recorded)."""
+        # Its configs before its count (both durable): a topic that exists has the configs it
+        # was created with; an earlier topic's, or a failed creation's, are replaced.
+        name = TOPIC_PARTITIONS_PREFIX + topic
+        if name not in self.manager.root_values(name):  # (a prefix: other topics' names may start so)
+            self.manager.replace_topic_config(topic, overrides)
         # The count first, durably: a crash part way leaves a topic the next start finishes.
         count = int(self.manager.root_value(TOPIC_PARTITIONS_PREFIX + topic, str(partitions).encode()))
         for partition in range(count):

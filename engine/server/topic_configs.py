@@ -12,7 +12,8 @@ the command line) and read-only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -242,3 +243,90 @@ BROKER_CONFIGS: Final = (
         "An idle transactional id is forgotten after this.",
     ),
 )
+
+
+# IncrementalAlterConfigs' operations.
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+_INT_FIELDS_WITH_NONE = {"retention_ms", "retention_bytes", "flush_messages", "flush_ms"}
+_TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+
+
+class InvalidConfigError(ValueError):
+    """A topic config this server cannot take (Kafka's INVALID_CONFIG): its name, value or operation."""
+
+
+def parse_value(name: str, value: str | None) -> tuple[str | None, Any]:
+    """The LogConfig field and value of Kafka's `name` = `value`; (None, None) for a fixed
+    config set to the value it has here. InvalidConfigError otherwise."""
+    config = TOPIC_CONFIGS.get(name)
+    if config is None:
+        raise InvalidConfigError(f"Unknown topic config name: {name}")
+    if value is None:
+        raise InvalidConfigError(f"{name} needs a value")
+    if config.field is None:
+        if value.strip().lower() != (config.fixed or "").lower():
+            raise InvalidConfigError(f"{name} is {config.fixed} on this server and cannot be {value!r}")
+        return None, None
+    if config.config_type == STRING:
+        if value not in _TIMESTAMP_TYPES:
+            raise InvalidConfigError(f"{name} is one of {', '.join(_TIMESTAMP_TYPES)}, not {value!r}")
+        return config.field, value
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise InvalidConfigError(f"{name} is a whole number, not {value!r}") from None
+    if config.field in _INT_FIELDS_WITH_NONE and str(number) == config.unlimited:
+        return config.field, None  # no limit: -1, or Long.MAX_VALUE for the flush settings
+    if number < 0:
+        unlimited = f" (or {config.unlimited}: no limit)" if config.field in _INT_FIELDS_WITH_NONE else ""
+        raise InvalidConfigError(f"{name} must be at least 0{unlimited}, got {number}")
+    return config.field, number
+
+
+def overrides_of(configs: Iterable[tuple[str, str | None]]) -> dict[str, Any]:
+    """LogConfig overrides for Kafka (name, value) pairs (CreateTopics, AlterConfigs)."""
+    overrides: dict[str, Any] = {}
+    for name, value in configs:
+        field, parsed = parse_value(name, value)
+        if field is not None:
+            overrides[field] = parsed
+    return overrides
+
+
+def altered(current: Mapping[str, Any], operations: Iterable[tuple[str, int, str | None]]) -> dict[str, Any]:
+    """`current` overrides after IncrementalAlterConfigs' (name, operation, value) steps."""
+    overrides = dict(current)
+    for name, operation, value in operations:
+        config = TOPIC_CONFIGS.get(name)
+        if config is None:
+            raise InvalidConfigError(f"Unknown topic config name: {name}")
+        if operation == SET:
+            field, parsed = parse_value(name, value)
+            if field is not None:
+                overrides[field] = parsed
+        elif operation == DELETE:
+            if config.field is not None:
+                overrides.pop(config.field, None)
+        elif operation in (APPEND, SUBTRACT):
+            if config.config_type != LIST:
+                raise InvalidConfigError(f"{name} is not a list: it cannot be appended to or subtracted from")
+            if operation == SUBTRACT or (value or "").strip() != config.fixed:
+                raise InvalidConfigError(f"{name} is {config.fixed} on this server (no log compaction yet)")
+        else:
+            raise InvalidConfigError(f"unknown config operation {operation} for {name}")
+    return overrides
+
+
+def checked(base: LogConfig, overrides: Mapping[str, Any]) -> LogConfig:
+    """`base` with `overrides`, each value checked on its own first so that a refusal names
+    the Kafka config (InvalidConfigError), then together."""
+    names = {config.field: config.name for config in TOPIC_CONFIGS.values() if config.field is not None}
+    for field_name, value in overrides.items():
+        try:
+            dataclasses.replace(base, **{field_name: value})
+        except ValueError as exc:
+            raise InvalidConfigError(f"{names.get(field_name, field_name)}={value}: {exc}") from None
+    try:
+        return dataclasses.replace(base, **overrides)
+    except ValueError as exc:
+        raise InvalidConfigError(str(exc)) from None

@@ -68,6 +68,7 @@ PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 0,
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, INIT_PRODUCER_ID = 11, 12, 13, 14, 22
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 DELETE_RECORDS, DESCRIBE_CONFIGS, DESCRIBE_LOG_DIRS, DELETE_GROUPS, OFFSET_DELETE = 21, 32, 35, 42, 47
+ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 33, 44
 # The APIs a member of a group sends; each served version gets a member of its own.
 MEMBER_APIS: Final = (JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP)
 # Fixture members are never heartbeated: their session and rebalance timeouts outlast the module.
@@ -150,6 +151,8 @@ def _set_up(
         TXN_OFFSET_COMMIT,
         DELETE_RECORDS,
         DESCRIBE_CONFIGS,
+        ALTER_CONFIGS,
+        INCREMENTAL_ALTER_CONFIGS,
     ):
         # The topic must exist: Kafka refuses commits to unknown partitions too.
         _produce_to(sock, topic)

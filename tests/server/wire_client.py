@@ -429,6 +429,16 @@ def _describe_configs(cls: Any, version: int, topic: str, ids: ProtocolIds) -> A
     )
 
 
+def _alter_configs(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    resource = nested(cls, "resources")
+    config = build(nested(resource, "configs"), name="retention.ms", value="86400000", config_operation=0)
+    return build(
+        cls,
+        resources=(build(resource, resource_type=2, resource_name=topic, configs=(config,)),),
+        validate_only=False,
+    )
+
+
 _TIMEOUT = datetime.timedelta(seconds=5)
 _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     0: _produce,
@@ -453,8 +463,10 @@ _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     28: _txn_offset_commit,
     21: _delete_records,
     32: _describe_configs,
+    33: _alter_configs,
     35: _describe_log_dirs,
     42: _delete_groups,
+    44: _alter_configs,
     47: _offset_delete,
     60: _describe_cluster,
 }

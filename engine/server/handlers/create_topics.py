@@ -1,4 +1,6 @@
-"""CreateTopics (API 19, v2-5): topics of one replica, without per-topic configs.
+"""CreateTopics (API 19, v2-5): topics of one replica, with their configs under Kafka's
+names (oncelog.server.topic_configs: one it cannot take is INVALID_CONFIG, never ignored),
+stored before the topic's partitions are made. v5 answers with the topic's configs.
 
 An internal topic (`__consumer_offsets`, `__transaction_state`) is refused with
 INVALID_REQUEST, Kafka's answer for its own internal metadata topic
@@ -7,6 +9,7 @@ INVALID_REQUEST, Kafka's answer for its own internal metadata topic
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -16,6 +19,10 @@ from oncelog.layout import InvalidTopicError
 from oncelog.server.broker import Broker
 from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
 from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, TopicExistsError, error_code_for
+from oncelog.server.topic_configs import InvalidConfigError, describe_topic, overrides_of
+
+# v5+ answers with each created topic's configs.
+CONFIGS_ANSWERED_FROM = 5
 
 
 async def handle_create_topics(broker: Broker, request: Request) -> Any:
@@ -45,17 +52,35 @@ async def handle_create_topics(broker: Broker, request: Request) -> Any:
         if wanted.replication_factor not in (-1, 1):
             code = ErrorCode.invalid_replication_factor
             message = f"replication factor {wanted.replication_factor} on a single node; use 1 or -1"
-        elif wanted.configs:
-            code = ErrorCode.invalid_config
-            message = "topic configs are not supported yet; create the topic without them"
         else:
             try:
-                await broker.create_topic(wanted.name, count, validate_only=body.validate_only)
+                overrides = overrides_of((each.name, each.value) for each in wanted.configs)
+                await broker.create_topic(
+                    wanted.name, count, validate_only=body.validate_only, overrides=overrides
+                )
             except InternalTopicError as exc:
                 code, message = ErrorCode.invalid_request, str(exc)
+            except InvalidConfigError as exc:
+                code, message = ErrorCode.invalid_config, str(exc)
             except (TopicExistsError, InvalidPartitionsError, InvalidTopicError, OncelogError) as exc:
                 code, message = error_code_for(exc), str(exc)
         ok = code == ErrorCode.none
+        configs = None
+        if ok and request.api_version >= CONFIGS_ANSWERED_FROM:
+            config_type = nested(topic_type, "configs")
+            configs = tuple(
+                build(
+                    config_type,
+                    name=each.name,
+                    value=value,
+                    read_only=False,
+                    config_source=source,
+                    is_sensitive=False,
+                )
+                for each, value, source in describe_topic(
+                    dataclasses.replace(broker.manager.config, **overrides), overrides
+                )
+            )
         topics.append(
             build(
                 topic_type,
@@ -64,7 +89,7 @@ async def handle_create_topics(broker: Broker, request: Request) -> Any:
                 error_message=message,
                 num_partitions=count if ok else -1,
                 replication_factor=1 if ok else -1,
-                configs=() if ok else None,
+                configs=configs,
             )
         )
     return build(response, throttle_time=NO_THROTTLE, topics=tuple(topics))

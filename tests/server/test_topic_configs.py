@@ -1,0 +1,99 @@
+"""Kafka's topic config names against LogConfig (oncelog.server.topic_configs): what is
+described reads back as the same LogConfig, and what cannot be taken is refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oncelog.config import LogConfig
+from oncelog.server.topic_configs import (
+    APPEND,
+    DELETE,
+    SET,
+    SUBTRACT,
+    TOPIC_CONFIGS,
+    InvalidConfigError,
+    altered,
+    checked,
+    describe_topic,
+    overrides_of,
+)
+
+configs = st.builds(
+    LogConfig,
+    segment_bytes=st.integers(1024, 2**31 - 1),
+    segment_ms=st.integers(1, 2**40),
+    retention_ms=st.none() | st.integers(0, 2**40),
+    retention_bytes=st.none() | st.integers(0, 2**40),
+    flush_messages=st.none() | st.integers(1, 2**40),
+    flush_ms=st.none() | st.integers(0, 2**40),
+    timestamp_type=st.sampled_from(["CreateTime", "LogAppendTime"]),
+    max_batch_bytes=st.integers(69, 2**30),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(configs)
+def test_every_described_config_reads_back_as_the_same_log_config(config: LogConfig) -> None:
+    described = [(each.name, value) for each, value, _ in describe_topic(config, {})]
+    overrides = overrides_of(described)
+    assert checked(LogConfig(), overrides) == dataclasses.replace(LogConfig(), **overrides)
+    for field in overrides:
+        assert overrides[field] == getattr(config, field)
+    assert {each.field for each in TOPIC_CONFIGS.values() if each.field} == set(overrides)
+
+
+def test_no_limit_is_kafkas_minus_one_for_retention_and_long_max_for_the_flush_settings() -> None:
+    assert overrides_of([("retention.ms", "-1"), ("retention.bytes", "-1")]) == {
+        "retention_ms": None,
+        "retention_bytes": None,
+    }
+    assert overrides_of([("flush.ms", str(2**63 - 1)), ("flush.messages", str(2**63 - 1))]) == {
+        "flush_ms": None,
+        "flush_messages": None,
+    }
+    with pytest.raises(InvalidConfigError, match=re.escape("flush.ms must be at least 0")):
+        overrides_of([("flush.ms", "-1")])
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("log.retention.ms", "1", "Unknown topic config name: log.retention.ms"),
+        ("cleanup.policy", "compact", "cleanup.policy is delete"),
+        ("min.insync.replicas", "2", "min.insync.replicas is 1"),
+        ("segment.bytes", "1e9", "segment.bytes is a whole number"),
+        ("message.timestamp.type", "createtime", "one of CreateTime, LogAppendTime"),
+        ("retention.ms", None, "retention.ms needs a value"),
+    ],
+)
+def test_a_value_or_name_this_server_cannot_take_is_refused_by_name(
+    name: str, value: str | None, says: str
+) -> None:
+    with pytest.raises(InvalidConfigError, match=re.escape(says)):
+        overrides_of([(name, value)])
+
+
+def test_a_value_log_config_refuses_is_named_by_its_kafka_config() -> None:
+    says = re.escape("segment.bytes=12: segment_bytes must be >= 1024")
+    with pytest.raises(InvalidConfigError, match=says):
+        checked(LogConfig(), overrides_of([("segment.bytes", "12")]))
+
+
+def test_incremental_steps_set_delete_and_refuse_appending_to_what_is_not_a_list() -> None:
+    current = {"retention_ms": 5, "segment_ms": 9}
+    steps = [("retention.ms", DELETE, None), ("flush.ms", SET, "100"), ("cleanup.policy", APPEND, "delete")]
+    assert altered(current, steps) == {"segment_ms": 9, "flush_ms": 100}
+    assert current == {"retention_ms": 5, "segment_ms": 9}  # not changed in place
+    for refused in (
+        ("retention.ms", APPEND, "1"),
+        ("cleanup.policy", SUBTRACT, "delete"),
+        ("segment.ms", 9, "1"),
+    ):
+        with pytest.raises(InvalidConfigError):
+            altered(current, [refused])
