@@ -274,7 +274,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
     def last_stable_offset(self) -> int:
         """The first offset of the oldest open transaction, or the log end if none is open."""
         with self._lock:
-            return self._transactions.last_stable_offset(self.log_end_offset)
+            return self._transactions.last_stable_offset(self.log_end_offset, self._log_start_offset)
 
     def open_transactions(self) -> dict[int, int]:
         """Each producer with a transaction open here, and that transaction's first offset."""

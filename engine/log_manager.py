@@ -47,7 +47,7 @@ from oncelog.errors import (
 )
 from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_topic_partition
 from oncelog.lock_wait import wait_while_locked
-from oncelog.log import LOCK_FILE, Log
+from oncelog.log import Log
 from oncelog.partition_opening import (
     PartitionLock,
     close_partitions,
@@ -91,6 +91,7 @@ from oncelog.storage.log_dirs import (
     lock_in_table,
     lock_log_dir,
     opening_failed,
+    remove_log_dir,
     unnamed_os_error,
 )
 from oncelog.storage.metadata_values import committing
@@ -361,6 +362,17 @@ class LogManager:
                 return stored
             self._store.put({key: initial})  # a durable commit: the value never changes once read
             return initial
+
+    def set_root_values(self, changes: Mapping[str, bytes | None]) -> None:
+        """Store (a value) or drop (None) root values by name, in one durable commit."""
+        for name in changes:
+            if not name or len(name) > MAX_ROOT_VALUE_NAME:
+                raise ValueError(f"a root value name is 1..{MAX_ROOT_VALUE_NAME} characters, got {name!r}")
+        with self._lock:
+            self._check_open()
+            with committing(self._store, f"storing root values {sorted(changes)}"):
+                self._store.put({ROOT_VALUE_PREFIX + k: v for k, v in changes.items() if v is not None})
+                self._store.delete([ROOT_VALUE_PREFIX + k for k, v in changes.items() if v is None])
 
     def root_values(self, prefix: str) -> dict[str, bytes]:
         """Every value `root_value` stored under a name starting with `prefix`, by name."""
@@ -665,7 +677,7 @@ class LogManager:
                 busy = f"cannot delete {tp}: {path} is open in another Log"
                 lock = self._lock_partition_dir(path, busy)
             try:
-                _remove_tree(self._fs, path)
+                remove_log_dir(self._fs, path)
             finally:
                 if held is None:
                     lock.release()
@@ -674,19 +686,3 @@ class LogManager:
             self._fs.fsync_dir(self.root)
         with committing(self._store, f"clearing the finished delete of {tp}"):
             self._store.delete([DELETE_INTENT_PREFIX + str(tp)])
-
-
-def _remove_tree(fs: FileSystem, path: str) -> None:
-    """Remove `path` and everything in it through the seam (a partition holds one level
-    of files plus its metadata store's directory)."""
-    # The lock file goes last, just before the directory: until then an opener finds it
-    # locked; once it is gone an opener would lock a new one in the doomed directory.
-    for name in sorted(fs.listdir(path), key=lambda name: name == LOCK_FILE):
-        child = os.path.join(path, name)
-        try:
-            fs.unlink(child)
-        except (IsADirectoryError, PermissionError, FileNotFoundError):
-            # A directory (the metadata store's): unlink refuses it (the twin reports it
-            # missing, as it keeps directories apart from files).
-            _remove_tree(fs, child)
-    fs.remove_dir(path)

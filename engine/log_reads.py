@@ -43,7 +43,7 @@ class LogReads(LogState):
         with self._lock:
             self._check_open()
             if isolation == "read_committed":
-                stable = self._transactions.last_stable_offset(self.log_end_offset)
+                stable = self._transactions.last_stable_offset(self.log_end_offset, self._log_start_offset)
                 max_offset = stable if max_offset is None else min(max_offset, stable)
             try:
                 fetched = read_log(

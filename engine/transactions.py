@@ -20,8 +20,12 @@ class OpenTransactions:
     def __init__(self, first_offsets: dict[int, int]):
         self._first_offsets = first_offsets  # producer id -> first offset of its open transaction
 
-    def last_stable_offset(self, log_end_offset: int) -> int:
-        return min(self._first_offsets.values(), default=log_end_offset)
+    def last_stable_offset(self, log_end_offset: int, log_start_offset: int) -> int:
+        """The first offset of the oldest open transaction, never below the log start (records
+        deleted under an open transaction: Kafka's first unstable offset moves up likewise,
+        or read_committed readers would be sent to an offset no longer there)."""
+        first = min(self._first_offsets.values(), default=log_end_offset)
+        return max(first, min(log_start_offset, log_end_offset))
 
     def opened(self, producer_id: int, first_offset: int) -> None:
         self._first_offsets.setdefault(producer_id, first_offset)

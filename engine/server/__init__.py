@@ -17,7 +17,7 @@ The wire:
   `transactions` (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit),
   `group_admin` (ListGroups, DescribeGroups, DeleteGroups, OffsetDelete),
   `cluster_admin` (DeleteRecords, DescribeCluster, DescribeLogDirs), `describe_configs`,
-  `alter_configs` (AlterConfigs, IncrementalAlterConfigs)
+  `alter_configs` (AlterConfigs, IncrementalAlterConfigs), `topic_admin` (DeleteTopics, CreatePartitions)
 - `errors`: the server's exceptions, and oncelog's as Kafka error codes
 
 The state behind the APIs:

@@ -55,6 +55,7 @@ from oncelog.server.handlers.groups import (
 from oncelog.server.handlers.list_offsets import handle_list_offsets
 from oncelog.server.handlers.metadata import handle_metadata
 from oncelog.server.handlers.produce import handle_produce
+from oncelog.server.handlers.topic_admin import handle_create_partitions, handle_delete_topics
 from oncelog.server.handlers.transactions import (
     handle_add_offsets_to_txn,
     handle_add_partitions_to_txn,
@@ -147,6 +148,7 @@ APIS: Final[Mapping[int, Api]] = {
             fallback_request=CreateTopicsRequest,
             unsupported=fallback.CREATE_TOPICS,
         ),
+        _api(20, "DeleteTopics", handle_delete_topics, 6, 1, unsupported=fallback.DELETE_TOPICS),
         _api(21, "DeleteRecords", handle_delete_records, 2),
         _api(22, "InitProducerId", handle_init_producer_id, 4, fallback_request=InitProducerIdRequest),
         _api(24, "AddPartitionsToTxn", handle_add_partitions_to_txn, 3),
@@ -156,6 +158,7 @@ APIS: Final[Mapping[int, Api]] = {
         _api(32, "DescribeConfigs", handle_describe_configs, 4, 1, unsupported=fallback.DESCRIBE_CONFIGS),
         _api(33, "AlterConfigs", handle_alter_configs, 2),
         _api(35, "DescribeLogDirs", handle_describe_log_dirs, 4, 1, unsupported=fallback.DESCRIBE_LOG_DIRS),
+        _api(37, "CreatePartitions", handle_create_partitions, 3),
         _api(42, "DeleteGroups", handle_delete_groups, 2),
         _api(44, "IncrementalAlterConfigs", handle_incremental_alter_configs, 1),
         _api(47, "OffsetDelete", handle_offset_delete, 0),

@@ -58,6 +58,9 @@ NODE_ID: Final = 0
 CLUSTER_ID_NAME: Final = "kafka-cluster-id"
 # Where each topic's partition count is kept in the root (root_value names).
 TOPIC_PARTITIONS_PREFIX: Final = "kafka-topic-partitions/"
+# A topic being deleted, and its partition count: stored before any partition goes, so a
+# crash part way finishes the delete at the next start (never leaves half a topic).
+TOPIC_DELETING_PREFIX: Final = "kafka-topic-deleting/"
 MAX_PARTITIONS_PER_TOPIC: Final = 10_000
 # File descriptors one partition may hold open: its active segment's .log always; its active
 # segment's .txnindex once an aborted transaction's marker is in it. Its directory lock is the
@@ -202,6 +205,7 @@ class Broker:
         self._partitions: dict[str, int] = {}
         self._logs: dict[TopicPartition, Log] = {}
         self._creating: dict[str, asyncio.Future[None]] = {}
+        self._deleting: set[str] = set()
         self._watchers: dict[TopicPartition, set[asyncio.Event]] = {}
         self.stopping = False
         # Response bytes written to connections whose clients have not read them yet.
@@ -231,7 +235,12 @@ class Broker:
         )
 
     def _finish_creations(self) -> None:
-        """Load every topic; give a recorded topic the partitions a crash kept it from creating."""
+        """Load every topic; finish the deletes a crash interrupted, and give a recorded topic
+        the partitions a crash kept it from creating."""
+        for name, value in self.manager.root_values(TOPIC_DELETING_PREFIX).items():
+            topic = name[len(TOPIC_DELETING_PREFIX) :]
+            log.info("finishing the delete of topic %r that a stop interrupted", topic)
+            self._delete_partitions(topic, int(value))
         on_disk: dict[str, int] = {}
         for tp in self.manager.logs():
             on_disk[tp.topic] = max(on_disk.get(tp.topic, 0), tp.partition + 1)
@@ -306,8 +315,74 @@ class Broker:
             del self._creating[topic]
             done.set_result(None)
 
+    async def delete_topic(self, topic: str) -> None:
+        """Delete `topic` and its partitions, crash-safe (TOPIC_DELETING_PREFIX); it is not served
+        from the start. UnknownTopicOrPartitionError if absent, InternalTopicError for Kafka's."""
+        self.check_client_topic(topic)
+        pending = self._creating.get(topic)
+        if pending is not None:
+            await asyncio.shield(pending)
+        count = self._partitions.pop(topic, None)
+        if count is None:
+            raise UnknownTopicOrPartitionError(f"no topic {topic!r}")
+        self._deleting.add(topic)
+        try:
+            await self.in_thread(lambda: self._delete_partitions(topic, count))
+        finally:
+            self._deleting.discard(topic)
+
+    def _delete_partitions(self, topic: str, count: int) -> None:
+        """Delete a topic's partitions, configs and records (in a worker thread, or at start)."""
+        deleting = TOPIC_DELETING_PREFIX + topic
+        self.manager.set_root_values({deleting: str(count).encode()})
+        for partition in range(count):
+            self._logs.pop(TopicPartition(topic, partition), None)
+            with contextlib.suppress(UnknownTopicOrPartitionError):  # (gone before a crash)
+                self.manager.delete_log(topic, partition)
+        self.manager.reset_topic_config(topic)
+        # Last, in one commit: the topic's count, and the mark that it was being deleted.
+        self.manager.set_root_values({TOPIC_PARTITIONS_PREFIX + topic: None, deleting: None})
+
+    async def add_partitions(self, topic: str, count: int, *, validate_only: bool = False) -> None:
+        """Grow `topic` to `count` partitions (CreatePartitions). InvalidPartitionsError unless it
+        grows within the budget; UnknownTopicOrPartitionError if absent."""
+        self.check_client_topic(topic)
+        pending = self._creating.get(topic)
+        if pending is not None:
+            await asyncio.shield(pending)
+        current = self._partitions.get(topic)
+        if current is None:
+            raise UnknownTopicOrPartitionError(f"no topic {topic!r}")
+        if not current < count <= MAX_PARTITIONS_PER_TOPIC:
+            raise InvalidPartitionsError(
+                f"topic {topic!r} has {current} partitions; it can grow to more, not {count}"
+            )
+        if self.total_partitions() + count - current > self.max_partitions:
+            raise InvalidPartitionsError(
+                f"{count - current} more partitions would pass this server's {self.max_partitions} "
+                f"(its open-files limit); {self.total_partitions()} exist"
+            )
+        if validate_only:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._creating[topic] = done
+        try:
+            self._partitions[topic] = await self.in_thread(lambda: self._grow(topic, count))
+        finally:
+            del self._creating[topic]
+            done.set_result(None)
+
+    def _grow(self, topic: str, count: int) -> int:
+        # The count first, durably: a crash part way leaves partitions the next start makes.
+        self.manager.set_root_values({TOPIC_PARTITIONS_PREFIX + topic: str(count).encode()})
+        for partition in range(count):
+            self.manager.log(topic, partition, create=True)
+        return count
+
     def _check_new_topic(self, topic: str, partitions: int) -> None:
         validate_topic_partition(topic, 0)
+        if topic in self._deleting:
+            raise TopicExistsError(f"topic {topic!r} is being deleted")
         if topic in self._partitions:
             raise TopicExistsError(
                 f"topic {topic!r} already exists with {self._partitions[topic]} partitions"

@@ -28,6 +28,8 @@ from typing import Any, Final
 from kafka.protocol.admin import (
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
     DescribeConfigsRequest,
     DescribeConfigsResponse,
     DescribeLogDirsRequest,
@@ -201,6 +203,13 @@ def _describe_log_dirs(response: Any, request: Any) -> Any:
     return response(results=[result(error_code=UNSUPPORTED_VERSION, log_dir="", topics=[])])
 
 
+def _delete_topics(response: Any, request: Any) -> Any:
+    result = response.DeletableTopicResult
+    return response(
+        responses=[result(name=name, error_code=UNSUPPORTED_VERSION) for name in request.topic_names]
+    )
+
+
 def _describe_configs(response: Any, request: Any) -> Any:
     result = response.DescribeConfigsResult
     return response(
@@ -235,3 +244,4 @@ OFFSET_FETCH = UnsupportedAnswer(OffsetFetchRequest, OffsetFetchResponse, _offse
 CREATE_TOPICS = UnsupportedAnswer(CreateTopicsRequest, CreateTopicsResponse, _create_topics)
 DESCRIBE_LOG_DIRS = UnsupportedAnswer(DescribeLogDirsRequest, DescribeLogDirsResponse, _describe_log_dirs)
 DESCRIBE_CONFIGS = UnsupportedAnswer(DescribeConfigsRequest, DescribeConfigsResponse, _describe_configs)
+DELETE_TOPICS = UnsupportedAnswer(DeleteTopicsRequest, DeleteTopicsResponse, _delete_topics)

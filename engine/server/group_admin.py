@@ -6,7 +6,8 @@ delete (DeleteGroups) and delete some offsets (OffsetDelete, KIP-496).
   and no error, as DescribeGroups v0-5 answer; deleting or deleting offsets of one is
   GROUP_ID_NOT_FOUND.
 - A group with members (any state but Empty) is not deleted: NON_EMPTY_GROUP.
-- Offsets are deleted from an Empty group at will; from a consumer group with members
+- Offsets are deleted from an Empty group at will (a group left with none is gone, as
+  Kafka drops it); from a consumer group with members
   only for topics no member subscribes to (GROUP_SUBSCRIBED_TO_TOPIC for the others),
   the subscriptions read from the members' protocol metadata (Kafka's
   ConsumerProtocolSubscription). A group whose metadata does not read as that counts as
@@ -15,7 +16,8 @@ delete (DeleteGroups) and delete some offsets (OffsetDelete, KIP-496).
 
 Every change is stored before it is answered (GroupCoordinator.remove_groups /
 remove_offsets); a store failure leaves the group as it was, answered
-COORDINATOR_NOT_AVAILABLE (retriable).
+COORDINATOR_NOT_AVAILABLE (retriable). The uncommitted offsets open transactions hold for
+what is deleted are dropped first (Kafka drops them too), or a commit would bring them back.
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ def delete_groups(coordinator: GroupCoordinator, group_ids: Sequence[str]) -> di
             answers[group_id] = ErrorCode.none
     if deletable:
         try:
+            for group_id in deletable:
+                coordinator.drop_pending_offsets(group_id, None)
             coordinator.remove_groups(list(deletable.values()), f"deleting groups {sorted(deletable)}")
         except OncelogError:
             for group_id in deletable:
@@ -139,7 +143,11 @@ def delete_offsets(
     removable = [key for key, code in answers.items() if code == ErrorCode.none]
     if removable:
         try:
+            coordinator.drop_pending_offsets(group_id, set(removable))
             coordinator.remove_offsets(group_id, removable)
+            if group.state is GroupState.EMPTY and not group.members and not group.offsets:
+                # Kafka's rule: an Empty group left with no offsets is gone.
+                coordinator.remove_groups([group], f"deleting group {group_id!r}, left with no offsets")
         except OncelogError:
             return ErrorCode.coordinator_not_available, {}
     return ErrorCode.none, answers

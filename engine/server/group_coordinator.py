@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -96,6 +96,10 @@ class GroupCoordinator:
         self._active = {group_id for group_id, group in self.groups.items() if group.members}
         # Whether a transaction holds uncommitted offsets for (group, topic, partition).
         self.pending_transactional: Callable[[str, str, int], bool] = lambda group, topic, partition: False
+        # Drops the uncommitted offsets transactions hold for a group's partitions (all: None).
+        self.drop_pending_offsets: Callable[[str, Collection[tuple[str, int]] | None], None] = (
+            lambda group, partitions: None
+        )
         self._stopped = False
 
     def stop(self) -> None:

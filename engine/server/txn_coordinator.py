@@ -48,7 +48,7 @@ import collections
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -129,6 +129,7 @@ class TransactionCoordinator:
             self._by_producer[txn.producer_id] = txn
             self._stored[txn.transactional_id] = record
         groups.pending_transactional = self._holds_offsets
+        groups.drop_pending_offsets = self.drop_offsets
 
     def unfinished(self) -> list[Transaction]:
         """Transactions whose end was decided but not completed (a crash in between)."""
@@ -518,6 +519,25 @@ class TransactionCoordinator:
             log.warning("transaction %r: %s", txn.transactional_id, exc)
         except Exception:  # never let one transaction's failure stop the others' timeouts
             log.exception("transaction %r: settling failed; trying again", txn.transactional_id)
+
+    def drop_offsets(self, group_id: str, partitions: Collection[tuple[str, int]] | None) -> None:
+        """Forget the uncommitted offsets transactions hold for `group_id` (of `partitions`, or
+        all), stored before it returns (TxnError if a write fails): as Kafka drops a deleted
+        group's or offset's pending transactional offsets, so that a commit after the delete
+        does not bring them back. A transaction completing reads them only once its markers
+        are written, so one under way commits what is left."""
+        for txn in list(self._unsettled.values()):
+            dropped = {
+                key
+                for key in txn.offsets
+                if key[0] == group_id and (partitions is None or (key[1], key[2]) in partitions)
+            }
+            if dropped:
+                txn.offsets = {key: value for key, value in txn.offsets.items() if key not in dropped}
+                self._store(
+                    txn, f"offsets of transaction {txn.transactional_id!r} without group {group_id!r}'s"
+                )
+                self._index(txn)
 
     def _holds_offsets(self, group_id: str, topic: str, partition: int) -> bool:
         return bool(self._holders[(group_id, topic, partition)] > 0)

@@ -202,3 +202,19 @@ def opening_failed(exc: OSError, path: str) -> OncelogError:
         return LogDirectoryError(reason, path=where)
     # An I/O error: nothing is served, and reopening retries.
     return LogFailedError(f"opening {path} failed: {exc}")
+
+
+def remove_log_dir(fs: FileSystem, path: str) -> None:
+    """Remove a partition directory and everything in it through the seam (one level of
+    files plus its metadata store's directory)."""
+    # The lock file goes last, just before the directory: until then an opener finds it
+    # locked; once it is gone an opener would lock a new one in the doomed directory.
+    for name in sorted(fs.listdir(path), key=lambda name: name == LEGACY_LOCK_FILE):
+        child = os.path.join(path, name)
+        try:
+            fs.unlink(child)
+        except (IsADirectoryError, PermissionError, FileNotFoundError):
+            # A directory (the metadata store's): unlink refuses it (the twin reports it
+            # missing, as it keeps directories apart from files).
+            remove_log_dir(fs, child)
+    fs.remove_dir(path)

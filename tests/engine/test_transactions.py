@@ -757,6 +757,24 @@ class TestLastStableOffset:
         p2.abort()
         assert log.last_stable_offset == log.log_end_offset == 9
 
+    def test_records_deleted_under_an_open_transaction_move_the_last_stable_offset_to_the_start(
+        self, log: Log, log_dir: Path
+    ) -> None:
+        """Kafka's first unstable offset never stays below the log start (UnifiedLog): a
+        read_committed reader sent there would find nothing (found by red-teaming)."""
+        plain(log, 1)
+        producer = Producer(log, PID)
+        assert producer.send(1).first_offset == 1
+        plain(log, 5)
+        assert log.delete_records(4) == 4
+        assert log.last_stable_offset == 4
+        assert log.read(4, 1 << 20, isolation="read_committed").batches == []  # stops at the open one
+        log.close()
+        with open_log(log_dir) as reopened:
+            assert reopened.last_stable_offset == 4
+            Producer(reopened, PID, seq=1).commit()
+            assert reopened.last_stable_offset == reopened.log_end_offset
+
     def test_skip_empty_transactions(self, log: Log, log_dir: Path) -> None:
         """ProducerStateManagerTest.testSkipEmptyTransactions, at Kafka's offsets 16..31.
 

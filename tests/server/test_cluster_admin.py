@@ -24,10 +24,13 @@ from kafka import TopicPartition as KafkaTopicPartition
 from kafka.admin import KafkaAdminClient
 from kafka.errors import UnknownTopicOrPartitionError
 from serve_process import ServeProcess
+from wire_client import WireSocket, request_body
 
 TIMEOUT_S: Final = 30.0
 TOPIC: Final = "trimmed"
 RECORDS: Final = 20
+DESCRIBE_CLUSTER: Final = 60
+MISMATCHED_ENDPOINT_TYPE, UNSUPPORTED_ENDPOINT_TYPE = 114, 115
 
 
 def _produce(bootstrap: str, topic: str, partitions: int, count: int) -> None:
@@ -148,3 +151,21 @@ def test_the_cluster_is_one_node_that_is_also_its_controller_and_its_log_dir_hol
 
         described_by_aio = asyncio.run(aio_cluster())
         assert described_by_aio["cluster_id"] == cluster.cluster_id and described_by_aio["controller_id"] == 0
+
+
+def test_describe_cluster_answers_broker_endpoints_only(tmp_path: Path) -> None:
+    # KIP-919: a broker asked for controller endpoints says so; an unknown type is unsupported.
+    with ServeProcess(tmp_path / "root") as running, WireSocket(running.bootstrap) as sock:
+        answers = {
+            endpoint_type: sock.request(
+                DESCRIBE_CLUSTER,
+                1,
+                type(request_body(DESCRIBE_CLUSTER, 1, ""))(
+                    include_cluster_authorized_operations=False, endpoint_type=endpoint_type
+                ),
+            )
+            for endpoint_type in (1, 2, 0)
+        }
+    assert (answers[1].error_code, len(answers[1].brokers)) == (0, 1)
+    assert (answers[2].error_code, answers[2].brokers) == (MISMATCHED_ENDPOINT_TYPE, ())
+    assert (answers[0].error_code, answers[0].brokers) == (UNSUPPORTED_ENDPOINT_TYPE, ())

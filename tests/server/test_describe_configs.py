@@ -107,10 +107,18 @@ def test_the_brokers_configs_are_read_only_and_other_resources_are_refused_by_na
     )
     with WireSocket(server.bootstrap) as sock:
         answered = sock.request(DESCRIBE_CONFIGS, 4, body)
+        # An empty list of keys asks for every config, as null does (Kafka's reading).
+        everything = type(body)(
+            resources=(resource(resource_type=2, resource_name=TOPIC, configuration_keys=()),),
+            include_synonyms=False,
+            include_documentation=False,
+        )
+        (all_configs,) = sock.request(DESCRIBE_CONFIGS, 4, everything).results
     assert [(r.error_code, bool(r.error_message), r.configs) for r in answered.results] == [
         (INVALID_REQUEST, True, ()),
         (INVALID_REQUEST, True, ()),
     ]
+    assert all_configs.error_code == 0 and "retention.ms" in {c.name for c in all_configs.configs}
 
 
 def test_kafka_python_and_aiokafka_read_the_same_configs(server: ServeProcess) -> None:

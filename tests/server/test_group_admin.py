@@ -239,6 +239,39 @@ def test_offsets_of_topics_a_member_consumes_are_kept_and_the_others_deleted(ser
         consumer.close()
 
 
+def test_offsets_a_transaction_holds_for_a_deleted_group_do_not_bring_it_back(server: ServeProcess) -> None:
+    # Kafka drops a deleted group's (or offset's) pending transactional offsets; committing
+    # the transaction after the delete recreated the group here (found by red-teaming).
+    topic = unique("txn-deleted")
+    create_topics(server.bootstrap, topic)
+    for deletion in ("group", "offsets"):
+        group = unique(f"txn-deleted-{deletion}")
+        commit_without_members(server.bootstrap, group, topic, {0: 2})
+        producer = Producer({"bootstrap.servers": server.bootstrap, "transactional.id": group})
+        producer.init_transactions(TIMEOUT_S)
+        producer.begin_transaction()
+        producer.produce(topic, value=b"x", partition=1)
+        metadata = Consumer({"bootstrap.servers": server.bootstrap, "group.id": group})
+        producer.send_offsets_to_transaction(
+            [TopicPartition(topic, 0, 7)], metadata.consumer_group_metadata(), TIMEOUT_S
+        )
+        metadata.close()
+        kafka_admin = KafkaAdminClient(bootstrap_servers=server.bootstrap)
+        try:
+            if deletion == "group":
+                assert kafka_admin.delete_groups([group]) == {group: "OK"}
+            else:
+                answer = kafka_admin.delete_group_offsets(group, [KafkaTopicPartition(topic, 0)])
+                assert answer == {KafkaTopicPartition(topic, 0): NoError}
+            producer.commit_transaction(TIMEOUT_S)
+            assert group not in {
+                g["group_id"] for g in kafka_admin.list_groups()
+            }  # (its last offset went too)
+            assert kafka_admin.list_group_offsets({group: None})[group] == {}
+        finally:
+            kafka_admin.close()
+
+
 def test_an_admins_reset_of_an_empty_groups_offsets_is_where_a_new_consumer_starts(
     server: ServeProcess,
 ) -> None:

@@ -22,6 +22,8 @@ import pytest
 from kafka.protocol.admin import (
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
     DescribeConfigsRequest,
     DescribeConfigsResponse,
     DescribeLogDirsRequest,
@@ -68,7 +70,7 @@ PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 0,
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, INIT_PRODUCER_ID = 11, 12, 13, 14, 22
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 DELETE_RECORDS, DESCRIBE_CONFIGS, DESCRIBE_LOG_DIRS, DELETE_GROUPS, OFFSET_DELETE = 21, 32, 35, 42, 47
-ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 33, 44
+ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS, DELETE_TOPICS, CREATE_PARTITIONS = 33, 44, 20, 37
 # The APIs a member of a group sends; each served version gets a member of its own.
 MEMBER_APIS: Final = (JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP)
 # Fixture members are never heartbeated: their session and rebalance timeouts outlast the module.
@@ -153,6 +155,8 @@ def _set_up(
         DESCRIBE_CONFIGS,
         ALTER_CONFIGS,
         INCREMENTAL_ALTER_CONFIGS,
+        DELETE_TOPICS,
+        CREATE_PARTITIONS,
     ):
         # The topic must exist: Kafka refuses commits to unknown partitions too.
         _produce_to(sock, topic)
@@ -265,6 +269,8 @@ def _legacy_request(api_key: int, version: int, topic: str) -> Any:
             name=topic, num_partitions=1, replication_factor=1, assignments=[], configs=[]
         )
         return cls(topics=[creatable], timeout_ms=1000, validate_only=False)
+    if api_key == DELETE_TOPICS:
+        return DeleteTopicsRequest[version](topic_names=[topic], timeout_ms=1000)
     if api_key == DESCRIBE_CONFIGS:
         cls = DescribeConfigsRequest[version]
         return cls(
@@ -288,6 +294,8 @@ def _legacy_codes(api_key: int, response: Any) -> list[int]:
         return [p.error_code for t in response.topics for p in t.partitions]
     if api_key in (DESCRIBE_LOG_DIRS, DESCRIBE_CONFIGS):
         return [r.error_code for r in response.results]
+    if api_key == DELETE_TOPICS:
+        return [r.error_code for r in response.responses]
     return [t.error_code for t in response.topics]
 
 
@@ -300,6 +308,7 @@ _LEGACY_RESPONSES: dict[int, Any] = {
     19: CreateTopicsResponse,
     DESCRIBE_LOG_DIRS: DescribeLogDirsResponse,
     DESCRIBE_CONFIGS: DescribeConfigsResponse,
+    DELETE_TOPICS: DeleteTopicsResponse,
 }
 
 

@@ -439,6 +439,16 @@ def _alter_configs(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
     )
 
 
+def _delete_topics(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    by_name = build(nested(cls, "topics"), name=topic, topic_id=None) if version >= 6 else None
+    return build(cls, topic_names=(topic,), topics=(by_name,), timeout=_TIMEOUT)
+
+
+def _create_partitions(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    grown = build(nested(cls, "topics"), name=topic, count=2, assignments=None)
+    return build(cls, topics=(grown,), timeout=_TIMEOUT, validate_only=False)
+
+
 _TIMEOUT = datetime.timedelta(seconds=5)
 _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     0: _produce,
@@ -461,10 +471,12 @@ _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     25: _add_offsets_to_txn,
     26: _end_txn,
     28: _txn_offset_commit,
+    20: _delete_topics,
     21: _delete_records,
     32: _describe_configs,
     33: _alter_configs,
     35: _describe_log_dirs,
+    37: _create_partitions,
     42: _delete_groups,
     44: _alter_configs,
     47: _offset_delete,

@@ -29,6 +29,8 @@ HIGH_WATERMARK: Final = -1
 # defines (2..12 but 11's IDEMPOTENT_WRITE counted too), all allowed while there are no ACLs.
 CLUSTER_OPERATIONS: Final = sum(1 << op for op in range(2, 13))
 OPERATIONS_OMITTED: Final = -(2**31)
+# DescribeCluster's endpoint types (KIP-919).
+BROKER_ENDPOINTS, CONTROLLER_ENDPOINTS = 1, 2
 
 
 async def handle_delete_records(broker: Broker, request: Request) -> Any:
@@ -68,12 +70,30 @@ async def handle_describe_cluster(broker: Broker, request: Request) -> Any:
     host, port = broker.config.advertised
     broker_type = nested(response, "brokers")
     asked = getattr(body, "include_cluster_authorized_operations", False)
+    endpoint_type = getattr(body, "endpoint_type", BROKER_ENDPOINTS)
+    if endpoint_type != BROKER_ENDPOINTS:  # KIP-919: a broker describes brokers only
+        code = (
+            ErrorCode.mismatched_endpoint_type
+            if endpoint_type == CONTROLLER_ENDPOINTS
+            else ErrorCode.unsupported_endpoint_type
+        )
+        return build(
+            response,
+            throttle_time=NO_THROTTLE,
+            error_code=code,
+            error_message=f"this node answers endpoint type {BROKER_ENDPOINTS} (brokers) only",
+            endpoint_type=endpoint_type,
+            cluster_id=broker.cluster_id,
+            controller_id=-1,
+            brokers=(),
+            cluster_authorized_operations=OPERATIONS_OMITTED,
+        )
     return build(
         response,
         throttle_time=NO_THROTTLE,
         error_code=ErrorCode.none,
         error_message=None,
-        endpoint_type=getattr(body, "endpoint_type", 1),
+        endpoint_type=endpoint_type,
         cluster_id=broker.cluster_id,
         controller_id=NODE_ID,
         brokers=(build(broker_type, broker_id=NODE_ID, host=host, port=port, rack=None, is_fenced=False),),

@@ -59,7 +59,7 @@ async def handle_describe_configs(broker: Broker, request: Request) -> Any:
                 documentation=doc if documentation_wanted else None,
             )
             for name, value, read_only, source, kind, doc in entries
-            if keys is None or name in keys
+            if not keys or name in keys  # (null or empty: every config, as Kafka reads it)
         )
         results.append(
             build(

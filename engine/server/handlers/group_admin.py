@@ -83,6 +83,9 @@ async def handle_describe_groups(broker: Broker, request: Request) -> Any:
 
 async def handle_delete_groups(broker: Broker, request: Request) -> Any:
     response = response_type(request.api_key, request.api_version)
+    for group_id in request.body.groups_names:
+        # After the offsets of a transaction whose commit was answered, as OffsetCommit waits.
+        await broker.transactions.offsets_settled(group_id)
     answers = group_admin.delete_groups(broker.groups, list(request.body.groups_names))
     result_type = nested(response, "results")
     results = tuple(

@@ -1,0 +1,114 @@
+"""DeleteTopics (API 20, v1-6) and CreatePartitions (37, v0-3): a topic's lifecycle after its
+creation (CreateTopics is create_topics).
+
+- DeleteTopics: the topic stops being served at once, then its partitions, configs and
+  records go (Broker.delete_topic: crash-safe, a delete a stop interrupted finishes at the
+  next start), and the groups' committed offsets of it are forgotten, as Kafka cleans
+  them. By name only (v6 by topic id is UNKNOWN_TOPIC_ID: no topic ids are served);
+  Kafka's internal topics are INVALID_REQUEST; a topic named twice INVALID_REQUEST.
+  Open transactions on it end without markers there (the partitions are gone).
+- CreatePartitions grows a topic; its count is stored before the partitions are made.
+  Fewer or as many partitions, or more than the server's budget, is INVALID_PARTITIONS;
+  a replica assignment other than this one node INVALID_REPLICA_ASSIGNMENT.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.errors import OncelogError
+from oncelog.layout import InvalidTopicError
+from oncelog.log_manager import UnknownTopicOrPartitionError
+from oncelog.server.broker import NODE_ID, Broker
+from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
+from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, error_code_for
+
+log = logging.getLogger("oncelog.server")
+NO_TOPIC_ID: Final = uuid.UUID(int=0)
+
+
+async def handle_delete_topics(broker: Broker, request: Request) -> Any:
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
+    answer_type = nested(response, "responses")
+    if hasattr(body, "topics"):  # v6: by name or by topic id
+        wanted = [(each.name, each.topic_id) for each in body.topics]
+    else:
+        wanted = [(name, None) for name in body.topic_names]
+    names = [name for name, _ in wanted]
+    answers = []
+    for name, topic_id in wanted:
+        code, message = await _delete(broker, name, topic_id, names.count(name))
+        answers.append(
+            build(
+                answer_type,
+                name=name,
+                topic_id=topic_id or NO_TOPIC_ID,
+                error_code=code,
+                error_message=message,
+            )
+        )
+    return build(response, throttle_time=NO_THROTTLE, responses=tuple(answers))
+
+
+async def _delete(
+    broker: Broker, name: str | None, topic_id: uuid.UUID | None, times_named: int
+) -> tuple[ErrorCode, str | None]:
+    if name is None:
+        return ErrorCode.unknown_topic_id, f"topic ids are not served here ({topic_id}): name the topic"
+    if times_named > 1:
+        return ErrorCode.invalid_request, f"the request names topic {name!r} more than once"
+    try:
+        await broker.delete_topic(name)
+    except InternalTopicError as exc:
+        return ErrorCode.invalid_request, str(exc)
+    except (UnknownTopicOrPartitionError, InvalidTopicError, OncelogError) as exc:
+        return error_code_for(exc), str(exc)
+    _forget_offsets(broker, name)
+    return ErrorCode.none, None
+
+
+def _forget_offsets(broker: Broker, topic: str) -> None:
+    """The groups' committed offsets of a deleted topic, forgotten (a failure is logged: they
+    name partitions no longer served, and a topic made again under the name starts anew
+    only once they are gone)."""
+    groups = broker.groups
+    for group_id, group in list(groups.groups.items()):
+        stale = [key for key in group.offsets if key[0] == topic]
+        if stale:
+            try:
+                groups.remove_offsets(group_id, stale)
+            except OncelogError as exc:
+                log.warning("forgetting group %r's offsets of deleted topic %r: %s", group_id, topic, exc)
+
+
+async def handle_create_partitions(broker: Broker, request: Request) -> Any:
+    body = request.body
+    response = response_type(request.api_key, request.api_version)
+    result_type = nested(response, "results")
+    names = [each.name for each in body.topics]
+    results = []
+    for each in body.topics:
+        code, message = ErrorCode.none, None
+        if names.count(each.name) > 1:
+            code, message = ErrorCode.invalid_request, f"the request names topic {each.name!r} more than once"
+        elif each.assignments is not None and any(list(a.broker_ids) != [NODE_ID] for a in each.assignments):
+            code, message = ErrorCode.invalid_replica_assignment, f"every replica is on node {NODE_ID}"
+        else:
+            try:
+                await broker.add_partitions(each.name, each.count, validate_only=body.validate_only)
+            except InternalTopicError as exc:
+                code, message = ErrorCode.invalid_request, str(exc)
+            except (
+                InvalidPartitionsError,
+                UnknownTopicOrPartitionError,
+                InvalidTopicError,
+                OncelogError,
+            ) as exc:
+                code, message = error_code_for(exc), str(exc)
+        results.append(build(result_type, name=each.name, error_code=code, error_message=message))
+    return build(response, throttle_time=NO_THROTTLE, results=tuple(results))
