@@ -17,7 +17,8 @@ The wire:
   `transactions` (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit),
   `group_admin` (ListGroups, DescribeGroups, DeleteGroups, OffsetDelete),
   `cluster_admin` (DeleteRecords, DescribeCluster, DescribeLogDirs), `describe_configs`,
-  `alter_configs` (AlterConfigs, IncrementalAlterConfigs), `topic_admin` (DeleteTopics, CreatePartitions)
+  `alter_configs` (AlterConfigs, IncrementalAlterConfigs), `topic_admin` (DeleteTopics, CreatePartitions),
+  `producer_admin` (DescribeProducers, ListTransactions, DescribeTransactions)
 - `errors`: the server's exceptions, and oncelog's as Kafka error codes
 
 The state behind the APIs:

@@ -55,6 +55,11 @@ from oncelog.server.handlers.groups import (
 from oncelog.server.handlers.list_offsets import handle_list_offsets
 from oncelog.server.handlers.metadata import handle_metadata
 from oncelog.server.handlers.produce import handle_produce
+from oncelog.server.handlers.producer_admin import (
+    handle_describe_producers,
+    handle_describe_transactions,
+    handle_list_transactions,
+)
 from oncelog.server.handlers.topic_admin import handle_create_partitions, handle_delete_topics
 from oncelog.server.handlers.transactions import (
     handle_add_offsets_to_txn,
@@ -163,5 +168,8 @@ APIS: Final[Mapping[int, Api]] = {
         _api(44, "IncrementalAlterConfigs", handle_incremental_alter_configs, 1),
         _api(47, "OffsetDelete", handle_offset_delete, 0),
         _api(60, "DescribeCluster", handle_describe_cluster, 1),
+        _api(61, "DescribeProducers", handle_describe_producers, 0),
+        _api(65, "DescribeTransactions", handle_describe_transactions, 0),
+        _api(66, "ListTransactions", handle_list_transactions, 1),
     )
 }

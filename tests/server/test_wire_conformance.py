@@ -71,6 +71,7 @@ JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, INIT_PRODUCER_ID = 11, 12, 13, 1
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 DELETE_RECORDS, DESCRIBE_CONFIGS, DESCRIBE_LOG_DIRS, DELETE_GROUPS, OFFSET_DELETE = 21, 32, 35, 42, 47
 ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS, DELETE_TOPICS, CREATE_PARTITIONS = 33, 44, 20, 37
+DESCRIBE_PRODUCERS, DESCRIBE_TRANSACTIONS = 61, 65
 # The APIs a member of a group sends; each served version gets a member of its own.
 MEMBER_APIS: Final = (JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP)
 # Fixture members are never heartbeated: their session and rebalance timeouts outlast the module.
@@ -157,6 +158,8 @@ def _set_up(
         INCREMENTAL_ALTER_CONFIGS,
         DELETE_TOPICS,
         CREATE_PARTITIONS,
+        DESCRIBE_PRODUCERS,
+        DESCRIBE_TRANSACTIONS,
     ):
         # The topic must exist: Kafka refuses commits to unknown partitions too.
         _produce_to(sock, topic)
@@ -183,9 +186,15 @@ def _set_up(
             synced = sock.request(SYNC_GROUP, 5, request_body(SYNC_GROUP, 5, topic, member.ids))
             assert synced.error_code == 0, synced
         return member.ids  # JoinGroup: a rejoin with the same protocols, answered at once
-    if api_key in (ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT):
+    if api_key in (
+        ADD_PARTITIONS_TO_TXN,
+        ADD_OFFSETS_TO_TXN,
+        END_TXN,
+        TXN_OFFSET_COMMIT,
+        DESCRIBE_TRANSACTIONS,
+    ):
         ids = _begin_transaction(sock, f"conf-txn-{api_key}-{version}")
-        if api_key == END_TXN:
+        if api_key in (END_TXN, DESCRIBE_TRANSACTIONS):  # (an open one: kio reads no start time -1)
             added = sock.request(ADD_PARTITIONS_TO_TXN, 3, request_body(ADD_PARTITIONS_TO_TXN, 3, topic, ids))
             assert _error_codes(added) == [0], added
         if api_key == TXN_OFFSET_COMMIT:

@@ -449,6 +449,18 @@ def _create_partitions(cls: Any, version: int, topic: str, ids: ProtocolIds) -> 
     return build(cls, topics=(grown,), timeout=_TIMEOUT, validate_only=False)
 
 
+def _describe_producers(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(cls, topics=(build(nested(cls, "topics"), name=topic, partition_indexes=(0,)),))
+
+
+def _list_transactions(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(cls, state_filters=(), producer_id_filters=(), duration_filter=-1)
+
+
+def _describe_transactions(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(cls, transactional_ids=(ids.transactional_id or CONFORMANCE_TXN,))
+
+
 _TIMEOUT = datetime.timedelta(seconds=5)
 _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     0: _produce,
@@ -481,6 +493,9 @@ _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     44: _alter_configs,
     47: _offset_delete,
     60: _describe_cluster,
+    61: _describe_producers,
+    65: _describe_transactions,
+    66: _list_transactions,
 }
 
 
