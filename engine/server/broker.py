@@ -204,8 +204,9 @@ class Broker:
         self.cluster_id = manager.root_value(CLUSTER_ID_NAME, new_cluster_id().encode()).decode("ascii")
         self._partitions: dict[str, int] = {}
         self._logs: dict[TopicPartition, Log] = {}
-        self._creating: dict[str, asyncio.Future[None]] = {}
-        self._deleting: set[str] = set()
+        # Topic creations, deletions and growths, one at a time: each is judged against the
+        # topics as they are when it runs, and none sees another's half-done work.
+        self._topic_changes = asyncio.Lock()
         self._watchers: dict[TopicPartition, set[asyncio.Event]] = {}
         self.stopping = False
         # Response bytes written to connections whose clients have not read them yet.
@@ -220,6 +221,7 @@ class Broker:
         # Fetch reads and framing run on their own threads, never the loop's, and never
         # queue an append behind a 50 MB read.
         self._fetch_threads = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="oncelog-fetch")
+        self._interrupted_deletes: list[str] = []
         self._finish_creations()
         self.coordinator_store = CoordinatorStore.open(manager.fs, manager.root)
         self.groups = GroupCoordinator(self.coordinator_store, config.groups)
@@ -233,6 +235,9 @@ class Broker:
             max_timeout_ms=config.transaction_max_timeout_ms,
             expiration_ms=config.transactional_id_expiration_ms,
         )
+        for topic in self._interrupted_deletes:
+            self._forget_topic(topic)
+            self._deleted(topic)
 
     def _finish_creations(self) -> None:
         """Load every topic; finish the deletes a crash interrupted, and give a recorded topic
@@ -241,12 +246,15 @@ class Broker:
             topic = name[len(TOPIC_DELETING_PREFIX) :]
             log.info("finishing the delete of topic %r that a stop interrupted", topic)
             self._delete_partitions(topic, int(value))
+            self._interrupted_deletes.append(topic)  # offsets forgotten once the coordinators load
         on_disk: dict[str, int] = {}
         for tp in self.manager.logs():
             on_disk[tp.topic] = max(on_disk.get(tp.topic, 0), tp.partition + 1)
         recorded = {
             name[len(TOPIC_PARTITIONS_PREFIX) :]: int(value)
             for name, value in self.manager.root_values(TOPIC_PARTITIONS_PREFIX).items()
+            if name[len(TOPIC_PARTITIONS_PREFIX) :]
+            not in self._interrupted_deletes  # (gone: its count goes last)
         }
         for topic in sorted(set(on_disk) | set(recorded)):
             count = max(recorded.get(topic, 0), on_disk.get(topic, 0))
@@ -297,80 +305,72 @@ class Broker:
         overrides: Mapping[str, Any] | None = None,
     ) -> None:
         """Create `topic` with `partitions` partitions (and LogConfig `overrides`) off the event
-        loop; raises what CreateTopics says (ValueError for an override LogConfig refuses)."""
-        pending = self._creating.get(topic)
-        if pending is not None:
-            await asyncio.shield(pending)
-        self._check_new_topic(topic, partitions)
-        checked(self.manager.config, overrides or {})  # InvalidConfigError names a value it cannot take
-        if validate_only:
-            return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._creating[topic] = done
-        try:
+        loop; raises what CreateTopics says (InvalidConfigError for an override LogConfig refuses)."""
+        async with self._topic_changes:  # judged against the topics as they are once it runs
+            self._check_new_topic(topic, partitions)
+            checked(self.manager.config, overrides or {})  # InvalidConfigError names a value it cannot take
+            if validate_only:
+                return
             self._partitions[topic] = await self.in_thread(
                 lambda: self._create_partitions(topic, partitions, overrides or {})
             )
-        finally:
-            del self._creating[topic]
-            done.set_result(None)
 
     async def delete_topic(self, topic: str) -> None:
         """Delete `topic` and its partitions, crash-safe (TOPIC_DELETING_PREFIX); it is not served
         from the start. UnknownTopicOrPartitionError if absent, InternalTopicError for Kafka's."""
         self.check_client_topic(topic)
-        pending = self._creating.get(topic)
-        if pending is not None:
-            await asyncio.shield(pending)
-        count = self._partitions.pop(topic, None)
-        if count is None:
-            raise UnknownTopicOrPartitionError(f"no topic {topic!r}")
-        self._deleting.add(topic)
-        try:
+        async with self._topic_changes:
+            count = self._partitions.pop(topic, None)
+            if count is None:
+                raise UnknownTopicOrPartitionError(f"no topic {topic!r}")
             await self.in_thread(lambda: self._delete_partitions(topic, count))
-        finally:
-            self._deleting.discard(topic)
+            self._forget_topic(topic)  # on the loop: the coordinators are the loop's
+            await self.in_thread(lambda: self._deleted(topic))
 
     def _delete_partitions(self, topic: str, count: int) -> None:
-        """Delete a topic's partitions, configs and records (in a worker thread, or at start)."""
-        deleting = TOPIC_DELETING_PREFIX + topic
-        self.manager.set_root_values({deleting: str(count).encode()})
+        """Delete a topic's partitions and configs (in a worker thread, or at start), marked
+        first: a stop part way finishes the delete at the next start."""
+        self.manager.set_root_values({TOPIC_DELETING_PREFIX + topic: str(count).encode()})
         for partition in range(count):
             self._logs.pop(TopicPartition(topic, partition), None)
             with contextlib.suppress(UnknownTopicOrPartitionError):  # (gone before a crash)
                 self.manager.delete_log(topic, partition)
         self.manager.reset_topic_config(topic)
+
+    def _forget_topic(self, topic: str) -> None:
+        """The groups' committed offsets of a deleted topic, and those transactions hold for it,
+        forgotten (as Kafka cleans them): a topic made again under the name starts anew."""
+        self.transactions.drop_topic_offsets(topic)
+        for group_id, group in list(self.groups.groups.items()):
+            stale = [key for key in group.offsets if key[0] == topic]
+            if stale:
+                self.groups.remove_offsets(group_id, stale)
+
+    def _deleted(self, topic: str) -> None:
         # Last, in one commit: the topic's count, and the mark that it was being deleted.
-        self.manager.set_root_values({TOPIC_PARTITIONS_PREFIX + topic: None, deleting: None})
+        self.manager.set_root_values(
+            {TOPIC_PARTITIONS_PREFIX + topic: None, TOPIC_DELETING_PREFIX + topic: None}
+        )
 
     async def add_partitions(self, topic: str, count: int, *, validate_only: bool = False) -> None:
         """Grow `topic` to `count` partitions (CreatePartitions). InvalidPartitionsError unless it
         grows within the budget; UnknownTopicOrPartitionError if absent."""
         self.check_client_topic(topic)
-        pending = self._creating.get(topic)
-        if pending is not None:
-            await asyncio.shield(pending)
-        current = self._partitions.get(topic)
-        if current is None:
-            raise UnknownTopicOrPartitionError(f"no topic {topic!r}")
-        if not current < count <= MAX_PARTITIONS_PER_TOPIC:
-            raise InvalidPartitionsError(
-                f"topic {topic!r} has {current} partitions; it can grow to more, not {count}"
-            )
-        if self.total_partitions() + count - current > self.max_partitions:
-            raise InvalidPartitionsError(
-                f"{count - current} more partitions would pass this server's {self.max_partitions} "
-                f"(its open-files limit); {self.total_partitions()} exist"
-            )
-        if validate_only:
-            return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._creating[topic] = done
-        try:
-            self._partitions[topic] = await self.in_thread(lambda: self._grow(topic, count))
-        finally:
-            del self._creating[topic]
-            done.set_result(None)
+        async with self._topic_changes:
+            current = self._partitions.get(topic)
+            if current is None:
+                raise UnknownTopicOrPartitionError(f"no topic {topic!r}")
+            if not current < count <= MAX_PARTITIONS_PER_TOPIC:
+                raise InvalidPartitionsError(
+                    f"topic {topic!r} has {current} partitions; it can grow to more, not {count}"
+                )
+            if self.total_partitions() + count - current > self.max_partitions:
+                raise InvalidPartitionsError(
+                    f"{count - current} more partitions would pass this server's {self.max_partitions} "
+                    f"(its open-files limit); {self.total_partitions()} exist"
+                )
+            if not validate_only:
+                self._partitions[topic] = await self.in_thread(lambda: self._grow(topic, count))
 
     def _grow(self, topic: str, count: int) -> int:
         # The count first, durably: a crash part way leaves partitions the next start makes.
@@ -381,8 +381,6 @@ class Broker:
 
     def _check_new_topic(self, topic: str, partitions: int) -> None:
         validate_topic_partition(topic, 0)
-        if topic in self._deleting:
-            raise TopicExistsError(f"topic {topic!r} is being deleted")
         if topic in self._partitions:
             raise TopicExistsError(
                 f"topic {topic!r} already exists with {self._partitions[topic]} partitions"

@@ -13,6 +13,7 @@ the command line) and read-only.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -248,6 +249,8 @@ BROKER_CONFIGS: Final = (
 # IncrementalAlterConfigs' operations.
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 _INT_FIELDS_WITH_NONE = {"retention_ms", "retention_bytes", "flush_messages", "flush_ms"}
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+_MAX_OF = {INT: 2**31 - 1, LONG: 2**63 - 1}
 _TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 
 
@@ -271,10 +274,12 @@ def parse_value(name: str, value: str | None) -> tuple[str | None, Any]:
         if value not in _TIMESTAMP_TYPES:
             raise InvalidConfigError(f"{name} is one of {', '.join(_TIMESTAMP_TYPES)}, not {value!r}")
         return config.field, value
-    try:
-        number = int(value.strip())
-    except ValueError:
-        raise InvalidConfigError(f"{name} is a whole number, not {value!r}") from None
+    if not _WHOLE_NUMBER.fullmatch(value.strip()):  # (int() would take "1_000" too; Kafka does not)
+        raise InvalidConfigError(f"{name} is a whole number, not {value!r}")
+    number = int(value.strip())
+    if number > _MAX_OF[config.config_type]:
+        kind = "an INT" if config.config_type == INT else "a LONG"
+        raise InvalidConfigError(f"{name} is {kind}: at most {_MAX_OF[config.config_type]}, got {number}")
     if config.field in _INT_FIELDS_WITH_NONE and str(number) == config.unlimited:
         return config.field, None  # no limit: -1, or Long.MAX_VALUE for the flush settings
     if number < 0:

@@ -539,6 +539,19 @@ class TransactionCoordinator:
                 )
                 self._index(txn)
 
+    def drop_topic_offsets(self, topic: str) -> None:
+        """Forget the uncommitted offsets transactions hold for a deleted topic, in every group."""
+        for group_id in sorted(
+            {key[0] for txn in self._unsettled.values() for key in txn.offsets if key[1] == topic}
+        ):
+            held = {
+                (t, p)
+                for txn in self._unsettled.values()
+                for g, t, p in txn.offsets
+                if g == group_id and t == topic
+            }
+            self.drop_offsets(group_id, held)
+
     def _holds_offsets(self, group_id: str, topic: str, partition: int) -> bool:
         return bool(self._holders[(group_id, topic, partition)] > 0)
 

@@ -18,6 +18,10 @@ from kafka.admin import KafkaAdminClient
 from kafka.admin import NewPartitions as KafkaNewPartitions
 from serve_process import ServeProcess
 
+from oncelog.log_manager import LogManager
+from oncelog.server.broker import TOPIC_DELETING_PREFIX, Broker, ServeConfig
+from oncelog.server.group_state import CommittedOffset
+
 TIMEOUT_S: Final = 30.0
 
 
@@ -143,3 +147,88 @@ def test_a_delete_killed_at_any_moment_leaves_the_topic_gone_or_whole(tmp_path: 
         else:
             assert on_disk == []
         _create(admin, "after", 1)  # the server serves on either way
+
+
+def test_a_delete_a_stop_interrupted_is_finished_at_the_next_start_offsets_and_all(tmp_path: Path) -> None:
+    # The state a stop part way through a delete leaves (its mark stored, some partitions
+    # gone, the count and a group's offsets still there), made by hand: the next start must
+    # finish it, or the count would bring the topic back whole and empty.
+    with LogManager.open(tmp_path / "root", progress=False) as manager:
+        broker = Broker(manager, ServeConfig(listen_port=0))
+        asyncio.run(broker.create_topic("doomed", 3))
+        broker.groups.commit(
+            "g", [("doomed", 0, CommittedOffset(5, -1, "", 1)), ("kept", 0, CommittedOffset(2, -1, "", 1))]
+        )
+        manager.set_root_values({TOPIC_DELETING_PREFIX + "doomed": b"3"})
+        manager.delete_log("doomed", 0)
+        broker.close()
+    with LogManager.open(tmp_path / "root", progress=False) as manager:
+        broker = Broker(manager, ServeConfig(listen_port=0))
+        try:
+            assert "doomed" not in broker.topics()
+            assert not [p for p in (tmp_path / "root").iterdir() if p.name.startswith("doomed-")]
+            assert broker.groups.committed("g") == {("kept", 0): CommittedOffset(2, -1, "", 1)}
+            assert manager.root_values(TOPIC_DELETING_PREFIX) == {}
+        finally:
+            broker.close()
+    with LogManager.open(tmp_path / "root", progress=False) as manager:
+        broker = Broker(manager, ServeConfig(listen_port=0))
+        try:
+            assert "doomed" not in broker.topics()  # and it stays gone
+        finally:
+            broker.close()
+
+
+def test_topic_changes_racing_each_other_are_each_judged_on_what_the_one_before_left(tmp_path: Path) -> None:
+    # Found by red-teaming: grows waiting on one in flight all judged the count before it
+    # (one shrank the topic, one lost its connection), and a delete beside a grow was undone.
+    async def scenario(broker: Broker) -> list[object]:
+        await broker.create_topic("busy", 1)
+        return await asyncio.gather(
+            broker.add_partitions("busy", 20),
+            broker.add_partitions("busy", 30),
+            broker.add_partitions("busy", 25),  # fewer than the 30 before it: refused
+            broker.delete_topic("busy"),
+            broker.create_topic("busy", 2),  # after the delete: a new topic
+            return_exceptions=True,
+        )
+
+    with LogManager.open(tmp_path / "root", progress=False) as manager:
+        broker = Broker(manager, ServeConfig(listen_port=0))
+        try:
+            results = asyncio.run(scenario(broker))
+            assert [type(r).__name__ for r in results] == [
+                "NoneType",
+                "NoneType",
+                "InvalidPartitionsError",
+                "NoneType",
+                "NoneType",
+            ]
+            assert broker.topics()["busy"] == 2
+            assert sorted(p.name for p in (tmp_path / "root").iterdir() if p.name.startswith("busy-")) == [
+                "busy-0",
+                "busy-1",
+            ]
+        finally:
+            broker.close()
+
+
+def test_offsets_a_transaction_holds_for_a_deleted_topic_are_dropped_with_it(tmp_path: Path) -> None:
+    with ServeProcess(tmp_path / "root") as running:
+        admin = AdminClient({"bootstrap.servers": running.bootstrap})
+        _create(admin, "gone", 1)
+        _create(admin, "out", 1)
+        producer = Producer({"bootstrap.servers": running.bootstrap, "transactional.id": "tx"})
+        producer.init_transactions(TIMEOUT_S)
+        producer.begin_transaction()
+        producer.produce("out", value=b"x")
+        group = Consumer({"bootstrap.servers": running.bootstrap, "group.id": "g"})
+        producer.send_offsets_to_transaction(
+            [TopicPartition("gone", 0, 42)], group.consumer_group_metadata(), TIMEOUT_S
+        )
+        admin.delete_topics(["gone"])["gone"].result(TIMEOUT_S)
+        producer.commit_transaction(TIMEOUT_S)
+        _create(admin, "gone", 1)
+        (committed,) = group.committed([TopicPartition("gone", 0)], timeout=TIMEOUT_S)
+        group.close()
+        assert committed.offset < 0  # none: the deleted topic's offset did not come back

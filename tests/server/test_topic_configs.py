@@ -97,3 +97,18 @@ def test_incremental_steps_set_delete_and_refuse_appending_to_what_is_not_a_list
     ):
         with pytest.raises(InvalidConfigError):
             altered(current, [refused])
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("max.message.bytes", str(2**31)),  # an INT
+        ("segment.ms", str(2**63)),  # a LONG (the compiled append takes it as one)
+        ("retention.ms", str(10**30)),
+        ("retention.bytes", "1_000"),  # Kafka's parser takes no underscores
+        ("segment.bytes", " "),
+    ],
+)
+def test_a_number_past_its_kafka_type_or_not_kafkas_syntax_is_refused(name: str, value: str) -> None:
+    with pytest.raises(InvalidConfigError, match=re.escape(name)):
+        overrides_of([(name, value)])

@@ -14,7 +14,6 @@ creation (CreateTopics is create_topics).
 
 from __future__ import annotations
 
-import logging
 import uuid
 from typing import Any, Final
 
@@ -26,8 +25,8 @@ from oncelog.log_manager import UnknownTopicOrPartitionError
 from oncelog.server.broker import NODE_ID, Broker
 from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
 from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, error_code_for
+from oncelog.server.txn_state import TxnError
 
-log = logging.getLogger("oncelog.server")
 NO_TOPIC_ID: Final = uuid.UUID(int=0)
 
 
@@ -68,22 +67,9 @@ async def _delete(
         return ErrorCode.invalid_request, str(exc)
     except (UnknownTopicOrPartitionError, InvalidTopicError, OncelogError) as exc:
         return error_code_for(exc), str(exc)
-    _forget_offsets(broker, name)
+    except TxnError as exc:  # a transaction's offsets of it not stored: the next start finishes the delete
+        return exc.code, str(exc)
     return ErrorCode.none, None
-
-
-def _forget_offsets(broker: Broker, topic: str) -> None:
-    """The groups' committed offsets of a deleted topic, forgotten (a failure is logged: they
-    name partitions no longer served, and a topic made again under the name starts anew
-    only once they are gone)."""
-    groups = broker.groups
-    for group_id, group in list(groups.groups.items()):
-        stale = [key for key in group.offsets if key[0] == topic]
-        if stale:
-            try:
-                groups.remove_offsets(group_id, stale)
-            except OncelogError as exc:
-                log.warning("forgetting group %r's offsets of deleted topic %r: %s", group_id, topic, exc)
 
 
 async def handle_create_partitions(broker: Broker, request: Request) -> Any:
