@@ -11,11 +11,10 @@ from typing import Any, TextIO
 
 from kafka import TopicPartition
 from kafka.admin import KafkaAdminClient, OffsetSpec, OffsetTimestamp
-from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from oncelog.cli.exits import EXIT_BAD_INPUT, EXIT_OK, PROG
-from oncelog.cli.topics import add_bootstrap, connect
+from oncelog.cli.topics import add_bootstrap, run_admin
 
 DESCRIPTION = """\
 Look at and reset the consumer groups of a running server over the Kafka protocol.
@@ -67,18 +66,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    try:
-        admin = connect(args)
-    except KafkaError as exc:
-        print(f"{PROG} groups: cannot reach {args.bootstrap}: {exc}", file=err)
-        return EXIT_BAD_INPUT
-    try:
-        return _ACTIONS[args.action](admin, args, out, err)
-    except (KafkaError, ValueError) as exc:
-        print(f"{PROG} groups {args.action}: {exc}", file=err)
-        return EXIT_BAD_INPUT
-    finally:
-        admin.close()
+    return run_admin("groups", _ACTIONS, args, out, err)
 
 
 def _list(admin: KafkaAdminClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

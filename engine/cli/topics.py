@@ -5,6 +5,7 @@ APIs every Kafka tool uses: the operator's weekly tasks without Java tools."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from kafka import TopicPartition
@@ -107,15 +108,25 @@ def parse_configs(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    return run_admin("topics", _ACTIONS, args, out, err)
+
+
+Action = Callable[[KafkaAdminClient, argparse.Namespace, TextIO, TextIO], int]
+
+
+def run_admin(
+    command: str, actions: Mapping[str, Action], args: argparse.Namespace, out: TextIO, err: TextIO
+) -> int:
+    """Connect, run the action, close: a refusal or an unreachable server is one line and status 2."""
     try:
         admin = connect(args)
     except KafkaError as exc:
-        print(f"{PROG} topics: cannot reach {args.bootstrap}: {exc}", file=err)
+        print(f"{PROG} {command}: cannot reach {args.bootstrap}: {exc}", file=err)
         return EXIT_BAD_INPUT
     try:
-        return _ACTIONS[args.action](admin, args, out, err)
+        return actions[args.action](admin, args, out, err)
     except (KafkaError, ValueError) as exc:
-        print(f"{PROG} topics {args.action}: {exc}", file=err)
+        print(f"{PROG} {command} {args.action}: {exc}", file=err)
         return EXIT_BAD_INPUT
     finally:
         admin.close()

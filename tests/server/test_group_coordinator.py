@@ -337,17 +337,7 @@ def test_an_empty_group_without_offsets_is_forgotten_and_one_with_offsets_kept(t
 def test_a_static_members_new_incarnation_takes_its_place_and_fences_the_old_one(tmp_path: Path) -> None:
     async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
         def static_join(member_id: str) -> Awaitable[JoinResult]:
-            return coordinator.join(
-                "g",
-                member_id,
-                "pod-1",
-                "c",
-                SESSION_MS,
-                30_000,
-                "consumer",
-                PROTOCOLS,
-                member_id_required=True,
-            )
+            return join_static(coordinator, "pod-1", member_id)
 
         old = await static_join("")  # no MEMBER_ID_REQUIRED round for a static member
         assert old.error == ErrorCode.none and old.generation == 1
@@ -368,29 +358,23 @@ def test_a_static_members_new_incarnation_takes_its_place_and_fences_the_old_one
     run(scenario, tmp_path)
 
 
+def join_static(
+    coordinator: GroupCoordinator, instance: str, member_id: str = "", protocols: Any = PROTOCOLS
+) -> Awaitable[JoinResult]:
+    """A JoinGroup v5+ of static member `instance` (KIP-345) in group "g"."""
+    return coordinator.join(
+        "g", member_id, instance, "c", SESSION_MS, 30_000, "consumer", protocols, member_id_required=True
+    )
+
+
 async def _stable_static_pair(coordinator: GroupCoordinator) -> dict[str, JoinResult]:
     """Static members pod-1 (the leader: p0) and pod-2 (p1), Stable at generation 2."""
 
-    def static_join(instance: str, member_id: str = "") -> asyncio.Task[JoinResult]:
-        return asyncio.ensure_future(
-            coordinator.join(
-                "g",
-                member_id,
-                instance,
-                "c",
-                SESSION_MS,
-                30_000,
-                "consumer",
-                PROTOCOLS,
-                member_id_required=True,
-            )
-        )
-
-    first = await static_join("pod-1")
+    first = await join_static(coordinator, "pod-1")
     await coordinator.sync("g", 1, first.member_id, "pod-1", None, None, [(first.member_id, b"p0")])
-    second = static_join("pod-2")
+    second = asyncio.ensure_future(join_static(coordinator, "pod-2"))
     await settle()
-    again = await static_join("pod-1", first.member_id)  # the rebalance pod-2's join started
+    again = await join_static(coordinator, "pod-1", first.member_id)  # the rebalance pod-2's join started
     joined = {"pod-1": again, "pod-2": await second}
     assert {j.generation for j in joined.values()} == {2} and again.leader == first.member_id
     assignments = [(first.member_id, b"p0"), (joined["pod-2"].member_id, b"p1")]
@@ -412,9 +396,7 @@ def test_a_static_member_restarted_in_a_stable_group_gets_its_assignment_back_wi
         other = before["pod-2" if restarted == "pod-1" else "pod-1"]
         # Answered without a rebalance (which would wait for pod-2 on this frozen clock: bounded).
         new = await asyncio.wait_for(
-            coordinator.join(
-                "g", "", restarted, "c", SESSION_MS, 30_000, "consumer", PROTOCOLS, member_id_required=True
-            ),
+            join_static(coordinator, restarted),
             LIVENESS_S,
         )
         # The same generation, and the leader as it was: the new id is told it does not lead.
@@ -440,26 +422,10 @@ def test_a_static_member_restarted_while_a_rebalance_is_prepared_takes_its_place
 ) -> None:
     async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
         before = await _stable_static_pair(coordinator)
-        leader_rejoin = asyncio.ensure_future(
-            coordinator.join(
-                "g",
-                before["pod-1"].member_id,
-                "pod-1",
-                "c",
-                SESSION_MS,
-                30_000,
-                "consumer",
-                PROTOCOLS,
-                member_id_required=True,
-            )
-        )
+        leader_rejoin = asyncio.ensure_future(join_static(coordinator, "pod-1", before["pod-1"].member_id))
         await settle()
         assert coordinator.groups["g"].state is GroupState.PREPARING_REBALANCE
-        restarted = asyncio.ensure_future(
-            coordinator.join(
-                "g", "", "pod-2", "c", SESSION_MS, 30_000, "consumer", PROTOCOLS, member_id_required=True
-            )
-        )
+        restarted = asyncio.ensure_future(join_static(coordinator, "pod-2"))
         # One rebalance holding both (bounded: a regression answered the leader alone and waited).
         joined = await asyncio.wait_for(asyncio.gather(leader_rejoin, restarted), LIVENESS_S)
         assert [j.generation for j in joined] == [3, 3]
@@ -475,17 +441,7 @@ def test_a_static_member_restarted_with_protocols_that_change_the_groups_rebalan
     async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
         before = await _stable_static_pair(coordinator)
         rejoining = asyncio.ensure_future(
-            coordinator.join(
-                "g",
-                "",
-                "pod-2",
-                "c",
-                SESSION_MS,
-                30_000,
-                "consumer",
-                [("roundrobin", b"rr")],
-                member_id_required=True,
-            )
+            join_static(coordinator, "pod-2", protocols=[("roundrobin", b"rr")])
         )
         await settle()
         assert coordinator.groups["g"].state is GroupState.PREPARING_REBALANCE
@@ -493,17 +449,7 @@ def test_a_static_member_restarted_with_protocols_that_change_the_groups_rebalan
             coordinator.heartbeat("g", 2, before["pod-1"].member_id, "pod-1")
             == ErrorCode.rebalance_in_progress
         )
-        rejoined = await coordinator.join(
-            "g",
-            before["pod-1"].member_id,
-            "pod-1",
-            "c",
-            SESSION_MS,
-            30_000,
-            "consumer",
-            PROTOCOLS,
-            member_id_required=True,
-        )
+        rejoined = await join_static(coordinator, "pod-1", before["pod-1"].member_id)
         assert rejoined.generation == 3 and (await rejoining).generation == 3
         assert coordinator.groups["g"].protocol_name == "roundrobin"
 
