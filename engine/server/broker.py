@@ -304,15 +304,17 @@ class Broker:
         validate_only: bool = False,
         overrides: Mapping[str, Any] | None = None,
     ) -> None:
-        """Create `topic` with `partitions` partitions (and LogConfig `overrides`) off the event
-        loop; raises what CreateTopics says (InvalidConfigError for an override LogConfig refuses)."""
+        """Create `topic` with `partitions` partitions off the event loop; raises what CreateTopics
+        says (InvalidConfigError for an override LogConfig refuses). `overrides`: exactly the
+        LogConfig overrides it gets (CreateTopics); None keeps what the root holds for it (a
+        topic made on first use, after LogManager.set_topic_config, say)."""
         async with self._topic_changes:  # judged against the topics as they are once it runs
             self._check_new_topic(topic, partitions)
             checked(self.manager.config, overrides or {})  # InvalidConfigError names a value it cannot take
             if validate_only:
                 return
             self._partitions[topic] = await self.in_thread(
-                lambda: self._create_partitions(topic, partitions, overrides or {})
+                lambda: self._create_partitions(topic, partitions, overrides)
             )
 
     async def delete_topic(self, topic: str) -> None:
@@ -401,12 +403,12 @@ class Broker:
             if existing != topic and existing.replace(".", "_") == collides:
                 raise InvalidTopicError(f"topic {topic!r} collides with existing topic {existing!r}")
 
-    def _create_partitions(self, topic: str, partitions: int, overrides: Mapping[str, Any]) -> int:
+    def _create_partitions(self, topic: str, partitions: int, overrides: Mapping[str, Any] | None) -> int:
         """Create the partitions; the count created (a failed earlier attempt's, if one was recorded)."""
         # Its configs before its count (both durable): a topic that exists has the configs it
-        # was created with; an earlier topic's, or a failed creation's, are replaced.
+        # was created with; a failed creation's are replaced.
         name = TOPIC_PARTITIONS_PREFIX + topic
-        if name not in self.manager.root_values(name):  # (a prefix: other topics' names may start so)
+        if overrides is not None and name not in self.manager.root_values(name):  # (a prefix)
             self.manager.replace_topic_config(topic, overrides)
         # The count first, durably: a crash part way leaves a topic the next start finishes.
         count = int(self.manager.root_value(TOPIC_PARTITIONS_PREFIX + topic, str(partitions).encode()))

@@ -46,10 +46,12 @@ class TxnView(NamedTuple):
     ranges: list[tuple[int, int, str]]
 
 
-def derive_transactions(batches: Sequence[RecordBatch], end: int) -> TxnView:
+def derive_transactions(batches: Sequence[RecordBatch], end: int, start: int = 0) -> TxnView:
     """Replay the batches (in offset order) as a read_committed consumer's view depends on them:
     a transactional data batch opens its producer's transaction if none is open; a COMMIT or
-    ABORT marker closes it; a producer with an open transaction and no marker after it is open."""
+    ABORT marker closes it; a producer with an open transaction and no marker after it is open.
+    The last stable offset is the oldest open one's first offset, never below the log start
+    `start` (Kafka's rule: retention or delete_records may pass it)."""
     open_txns: dict[int, int] = {}
     outcomes: dict[int, str] = {}
     txn_of: dict[int, int] = {}
@@ -72,7 +74,8 @@ def derive_transactions(batches: Sequence[RecordBatch], end: int) -> TxnView:
         else:
             kind = "plain"
         ranges.append((batch.base_offset, batch.last_offset, kind))
-    return TxnView(outcomes, txn_of, open_txns, min(open_txns.values(), default=end), ranges)
+    stable = max(min(open_txns.values(), default=end), min(start, end))
+    return TxnView(outcomes, txn_of, open_txns, stable, ranges)
 
 
 def read_committed(log: Log, max_bytes: int) -> tuple[list[int], list[int]]:
@@ -94,7 +97,7 @@ def check_read_committed(
     log: Log, batches: Sequence[RecordBatch], max_bytes: int, violation: Callable[[str, str], None]
 ) -> TxnView:
     """The engine's read_committed view and last stable offset against what the log's batches give."""
-    view = derive_transactions(batches, log.log_end_offset)
+    view = derive_transactions(batches, log.log_end_offset, log.log_start_offset)
     stable = log.last_stable_offset
     if stable != view.stable:
         violation(

@@ -177,6 +177,8 @@ def test_outcomes_come_from_the_markers_in_the_log_a_lost_marker_leaves_its_tran
     kinds = [kind for _, _, kind in view.ranges]
     assert kinds == [COMMITTED, ABORTED, "control", "control", "plain", OPEN]
     assert derive_transactions(batches[:3], end=5).stable == 2  # 22's marker lost: open from 2
+    # Records deleted past it (retention, delete_records): never below the log start.
+    assert derive_transactions(batches[:3], end=5, start=4).stable == 4
 
 
 def test_a_read_committed_view_serving_aborted_records_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
