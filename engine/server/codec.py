@@ -53,6 +53,8 @@ API_VERSIONS_KEY: Final = 18
 READ_COMMITTED: Final = 1
 # throttle_time in every response: this server never throttles.
 NO_THROTTLE: Final = datetime.timedelta(0)
+# Authorized operations when the request did not ask for them (Kafka's "omitted").
+OPERATIONS_OMITTED: Final = -(2**31)
 
 
 def milliseconds(delta: datetime.timedelta) -> int:

@@ -31,6 +31,7 @@ from kio.schema.errors import ErrorCode
 from oncelog.errors import OncelogError
 from oncelog.server.group_coordinator import GroupCoordinator
 from oncelog.server.group_state import Group, GroupState
+from oncelog.server.txn_state import TxnError
 
 DEAD = "Dead"
 # The only group type this coordinator has (KIP-848's "consumer" groups are not served).
@@ -117,7 +118,7 @@ def delete_groups(coordinator: GroupCoordinator, group_ids: Sequence[str]) -> di
             for group_id in deletable:
                 coordinator.drop_pending_offsets(group_id, None)
             coordinator.remove_groups(list(deletable.values()), f"deleting groups {sorted(deletable)}")
-        except OncelogError:
+        except (OncelogError, TxnError):  # (a store write failed: nothing answered as done)
             for group_id in deletable:
                 answers[group_id] = ErrorCode.coordinator_not_available
     return answers
@@ -148,7 +149,7 @@ def delete_offsets(
             if group.state is GroupState.EMPTY and not group.members and not group.offsets:
                 # Kafka's rule: an Empty group left with no offsets is gone.
                 coordinator.remove_groups([group], f"deleting group {group_id!r}, left with no offsets")
-        except OncelogError:
+        except (OncelogError, TxnError):
             return ErrorCode.coordinator_not_available, {}
     return ErrorCode.none, answers
 

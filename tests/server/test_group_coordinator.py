@@ -16,6 +16,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from oncelog.errors import CorruptMetadataError
+from oncelog.server import group_admin
 from oncelog.server.coordinator_store import CoordinatorStore
 from oncelog.server.group_coordinator import (
     CommittedOffset,
@@ -24,6 +25,7 @@ from oncelog.server.group_coordinator import (
     GroupState,
     JoinResult,
 )
+from oncelog.server.txn_state import TxnError
 from oncelog.storage.fs import DEFAULT_FS
 
 _T = TypeVar("_T")
@@ -512,3 +514,25 @@ def test_member_metadata_and_assignments_past_the_limit_are_refused(tmp_path: Pa
         assert accepted.error == ErrorCode.none and accepted.assignment == b"a"
 
     run(scenario, tmp_path, max_member_bytes=1024)
+
+
+def test_a_delete_whose_transactions_offsets_cannot_be_stored_is_refused_retriably_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    async def scenario(coordinator: GroupCoordinator, clock: Clock) -> None:
+        coordinator.commit("idle", [("t", 0, CommittedOffset(3, -1, "", 1))])
+
+        def store_fails(group_id: str, partitions: object) -> None:
+            raise TxnError(ErrorCode.coordinator_not_available, "storing the transaction failed")
+
+        coordinator.drop_pending_offsets = store_fails
+        assert group_admin.delete_groups(coordinator, ["idle"]) == {
+            "idle": ErrorCode.coordinator_not_available
+        }
+        assert group_admin.delete_offsets(coordinator, "idle", [("t", 0)]) == (
+            ErrorCode.coordinator_not_available,
+            {},
+        )
+        assert coordinator.committed("idle") == {("t", 0): CommittedOffset(3, -1, "", 1)}
+
+    run(scenario, tmp_path)

@@ -20,7 +20,7 @@ from kio.schema.errors import ErrorCode
 from oncelog.errors import OffsetOutOfRangeError, OncelogError
 from oncelog.layout import TopicPartition
 from oncelog.server.broker import NODE_ID, Broker
-from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
+from oncelog.server.codec import NO_THROTTLE, OPERATIONS_OMITTED, Request, build, nested, response_type
 from oncelog.server.errors import InternalTopicError, error_code_for
 
 # DeleteRecords' offset meaning "up to the high watermark".
@@ -28,7 +28,6 @@ HIGH_WATERMARK: Final = -1
 # DescribeCluster's authorized operations when asked for: every cluster operation Kafka
 # defines (2..12 but 11's IDEMPOTENT_WRITE counted too), all allowed while there are no ACLs.
 CLUSTER_OPERATIONS: Final = sum(1 << op for op in range(2, 13))
-OPERATIONS_OMITTED: Final = -(2**31)
 # DescribeCluster's endpoint types (KIP-919).
 BROKER_ENDPOINTS, CONTROLLER_ENDPOINTS = 1, 2
 

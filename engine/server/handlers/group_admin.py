@@ -14,10 +14,8 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.server import group_admin
 from oncelog.server.broker import Broker
-from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
+from oncelog.server.codec import NO_THROTTLE, OPERATIONS_OMITTED, Request, build, nested, response_type
 
-# DescribeGroups' authorized operations when not asked for (Kafka's "omitted").
-OPERATIONS_OMITTED: Final = -(2**31)
 # Asked for: every operation Kafka defines on a group (READ 3, DELETE 6, DESCRIBE 8), all
 # allowed while the server has no ACLs.
 GROUP_OPERATIONS: Final = (1 << 3) | (1 << 6) | (1 << 8)
