@@ -55,7 +55,6 @@ from oncelog.storage.log_dirs import (
     unnamed_os_error,
 )
 from oncelog.storage.partition_store import PartitionStore
-from oncelog.transactions import OpenTransactions
 
 __all__ = ["LOCK_FILE", "METADATA_DIR", "Log", "roll_needed"]
 
@@ -89,8 +88,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
         # few of the process's vm.max_map_count mappings, however many segments it has.
         self._mapped_sealed: set[LogSegment] = set()
         self._watch_index_maps(self._segments)
-        self._producers = loaded.producers
-        self._transactions = OpenTransactions(self._producers.open_transactions())
+        self._take_producers(loaded)
         self._store = store
         self._dir_lock = dir_lock
         self.recovery_point = loaded.recovery_point
@@ -138,6 +136,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
         clock: Clock | None = None,
         clean_shutdown: bool | CleanMarker | None = None,
         dir_lock: DirLock | None = None,
+        defer_producer_state: bool = False,
     ) -> Log:
         """Open the partition directory at `path`, creating it if missing.
 
@@ -155,6 +154,11 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
         filesystem once while the logs load; `CleanMarker.made_durable`): what it took
         (the marker, which may carry a copy of the store), or whether one was there.
         None: take it here.
+
+        `defer_producer_state`: after a clean close, producer state is read from its
+        snapshot at the first operation that needs it (an append, a read, a producer
+        query) instead of here: for a caller opening many partitions of which most stay
+        idle (a LogManager). A snapshot found unreadable then is handled as an open would.
         """
         directory = os.fspath(path)
         config = config or LogConfig()
@@ -186,6 +190,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
                 now_ms=log_clock(),
                 scan_tail=compiled_append.tail_scanner(compiled_append.enabled()),
                 marker_durable=marker.made_durable if isinstance(marker, CleanMarker) else None,
+                defer_producers=defer_producer_state,
             ).load()
         except BaseException as exc:
             if store is not None:
@@ -237,6 +242,8 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
             fmt.check_int("now_ms", now_ms, "i64")
         with self._lock:
             self._check_open()
+            if now_ms is None and self._deferred_snapshot is not None:
+                return 0  # not read yet: reading it expires whatever is due then
             now = self._clock()
             return self._producers.expire(now if now_ms is None else max(now_ms, now), exhaustive=exhaustive)
 
@@ -314,7 +321,9 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
                         # from a torn tail by it.
                         self._flush(commit_point=True)
                         end = self.log_end_offset
-                        snapshots.write_snapshot(self._fs, self.directory, end, self._producers.live_rows())
+                        if self._deferred_snapshot is None:  # (else the one at the end holds them)
+                            rows = self._producers.live_rows()
+                            snapshots.write_snapshot(self._fs, self.directory, end, rows)
                         self._forget_retirements()
                         clean = True
                     except (OSError, OncelogError) as exc:

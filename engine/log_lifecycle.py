@@ -23,7 +23,6 @@ from oncelog.storage.checkpoint import (
     write_offsets,
     write_recovery_point,
 )
-from oncelog.transactions import OpenTransactions
 
 
 class LogLifecycle(LogState):
@@ -183,8 +182,7 @@ class LogLifecycle(LogState):
         self._base_offsets = [segment.base_offset for segment in self._segments]
         self._mapped_sealed.clear()  # the old segments are closed
         self._watch_index_maps(self._segments)
-        self._producers = loaded.producers
-        self._transactions = OpenTransactions(self._producers.open_transactions())
+        self._take_producers(loaded)
         self._client_only = loaded.client_only
         self._log_start_offset = loaded.log_start_offset
         self.recovery_point = loaded.recovery_point

@@ -531,7 +531,13 @@ class LogManager:
                 configs[tp.topic] = config
         path = self._partition_path(tp)
         return Log.open(
-            path, config, fs=self._fs, clock=self._clock, clean_shutdown=clean_shutdown, dir_lock=lock
+            path,
+            config,
+            fs=self._fs,
+            clock=self._clock,
+            clean_shutdown=clean_shutdown,
+            dir_lock=lock,
+            defer_producer_state=True,  # most of a root's partitions stay idle for a while
         )
 
     def _recover_all(self, progress: bool | None) -> None:

@@ -46,7 +46,7 @@ from oncelog.group_commit import GroupCommit
 from oncelog.producer_state import (
     ProducerStateManager,
 )
-from oncelog.recovery.loader import RecoveryReport
+from oncelog.recovery.loader import LoadedLog, RecoveryReport, load_deferred_producers
 from oncelog.results import AppendResult
 from oncelog.segments.format import Buffer
 from oncelog.segments.segment import LogSegment
@@ -71,8 +71,9 @@ class LogState:
     _segments: list[LogSegment]
     _base_offsets: list[int]
     _mapped_sealed: set[LogSegment]  # sealed segments whose indexes an operation mapped
-    _producers: ProducerStateManager
-    _transactions: OpenTransactions
+    _producer_table: ProducerStateManager  # through _producers: it may not be loaded yet
+    _open_txns: OpenTransactions  # through _transactions, likewise
+    _deferred_snapshot: int | None  # a clean open left producer state in this snapshot
     _client_only: bool
     _log_start_offset: int
     _lock: threads.Lock  # 1st in the lock order (see the module docstring)
@@ -131,6 +132,41 @@ class LogState:
         def _execute(self, plan: list[PlannedBatch]) -> list[AppendResult]: ...  # log_appends
 
     # -- shared ----------------------------------------------------------------------------
+    @property
+    def _producers(self) -> ProducerStateManager:
+        if self._deferred_snapshot is not None:
+            self._load_deferred_producers()
+        return self._producer_table
+
+    @property
+    def _transactions(self) -> OpenTransactions:
+        if self._deferred_snapshot is not None:
+            self._load_deferred_producers()
+        return self._open_txns
+
+    def _take_producers(self, loaded: LoadedLog) -> None:
+        """The producer state a load restored, or the snapshot it left to read at first use."""
+        self._deferred_snapshot = loaded.deferred_snapshot
+        if loaded.producers is not None:
+            self._producer_table = loaded.producers
+            self._open_txns = OpenTransactions(loaded.producers.open_transactions())
+        assert (loaded.producers is None) == (loaded.deferred_snapshot is not None), loaded.deferred_snapshot
+
+    def _load_deferred_producers(self) -> None:
+        """Read the producer state a clean open left in its snapshot (LogManager opens: most
+        partitions stay idle), before anything reads or changes it. An error leaves it
+        unread, for the next use to try again."""
+        with self._lock:
+            offset = self._deferred_snapshot
+            if offset is None:
+                return  # another thread read it meanwhile
+            producers = load_deferred_producers(
+                self._fs, self.directory, self.config, self._store, self._segments, offset, self._clock()
+            )
+            self._producer_table = producers
+            self._open_txns = OpenTransactions(producers.open_transactions())
+            self._deferred_snapshot = None
+
     def _fail(self, exc: BaseException) -> None:
         """Record a failed write, fsync or commit: appends are refused until reopen."""
         self._failure = exc

@@ -28,6 +28,7 @@ Unclean open, in the order that keeps cost proportional to the tail:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -106,11 +107,14 @@ class RecoveryReport(NamedTuple):
 
 class LoadedLog(NamedTuple):
     segments: list[LogSegment]
-    producers: ProducerStateManager
+    producers: ProducerStateManager | None  # None: deferred_snapshot holds them
     recovery_point: int
     report: RecoveryReport
     client_only: bool
     log_start_offset: int
+    # A clean open that left producer state unread (`defer_producers`): the snapshot that
+    # holds it, which `load_deferred_producers` reads at first use.
+    deferred_snapshot: int | None = None
 
 
 def list_segment_bases(fs: FileSystem, directory: str, names: list[str] | None = None) -> list[int]:
@@ -127,6 +131,28 @@ def list_segment_bases(fs: FileSystem, directory: str, names: list[str] | None =
     return sorted(bases)
 
 
+def load_deferred_producers(
+    fs: FileSystem,
+    directory: str,
+    config: LogConfig,
+    store: MetadataStore,
+    segments: list[LogSegment],
+    snapshot_offset: int,
+    now_ms: int,
+) -> ProducerStateManager:
+    """The producer state a clean open deferred (LoadedLog.deferred_snapshot), at `now_ms`:
+    the snapshot at `snapshot_offset`, or, if that one is unreadable (set aside), what an
+    open would have loaded instead: the newest older snapshot and the segments after it."""
+    assert segments and segments[-1].next_offset == snapshot_offset, (directory, snapshot_offset)
+    loader = LogLoader(fs, directory, config, store, clean=True, now_ms=now_ms)
+    loader.segments = segments
+    offset, _ = loader._load_newest_snapshot(limit=snapshot_offset)
+    loader._replay_trusted(offset, until=None)
+    loader._flush_replay()
+    loader.producers.expire(now_ms, exhaustive=True)
+    return loader.producers
+
+
 class LogLoader:
     def __init__(
         self,
@@ -139,11 +165,17 @@ class LogLoader:
         now_ms: int,
         scan_tail: ScanTail | None = None,
         marker_durable: Callable[[], None] | None = None,
+        defer_producers: bool = False,
     ):
         """`scan_tail`: the compiled tail scan (oncelog._append.scan_tail), or None for the
         reference loop alone. `marker_durable`: the clean marker's `made_durable`, called
-        before the load changes a log the marker called clean (None: durable already)."""
+        before the load changes a log the marker called clean (None: durable already).
+        `defer_producers`: a clean open whose snapshot at the log end holds every
+        producer leaves it unread (LoadedLog.deferred_snapshot), for a caller that opens
+        many logs of which most stay idle (a LogManager)."""
         self.fs = fs
+        self._defer_producers = defer_producers
+        self.deferred_snapshot: int | None = None
         self._marker_durable = marker_durable
         self._scan_tail = scan_tail
         self.directory = directory
@@ -151,9 +183,7 @@ class LogLoader:
         self.store = store
         self.clean = clean
         self.now_ms = now_ms
-        self.producers = ProducerStateManager(config.producer_capacity, config.producer_expiration_ms)
         self._retired = read_retired(store)
-        self._replay = ReplayBuffer(self.producers, now_ms, self._retired)
         self._shed = 0  # by replays started over (the snapshot-past-the-end case)
         self.segments: list[LogSegment] = []
         self._bytes_scanned = 0
@@ -170,6 +200,15 @@ class LogLoader:
         self.client_only = False
         self.metadata_missing = False
         self._truncate = config.on_corruption == "truncate"
+
+    # Made at first use: a load that defers the producers makes neither.
+    @functools.cached_property
+    def producers(self) -> ProducerStateManager:
+        return ProducerStateManager(self.config.producer_capacity, self.config.producer_expiration_ms)
+
+    @functools.cached_property
+    def _replay(self) -> ReplayBuffer:
+        return ReplayBuffer(self.producers, self.now_ms, self._retired)
 
     def load(self) -> LoadedLog:
         started = time.perf_counter()
@@ -188,9 +227,10 @@ class LogLoader:
         if recorded_start is not None and recorded_start < first_base:
             # The segment holding the start is gone (lost by hand, a bad restore).
             self._leading_data_missing(recorded_start, first_base)
-        # As Kafka does at load: producers idle past their expiration are forgotten,
-        # so the state equals a replay followed by expiry at the same time.
-        self.producers.expire(self.now_ms, exhaustive=True)
+        if self.deferred_snapshot is None:
+            # As Kafka does at load: producers idle past their expiration are forgotten,
+            # so the state equals a replay followed by expiry at the same time.
+            self.producers.expire(self.now_ms, exhaustive=True)
         if not self.clean:
             # Serve nothing recovery has not made durable (KAFKA-10101); only then
             # may the recovery point move past it.
@@ -214,7 +254,7 @@ class LogLoader:
             indexes_rebuilt=self._rebuilt,
             tail_error=self._tail_error,
             zero_tail_bytes=self._zero_tail,
-            producers_shed=self._shed + self._replay.shed,
+            producers_shed=self._shed + (0 if self.deferred_snapshot is not None else self._replay.shed),
             metadata_missing=self.metadata_missing,
         )
         # The stored start (delete_records, retention) can be inside the first segment;
@@ -225,7 +265,9 @@ class LogLoader:
             # A cut (recovery's, or a truncation a crash interrupted) went below the start:
             # keep the start at the end durably, or appends from here would land below it.
             write_offsets(self.store, {LOG_START_KEY: end})
-        return LoadedLog(self.segments, self.producers, end, report, self.client_only, start)
+        producers = None if self.deferred_snapshot is not None else self.producers
+        deferred = self.deferred_snapshot
+        return LoadedLog(self.segments, producers, end, report, self.client_only, start, deferred)
 
     # -- the steps -------------------------------------------------------------------
     def _load(self) -> int | None:
@@ -274,6 +316,9 @@ class LogLoader:
             first_unsafe = first
 
         validated_from = snapshot_limit(bases, first_unsafe)
+        self.deferred_snapshot = self._deferrable_snapshot(all_trusted=first_unsafe == len(bases))
+        if self.deferred_snapshot is not None:
+            return self.deferred_snapshot
         snapshot_offset, has_state = self._load_newest_snapshot(
             limit=validated_from, listed=self._snapshots_listed
         )
@@ -294,6 +339,15 @@ class LogLoader:
             self._replay_trusted(snapshot_offset, until=None)
             self._flush_replay()
         return snapshot_offset
+
+    def _deferrable_snapshot(self, *, all_trusted: bool) -> int | None:
+        """The snapshot a clean open may leave unread (`defer_producers`): the one at the log
+        end, which the clean close wrote last; None: load the producers now."""
+        listed = self._snapshots_listed
+        if not (self._defer_producers and self.clean and all_trusted and listed) or self._retired:
+            return None  # (retired producers: the load forgets their store records)
+        end = self.segments[-1].next_offset
+        return end if listed[-1] == end else None
 
     def _turn_unclean(self) -> None:
         """Validate after all: whatever the marker said, the log is loaded as after a crash."""

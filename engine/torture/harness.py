@@ -165,7 +165,9 @@ def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) ->
     gap = random.Random(f"{seed}/recovery-clock").choice((0, 0, 0, EXPIRATION_MS + 1, 3 * EXPIRATION_MS))
     now_ms = model.now_ms + gap
     try:
-        log = Log.open(DIRECTORY, CONFIG, fs=fs, clock=lambda: now_ms)
+        # Half the recoveries as a LogManager opens: a clean state's producers read at first use.
+        defer = random.Random(f"{seed}/defer-producers").random() < 0.5
+        log = Log.open(DIRECTORY, CONFIG, fs=fs, clock=lambda: now_ms, defer_producer_state=defer)
     except CorruptLogError:
         # Bytes below the recovery point were changed or lost: reporting it is the right answer.
         if not reportable:

@@ -21,6 +21,7 @@ accepted as an unknown producer's.
 from __future__ import annotations
 
 import errno
+import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -494,9 +495,10 @@ def run_workload(fs: FaultFileSystem, rng: random.Random, model: Model, steps: i
 def _run(fs: FaultFileSystem, rng: random.Random, model: Model, steps: int, scheduler: Scheduler) -> None:  # noqa: C901, PLR0915
     clock = EngineClock(model.now_ms)  # simulated: runs stay reproducible
     w = Workload(rng, model, clock)
+    reopens = itertools.count()
 
-    def reopen() -> Log:
-        return Log.open(DIRECTORY, CONFIG, fs=fs, clock=clock)
+    def reopen() -> Log:  # every other one as a LogManager opens: producers read at first use
+        return Log.open(DIRECTORY, CONFIG, fs=fs, clock=clock, defer_producer_state=next(reopens) % 2 == 1)
 
     try:
         log = reopen()

@@ -1102,14 +1102,15 @@ class TestMarkersTakenWhileTheLogsLoad:
             def sync_filesystem(self, path: str) -> None:
                 assert threading.current_thread().name.startswith("oncelog-syncfs")
                 order.append("sync started")
-                # Until every partition has read its snapshot: the loads must not wait for this.
+                # Until every partition has opened its active segment: the loads must not wait for this.
                 loaded.wait(timeout=120)
                 super().sync_filesystem(path)
                 order.append("sync done")
 
             def open(self, path: str, *, create: bool = False, writable: bool = True) -> FileHandle:
-                if path.endswith(".snapshot"):
-                    order.append(f"loading {Path(path).parent.name}")
+                event = f"loading {Path(path).parent.name}"
+                if path.endswith(".log") and event not in order:
+                    order.append(event)
                     if sum(event.startswith("loading") for event in order) == 4:
                         loaded.set()
                 return super().open(path, create=create, writable=writable)
