@@ -66,8 +66,8 @@ class LogAppends(LogState):
         lock: a bind unbinds what is there, which another appender may be using."""
         with self._lock:
             if self._bind_pending:
+                self._bind_compiled_now()  # (raising, e.g. reading deferred producers: tried again next time)
                 self._bind_pending = False
-                self._bind_compiled_now()
             return self._compiled_appender
 
     def _bind_compiled_now(self) -> None:

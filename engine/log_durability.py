@@ -44,6 +44,9 @@ class LogDurability(LogState):
 
     def _roll(self, base_offset: int) -> LogSegment:
         old = self.active_segment
+        # Producers a clean open deferred are read before the roll changes anything: their
+        # read failing inside it would fail the log (and the snapshot below needs them).
+        self._load_deferred_producers()
         # Under the fsync lock: no flush may fsync the same file beside this one. One of
         # two fsyncs racing on a failing file can return success after the kernel dropped
         # the pages (fsyncgate); serialised, the failure is recorded before any other runs.

@@ -140,15 +140,15 @@ def load_deferred_producers(
     snapshot_offset: int,
     now_ms: int,
 ) -> ProducerStateManager:
-    """The producer state a clean open deferred (LoadedLog.deferred_snapshot), at `now_ms`:
-    the snapshot at `snapshot_offset`, or, if that one is unreadable (set aside), what an
-    open would have loaded instead: the newest older snapshot and the segments after it."""
-    assert segments and segments[-1].next_offset == snapshot_offset, (directory, snapshot_offset)
+    """The producer state a clean open deferred (LoadedLog.deferred_snapshot), at `now_ms`,
+    over the log's `segments` now: the snapshot at `snapshot_offset` (or, if that one is
+    unreadable, set aside, the newest older one), then the batches after it (appends
+    that needed no producer state: a batch with no producer id)."""
+    assert segments and segments[-1].next_offset >= snapshot_offset, (directory, snapshot_offset)
     loader = LogLoader(fs, directory, config, store, clean=True, now_ms=now_ms)
     loader.segments = segments
-    offset, _ = loader._load_newest_snapshot(limit=snapshot_offset)
-    loader._replay_trusted(offset, until=None)
-    loader._flush_replay()
+    loader.deferred_snapshot = snapshot_offset
+    loader._read_deferred_producers()
     loader.producers.expire(now_ms, exhaustive=True)
     return loader.producers
 
@@ -350,9 +350,21 @@ class LogLoader:
         return end if listed[-1] == end else None
 
     def _turn_unclean(self) -> None:
-        """Validate after all: whatever the marker said, the log is loaded as after a crash."""
+        """Validate after all: whatever the marker said, the log is loaded as after a crash.
+        Producers a clean load deferred are read now: an unclean load writes their snapshot."""
         self._wait_marker_durable()
         self.clean = False
+        if self.deferred_snapshot is not None:
+            self._read_deferred_producers()
+
+    def _read_deferred_producers(self) -> None:
+        """Read the producers deferred to `deferred_snapshot` (an older snapshot if it is
+        unreadable), and replay the segments' batches after it."""
+        assert self.deferred_snapshot is not None
+        offset, _ = self._load_newest_snapshot(limit=self.deferred_snapshot)
+        self._replay_trusted(offset, until=None)
+        self._flush_replay()
+        self.deferred_snapshot = None
 
     def _wait_marker_durable(self) -> None:
         """Before the load changes a log its marker called clean: the marker's removal must be

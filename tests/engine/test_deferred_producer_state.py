@@ -299,3 +299,86 @@ def test_a_failed_first_read_leaves_the_state_unread_for_the_next_use(
         _retries_answer_duplicate(log, sent)
     finally:
         manager.close()
+
+
+def test_a_lost_newest_segment_recovered_by_truncation_keeps_every_producer(
+    tmp_path: Path, snapshot_reads: list[int]
+) -> None:
+    """The marker says clean, but fsynced data is missing: the load turns unclean after it
+    chose to defer, and must read the producers before it writes their snapshot."""
+    sent = _closed_root(tmp_path / "root", open_txn=True)
+    directory = Path(_partition(tmp_path / "root"))
+    bases = sorted(int(name[:20]) for name in os.listdir(directory) if name.endswith(".log"))
+    end = _snapshot_at_end(tmp_path / "root")
+    for path in directory.iterdir():  # the newest segment and the snapshot at the end are lost
+        if (path.name.startswith(f"{bases[-1]:020d}.") and path.suffix != ".snapshot") or path == end:
+            path.unlink()
+    manager = LogManager.open(tmp_path / "root", CONFIG, on_corruption="truncate")
+    try:
+        log = manager.log(TOPIC, 0, create=False)
+        assert log.log_end_offset == bases[-1] and not log.recovery_report.clean
+        assert snapshot_reads == [bases[-1]]  # read at open, as the unclean load needed it
+        survivors = {
+            pid: [b for b in batches if _offset_of(log, pid, b) is not None] for pid, batches in sent.items()
+        }
+        _retries_answer_duplicate(log, survivors)
+        assert log.open_transactions() == {}  # its open transaction's batch was in the lost segment
+    finally:
+        manager.close()
+
+
+def _offset_of(log: Log, pid: int, batch: bytes) -> int | None:
+    sequence = RecordBatch(batch).base_sequence
+    for offset, raw in read_all(log):
+        stored = RecordBatch(raw)
+        if (stored.producer_id, stored.base_sequence) == (pid, sequence):
+            return offset
+    return None
+
+
+@pytest.mark.parametrize("route", ["append", "append_batches"])
+def test_batches_without_a_producer_before_first_use_are_replayed_past_the_snapshot(
+    tmp_path: Path, route: str
+) -> None:
+    sent = _closed_root(tmp_path / "root")
+    manager = LogManager.open(tmp_path / "root", CONFIG)
+    try:
+        log = manager.log(TOPIC, 0, create=False)
+        plain = encode_batch([(b"k", b"no producer")], timestamp_ms=1_000)
+        for _ in range(3):
+            log.append(plain) if route == "append" else log.append_batches([plain])
+        _retries_answer_duplicate(log, sent)
+        log.roll()
+        _retries_answer_duplicate(log, sent)
+    finally:
+        manager.close()
+
+
+def test_a_failed_first_read_inside_a_roll_leaves_the_log_writable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent = _closed_root(tmp_path / "root")
+    manager = LogManager.open(tmp_path / "root", CONFIG)
+    try:
+        log = manager.log(TOPIC, 0, create=False)
+        real = log_state_module.load_deferred_producers
+
+        def failing(*args: object) -> None:
+            raise OSError(5, "EIO")
+
+        monkeypatch.setattr(log_state_module, "load_deferred_producers", failing)
+        end = log.log_end_offset
+        with pytest.raises(OSError):
+            log.roll()
+        assert log.log_end_offset == end and len(log.segments) == len(set(log.segments))
+        monkeypatch.setattr(log_state_module, "load_deferred_producers", real)
+        _retries_answer_duplicate(log, sent)  # not failed: appends go on
+        next_batch = _batch(PRODUCERS[0], BATCHES_EACH)
+        assert not log.append(next_batch).duplicate
+    finally:
+        manager.close()
+    reopened = Log.open(_partition(tmp_path / "root"), CONFIG)
+    try:
+        assert reopened.recovery_report.clean
+    finally:
+        reopened.close()
