@@ -8,8 +8,11 @@ STAMP := $(VENV)/.installed
 # mypy and import-linter cannot follow setuptools' package-dir mapping, so they
 # check a tree of symlinks laid out as the installed package would be.
 TYPECHECK_TREE := build/typecheck
+# librdkafka 2.12.1's integration suite (from the npm package node-rdkafka 3.6.0), built here.
+COMPAT_BUILD := build/compat
+COMPAT_STAMP := $(COMPAT_BUILD)/.built-node-rdkafka-3.6.0
 
-.PHONY: demo test lint typecheck imports layout-tree java-check pytest pytest-pure test-under-load bench torture serve-soak eos-soak soak-resources clean
+.PHONY: demo test lint typecheck imports layout-tree java-check pytest pytest-pure test-under-load bench torture serve-soak eos-soak soak-resources compat clean
 
 # The install builds the compiled append (engine/_append.c -> oncelog._append) in place;
 # with no C compiler it goes on without it, and oncelog takes the Python path.
@@ -53,8 +56,12 @@ java-check:
 		exit 1; \
 	fi
 
-pytest: $(STAMP) java-check
-	$(BIN)/python -m pytest
+# npm downloads the package (no Node build); a C compiler builds librdkafka and its runner.
+$(COMPAT_STAMP): $(STAMP) tests/compat/build_librdkafka.sh
+	PIP=$(CURDIR)/$(BIN)/pip bash tests/compat/build_librdkafka.sh $(COMPAT_BUILD)
+
+pytest: $(STAMP) java-check $(COMPAT_STAMP)
+	$(BIN)/python -m pytest --durations=30
 
 # The engine's and the codec's tests again on the Python append path (the reference and
 # the fallback); the suite above runs the compiled one, and compares the two step by step.
@@ -65,7 +72,7 @@ test: lint typecheck imports pytest pytest-pure
 
 # The suite with two busy processes beside it, as on CI's shared machine: no test may
 # depend on how fast the machine is. Not part of `make test` (it takes longer).
-test-under-load: $(STAMP) java-check
+test-under-load: $(STAMP) java-check $(COMPAT_STAMP)
 	@hogs=""; \
 	for n in 1 2; do $(BIN)/python -c 'while True: pass' & hogs="$$hogs $$!"; done; \
 	trap 'kill $$hogs 2>/dev/null' EXIT INT TERM; \
@@ -95,6 +102,13 @@ eos-soak: $(STAMP)
 # duplicated. SOAK_SECONDS=180 (say) for a shorter run; bench/soak_resources.py lists the knobs.
 soak-resources: $(STAMP)
 	SOAK_SECONDS=$${SOAK_SECONDS:-600} $(BIN)/python bench/soak_resources.py
+
+# Every test of librdkafka's integration suite meant for a real cluster, against `oncelog serve`
+# (issue 31; `make test` runs a fast subset). Allowlist: tests/compat/librdkafka_allowlist.txt.
+# TESTS=0012,0030 (say) runs those numbers only; the summary is written to build/compat/result.json.
+compat: $(STAMP) $(COMPAT_STAMP)
+	$(BIN)/python tests/compat/librdkafka_suite.py --build $(COMPAT_BUILD) --tests $${TESTS:-all} \
+		--json $(COMPAT_BUILD)/result.json
 
 clean:
 	rm -rf $(VENV) build data .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks

@@ -9,6 +9,9 @@ from oncelog.segments.compression import MAX_DECOMPRESSED_BYTES
 
 TimestampType = Literal["CreateTime", "LogAppendTime"]
 OnCorruption = Literal["raise", "truncate"]
+# Kafka's compression.type: "producer" stores batches as the client compressed them.
+CompressionType = Literal["producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"]
+COMPRESSION_TYPES: tuple[CompressionType, ...] = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +33,14 @@ class LogConfig:
     max_decompressed_batch_bytes: int = 64 * 1024 * 1024
     # "LogAppendTime" stamps the append time into every batch (attributes bit 3).
     timestamp_type: TimestampType = "CreateTime"
+    # Kafka's compression.type: a client batch in another codec is stored recompressed
+    # into this one (its records' bytes and every header field kept but the codec bits,
+    # the length and the CRC), as Kafka's broker does; "producer" stores it as sent.
+    compression_type: CompressionType = "producer"
+    # Kafka's delete.retention.ms: how long a compacted log keeps tombstones. Stored for
+    # the topic; a log whose segments are only deleted whole (every log here) ignores it,
+    # as Kafka's delete-policy logs do.
+    delete_retention_ms: int = 24 * 3600 * 1000
     # fsync after this many appended messages / this long since the last flush;
     # None leaves durability to explicit flush() calls (Kafka's default).
     flush_messages: int | None = None
@@ -94,6 +105,12 @@ class LogConfig:
             raise ValueError(f"retention_bytes must be >= 0 or None, got {self.retention_bytes}")
         if self.producer_capacity <= 0:
             raise ValueError(f"producer_capacity must be positive, got {self.producer_capacity}")
+        if self.delete_retention_ms < 0:
+            raise ValueError(f"delete_retention_ms must be >= 0, got {self.delete_retention_ms}")
+        if self.compression_type not in COMPRESSION_TYPES:
+            raise ValueError(
+                f"compression_type must be one of {COMPRESSION_TYPES}, got {self.compression_type!r}"
+            )
         if self.timestamp_type not in ("CreateTime", "LogAppendTime"):
             raise ValueError(
                 f"timestamp_type must be CreateTime or LogAppendTime, got {self.timestamp_type!r}"

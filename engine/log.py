@@ -55,6 +55,7 @@ from oncelog.storage.log_dirs import (
     unnamed_os_error,
 )
 from oncelog.storage.partition_store import PartitionStore
+from oncelog.validation import stored_codec
 
 __all__ = ["LOCK_FILE", "METADATA_DIR", "Log", "roll_needed"]
 
@@ -107,6 +108,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
         self._last_flush_ms = clock()
         self._has_flush_policy = config.flush_messages is not None or config.flush_ms is not None
         self._log_append_time = config.timestamp_type == "LogAppendTime"
+        self._stored_codec = stored_codec(config.compression_type)
         self._segment_bytes_limit = config.segment_bytes
         self._max_batch_bytes = config.max_batch_bytes
         self._max_decompressed_bytes = config.max_decompressed_batch_bytes
@@ -217,6 +219,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
             self.config = dataclasses.replace(config, **kept)
             self._has_flush_policy = config.flush_messages is not None or config.flush_ms is not None
             self._log_append_time = config.timestamp_type == "LogAppendTime"
+            self._stored_codec = stored_codec(config.compression_type)
             self._segment_bytes_limit = config.segment_bytes
             self._max_batch_bytes = config.max_batch_bytes
             self._max_decompressed_bytes = config.max_decompressed_batch_bytes

@@ -84,6 +84,7 @@ class LogAppends(LogState):
             or self._closed
             or self._failure is not None
             or self._log_append_time
+            or self._stored_codec is not None
             or not self._segments
         ):
             return
@@ -124,7 +125,7 @@ class LogAppends(LogState):
         if type(batch_bytes) is not bytes:
             batch_bytes = batch_buffer(batch_bytes)
         if not durable:
-            if origin != "client" or self._log_append_time:
+            if origin != "client" or self._log_append_time or self._stored_codec is not None:
                 return self.append_batches([batch_bytes], origin=origin)[0]
             compiled = self._compiled_appender
             if compiled is None and self._bind_pending:
@@ -282,7 +283,9 @@ class LogAppends(LogState):
                     self._count_for_flush(results, batches)
                 return results
         views = [
-            validate_batch(buffer, origin, self._max_batch_bytes, self._max_decompressed_bytes)
+            validate_batch(
+                buffer, origin, self._max_batch_bytes, self._max_decompressed_bytes, self._stored_codec
+            )
             for buffer in batches
         ]
         with self._lock:

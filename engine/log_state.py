@@ -93,6 +93,7 @@ class LogState:
     _last_flush_ms: int
     _has_flush_policy: bool
     _log_append_time: bool
+    _stored_codec: int | None  # client batches are stored in this codec (None: as sent)
     _segment_bytes_limit: int
     _segment_ms: int
     _max_batch_bytes: int

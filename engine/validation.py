@@ -13,9 +13,11 @@ from typing import Any, Literal
 import crc32c
 
 from oncelog.compiled_append import client_batch_passes
+from oncelog.config import CompressionType
 from oncelog.errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, check_batch_records
+from oncelog.segments.compression import compress, decompress
 from oncelog.segments.format import Buffer
 from oncelog.segments.records import check_records
 
@@ -46,10 +48,28 @@ def batch_buffer(buffer: object) -> Buffer:
     return view if view.ndim == 1 and view.format == "B" else view.cast("B")
 
 
+def stored_codec(compression_type: CompressionType) -> int | None:
+    """The codec a log's `compression_type` stores client batches in; None: the producer's."""
+    if compression_type == "producer":
+        return None
+    return (
+        fmt.COMPRESSION_NONE
+        if compression_type == "uncompressed"
+        else fmt.COMPRESSION_CODES[compression_type]
+    )
+
+
 def validate_batch(
-    buffer: Buffer, origin: Origin, max_batch_bytes: int, max_decompressed_bytes: int
+    buffer: Buffer,
+    origin: Origin,
+    max_batch_bytes: int,
+    max_decompressed_bytes: int,
+    codec: int | None = None,
 ) -> RecordBatch:
     """Parse and check one batch and its records; raises without side effects.
+
+    `codec`: a client batch in another codec is returned recompressed into it
+    (`recompressed`; LogConfig.compression_type), then held to `max_batch_bytes` again.
 
     Replication accepts what a leader stored, so the append rules are not checked
     there: compacted logs legally hold batches whose count is below
@@ -63,7 +83,7 @@ def validate_batch(
     if origin == "client" and client_batch_passes(buffer, max_batch_bytes):
         # Checked in C as the compiled append checks (the records walked at C speed: a
         # transaction's first batch in a partition takes this path, not the compiled one).
-        return RecordBatch(buffer)
+        return _stored_in(codec, RecordBatch(buffer), max_batch_bytes, max_decompressed_bytes)
     if len(buffer) > max_batch_bytes:
         raise RecordTooLargeError(f"batch of {len(buffer)} bytes exceeds max_batch_bytes={max_batch_bytes}")
     batch = RecordBatch(buffer)
@@ -83,7 +103,40 @@ def validate_batch(
     if batch.producer_id >= 0 and batch.base_sequence < 0:
         raise InvalidRecordError(f"producer {batch.producer_id} sent baseSequence {batch.base_sequence}")
     max_ts_delta = batch.check_records(exact=True, max_decompressed_bytes=max_decompressed_bytes)
-    return with_records_max_timestamp(batch, max_ts_delta)
+    return _stored_in(
+        codec, with_records_max_timestamp(batch, max_ts_delta), max_batch_bytes, max_decompressed_bytes
+    )
+
+
+def _stored_in(
+    codec: int | None, batch: RecordBatch, max_batch_bytes: int, max_decompressed_bytes: int
+) -> RecordBatch:
+    """A checked client batch as the log stores it: in `codec` (None: as sent)."""
+    if codec is None or batch.compression == codec:
+        return batch
+    stored = recompressed(batch, codec, max_decompressed_bytes)
+    if stored.size > max_batch_bytes:
+        raise RecordTooLargeError(
+            f"batch of {stored.size} bytes once stored {fmt.COMPRESSION_NAMES[codec]} "
+            f"exceeds max_batch_bytes={max_batch_bytes}"
+        )
+    return stored
+
+
+def recompressed(batch: RecordBatch, codec: int, max_decompressed_bytes: int) -> RecordBatch:
+    """`batch` with its records compressed with `codec` instead: the records' bytes and every
+    header field are kept but the codec bits, the length and the CRC (computed again over
+    bytes whose CRC and records were checked first), as Kafka's broker recompresses."""
+    raw = batch.buffer
+    records = decompress(batch.compression, bytes(raw[fmt.HEADER_SIZE :]), max_decompressed_bytes)
+    body = compress(codec, records)
+    stored = bytearray(raw[: fmt.HEADER_SIZE])
+    stored += body
+    attributes = (batch.attributes & ~fmt.COMPRESSION_MASK) | codec
+    stored[fmt.ATTRIBUTES_OFFSET : fmt.ATTRIBUTES_OFFSET + 2] = attributes.to_bytes(2, "big", signed=True)
+    fmt.INT32.pack_into(stored, fmt.LENGTH_OFFSET, len(stored) - fmt.LOG_OVERHEAD)
+    fmt.UINT32.pack_into(stored, fmt.CRC_OFFSET, crc32c.crc32c(memoryview(stored)[fmt.ATTRIBUTES_OFFSET :]))
+    return RecordBatch(stored)
 
 
 def with_records_max_timestamp(batch: RecordBatch, max_ts_delta: int) -> RecordBatch:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from oncelog.config import LogConfig
+from oncelog.config import COMPRESSION_TYPES, LogConfig
 
 DYNAMIC_TOPIC_CONFIG: Final = 1
 STATIC_BROKER_CONFIG: Final = 4
@@ -141,11 +141,25 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfig]] = {
         ),
         TopicConfig(
             "compression.type",
+            "compression_type",
+            STRING,
+            "producer: batches are stored as sent; a codec: client batches are recompressed into it.",
+            "compression.type",
+        ),
+        TopicConfig(
+            "delete.retention.ms",
+            "delete_retention_ms",
+            LONG,
+            "How long a compacted topic keeps tombstones (none here: cleanup.policy delete, as in Kafka).",
+            "log.cleaner.delete.retention.ms",
+        ),
+        TopicConfig(
+            "message.format.version",
             None,
             STRING,
-            "Batches are stored as the producer compressed them.",
-            "compression.type",
-            fixed="producer",
+            "Kafka 3 ignores it (deprecated): batches are stored in format v2 whatever it says.",
+            "log.message.format.version",
+            fixed="3.0-IV1",
         ),
         TopicConfig(
             "min.insync.replicas",
@@ -251,7 +265,11 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 _INT_FIELDS_WITH_NONE = {"retention_ms", "retention_bytes", "flush_messages", "flush_ms"}
 _WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
 _MAX_OF = {INT: 2**31 - 1, LONG: 2**63 - 1}
-_TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+_STRING_CHOICES: Final[Mapping[str, tuple[str, ...]]] = {
+    "timestamp_type": ("CreateTime", "LogAppendTime"),
+    "compression_type": COMPRESSION_TYPES,
+}
+_FORMAT_VERSION = re.compile(r"[0-9]+(\.[0-9]+){1,3}(-IV[0-9]+)?")
 
 
 class InvalidConfigError(ValueError):
@@ -266,13 +284,18 @@ def parse_value(name: str, value: str | None) -> tuple[str | None, Any]:
         raise InvalidConfigError(f"Unknown topic config name: {name}")
     if value is None:
         raise InvalidConfigError(f"{name} needs a value")
+    if name == "message.format.version":
+        if not _FORMAT_VERSION.fullmatch(value.strip()):
+            raise InvalidConfigError(f"{name} is a Kafka version (3.0-IV1, 2.8, 0.10.0.0), not {value!r}")
+        return None, None  # accepted and ignored, as Kafka 3 does
     if config.field is None:
         if value.strip().lower() != (config.fixed or "").lower():
             raise InvalidConfigError(f"{name} is {config.fixed} on this server and cannot be {value!r}")
         return None, None
     if config.config_type == STRING:
-        if value not in _TIMESTAMP_TYPES:
-            raise InvalidConfigError(f"{name} is one of {', '.join(_TIMESTAMP_TYPES)}, not {value!r}")
+        choices = _STRING_CHOICES[config.field]
+        if value not in choices:
+            raise InvalidConfigError(f"{name} is one of {', '.join(choices)}, not {value!r}")
         return config.field, value
     if not _WHOLE_NUMBER.fullmatch(value.strip()):  # (int() would take "1_000" too; Kafka does not)
         raise InvalidConfigError(f"{name} is a whole number, not {value!r}")

@@ -9,6 +9,7 @@ expiry, two threads, a failed read, a close with no use at all.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -280,25 +281,20 @@ def test_two_threads_using_a_log_first_read_its_snapshot_once(
         manager.close()
 
 
-def test_a_failed_first_read_leaves_the_state_unread_for_the_next_use(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    sent = _closed_root(tmp_path / "root")
-    manager = LogManager.open(tmp_path / "root", CONFIG)
-    try:
-        log = manager.log(TOPIC, 0, create=False)
-        real = log_state_module.load_deferred_producers
-        monkeypatch.setattr(
-            log_state_module,
-            "load_deferred_producers",
-            lambda *args: (_ for _ in ()).throw(OSError(5, "EIO")),
-        )
-        with pytest.raises(OSError):
-            log.append(sent[PRODUCERS[0]][-1])
-        monkeypatch.setattr(log_state_module, "load_deferred_producers", real)
-        _retries_answer_duplicate(log, sent)
-    finally:
-        manager.close()
+@pytest.fixture
+def failing_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """Inside it, reading deferred producer state fails with EIO."""
+
+    @contextlib.contextmanager
+    def failing() -> Iterator[None]:
+        def eio(*args: object) -> None:
+            raise OSError(5, "EIO")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(log_state_module, "load_deferred_producers", eio)
+            yield
+
+    return failing
 
 
 def test_a_lost_newest_segment_recovered_by_truncation_keeps_every_producer(
@@ -354,27 +350,21 @@ def test_batches_without_a_producer_before_first_use_are_replayed_past_the_snaps
         manager.close()
 
 
-def test_a_failed_first_read_inside_a_roll_leaves_the_log_writable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("first_use", ["append", "roll"])
+def test_a_failed_first_read_leaves_the_state_unread_and_the_log_writable(
+    tmp_path: Path, failing_reads: Callable[[], contextlib.AbstractContextManager[None]], first_use: str
 ) -> None:
+    """Read inside a roll, a failure would fail the log: the roll reads before it changes anything."""
     sent = _closed_root(tmp_path / "root")
     manager = LogManager.open(tmp_path / "root", CONFIG)
     try:
         log = manager.log(TOPIC, 0, create=False)
-        real = log_state_module.load_deferred_producers
-
-        def failing(*args: object) -> None:
-            raise OSError(5, "EIO")
-
-        monkeypatch.setattr(log_state_module, "load_deferred_producers", failing)
         end = log.log_end_offset
-        with pytest.raises(OSError):
-            log.roll()
+        with failing_reads(), pytest.raises(OSError):
+            log.append(sent[PRODUCERS[0]][-1]) if first_use == "append" else log.roll()
         assert log.log_end_offset == end and len(log.segments) == len(set(log.segments))
-        monkeypatch.setattr(log_state_module, "load_deferred_producers", real)
         _retries_answer_duplicate(log, sent)  # not failed: appends go on
-        next_batch = _batch(PRODUCERS[0], BATCHES_EACH)
-        assert not log.append(next_batch).duplicate
+        assert not log.append(_batch(PRODUCERS[0], BATCHES_EACH)).duplicate
     finally:
         manager.close()
     reopened = Log.open(_partition(tmp_path / "root"), CONFIG)

@@ -4,7 +4,8 @@ admin clients of confluent-kafka, kafka-python and aiokafka.
 A config is held to what it changes: a lowered max.message.bytes refuses a producer's
 larger batch at once (the open logs follow), an AlterConfigs drops every override it does
 not name (Kafka's rule), and what was answered survives a SIGKILL. Every config this
-server cannot take is refused by name with INVALID_CONFIG, never ignored.
+server cannot take is refused by name with INVALID_CONFIG, never ignored (but
+message.format.version, which Kafka 3 takes and ignores too).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource as AioConfigResource
 from aiokafka.admin.config_resource import ConfigResourceType as AioConfigResourceType
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -30,6 +31,10 @@ from confluent_kafka.admin import (
 from kafka.admin import ConfigResource as KafkaConfigResource
 from kafka.admin import ConfigResourceType, KafkaAdminClient
 from serve_process import ServeProcess
+
+from oncelog import Log, LogConfig
+from oncelog.segments.batch import RecordBatch
+from oncelog.segments.format import COMPRESSION_LZ4
 
 TIMEOUT_S: Final = 30.0
 DYNAMIC: Final = ConfigSource.DYNAMIC_TOPIC_CONFIG.value
@@ -169,3 +174,37 @@ def test_alter_configs_replaces_every_override_and_refuses_the_broker_and_unknow
         (response,) = asyncio.run(aio_alter())  # AlterConfigs as sent: the one config named
         assert [r[0] for r in response.resources] == [0]
         assert _overrides(admin, topic) == {"retention.bytes": "10485760"}  # the others back to default
+
+
+def test_a_topic_made_with_librdkafkas_test_configs_stores_its_batches_in_its_codec(tmp_path: Path) -> None:
+    """librdkafka's own admin test (0081) creates topics with compression.type lz4 and
+    delete.retention.ms; its 0092 sets message.format.version, which Kafka 3 ignores."""
+    topic = "lz4-stored"
+    configs = {"compression.type": "lz4", "delete.retention.ms": "900", "message.format.version": "0.10.0"}
+    with ServeProcess(tmp_path / "root") as running:
+        admin = AdminClient({"bootstrap.servers": running.bootstrap})
+        admin.create_topics([NewTopic(topic, 1, 1, config=configs)])[topic].result(TIMEOUT_S)
+        assert _overrides(admin, topic) == {"compression.type": "lz4", "delete.retention.ms": "900"}
+        producer = Producer({"bootstrap.servers": running.bootstrap, "enable.idempotence": True})
+        for n in range(20):
+            producer.produce(topic, key=b"%d" % n, value=b"payload %d " % n * 30)
+        assert producer.flush(TIMEOUT_S) == 0
+        consumer = Consumer(
+            {"bootstrap.servers": running.bootstrap, "group.id": "g", "auto.offset.reset": "earliest"}
+        )
+        consumer.subscribe([topic])
+        values: list[bytes] = []
+        try:
+            while len(values) < 20:
+                message = consumer.poll(TIMEOUT_S)
+                assert message is not None and message.error() is None
+                values.append(message.value())
+        finally:
+            consumer.close()
+        assert values == [b"payload %d " % n * 30 for n in range(20)]
+    log = Log.open(tmp_path / "root" / f"{topic}-0", LogConfig())
+    try:
+        stored = log.read(0, 1 << 20).batches
+        assert stored and all(RecordBatch(batch.buffer).compression == COMPRESSION_LZ4 for batch in stored)
+    finally:
+        log.close()

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oncelog.config import LogConfig
+from oncelog.config import COMPRESSION_TYPES, LogConfig
 from oncelog.server.topic_configs import (
     APPEND,
     DELETE,
@@ -34,6 +34,8 @@ configs = st.builds(
     flush_ms=st.none() | st.integers(0, 2**40),
     timestamp_type=st.sampled_from(["CreateTime", "LogAppendTime"]),
     max_batch_bytes=st.integers(69, 2**30),
+    compression_type=st.sampled_from(COMPRESSION_TYPES),
+    delete_retention_ms=st.integers(0, 2**62),
 )
 
 
@@ -70,6 +72,10 @@ def test_no_limit_is_kafkas_minus_one_for_retention_and_long_max_for_the_flush_s
         ("segment.bytes", "1e9", "segment.bytes is a whole number"),
         ("message.timestamp.type", "createtime", "one of CreateTime, LogAppendTime"),
         ("retention.ms", None, "retention.ms needs a value"),
+        ("compression.type", "brotli", "one of producer, uncompressed, gzip, snappy, lz4, zstd"),
+        ("compression.type", "LZ4", "one of producer"),
+        ("message.format.version", "newest", "a Kafka version"),
+        ("delete.retention.ms", "-1", "delete.retention.ms must be at least 0"),
     ],
 )
 def test_a_value_or_name_this_server_cannot_take_is_refused_by_name(
@@ -112,3 +118,17 @@ def test_incremental_steps_set_delete_and_refuse_appending_to_what_is_not_a_list
 def test_a_number_past_its_kafka_type_or_not_kafkas_syntax_is_refused(name: str, value: str) -> None:
     with pytest.raises(InvalidConfigError, match=re.escape(name)):
         overrides_of([(name, value)])
+
+
+def test_message_format_version_is_taken_and_ignored_as_kafka_3_does() -> None:
+    versions = ("0.10.0", "0.10.0.0", "3.0-IV1", "2.8")  # (librdkafka's 0092 sets 0.10.0.0)
+    assert overrides_of([("message.format.version", version) for version in versions]) == {}
+    described = {each.name: value for each, value, _ in describe_topic(LogConfig(), {})}
+    assert described["message.format.version"] == "3.0-IV1"
+
+
+def test_compression_and_tombstone_retention_are_stored_per_topic() -> None:
+    assert overrides_of([("compression.type", "lz4"), ("delete.retention.ms", "900")]) == {
+        "compression_type": "lz4",
+        "delete_retention_ms": 900,
+    }

@@ -1,0 +1,300 @@
+"""Run librdkafka's own integration suite against `oncelog serve` (`make compat`).
+
+librdkafka 2.12.1's `tests/` come inside the npm package node-rdkafka 3.6.0;
+`tests/compat/build_librdkafka.sh` unpacks and builds them under build/compat. This
+script starts one `oncelog serve` on a scratch root (topics auto-created with 4
+partitions), points the suite's test.conf at it and runs every test number that has a
+test meant for a real cluster (not TEST_F_LOCAL, which use librdkafka's mock cluster;
+not TEST_F_KNOWN_ISSUE), one number at a time with a timeout each, without the
+runner's quick mode (-Q skips subtests and still says PASSED).
+
+Each test's state comes from the runner's JSON report. A test named in the allowlist
+is not run (TESTS_SKIP) and is counted as skipped with its reason; any other test
+that does not pass fails the run. The summary (run / passed / failed / skipped) is
+printed, and written as JSON with --json.
+
+    python tests/compat/librdkafka_suite.py --build build/compat [--tests 0001,0012|fast|all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ALLOWLIST = HERE / "librdkafka_allowlist.txt"
+SUITE_DIR = Path("package/deps/librdkafka/tests")  # inside the build directory
+KAFKA_VERSION = "3.7.0"  # what the suite gates its tests on
+PARTITIONS = 4  # of each auto-created topic, as the suite's own clusters make them
+# Quick tests (about a minute in all) that cover producing (compressed, idempotent),
+# consuming, groups, offsets, partitions added and transactions: `make test` runs these;
+# `make compat` runs everything.
+FAST = (
+    *("0001", "0002", "0005", "0012", "0013", "0017", "0019", "0021"),
+    *("0031", "0034", "0036", "0044", "0063", "0090", "0099", "0129"),
+)
+DEFAULT_TIMEOUT_S = 900.0  # 0113 (cooperative rebalancing) takes about 5 minutes
+_TEST_DECL = re.compile(r"_TEST\(\s*(\d{4})_(\w+)\s*,\s*([^,)]*)")
+_SCENARIO = re.compile(r'\.scenario\s*=\s*"(\w+)"')
+
+
+@dataclass
+class SuiteTest:
+    name: str
+    flags: str
+    scenario: str = "default"  # the suite's "noautocreate": a cluster that makes no topic on first use
+
+    @property
+    def number(self) -> str:
+        return self.name[:4]
+
+    @property
+    def for_a_cluster(self) -> bool:
+        return not any(flag in self.flags for flag in ("TEST_F_LOCAL", "TEST_F_KNOWN_ISSUE", "TEST_F_MANUAL"))
+
+
+@dataclass
+class Outcome:
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # name -> state or why
+    skipped: dict[str, str] = field(default_factory=dict)  # name -> the allowlist's reason
+    skipped_itself: dict[str, str] = field(default_factory=dict)  # name -> the reason it printed
+    seconds: dict[str, float] = field(default_factory=dict)  # per test number
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "run": len(self.passed) + len(self.failed),
+            "passed": len(self.passed),
+            "passed_tests": sorted(self.passed),
+            "failed": dict(sorted(self.failed.items())),
+            "skipped": dict(sorted(self.skipped.items())),
+            "skipped_itself": dict(sorted(self.skipped_itself.items())),
+            "seconds": round(sum(self.seconds.values()), 1),
+        }
+
+
+def declared_tests(suite: Path) -> list[SuiteTest]:
+    """Every test the runner knows, from its table in test.c (name, flags and scenario)."""
+    source = (suite / "test.c").read_text()
+    table = source[source.index("struct test tests[]") :]
+    starts = list(_TEST_DECL.finditer(table))
+    tests = []
+    for match, following in zip(starts, [*starts[1:], None], strict=True):
+        declaration = table[match.start() : following.start() if following else len(table)]
+        scenario = _SCENARIO.search(declaration)
+        tests.append(SuiteTest(f"{match[1]}_{match[2]}", match[3], scenario[1] if scenario else "default"))
+    return tests
+
+
+def read_allowlist(path: Path) -> dict[str, str]:
+    """Test name (or number: all its tests) -> why it is not run here."""
+    allowed: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, reason = line.partition(" ")
+        if not reason.strip():
+            raise SystemExit(f"{path}: {name} has no reason")
+        allowed[name] = reason.strip()
+    return allowed
+
+
+_SKIPPING = re.compile(r"\[(\d{4}_\w+)\s*/\s*[0-9.]+s\] WARN: SKIPPING TEST: (.*)")
+
+
+def skip_reasons(log_path: Path) -> dict[str, str]:
+    """The tests that skipped themselves in a runner's log, and the reason each printed."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log_path.read_text(errors="replace"))
+    return {name: reason.strip() for name, reason in _SKIPPING.findall(text)}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Server:
+    """One `oncelog serve` on a scratch root, for the whole run."""
+
+    def __init__(self, root: Path, log_path: Path, *, auto_create: bool) -> None:
+        self.port = free_port()
+        self._log = log_path.open("ab")
+        self._process = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("oncelog")),
+                *("serve", str(root), "--listen", f"127.0.0.1:{self.port}", "--partitions", str(PARTITIONS)),
+                *(() if auto_create else ("--no-auto-create",)),
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise SystemExit(f"oncelog serve exited with {self._process.returncode}: see {log_path}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise SystemExit(f"oncelog serve did not listen within 60 s: see {log_path}")
+
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            self._process.send_signal(signal.SIGTERM)
+            try:
+                self._process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._log.close()
+
+
+def run_number(
+    suite: Path, number: str, scenario: str, conf: Path, scratch: Path, timeout_s: float
+) -> tuple[dict[str, str], float]:
+    """Run the tests of one number in one scenario; each one's state from the runner's report."""
+    report = scratch / f"report-{number}-{scenario}.json"
+    env = dict(
+        os.environ,
+        TESTS=number,
+        TEST_KAFKA_VERSION=KAFKA_VERSION,
+        RDKAFKA_TEST_CONF=str(conf),
+        TEST_REPORT=str(report),
+        LD_LIBRARY_PATH=f"{suite.parent / 'src'}:{suite.parent / 'src-cpp'}",
+    )
+    log_path = scratch / f"test-{number}-{scenario}.log"
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        # -L: no local (mock cluster) tests; -K: no known issues; -p1: one at a time.
+        runner = subprocess.Popen(
+            ["./test-runner", "-L", "-K", "-p1", "-s", scenario],
+            cwd=suite,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            runner.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()
+            return {"*": f"timed out after {timeout_s:g} s (see {log_path})"}, time.monotonic() - started
+    elapsed = time.monotonic() - started
+    if not report.exists():
+        return {"*": f"no report; exit {runner.returncode} (see {log_path})"}, elapsed
+    tests = json.loads(report.read_text())["tests"]
+    return {name: entry["state"] for name, entry in tests.items() if name.startswith(number)}, elapsed
+
+
+def run_suite(build: Path, selection: str, timeout_s: float, scratch: Path) -> Outcome:
+    suite = build / SUITE_DIR
+    if not (suite / "test-runner").exists():
+        raise SystemExit(f"{suite / 'test-runner'} is missing: run tests/compat/build_librdkafka.sh {build}")
+    allowed = read_allowlist(ALLOWLIST)
+    tests = [test for test in declared_tests(suite) if test.for_a_cluster]
+    if selection == "fast":
+        tests = [test for test in tests if test.number in FAST]
+    elif selection != "all":
+        tests = [test for test in tests if test.number in selection.split(",")]
+    outcome = Outcome()
+    for test in tests:
+        if test.name in allowed or test.number in allowed:
+            outcome.skipped[test.name] = allowed.get(test.name) or allowed[test.number]
+    to_run = [test for test in tests if test.name not in outcome.skipped]
+    # The suite's "noautocreate" tests run against a server that creates no topic on first use.
+    for scenario in sorted({test.scenario for test in to_run}):
+        _run_scenario(
+            suite,
+            scenario,
+            [test for test in to_run if test.scenario == scenario],
+            timeout_s,
+            scratch,
+            outcome,
+        )
+    return outcome
+
+
+def _run_scenario(
+    suite: Path, scenario: str, tests: list[SuiteTest], timeout_s: float, scratch: Path, outcome: Outcome
+) -> None:
+    server = Server(
+        scratch / f"root-{scenario}", scratch / f"serve-{scenario}.log", auto_create=scenario == "default"
+    )
+    conf = scratch / f"test-{scenario}.conf"
+    conf.write_text(f"bootstrap.servers=127.0.0.1:{server.port}\n")
+    numbers = sorted({test.number for test in tests})
+    try:
+        for n, number in enumerate(numbers, 1):
+            names = [test.name for test in tests if test.number == number]
+            states, outcome.seconds[f"{number}/{scenario}"] = run_number(
+                suite, number, scenario, conf, scratch, timeout_s
+            )
+            reasons = skip_reasons(scratch / f"test-{number}-{scenario}.log")
+            for name in names:
+                state = states.get(name, states.get("*", "not reported"))
+                if state == "PASSED":
+                    outcome.passed.append(name)
+                elif state == "SKIPPED" and name in reasons:
+                    outcome.skipped_itself[name] = reasons[name]  # (librdkafka built without RapidJSON)
+                else:
+                    outcome.failed[name] = state
+            print(
+                f"[{scenario} {n}/{len(numbers)}] {number}: "
+                + ", ".join(f"{name} {states.get(name, states.get('*', '?'))}" for name in names),
+                flush=True,
+            )
+            if not server.alive():
+                raise SystemExit(f"oncelog serve died during {number}: see {scratch}/serve-{scenario}.log")
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--build", type=Path, default=Path("build/compat"), help="where build_librdkafka.sh built"
+    )
+    parser.add_argument("--tests", default="all", help="all, fast, or test numbers (0001,0012)")
+    parser.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="per test number")
+    parser.add_argument("--json", type=Path, help="write the summary here")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, root)")
+    args = parser.parse_args(argv)
+    scratch = Path(tempfile.mkdtemp(prefix="oncelog-compat-"))
+    failed = True
+    try:
+        outcome = run_suite(args.build.resolve(), args.tests, args.timeout_s, scratch)
+        failed = bool(outcome.failed)
+        summary = outcome.summary()
+        print(json.dumps(summary, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=2) + "\n")
+        return 1 if failed else 0
+    finally:
+        if args.keep or failed:
+            print(f"logs and root kept in {scratch}", file=sys.stderr)
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
