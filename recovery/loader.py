@@ -140,10 +140,9 @@ def load_deferred_producers(
     snapshot_offset: int,
     now_ms: int,
 ) -> ProducerStateManager:
-    """The producer state a clean open deferred (LoadedLog.deferred_snapshot), at `now_ms`,
-    over the log's `segments` now: the snapshot at `snapshot_offset` (or, if that one is
-    unreadable, set aside, the newest older one), then the batches after it (appends
-    that needed no producer state: a batch with no producer id)."""
+    """The producer state a clean open deferred (LoadedLog.deferred_snapshot), at `now_ms`, over
+    the log's `segments` now: the snapshot at `snapshot_offset` (or the newest older one if it
+    is unreadable), then the batches after it (appends of batches with no producer id)."""
     assert segments and segments[-1].next_offset >= snapshot_offset, (directory, snapshot_offset)
     loader = LogLoader(fs, directory, config, store, clean=True, now_ms=now_ms)
     loader.segments = segments
@@ -201,8 +200,7 @@ class LogLoader:
         self.metadata_missing = False
         self._truncate = config.on_corruption == "truncate"
 
-    # Made at first use: a load that defers the producers makes neither.
-    @functools.cached_property
+    @functools.cached_property  # (made at first use: a load that defers the producers makes neither)
     def producers(self) -> ProducerStateManager:
         return ProducerStateManager(self.config.producer_capacity, self.config.producer_expiration_ms)
 
