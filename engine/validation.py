@@ -128,7 +128,9 @@ def recompressed(batch: RecordBatch, codec: int, max_decompressed_bytes: int) ->
     header field are kept but the codec bits, the length and the CRC (computed again over
     bytes whose CRC and records were checked first), as Kafka's broker recompresses."""
     raw = batch.buffer
-    records = decompress(batch.compression, bytes(raw[fmt.HEADER_SIZE :]), max_decompressed_bytes)
+    records = bytes(raw[fmt.HEADER_SIZE :])
+    if batch.compression != fmt.COMPRESSION_NONE:  # (an uncompressed body is held to max_batch_bytes alone)
+        records = decompress(batch.compression, records, max_decompressed_bytes)
     body = compress(codec, records)
     stored = bytearray(raw[: fmt.HEADER_SIZE])
     stored += body

@@ -53,7 +53,9 @@ def compress(codec: int, data: bytes) -> bytes:
             out += block
         return bytes(out)
     if codec == COMPRESSION_LZ4:
-        return bytes(lz4.frame.compress(data))
+        # Independent blocks, as Kafka's Lz4BlockOutputStream writes them: Kafka's reader
+        # (and every Java consumer) refuses a frame of linked blocks.
+        return bytes(lz4.frame.compress(data, block_linked=False))
     if codec == COMPRESSION_ZSTD:
         return bytes(zstandard.ZstdCompressor().compress(data))
     raise ValueError(f"unknown compression codec {codec}")

@@ -294,6 +294,7 @@ def parse_value(name: str, value: str | None) -> tuple[str | None, Any]:
         return None, None
     if config.config_type == STRING:
         choices = _STRING_CHOICES[config.field]
+        value = value.strip()  # (as Kafka reads string configs)
         if value not in choices:
             raise InvalidConfigError(f"{name} is one of {', '.join(choices)}, not {value!r}")
         return config.field, value

@@ -156,3 +156,39 @@ def test_a_log_reconfigured_back_to_producer_stores_batches_as_sent(tmp_path: Pa
         assert [RecordBatch(raw).compression for _, raw in read_all(log)] == [fmt.COMPRESSION_LZ4, 0]
     finally:
         log.close()
+
+
+def test_an_uncompressed_batch_past_the_inflate_limit_is_recompressed_not_called_corrupt(
+    tmp_path: Path,
+) -> None:
+    """The inflate limit bounds decompression; an uncompressed body is held to max_batch_bytes alone."""
+    config = LogConfig(
+        compression_type="gzip", max_batch_bytes=4 * 1024 * 1024, max_decompressed_batch_bytes=1024 * 1024
+    )
+    log = Log.open(tmp_path / "p", config)
+    try:
+        batch = encode_batch([(None, bytes(range(256)) * 8192)], timestamp_ms=1_000)  # 2 MiB of records
+        log.append(batch)
+        ((_, stored),) = read_all(log)
+        assert RecordBatch(stored).compression == fmt.COMPRESSION_GZIP
+        assert _decoded(stored)[0][3] == _decoded(batch)[0][3]
+    finally:
+        log.close()
+
+
+def test_lz4_batches_are_stored_as_frames_of_independent_blocks_as_kafkas_reader_requires(
+    tmp_path: Path,
+) -> None:
+    """Kafka's Lz4BlockInputStream (and so every Java consumer) refuses a frame whose blocks
+    are linked: its FLG byte must have the block-independence bit."""
+    log = Log.open(tmp_path / "p", LogConfig(compression_type="lz4"))
+    try:
+        records = [(None, bytes([n]) * 50_000) for n in range(6)]  # past one 64 KiB block
+        log.append(encode_batch(records, compression="gzip", timestamp_ms=1_000))
+        ((_, stored),) = read_all(log)
+        frame = stored[fmt.HEADER_SIZE :]
+        assert frame[:4] == b"\x04\x22\x4d\x18"  # the LZ4 frame magic
+        assert frame[4] & 0x20, f"FLG {frame[4]:#x}: blocks are linked"
+        assert [value for *_, value, _ in _decoded(stored)] == [value for _, value in records]
+    finally:
+        log.close()

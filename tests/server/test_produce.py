@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
+from oncelog import LogConfig
 from oncelog.segments import encode_batch
 from oncelog.server.handlers.produce import (
+    INLINE_BYTES,
     INLINE_RECORDS,
     _cheap_to_validate,
     _Outcome,
@@ -12,18 +17,32 @@ from oncelog.server.handlers.produce import (
 )
 
 
-def _pending(*batches: bytes) -> list[tuple[str, _Outcome]]:
-    return [("t", _Outcome(n, 0, records)) for n, records in enumerate(batches)]  # type: ignore[arg-type]
+def _pending(*batches: bytes, topic: str = "t") -> list[tuple[str, _Outcome]]:
+    return [(topic, _Outcome(n, 0, records)) for n, records in enumerate(batches)]  # type: ignore[arg-type]
+
+
+class _Topics:
+    """What _cheap_to_validate asks the broker: each topic's log config."""
+
+    def __init__(self, **compression_types: str) -> None:
+        self._configs = {topic: LogConfig(compression_type=kind) for topic, kind in compression_types.items()}  # type: ignore[arg-type]
+
+    def log(self, topic: str, partition: int) -> Any:
+        return SimpleNamespace(config=self._configs.get(topic, LogConfig()))
 
 
 def test_small_uncompressed_requests_are_validated_on_the_loop_and_the_rest_in_a_thread() -> None:
+    broker: Any = _Topics(gz="gzip")
     small = encode_batch([(b"k", b"v")] * 100)
-    assert _cheap_to_validate(_pending(small, small))
-    assert not _cheap_to_validate(_pending(encode_batch([(b"k", b"v")] * 10, compression="zstd")))
+    assert _cheap_to_validate(broker, _pending(small, small))
+    assert not _cheap_to_validate(broker, _pending(encode_batch([(b"k", b"v")] * 10, compression="zstd")))
     many = encode_batch([(None, b"")] * (INLINE_RECORDS // 2 + 1))
-    assert not _cheap_to_validate(_pending(many, many))  # more records in all than the loop takes
+    assert not _cheap_to_validate(broker, _pending(many, many))  # more records in all than the loop takes
+    large = encode_batch([(None, b"x" * (INLINE_BYTES // 4))] * 3)
+    assert not _cheap_to_validate(broker, _pending(large, large))  # more bytes in all (a CRC and a copy each)
+    assert not _cheap_to_validate(broker, _pending(small, topic="gz"))  # compressed again on append
     assert not _cheap_to_validate(
-        _pending(b"\x00" * 20)
+        broker, _pending(b"\x00" * 20)
     )  # too short to judge: the thread (and the engine) say
 
 

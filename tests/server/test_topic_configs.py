@@ -128,7 +128,7 @@ def test_message_format_version_is_taken_and_ignored_as_kafka_3_does() -> None:
 
 
 def test_compression_and_tombstone_retention_are_stored_per_topic() -> None:
-    assert overrides_of([("compression.type", "lz4"), ("delete.retention.ms", "900")]) == {
+    assert overrides_of([("compression.type", " lz4"), ("delete.retention.ms", "900")]) == {
         "compression_type": "lz4",
         "delete_retention_ms": 900,
     }

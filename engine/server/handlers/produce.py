@@ -19,9 +19,10 @@ refuses it likewise). The end of the transaction waits for such appends in fligh
 none lands after its marker.
 
 Validation walks every record: a request of small uncompressed batches (at most
-INLINE_RECORDS records) is appended on the event loop, where it takes a few ms and a
-thread hop would cost more than it; anything larger or compressed is appended in a
-worker thread, so no request stalls the other connections.
+INLINE_RECORDS records and INLINE_BYTES bytes) for topics that store batches as sent is
+appended on the event loop, where it takes a few ms and a thread hop would cost more
+than it; anything larger, compressed or to be recompressed (a topic's compression.type)
+is appended in a worker thread, so no request stalls the other connections.
 
 When the answer is sent: acks=1 and acks=all once the batch is in the page cache (it
 survives a kill -9 of the server); with --fsync-acks, acks=all once a group commit has
@@ -53,6 +54,7 @@ _COUNT = struct.Struct(">i")
 _PRODUCER = struct.Struct(">qh")  # producer id, epoch
 # Records in a Produce request validated on the event loop rather than in a thread (~10 ms).
 INLINE_RECORDS: Final = 20_000
+INLINE_BYTES: Final = 1024 * 1024  # (a CRC and a copy of 1 MiB: well under a millisecond)
 ACKS_NONE: Final = 0
 ACKS_LEADER: Final = 1
 ACKS_ALL: Final = -1
@@ -111,7 +113,7 @@ async def handle_produce(broker: Broker, request: Request) -> Any:
         _admit_transactional(broker, topics)
         pending = [(name, o) for name, entries in topics.items() for o in entries.values() if o.code == 0]
         try:
-            if _cheap_to_validate(pending):
+            if _cheap_to_validate(broker, pending):
                 _append_all(broker, pending)  # a few ms at most: not worth a thread hop (~15% of the CPU)
             else:
                 await broker.in_thread(lambda: _append_all(broker, pending))
@@ -159,22 +161,30 @@ def _admit_transactional(broker: Broker, topics: dict[str, dict[int, _Outcome]])
                 outcome.transactional_pid = pid
 
 
-def _cheap_to_validate(pending: list[tuple[str, _Outcome]]) -> bool:
+def _cheap_to_validate(broker: Broker, pending: list[tuple[str, _Outcome]]) -> bool:
     """Whether validating these batches is cheap enough to run on the event loop.
 
     Validation walks every record (about 0.5 µs each) and inflates compressed batches
-    (up to max_decompressed_batch_bytes each): uncompressed batches of at most
-    INLINE_RECORDS records in all stay on the loop, anything more goes to a thread.
+    (up to max_decompressed_batch_bytes each), and a topic with a compression.type
+    compresses each batch again: uncompressed batches of at most INLINE_RECORDS records
+    and INLINE_BYTES bytes in all, for topics that store them as sent, stay on the
+    loop; anything more goes to a thread.
     """
-    records = 0
-    for _, outcome in pending:
+    records = size = 0
+    for topic, outcome in pending:
         data = outcome.records
         if data is None or len(data) < fmt.HEADER_SIZE:
             return False
         if _ATTRIBUTES.unpack_from(data, fmt.ATTRIBUTES_OFFSET)[0] & fmt.COMPRESSION_MASK:
             return False
+        try:
+            if broker.log(topic, outcome.partition).config.compression_type != "producer":
+                return False
+        except OncelogError:
+            return False  # (deleted meanwhile: _append_all answers it)
         records += _COUNT.unpack_from(data, fmt.RECORDS_COUNT_OFFSET)[0]
-    return records <= INLINE_RECORDS
+        size += len(data)
+    return records <= INLINE_RECORDS and size <= INLINE_BYTES
 
 
 def _append_all(broker: Broker, pending: list[tuple[str, _Outcome]]) -> None:
