@@ -111,7 +111,10 @@ def read_allowlist(path: Path) -> dict[str, str]:
     return allowed
 
 
-_SKIPPING = re.compile(r"\[(\d{4}_\w+)\s*/\s*[0-9.]+s\] WARN: SKIPPING TEST: (.*)")
+# (the runner may print its next line without a line break: the reason ends where it begins)
+_SKIPPING = re.compile(
+    r"\[(\d{4}_\w+)\s*/\s*[0-9.]+s\] WARN: SKIPPING TEST: (.*?)(?=\[(?:\d{4}_|<MAIN>)|$)", re.M
+)
 
 
 def skip_reasons(log_path: Path) -> dict[str, str]:
