@@ -2,16 +2,18 @@
 
 librdkafka 2.12.1's `tests/` come inside the npm package node-rdkafka 3.6.0;
 `tests/compat/build_librdkafka.sh` unpacks and builds them under build/compat. This
-script starts one `oncelog serve` on a scratch root (topics auto-created with 4
-partitions), points the suite's test.conf at it and runs every test number that has a
-test meant for a real cluster (not TEST_F_LOCAL, which use librdkafka's mock cluster;
-not TEST_F_KNOWN_ISSUE), one number at a time with a timeout each, without the
-runner's quick mode (-Q skips subtests and still says PASSED).
+script starts `oncelog serve` on a scratch root (topics auto-created with 4 partitions;
+a second server that creates none for the suite's "noautocreate" scenario), points the
+suite's test.conf at it and runs every test number that has a test meant for a real
+cluster (not TEST_F_LOCAL, which use librdkafka's mock cluster; not
+TEST_F_KNOWN_ISSUE), one number at a time with a timeout each, without the runner's
+quick mode (-Q skips subtests and still says PASSED).
 
 Each test's state comes from the runner's JSON report. A test named in the allowlist
-is not run (TESTS_SKIP) and is counted as skipped with its reason; any other test
-that does not pass fails the run. The summary (run / passed / failed / skipped) is
-printed, and written as JSON with --json.
+is counted as skipped with its reason (a number all of whose tests are allowlisted is
+not run); a test that skips itself is counted apart with the reason it printed; any
+other test that does not pass fails the run. The summary is printed, and written as
+JSON with --json.
 
     python tests/compat/librdkafka_suite.py --build build/compat [--tests 0001,0012|fast|all]
 """
