@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from log_helpers import read_all
 
-from oncelog import Log, LogConfig, LogManager
+from oncelog import Log, LogConfig, LogManager, compiled_append
 from oncelog import log_state as log_state_module
 from oncelog.producer_state import ProducerStateEntry
 from oncelog.segments.batch import RecordBatch, encode_batch
@@ -365,6 +365,8 @@ def test_a_failed_first_read_leaves_the_state_unread_and_the_log_writable(
         assert log.log_end_offset == end and len(log.segments) == len(set(log.segments))
         _retries_answer_duplicate(log, sent)  # not failed: appends go on
         assert not log.append(_batch(PRODUCERS[0], BATCHES_EACH)).duplicate
+        # The failed first append's bind is tried again: the compiled appender is bound.
+        assert (log._compiled_appender is not None) == compiled_append.enabled()
     finally:
         manager.close()
     reopened = Log.open(_partition(tmp_path / "root"), CONFIG)
