@@ -149,9 +149,12 @@ class LogState:
         """The producer state a load restored, or the snapshot it left to read at first use."""
         self._deferred_snapshot = loaded.deferred_snapshot
         if loaded.producers is not None:
-            self._producer_table = loaded.producers
-            self._open_txns = OpenTransactions(loaded.producers.open_transactions())
+            self._use_producers(loaded.producers)
         assert (loaded.producers is None) == (loaded.deferred_snapshot is not None), loaded.deferred_snapshot
+
+    def _use_producers(self, producers: ProducerStateManager) -> None:
+        self._producer_table = producers
+        self._open_txns = OpenTransactions(producers.open_transactions())
 
     def _load_deferred_producers(self) -> None:
         """Read the producer state a clean open left in its snapshot (LogManager opens: most
@@ -164,8 +167,7 @@ class LogState:
             producers = load_deferred_producers(
                 self._fs, self.directory, self.config, self._store, self._segments, offset, self._clock()
             )
-            self._producer_table = producers
-            self._open_txns = OpenTransactions(producers.open_transactions())
+            self._use_producers(producers)
             self._deferred_snapshot = None
 
     def _fail(self, exc: BaseException) -> None:
