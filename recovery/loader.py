@@ -119,9 +119,8 @@ class LoadedLog(NamedTuple):
 
 def list_segment_bases(fs: FileSystem, directory: str, names: list[str] | None = None) -> list[int]:
     bases = []
-    for name in fs.listdir(directory) if names is None else names:
-        if not name.endswith(LOG_SUFFIX):
-            continue
+    listed = fs.listdir(directory) if names is None else names
+    for name in [name for name in listed if name.endswith(LOG_SUFFIX)]:  # (one filter: cheap per name)
         base = parse_segment_file_name(name, LOG_SUFFIX)
         if base is None:
             raise NotASegmentError(
@@ -270,7 +269,8 @@ class LogLoader:
     # -- the steps -------------------------------------------------------------------
     def _load(self) -> int | None:
         # One listing for the start of the load: it grows with the segment count.
-        names = self.fs.listdir(self.directory)
+        listing = self.fs.list_entries(self.directory)
+        names = listing.names
         self._remove_temp_files(names)  # removes only .tmp names, which nothing below reads
         self._snapshots_listed = snapshots.list_snapshot_offsets(self.fs, self.directory, names)
         bases = list_segment_bases(self.fs, self.directory, names)
@@ -305,7 +305,7 @@ class LogLoader:
         first = first_validated(bases, point, clean=self.clean, store_found=not self.metadata_missing)
         first_unsafe = len(bases) if first is None else first
         last = len(bases) - 1
-        self._open_segments(bases, first_unsafe)
+        self._open_segments(bases, first_unsafe, listing.irregular)
         if first_unsafe == len(bases) and not self._load_active_cleanly(self.segments[last], point):
             # The marker said clean but the active segment disagrees: validate it.
             first = first_validated(bases, point, clean=True, store_found=True, active_tail_ok=False)
@@ -372,7 +372,7 @@ class LogLoader:
         if wait is not None:
             wait()
 
-    def _open_segments(self, bases: list[int], first_unsafe: int) -> None:
+    def _open_segments(self, bases: list[int], first_unsafe: int, irregular: frozenset[str]) -> None:
         assert bases, self.directory
         last = len(bases) - 1
         trusted = min(first_unsafe, last)
@@ -384,8 +384,18 @@ class LogLoader:
         open_trusted = LogSegment.open_trusted
         for n in range(trusted):
             base = bases[n]
-            log_path = prefix + segment_file_name(base, LOG_SUFFIX)
-            self.segments.append(open_trusted(self.fs, self.directory, log_path, base, bases[n + 1], limits))
+            name = segment_file_name(base, LOG_SUFFIX)
+            self.segments.append(
+                open_trusted(
+                    self.fs,
+                    self.directory,
+                    prefix + name,
+                    base,
+                    bases[n + 1],
+                    limits,
+                    listed_regular=name not in irregular,
+                )
+            )
         for n in range(trusted, last + 1):
             segment = self._open(bases[n], sealed=n != last)
             if n != last:
@@ -678,10 +688,10 @@ class LogLoader:
 
     # -- housekeeping ------------------------------------------------------------------
     def _remove_temp_files(self, names: list[str]) -> None:
-        for name in names:
-            if name.endswith(snapshots.SNAPSHOT_SUFFIX + snapshots.TMP_SUFFIX):
-                # A snapshot write that crashed before its rename: never valid.
-                self.fs.unlink(os.path.join(self.directory, name))
+        suffix = snapshots.SNAPSHOT_SUFFIX + snapshots.TMP_SUFFIX
+        for name in [name for name in names if name.endswith(suffix)]:
+            # A snapshot write that crashed before its rename: never valid.
+            self.fs.unlink(os.path.join(self.directory, name))
 
     def _remove_stray_snapshots(self, end: int) -> None:
         """Keep snapshots at segment bases and at the log end; delete the rest."""

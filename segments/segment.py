@@ -91,6 +91,12 @@ _CURSOR_TEMPLATE = cur.new_cursor(cur.SEG_FIELDS)
 _CURSOR_TEMPLATE[cur.SEG_MAX_TS] = fmt.NO_TIMESTAMP
 _CURSOR_TEMPLATE[cur.SEG_WRITE_FD] = -1
 _CURSOR_TEMPLATE[cur.SEG_LAST_OFFSET_LIMIT] = -1
+_NO_VIEW = memoryview(b"")  # the write view of a segment with no write mapping (shared: empty, never written)
+
+
+def _offset_limit(base_offset: int) -> int:
+    """The last offset a segment at `base_offset` may hold while its indexes have room."""
+    return min(base_offset + fmt.INT32_MAX, fmt.MAX_OFFSET)
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -226,7 +232,6 @@ def check_client_appended(batch: RecordBatch, previous_last_offset: int | None) 
 
 class LogSegment:
     # The scalars the compiled append shares, in the cursor array (segments.cursor).
-    size = cur.CursorField[int](cur.SEG_SIZE)  # logical end: bytes past it are not part of the log
     next_offset = cur.CursorField[int](cur.SEG_NEXT_OFFSET)  # one past the last offset held
     max_timestamp_ms = cur.CursorField[int](cur.SEG_MAX_TS)
     offset_of_max_timestamp = cur.CursorField[int](cur.SEG_OFFSET_OF_MAX_TS)
@@ -284,10 +289,13 @@ class LogSegment:
         self.size = handle.size() if size is None else size
         # Pre-allocation never goes past the size the log rolls at.
         self.max_segment_bytes = max_segment_bytes
-        self._update_last_offset_limit()
+        if offset_index is None or time_index is None:
+            c[cur.SEG_LAST_OFFSET_LIMIT] = _offset_limit(base_offset)  # (as _update_last_offset_limit)
+        else:
+            self._update_last_offset_limit()
         # The write mapping: bytes [0, _mapped_bytes) of the file, allocated on disk (none yet).
         self._write_region: MappedRegion | None = None
-        self._write_view = memoryview(b"")
+        self._write_view = _NO_VIEW
 
     def shared_cursors(self) -> dict[str, object]:
         """The cursors of the segment and its indexes, which the compiled append shares."""
@@ -296,6 +304,29 @@ class LogSegment:
             "offset_index": self.offset_index.cursor,
             "time_index": self.time_index.cursor,
         }
+
+    @property
+    def size(self) -> int:
+        """The logical end: bytes past it are not part of the log."""
+        size: int = self._cursor_view[_SIZE]
+        return size if size >= 0 else self._size_on_first_use()
+
+    @size.setter
+    def size(self, value: int) -> None:
+        self._cursor_view[_SIZE] = value
+
+    def _size_on_first_use(self) -> int:
+        """A trusted sealed segment's size, read when first needed (`open_trusted`)."""
+        path = self.path
+        try:
+            size = self.fs.file_size(path)
+        except FileNotFoundError as error:
+            raise CorruptLogError(
+                "a sealed segment listed when the log opened is gone", path=path, position=0
+            ) from error
+        assert size >= 0, (path, size)
+        self._cursor_view[_SIZE] = size
+        return size
 
     @property
     def first_batch_timestamp_ms(self) -> int | None:
@@ -329,15 +360,17 @@ class LogSegment:
         base_offset: int,
         next_base_offset: int,
         limits: tuple[int, int, int],
+        *,
+        listed_regular: bool = False,
     ) -> LogSegment:
         """A sealed segment below the recovery point, trusted: its .log at `log_path` (in
-        `directory`) is opened when first read, and its indexes mapped and sanity-checked
-        when first used, as Kafka's LazyIndex does. So opening a log costs one stat per
-        sealed segment, whatever their number. `limits`: (index_interval_bytes,
-        max_segment_bytes, max_index_bytes)."""
-        # Its size now: one stat, which also finds a listed .log that is not there (a
-        # dangling link) at the open, where it is named, and not at a later read.
-        size = fs.file_size(log_path)
+        `directory`) is opened when first read, its size read when first needed, and its
+        indexes mapped and sanity-checked when first used, as Kafka's LazyIndex does. So
+        opening a log costs no I/O per sealed segment. `limits`: (index_interval_bytes,
+        max_segment_bytes, max_index_bytes). `listed_regular`: the directory listing said
+        the .log is a regular file; otherwise (a link, say) its size is read now, so one
+        that is not there (a dangling link) fails the open, where it is named."""
+        size = -1 if listed_regular else fs.file_size(log_path)
         handle = CachedFile(fs, log_path)
         segment = cls(fs, directory, base_offset, handle, None, None, *limits, size=size)
         segment.next_offset = next_base_offset
@@ -558,7 +591,7 @@ class LogSegment:
     def _release_mapping(self) -> None:
         if self._write_region is not None:
             self.cursor[cur.SEG_WRITE_ADDR] = 0  # before the unmap: the compiled path writes through it
-            self._write_view = memoryview(b"")
+            self._write_view = _NO_VIEW
             self._write_region.close()
             self._write_region = None
             self._mapped_bytes = 0
@@ -593,8 +626,7 @@ class LogSegment:
         # Index entries hold offsets relative to the base as i32, a full index must roll,
         # and no offset may reach the i64 log end's limit: all three caps in one number
         # the append path compares against (past it, the request path decides).
-        limit = min(self.base_offset + fmt.INT32_MAX, fmt.MAX_OFFSET)
-        self.last_offset_limit = -1 if self.indexes_full else limit
+        self.last_offset_limit = -1 if self.indexes_full else _offset_limit(self.base_offset)
 
     @property
     def indexes_full(self) -> bool:
@@ -919,6 +951,7 @@ class LogSegment:
             _index_path(self.directory, self.base_offset, TIME_INDEX_SUFFIX),
             self.txn_index.path,
         ]
+        self.size  # noqa: B018 (read before the file goes: a reader still holding this segment may ask)
         self.close(durable=False)
         for path in paths:
             if self.fs.exists(path):
@@ -1150,7 +1183,8 @@ class LogSegment:
         self.cursor[cur.SEG_WRITE_FD] = -1  # the descriptor is about to close (and its number be reused)
         try:
             self._release_mapping()
-            if durable and self._handle.size() > self.size:
+            # (A trusted segment whose size was never read was never touched: nothing to trim.)
+            if durable and self._cursor_view[_SIZE] >= 0 and self._handle.size() > self.size:
                 self._trim_file()
                 # fsync: the clean-shutdown marker promises the file ends at its last batch.
                 self._handle.fsync()

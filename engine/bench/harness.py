@@ -185,7 +185,7 @@ class BenchSettings:
 
 
 FULL = BenchSettings(
-    "full", 7, (20_000, 10_000, 1024, 16), 500, 2 * MIB, 7, 64 * MIB, 1_000_000, 1.0, 1000, 5
+    "full", 7, (20_000, 10_000, 1024, 16), 500, 2 * MIB, 15, 64 * MIB, 1_000_000, 1.0, 1000, 5
 )
 QUICK = BenchSettings(
     "quick",

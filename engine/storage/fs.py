@@ -23,7 +23,7 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from oncelog.errors import read_only_error
 from oncelog.segments.files import FileHandle as FileHandle
@@ -163,6 +163,14 @@ class FinishedSync:
         return None
 
 
+class DirListing(NamedTuple):
+    """A directory's names, sorted, and those the listing itself says are not regular
+    files (links, directories, anything else): no stat each."""
+
+    names: list[str]
+    irregular: frozenset[str]
+
+
 class FileSystem(SegmentFileSystem, Protocol):
     """The whole seam: segment files' part (open, exists, unlink, fsync_dir) and the rest."""
 
@@ -202,6 +210,10 @@ class FileSystem(SegmentFileSystem, Protocol):
         ...
 
     def listdir(self, path: str) -> list[str]: ...
+
+    def list_entries(self, path: str) -> DirListing:
+        """`listdir`'s names, and which are not regular files, in one listing."""
+        ...
 
     def filesystem_of(self, path: str) -> int:
         """Which filesystem holds `path` (its st_dev): one sync_filesystem of a path makes
@@ -425,6 +437,16 @@ class OsFileSystem:
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))
 
+    def list_entries(self, path: str) -> DirListing:
+        names, irregular = [], []
+        with os.scandir(path) as entries:
+            for entry in entries:
+                names.append(entry.name)
+                if not entry.is_file(follow_symlinks=False):  # the entry's type: no stat
+                    irregular.append(entry.name)
+        names.sort()
+        return DirListing(names, frozenset(irregular))
+
     def mkdir(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
 
@@ -554,6 +576,12 @@ class DelegatingFileSystem:
 
     def listdir(self, path: str) -> list[str]:
         return self.inner.listdir(path)
+
+    def list_entries(self, path: str) -> DirListing:
+        # The names through this object's listdir, so a subclass that observes or fails
+        # listings sees this one too.
+        names = self.listdir(path)
+        return DirListing(names, self.inner.list_entries(path).irregular.intersection(names))
 
     def mkdir(self, path: str) -> None:
         self.inner.mkdir(path)

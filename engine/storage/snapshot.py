@@ -95,12 +95,9 @@ def snapshot_file_name(offset: int) -> str:
 
 def list_snapshot_offsets(fs: FileSystem, directory: str, names: list[str] | None = None) -> list[int]:
     """Offsets of the `%020d.snapshot` files, ascending (among `names`, if the caller listed them)."""
-    offsets = []
-    for name in fs.listdir(directory) if names is None else names:
-        stem = name[: -len(SNAPSHOT_SUFFIX)] if name.endswith(SNAPSHOT_SUFFIX) else ""
-        if len(stem) == 20 and stem.isdigit():
-            offsets.append(int(stem))
-    return sorted(offsets)
+    listed = fs.listdir(directory) if names is None else names
+    stems = [name[: -len(SNAPSHOT_SUFFIX)] for name in listed if name.endswith(SNAPSHOT_SUFFIX)]
+    return sorted(int(stem) for stem in stems if len(stem) == 20 and stem.isdigit())
 
 
 def encode_snapshot(offset: int, rows: np.ndarray) -> bytes:

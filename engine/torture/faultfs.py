@@ -61,6 +61,7 @@ import numpy as np
 from oncelog.errors import CorruptMetadataError, read_only_error
 from oncelog.segments.format import Buffer
 from oncelog.storage.fs import (
+    DirListing,
     DirLock,
     FileHandle,
     FinishedSync,
@@ -620,6 +621,11 @@ class FaultFileSystem:
         # Subdirectories too (the metadata store's), as os.listdir shows them.
         names.update(_split(d)[1] for d in self._model.dirs if d != key and _split(d)[0] == key)
         return sorted(names)
+
+    def list_entries(self, path: str) -> DirListing:
+        key = _norm(path)
+        subdirectories = frozenset(_split(d)[1] for d in self._model.dirs if d != key and _split(d)[0] == key)
+        return DirListing(self.listdir(path), subdirectories)  # the twin models no links
 
     def mkdir(self, path: str) -> None:
         if not self.exists(path):

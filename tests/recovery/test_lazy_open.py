@@ -291,6 +291,67 @@ def filled_in_time(directory: Path, batches: int) -> list[bytes]:
             Log.open(directory, CONFIG)
 
 
+class SizeRecordingFileSystem(OpenRecordingFileSystem):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sized: list[str] = []
+
+    def file_size(self, path: str) -> int:
+        self.sized.append(Path(path).name)
+        return super().file_size(path)
+
+
+class TestASealedSegmentsSizeReadAtFirstUse:
+    @pytest.mark.parametrize("clean", [True, False])
+    def test_an_open_and_a_close_read_no_untouched_sealed_segments_size_or_file(
+        self, tmp_path: Path, clean: bool
+    ) -> None:
+        directory = tmp_path / "t-0"
+        filled(directory)
+        if not clean:
+            (directory / ".clean_shutdown").unlink()
+        fs = SizeRecordingFileSystem()
+        with Log.open(directory, CONFIG, fs=fs) as log:
+            assert log.recovery_report.clean is clean
+            sealed = {Path(segment.path).name for segment in log.segments[:-1]}
+            assert not sealed & set(fs.sized), sealed & set(fs.sized)
+        assert not sealed & set(fs.sized + fs.opened), sealed & set(fs.sized + fs.opened)
+
+    def test_its_size_read_later_is_the_files(self, tmp_path: Path) -> None:
+        directory = tmp_path / "t-0"
+        filled(directory)
+        on_disk = sum(path.stat().st_size for path in directory.glob("*.log"))
+        with Log.open(directory, CONFIG) as log:
+            assert log.size_bytes == on_disk
+            assert [segment.size for segment in log.segments] == [
+                Path(segment.path).stat().st_size for segment in log.segments
+            ]
+
+    def test_a_sealed_segment_gone_after_the_open_is_named_when_its_size_is_needed(
+        self, tmp_path: Path
+    ) -> None:
+        directory = tmp_path / "t-0"
+        filled(directory)
+        with Log.open(directory, CONFIG) as log:
+            gone = Path(log.segments[1].path)
+            gone.unlink()  # behind the log's back
+            with pytest.raises(CorruptLogError, match=gone.name):
+                log.size_bytes  # noqa: B018
+            with pytest.raises(CorruptLogError, match=gone.name):
+                log.read(log.segments[1].base_offset, max_bytes=1)
+
+    def test_a_deleted_segment_still_answers_its_size(self, tmp_path: Path) -> None:
+        # A reader may hold a segment retention deletes: its size is read before the file goes.
+        directory = tmp_path / "t-0"
+        filled(directory)
+        with Log.open(directory, CONFIG) as log:
+            first = log.segments[0]
+            expected = Path(first.path).stat().st_size
+            log.delete_records(log.segments[1].base_offset)
+            assert not Path(first.path).exists() and first not in log.segments
+            assert first.size == expected
+
+
 class TestTheActiveSegmentOpenedClean:
     def test_its_indexes_are_mapped_only_once_read(self, tmp_path: Path) -> None:
         values = filled_in_time(tmp_path / "t-0", 125)

@@ -396,3 +396,25 @@ def test_the_store_version_names_what_is_not_a_store_and_changes_with_each_commi
     writer.put({"k": b"w"})  # a commit: another version
     writer.close()
     assert fs.store_version(real) not in (None, version)
+
+
+def test_a_listing_names_what_is_not_a_regular_file_without_a_stat_each(tmp_path: Path) -> None:
+    (tmp_path / "b.log").write_bytes(b"x")
+    (tmp_path / "a.log").symlink_to(tmp_path / "gone.log")  # dangling
+    (tmp_path / "c.log").symlink_to(tmp_path / "b.log")  # a link to a file is still a link
+    (tmp_path / "store").mkdir()
+    listing = OsFileSystem().list_entries(str(tmp_path))
+    assert listing.names == ["a.log", "b.log", "c.log", "store"]
+    assert listing.irregular == {"a.log", "c.log", "store"}
+
+
+def test_a_delegating_seams_listing_goes_through_its_own_listdir(tmp_path: Path) -> None:
+    class Hiding(DelegatingFileSystem):
+        def listdir(self, path: str) -> list[str]:
+            return [name for name in super().listdir(path) if name != "hidden"]
+
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "seen").mkdir()
+    listing = Hiding().list_entries(str(tmp_path))
+    assert listing.names == ["seen"]
+    assert listing.irregular == {"seen"}

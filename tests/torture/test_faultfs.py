@@ -428,6 +428,15 @@ def test_is_dir_tells_directories_from_files_and_missing_names_as_the_os_does(tm
         assert answers == [True, True, False, False, False], fs
 
 
+def test_a_listing_names_directories_as_not_regular_files_as_the_os_does(tmp_path: Path) -> None:
+    twin, real = FaultFileSystem(0), OsFileSystem()
+    for fs, root in ((twin, D), (real, str(tmp_path))):
+        fs.mkdir(root + "/sub")
+        fs.open(root + "/file", create=True).close()
+        listing = fs.list_entries(root)
+        assert (listing.names, listing.irregular) == (["file", "sub"], {"sub"}), fs
+
+
 def test_namespace_matches_the_os_seam() -> None:
     fs = FaultFileSystem(0)
     fs.mkdir(D + "/sub")
