@@ -378,24 +378,13 @@ class LogLoader:
         trusted = min(first_unsafe, last)
         # Sealed and below the recovery point: trusted, with no I/O until used (as Kafka's
         # LazyIndex), so the cost of opening barely grows with the number of segments.
-        prefix = os.path.join(self.directory, "")
-        config = self.config
-        limits = (config.index_interval_bytes, config.segment_bytes, config.segment_index_bytes)
-        open_trusted = LogSegment.open_trusted
+        c, prefix = self.config, os.path.join(self.directory, "")
+        limits = (c.index_interval_bytes, c.segment_bytes, c.segment_index_bytes)
+        opened = functools.partial(LogSegment.open_trusted, self.fs, self.directory, limits=limits)
         for n in range(trusted):
-            base = bases[n]
-            name = segment_file_name(base, LOG_SUFFIX)
-            self.segments.append(
-                open_trusted(
-                    self.fs,
-                    self.directory,
-                    prefix + name,
-                    base,
-                    bases[n + 1],
-                    limits,
-                    listed_regular=name not in irregular,
-                )
-            )
+            name = segment_file_name(bases[n], LOG_SUFFIX)
+            regular = name not in irregular  # (a link is sized now: a dangling one fails here, named)
+            self.segments.append(opened(prefix + name, bases[n], bases[n + 1], listed_regular=regular))
         for n in range(trusted, last + 1):
             segment = self._open(bases[n], sealed=n != last)
             if n != last:

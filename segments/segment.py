@@ -170,9 +170,17 @@ class TailScan(Protocol):
 
 
 def scan_file(
-    handle: FileHandle, start: int, end: int, chunk_bytes: int = SCAN_CHUNK_BYTES
+    handle: FileHandle,
+    start: int,
+    end: int,
+    chunk_bytes: int = SCAN_CHUNK_BYTES,
+    take_at_most: Callable[[], int | None] | None = None,
 ) -> Iterator[ScannedBatch]:
     """Yield the batches in [start, end) of a file, reading `chunk_bytes` at a time.
+
+    `take_at_most`, asked before each chunk after the first: the largest batch the
+    caller may still take (None: any). Given a number, only that much and the next
+    header are read, and the scan ends at a larger batch, which is never read.
 
     Headers only: no CRC check. Raises TruncatedBatchError when the range ends
     inside a batch and CorruptRecordError when a header is impossible, each with
@@ -181,7 +189,9 @@ def scan_file(
     assert chunk_bytes >= fmt.HEADER_SIZE, chunk_bytes  # a chunk must hold a header
     pos = start
     while pos < end:
-        want = min(chunk_bytes, end - pos)
+        at_most = take_at_most() if pos != start and take_at_most is not None else None
+        assert at_most is None or at_most >= 0, at_most
+        want = min(chunk_bytes if at_most is None else at_most + fmt.HEADER_SIZE, end - pos)
         view = memoryview(handle.pread(want, pos))
         if len(view) < want:
             end = pos + len(view)  # the file is shorter than the caller thought
@@ -196,6 +206,8 @@ def scan_file(
             if used == 0:
                 # The next batch alone is larger than a chunk: read exactly it.
                 size = batch_size_at(view, 0)
+                if at_most is not None and size > at_most:
+                    return  # the caller would not take it
                 if pos + size > end:
                     raise TruncatedBatchError(f"batch of {size} bytes, {end - pos} remain", position=0)
                 whole = memoryview(handle.pread(size, pos))
@@ -1069,7 +1081,14 @@ class LogSegment:
         # The walk starts at a batch whose last offset is the entry's (or at the segment's first batch).
         expected_last = entry.offset if entry.position > 0 else None
         expected_base = self.base_offset if entry.position == 0 else None
-        for scanned in scan_file(self._handle, entry.position, end, chunk):
+
+        def take_at_most() -> int | None:
+            # Once a batch is taken, only what still fits is read (and the next header):
+            # reading a chunk to look at the batch after the limit, only to drop it, cost
+            # a fetch a megabyte of fresh memory per partition.
+            return max_bytes - taken if out else None
+
+        for scanned in scan_file(self._handle, entry.position, end, chunk, take_at_most):
             h = scanned.batch.header
             last_offset = h.base_offset + h.last_offset_delta
             if contiguous:

@@ -28,6 +28,7 @@ from typing import Final, TextIO
 from oncelog.log_manager import LogManager
 from oncelog.server.broker import Broker, ServeConfig
 from oncelog.server.connection import Connection
+from oncelog.server.memory_reuse import keep_freed_read_buffers
 
 log = logging.getLogger("oncelog.server")
 # How long a draining shutdown waits for requests being handled before closing anyway.
@@ -202,6 +203,7 @@ async def serve_until_signalled(manager: LogManager, config: ServeConfig, out: T
 
 def run_server(manager: LogManager, config: ServeConfig, out: TextIO) -> None:
     """Serve `manager` until SIGTERM, then close it cleanly."""
+    keep_freed_read_buffers()  # (process-wide: this process only serves)
     try:
         asyncio.run(serve_until_signalled(manager, config, out))
     finally:
