@@ -40,7 +40,8 @@ What is measured, each repeat on a fresh topic, messages sent to partition n % 4
    against the same client idle (see wire_fetch).
 
 Throughput rows are medians over the repeats with target ratio oncelog / mock
-≥ 0.8; the latency rows are the medians of the per-repeat percentiles,
+≥ 1 (transactional produce ≥ 0.8: issue 30), met only across the spread of the
+repeats' ratios; the latency rows are the medians of the per-repeat percentiles,
 informational. A note gives the CPU time oncelog serve itself used per message
 produced and fetched (from /proc/PID/stat), to tell its cost from the client's.
 
@@ -76,7 +77,8 @@ from oncelog.bench.wire_clients import (
     produce_seconds,
 )
 
-MIN_RATIO: Final = 0.8
+# Issue 30's targets against the mock: idempotent produce and fetch at its rate or better.
+MIN_RATIO: Final = 1.0
 MB: Final = 1e6
 # The mock drops a partition's oldest batches beyond this (rd_kafka_mock_partition_init's max_size).
 MOCK_PARTITION_BYTES: Final = 5 * 1024 * 1024
@@ -198,14 +200,21 @@ def _add_rows(results: BenchResults, sides: list[Side], count: int) -> None:
     produce_rate, mock_produce_rate = count / median(ours.produce_s), count / median(mock.produce_s)
     rows = results.rows
     figure = f"wire: idempotent produce, {label} x {VALUE_BYTES} B, acks=all"
-    rows.append(make_row(figure, produce_rate, "messages/s", mock_produce_rate, Target(min_ratio=MIN_RATIO)))
+    # Each repeat runs both brokers in turn: its ratio is one round's.
+    produce_ratios = [mock_s / ours_s for ours_s, mock_s in zip(ours.produce_s, mock.produce_s, strict=True)]
+    rows.append(
+        make_row(
+            figure, produce_rate, "messages/s", mock_produce_rate, Target(min_ratio=MIN_RATIO), produce_ratios
+        )
+    )
     mb = VALUE_BYTES / MB
     figure = "wire: idempotent produce, MB/s of values"
     rows.append(make_row(figure, produce_rate * mb, "MB/s", mock_produce_rate * mb, Target()))
     figure = f"wire: fetch {label} from offset 0 (assign)"
     fetch_target = Target(min_ratio=MIN_RATIO)
     fetch_rate, mock_fetch_rate = median(ours.fetch_rates), median(mock.fetch_rates)
-    rows.append(make_row(figure, fetch_rate, "messages/s", mock_fetch_rate, fetch_target))
+    fetch_ratios = [o / m for o, m in zip(ours.fetch_rates, mock.fetch_rates, strict=True)]
+    rows.append(make_row(figure, fetch_rate, "messages/s", mock_fetch_rate, fetch_target, fetch_ratios))
     rate = count_label(LATENCY_RATE)
     for name, ours_ms, mock_ms in (("p50", ours.p50_ms, mock.p50_ms), ("p99", ours.p99_ms, mock.p99_ms)):
         figure = f"wire: produce latency {name} at {rate} messages/s"
