@@ -45,12 +45,24 @@ def wakeups_per_s(threads: int) -> float:
                 while generation[0] == seen and not stop.is_set():
                     cond.wait()
 
+    def wake_all() -> None:
+        with cond:
+            generation[0] += 1
+            cond.notify_all()
+
+    return _wakeups_per_s(waiter, wake_all, stop, counts)
+
+
+def _wakeups_per_s(
+    waiter: Callable[[int], None], wake_all: Callable[[], None], stop: threading.Event, counts: list[int]
+) -> float:
+    """Run `len(counts)` waiters and a leader waking them all every SYNC_S for WINDOW_S."""
+    threads = len(counts)
+
     def leader() -> None:
         while not stop.is_set():
             time.sleep(SYNC_S)
-            with cond:
-                generation[0] += 1
-                cond.notify_all()
+            wake_all()
 
     workers = [threading.Thread(target=waiter, args=(n,)) for n in range(threads)]
     workers.append(threading.Thread(target=leader))
@@ -60,9 +72,7 @@ def wakeups_per_s(threads: int) -> float:
     time.sleep(WINDOW_S)
     stop.set()
     elapsed_s = time.perf_counter() - started
-    with cond:
-        generation[0] += 1
-        cond.notify_all()
+    wake_all()
     for thread in workers:
         thread.join()
     return sum(counts) / elapsed_s
@@ -96,23 +106,7 @@ def futex_wakeups_per_s(threads: int) -> float:
             while int(word[0]) == seen and not stop.is_set():
                 syscall(_SYS_FUTEX, address, _FUTEX_WAIT_PRIVATE, ctypes.c_int(seen), timeout, None, 0)
 
-    def leader() -> None:
-        while not stop.is_set():
-            time.sleep(SYNC_S)
-            wake_all()
-
-    workers = [threading.Thread(target=waiter, args=(n,)) for n in range(threads)]
-    workers.append(threading.Thread(target=leader))
-    for thread in workers:
-        thread.start()
-    started = time.perf_counter()
-    time.sleep(WINDOW_S)
-    stop.set()
-    elapsed_s = time.perf_counter() - started
-    wake_all()
-    for thread in workers:
-        thread.join()
-    return sum(counts) / elapsed_s
+    return _wakeups_per_s(waiter, wake_all, stop, counts)
 
 
 def main() -> None:

@@ -46,6 +46,13 @@ def filled(directory: Path, batches: int = 200) -> list[bytes]:
     return values
 
 
+def filled_and_closed(directory: Path, *, clean: bool) -> None:
+    """`filled`, then, unless `clean`, its marker gone: the next open is a crash recovery."""
+    filled(directory)
+    if not clean:
+        (directory / ".clean_shutdown").unlink()
+
+
 def read_values(log: Log, offset: int, count: int) -> list[bytes | None]:
     out: list[bytes | None] = []
     while len(out) < count:
@@ -281,9 +288,7 @@ def filled_in_time(directory: Path, batches: int) -> list[bytes]:
         # Found by a red-team pass on a variant that took sealed sizes lazily: the open
         # passed, and size_bytes, retention and reads raised a bare FileNotFoundError later.
         directory = tmp_path / "t-0"
-        filled(directory)
-        if not clean:
-            (directory / ".clean_shutdown").unlink()
+        filled_and_closed(directory, clean=clean)
         sealed = sorted(directory.glob("*.log"))[2]
         sealed.unlink()
         sealed.symlink_to(sealed.with_suffix(".gone"))  # a dangling link, still listed
@@ -307,9 +312,7 @@ class TestASealedSegmentsSizeReadAtFirstUse:
         self, tmp_path: Path, clean: bool
     ) -> None:
         directory = tmp_path / "t-0"
-        filled(directory)
-        if not clean:
-            (directory / ".clean_shutdown").unlink()
+        filled_and_closed(directory, clean=clean)
         fs = SizeRecordingFileSystem()
         with Log.open(directory, CONFIG, fs=fs) as log:
             assert log.recovery_report.clean is clean
