@@ -81,6 +81,22 @@ class LogReads(LogState):
                 self._unmap_cold_indexes()
         return None
 
+    def max_timestamp(self) -> TimestampOffset | None:
+        """The largest batch timestamp and the first offset holding it (Kafka's
+        MAX_TIMESTAMP); None if no batch is stamped. A lazily opened sealed segment knows
+        its largest timestamp only once its time index is read."""
+        with self._lock:
+            self._check_open()
+            best: TimestampOffset | None = None
+            try:
+                for segment in self._segments:
+                    newest = segment.newest_timestamp_ms() if segment.size > 0 else fmt.NO_TIMESTAMP
+                    if newest != fmt.NO_TIMESTAMP and (best is None or newest > best.timestamp_ms):
+                        best = TimestampOffset(newest, segment.offset_of_max_timestamp)
+            finally:
+                self._unmap_cold_indexes()
+        return best
+
     def _watch_index_maps(self, segments: Sequence[LogSegment]) -> None:
         for segment in segments:
             segment.on_indexes_mapped = self._mapped_sealed.add

@@ -333,6 +333,9 @@ class LogSegment:
         try:
             size = self.fs.file_size(path)
         except FileNotFoundError as error:
+            known: int = self._cursor_view[_SIZE]
+            if known >= 0:
+                return known  # a deletion read it just before it removed the file
             raise CorruptLogError(
                 "a sealed segment listed when the log opened is gone", path=path, position=0
             ) from error
@@ -963,7 +966,10 @@ class LogSegment:
             _index_path(self.directory, self.base_offset, TIME_INDEX_SUFFIX),
             self.txn_index.path,
         ]
-        self.size  # noqa: B018 (read before the file goes: a reader still holding this segment may ask)
+        # Read before the file goes: a reader still holding this segment may ask. (A file
+        # already gone has no size to keep, and is deleted all the same.)
+        with contextlib.suppress(CorruptLogError):
+            self.size  # noqa: B018
         self.close(durable=False)
         for path in paths:
             if self.fs.exists(path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,65 @@ class TestASealedSegmentsSizeReadAtFirstUse:
             log.delete_records(log.segments[1].base_offset)
             assert not Path(first.path).exists() and first not in log.segments
             assert first.size == expected
+
+    def test_a_size_first_asked_while_a_deletion_removes_the_file_is_the_one_it_read(
+        self, tmp_path: Path
+    ) -> None:
+        # Found by a red-team pass: size_bytes (which takes no lock) saw the unread size, a
+        # deletion read it and removed the file, and the reader's stat then failed: a healthy
+        # log reported "gone". Here the reader's stat runs the whole deletion first.
+        directory = tmp_path / "t-0"
+        filled(directory)
+
+        class DeletingBeforeTheStat(DelegatingFileSystem):
+            armed: Path | None = None
+
+            def file_size(self, path: str) -> int:
+                if self.armed is not None and Path(path) == self.armed:
+                    self.armed = None
+                    deleter = threading.Thread(target=log.delete_records, args=(log.segments[1].base_offset,))
+                    deleter.start()
+                    deleter.join()
+                return super().file_size(path)
+
+        fs = DeletingBeforeTheStat()
+        with Log.open(directory, CONFIG, fs=fs) as log:
+            first = log.segments[0]
+            expected = Path(first.path).stat().st_size
+            fs.armed = Path(first.path)
+            assert first.size == expected
+            assert not Path(first.path).exists() and first not in log.segments
+
+    def test_a_segment_whose_file_was_removed_by_hand_is_still_deleted(self, tmp_path: Path) -> None:
+        # Found by a red-team pass: the deletion's size read raised, failing the whole log.
+        directory = tmp_path / "t-0"
+        filled(directory)
+        with Log.open(directory, CONFIG) as log:
+            Path(log.segments[0].path).unlink()
+            second = log.segments[1].base_offset
+            assert log.delete_records(second) == second
+            log.append(encode_batch([(b"k", b"after")], timestamp_ms=T0))
+        with Log.open(directory, CONFIG) as log:
+            assert log.log_start_offset == second
+
+    @pytest.mark.parametrize("clean", [True, False])
+    def test_the_largest_timestamp_is_found_in_a_sealed_segment_after_a_reopen(
+        self, tmp_path: Path, clean: bool
+    ) -> None:
+        # Found by a red-team pass: ListOffsets MAX_TIMESTAMP read the cursors of sealed
+        # segments whose time index was never read, and answered the active segment's.
+        directory = tmp_path / "t-0"
+        with Log.open(directory, CONFIG) as log:
+            for n in range(100):
+                newest = 10**6 if n == 3 else n
+                log.append(encode_batch([(b"k", b"v" * 100)], timestamp_ms=T0 + newest))
+            assert len(log.segments) > 3
+            live = log.max_timestamp()
+        assert live == (T0 + 10**6, 3)
+        if not clean:
+            (directory / ".clean_shutdown").unlink()
+        with Log.open(directory, CONFIG) as log:
+            assert log.max_timestamp() == live
 
 
 class TestTheActiveSegmentOpenedClean:

@@ -62,14 +62,10 @@ def lookup_offset(log: Log, timestamp: int, committed: bool) -> tuple[int, int]:
     if timestamp == LATEST:
         return -1, end
     if timestamp == MAX_TIMESTAMP:
-        found = max(
-            ((s.max_timestamp_ms, s.offset_of_max_timestamp) for s in log.segments if s.size > 0),
-            key=lambda pair: pair[0],
-            default=None,
-        )
-        if found is None or found[0] < 0 or found[1] >= end:
+        newest = log.max_timestamp()
+        if newest is None or newest.timestamp_ms < 0 or newest.offset >= end:
             return -1, -1
-        return found
+        return newest.timestamp_ms, newest.offset
     if timestamp < 0:
         return -1, -1
     hit = log.offset_for_timestamp(timestamp)
