@@ -45,4 +45,4 @@ def test_freed_fetch_buffers_are_reused_instead_of_faulted_in_afresh(tmp_path: o
     default, kept, applied = float(out[0]), float(out[1]), out[2]
     assert applied == "True"
     assert default >= 400  # fresh megabytes: 256 pages each (measured: 740 a round of four)
-    assert kept < 16, (default, kept)
+    assert kept < default / 10, (default, kept)  # measured: 4 a round quiet, up to 21 beside two CPU hogs
