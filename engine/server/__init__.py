@@ -32,6 +32,7 @@ The state behind the APIs:
 The process:
 - `connection`: one client connection: bounded reads, requests answered in order
 - `unsent`: the bytes held for responses not yet taken, under one budget
+- `memory_reuse`: freed fetch buffers kept for the next fetch (glibc's malloc thresholds)
 - `rate_limited_log`: warnings a client can repeat at will, once a minute per topic or address
 - `app`: the asyncio server, SIGTERM draining and the recovery summary
 
