@@ -166,6 +166,7 @@ static uint32_t apply_shift(uint32_t table[4][256], uint32_t crc) {
 }
 
 #if defined(__x86_64__)
+#include <immintrin.h>
 #include <nmmintrin.h>
 __attribute__((target("sse4.2"))) static uint32_t crc_one_stream(uint32_t crc, const uint8_t *p, size_t n) {
     uint64_t c = crc;
@@ -207,7 +208,94 @@ __attribute__((target("sse4.2"))) static uint32_t crc_three_streams(
     return crc_one_stream(crc, p, n);
 }
 
+/* Folding with carry-less multiplies (AVX-512 VPCLMULQDQ), for long inputs: about twice
+ * the crc32 instruction's 8 bytes a cycle. With the register's bits as polynomial
+ * coefficients (bit i of a 16-byte lane, loaded little-endian, is x^(127-i), as the
+ * reflected CRC reads bytes), a lane moves d bits further along the message by
+ * multiplying its high-degree half by x^(64+d) mod P and its low-degree half by x^d mod P
+ * (the sum is congruent mod P, at most 96 bits, and XORs onto the lane d bits on). The
+ * constants hold those residues with one factor x moved into the multiply's bit order:
+ * fold_k[d] = (bitrev64(x^(63+d) mod P), bitrev64(x^(d-1) mod P)). What is left after the
+ * folds, one 16-byte lane and a tail under 16 bytes, is a message the crc32 instruction
+ * finishes from a zero register (the starting register is XORed into the first bytes). */
+#define FOLD_MIN_BYTES 256
+enum { FOLD_128, FOLD_256, FOLD_384, FOLD_512, FOLD_1024, FOLD_1536, FOLD_2048, FOLD_DISTANCES };
+static const int fold_bits[FOLD_DISTANCES] = {128, 256, 384, 512, 1024, 1536, 2048};
+static uint64_t fold_k[FOLD_DISTANCES][2];
+static int have_vpclmul;
+
+static uint64_t x_power_mod_p(int e) { /* x^e mod P, bit i the coefficient of x^i */
+    uint64_t r = 1;
+    while (e--) {
+        r <<= 1;
+        if (r >> 32) r ^= 0x11EDC6F41ull; /* P, not reflected */
+    }
+    return r;
+}
+
+static uint64_t bit_reverse64(uint64_t v) {
+    uint64_t r = 0;
+    for (int i = 0; i < 64; i++, v >>= 1) r = (r << 1) | (v & 1);
+    return r;
+}
+
+static void init_fold_constants(void) {
+    for (int i = 0; i < FOLD_DISTANCES; i++) {
+        fold_k[i][0] = bit_reverse64(x_power_mod_p(63 + fold_bits[i]));
+        fold_k[i][1] = bit_reverse64(x_power_mod_p(fold_bits[i] - 1));
+    }
+}
+
+#define FOLD_TARGET __attribute__((target("avx512f,avx512vl,vpclmulqdq,pclmul,sse4.2")))
+FOLD_TARGET static inline __m512i fold_k4(int distance) {
+    return _mm512_broadcast_i32x4(_mm_set_epi64x((long long)fold_k[distance][1], (long long)fold_k[distance][0]));
+}
+
+/* Each 16-byte lane of `acc` moved on by the constants' distance, XORed onto `next`. */
+FOLD_TARGET static inline __m512i fold_onto(__m512i acc, __m512i k, __m512i next) {
+    return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(acc, k, 0x00), _mm512_clmulepi64_epi128(acc, k, 0x11),
+                                     next, 0x96);
+}
+
+FOLD_TARGET static uint32_t crc_folded(uint32_t crc, const uint8_t *p, size_t n) {
+    assert(n >= FOLD_MIN_BYTES);
+    __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512(p), _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)crc)));
+    __m512i a1 = _mm512_loadu_si512(p + 64), a2 = _mm512_loadu_si512(p + 128), a3 = _mm512_loadu_si512(p + 192);
+    p += 256;
+    n -= 256;
+    const __m512i k2048 = fold_k4(FOLD_2048);
+    for (; n >= 256; p += 256, n -= 256) {
+        a0 = fold_onto(a0, k2048, _mm512_loadu_si512(p));
+        a1 = fold_onto(a1, k2048, _mm512_loadu_si512(p + 64));
+        a2 = fold_onto(a2, k2048, _mm512_loadu_si512(p + 128));
+        a3 = fold_onto(a3, k2048, _mm512_loadu_si512(p + 192));
+    }
+    /* Four registers into the last one, then 64 bytes at a time. */
+    __m512i acc = fold_onto(a2, fold_k4(FOLD_512), a3);
+    acc = fold_onto(a1, fold_k4(FOLD_1024), acc);
+    acc = fold_onto(a0, fold_k4(FOLD_1536), acc);
+    const __m512i k512 = fold_k4(FOLD_512);
+    for (; n >= 64; p += 64, n -= 64) acc = fold_onto(acc, k512, _mm512_loadu_si512(p));
+    /* Four lanes into the last one: lanes 0-2 move on by 384, 256 and 128 bits. */
+    const __m512i k_lanes = _mm512_set_epi64(0, 0, (long long)fold_k[FOLD_128][1], (long long)fold_k[FOLD_128][0],
+                                             (long long)fold_k[FOLD_256][1], (long long)fold_k[FOLD_256][0],
+                                             (long long)fold_k[FOLD_384][1], (long long)fold_k[FOLD_384][0]);
+    __m512i moved = _mm512_xor_si512(_mm512_clmulepi64_epi128(acc, k_lanes, 0x00), _mm512_clmulepi64_epi128(acc, k_lanes, 0x11));
+    __m128i lane = _mm_xor_si128(_mm_xor_si128(_mm512_extracti32x4_epi32(moved, 0), _mm512_extracti32x4_epi32(moved, 1)),
+                                 _mm_xor_si128(_mm512_extracti32x4_epi32(moved, 2), _mm512_extracti32x4_epi32(acc, 3)));
+    const __m128i k128 = _mm_set_epi64x((long long)fold_k[FOLD_128][1], (long long)fold_k[FOLD_128][0]);
+    for (; n >= 16; p += 16, n -= 16) {
+        __m128i next = _mm_loadu_si128((const __m128i *)p);
+        lane = _mm_ternarylogic_epi64(_mm_clmulepi64_si128(lane, k128, 0x00), _mm_clmulepi64_si128(lane, k128, 0x11),
+                                      next, 0x96);
+    }
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(lane));
+    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(lane, 1));
+    return crc_one_stream((uint32_t)c, p, n);
+}
+
 static uint32_t crc_hardware(uint32_t crc, const uint8_t *p, size_t n) {
+    if (have_vpclmul && n >= FOLD_MIN_BYTES) return crc_folded(crc, p, n);
     if (n >= 3 * LONG_BLOCK) {
         size_t whole = n - n % (3 * LONG_BLOCK);
         crc = crc_three_streams(crc, p, whole, LONG_BLOCK, shift_long);
@@ -258,6 +346,9 @@ static void init_crc(void) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
     have_sse42 = __builtin_cpu_supports("sse4.2") != 0;
+    have_vpclmul = have_sse42 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                   __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul");
+    init_fold_constants();
 #endif
 }
 
@@ -751,9 +842,11 @@ static int plan_request(Appender *self, Batch *batches, Py_ssize_t n, Plan *plan
 static int reserve_room(Appender *self, const Batch *batches, Py_ssize_t n, const Plan *plan, Room *room) {
     int64_t *seg = I64(self->seg), *oidx = I64(self->offset_index), *tidx = I64(self->time_index);
     room->position = seg[SEG_SIZE];
-    /* Large writes go to pwrite, as the Python path's do; small ones need room in the mapping. */
+    /* Large writes go to pwrite, as the Python path's do, small ones are copied into the
+     * mapping; both land in the space reserved ahead (a pwrite there is cheaper than one
+     * that extends the file). Past it, the Python path reserves more. */
     room->use_pwrite = plan->write_bytes >= WRITE_SYSCALL_MIN_BYTES;
-    if (room->use_pwrite ? seg[SEG_WRITE_FD] < 0 : room->position + plan->write_bytes > seg[SEG_MAPPED_BYTES])
+    if (room->position + plan->write_bytes > seg[SEG_MAPPED_BYTES] || (room->use_pwrite && seg[SEG_WRITE_FD] < 0))
         return 0;
     room->offset_entry_count = room->time_entry_count = 0;
     int offset_known = 0, time_known = 0;
@@ -1409,6 +1502,37 @@ static PyObject *py_crc32c(PyObject *module, PyObject *data) {
     return PyLong_FromUnsignedLong(crc);
 }
 
+/* The raw CRC-32C by every path this CPU can take (None for one it cannot): the tests
+ * hold each one to the crc32c package, whichever crc32c() picks here. */
+static PyObject *py_crc32c_by_each_path(PyObject *module, PyObject *data) {
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *p = (const uint8_t *)view.buf;
+    size_t n = (size_t)view.len;
+    uint32_t software = ~crc_software(0xFFFFFFFFu, p, n);
+    long long three_streams = -1, folded = -1;
+#if defined(__x86_64__)
+    if (have_sse42) three_streams = ~crc_three_streams(0xFFFFFFFFu, p, n, SHORT_BLOCK, shift_short) & 0xFFFFFFFFu;
+    if (have_vpclmul && n >= FOLD_MIN_BYTES) folded = ~crc_folded(0xFFFFFFFFu, p, n) & 0xFFFFFFFFu;
+#endif
+    PyBuffer_Release(&view);
+    PyObject *paths = PyDict_New();
+    if (paths == NULL) return NULL;
+    const char *names[3] = {"software", "three_streams", "folded"};
+    long long values[3] = {software, three_streams, folded};
+    for (int i = 0; i < 3; i++) {
+        PyObject *value = values[i] < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(values[i]);
+        if (value == NULL || PyDict_SetItemString(paths, names[i], value) < 0) {
+            Py_XDECREF(value);
+            Py_DECREF(paths);
+            return NULL;
+        }
+        Py_DECREF(value);
+    }
+    return paths;
+}
+
 /* check_batch for one buffer: what the Python path's validate_batch checks of a client
  * batch, stricter never looser (a compressed batch, or one with record headers, is 0:
  * the Python path decides). */
@@ -1425,6 +1549,9 @@ static PyObject *py_check_client_batch(PyObject *module, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"crc32c", py_crc32c, METH_O, "crc32c(data) -> the CRC-32C of the bytes (what batches carry)."},
+    {"crc32c_by_each_path", py_crc32c_by_each_path, METH_O,
+     "crc32c_by_each_path(data) -> {path: CRC-32C or None}: slice-by-8 tables, SSE4.2's crc32 in "
+     "three streams, AVX-512 carry-less folding (None where this CPU or length does not take it)."},
     {"check_client_batch", py_check_client_batch, METH_VARARGS,
      "check_client_batch(batch, max_batch_bytes) -> True when the client batch passes every check "
      "of oncelog.validation.validate_batch (False: the Python checks decide, and say why)."},

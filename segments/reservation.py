@@ -6,7 +6,8 @@ So every file the engine writes through a mapping (the active segment's .log,
 .index and .timeindex) has the blocks of all it maps reserved first
 (`FileHandle.allocate`, posix_fallocate), where a full disk is an ENOSPC that the
 log turns into LogFailedError. A file grown with ftruncate is sparse: growing is not
-reserving.
+reserving. The .log's large batches, written with pwrite, go into the same reserved
+space: a write there is cheaper than one that extends the file.
 
 Reservations grow in steps that double, so an idle partition holds little disk and
 a busy one extends its files a few times per segment.

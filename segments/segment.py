@@ -59,6 +59,9 @@ SCAN_CHUNK_BYTES = 8 * 1024 * 1024
 # fresh page cache faster than page faults on a mapping do (measured at 16 KiB: 1.4 vs
 # 0.8 GB/s on one machine, 2.6 vs 2.0 GB/s on another), and the syscall's cost is small
 # next to the copy. Smaller ones are copied into the mapping, with no syscall at all.
+# Either way the bytes land in space allocated ahead (`_grow`): a pwrite there skips the
+# delayed allocation and the size update that extending the file costs (16 KiB on ext4:
+# 4.4 µs against 5.6 µs for an appending write()).
 WRITE_SYSCALL_MIN_BYTES = 8 * 1024
 # The active segment is written through a shared mapping of reserved space (see
 # reservation), grown by at least this much at a time (and by at most MAX_GROW_BYTES,
@@ -499,10 +502,11 @@ class LogSegment:
         return offset_index, time_index
 
     # -- appends -----------------------------------------------------------------
-    # Writes are copies into a shared mapping of space allocated ahead of the end:
-    # no syscall per batch, and the bytes are in the page cache (they survive a
-    # kill -9) as soon as the copy returns. Space past `size` is zeros, which
-    # recovery cuts like any torn tail; sealing and closing trim the file to `size`.
+    # Writes go into space allocated ahead of the end: small ones are copies into a
+    # shared mapping of it (no syscall per batch), large ones pwrites into it. Either
+    # way the bytes are in the page cache (they survive a kill -9) once the call
+    # returns. Space past `size` is zeros, which recovery cuts like any torn tail;
+    # sealing and closing trim the file to `size`.
 
     def append(self, buffers: Sequence[Buffer], metas: Sequence[BatchMeta]) -> None:
         """Write the batches (given as buffers) at the end, then index them.
@@ -516,12 +520,12 @@ class LogSegment:
         # Room for an entry per batch first, so indexing them below cannot fail half way.
         self.offset_index.reserve_room(len(metas))
         self.time_index.reserve_room(len(metas))
+        if end > self._mapped_bytes:
+            self._grow(end)
         if expected >= WRITE_SYSCALL_MIN_BYTES:
             written = self._handle.pwritev(buffers, position)
             assert written == expected, (self.path, written, expected)
         else:
-            if end > self._mapped_bytes:
-                self._grow(end)
             view = self._write_view
             at = position
             for buffer in buffers:
@@ -554,13 +558,13 @@ class LogSegment:
             # index (a full disk, no descriptor to reopen it with) comes before the write.
             self.offset_index.reserve_room(1)
             self.time_index.reserve_room(1)
+        if end > c[_MAPPED_BYTES]:
+            self._grow(end)
         if size >= WRITE_SYSCALL_MIN_BYTES:
             prefix = _PREFIX_PACK(base_offset, size - fmt.LOG_OVERHEAD, _NO_LEADER_EPOCH, _MAGIC)
             written = self._handle.pwritev([prefix, memoryview(buffer)[fmt.SIZE_AND_MAGIC_BYTES :]], position)
             assert written == size, (self.path, written, size)
         else:
-            if end > c[_MAPPED_BYTES]:
-                self._grow(end)
             view = self._write_view
             # The body first, the prefix (length and magic) last: a reader of the live
             # file (another process, through the page cache) never sees a batch header

@@ -151,6 +151,35 @@ def test_crc32c_is_right_on_each_side_of_the_three_stream_blocks(length: int) ->
     assert compiled.crc32c(data) == crc32c.crc32c(data)
 
 
+@needs_compiled
+@given(st.binary(min_size=200, max_size=20_000), st.integers(0, 63))
+@settings(max_examples=200, deadline=None)
+def test_every_crc32c_path_this_cpu_has_matches_the_crc32c_package(data: bytes, skew: int) -> None:
+    assert compiled is not None
+    view = memoryview(data)[skew:]
+    paths = compiled.crc32c_by_each_path(view)
+    expected = crc32c.crc32c(view)
+    assert paths["software"] == expected
+    assert paths["three_streams"] in (None, expected)
+    assert paths["folded"] in (None, expected)
+
+
+@needs_compiled
+@pytest.mark.parametrize(
+    "length", [255, 256, 257, 319, 320, 511, 512, 513, 527, 528, 16_363, 16_384, 1_048_576 + 15]
+)
+def test_crc32c_folding_is_right_on_each_side_of_its_256_64_and_16_byte_steps(length: int) -> None:
+    assert compiled is not None
+    data = np.random.default_rng(length).integers(0, 256, length, dtype=np.uint8).tobytes()
+    paths = compiled.crc32c_by_each_path(data)
+    assert set(paths) == {"software", "three_streams", "folded"}
+    assert paths["software"] == crc32c.crc32c(data)
+    assert paths["folded"] in (None, crc32c.crc32c(data))
+    if length < 256:
+        assert paths["folded"] is None  # too short to fold: the crc32 instruction's path
+    assert compiled.crc32c(data) == crc32c.crc32c(data)
+
+
 def _batch(
     pid: int, seq: int, records: int = 1, *, epoch: int = 0, txn: bool = False, value: int = 40
 ) -> bytes:
