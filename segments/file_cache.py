@@ -232,6 +232,10 @@ class CachedFile:
         with self._pinned() as handle:
             return handle.pread_into(buffer, offset)
 
+    def data_end(self, start: int) -> int:
+        with self._pinned() as handle:
+            return handle.data_end(start)
+
     def direct_write_fd(self) -> int:
         return -1  # the number may be closed and reused at any eviction
 

@@ -31,6 +31,12 @@ class FileHandle(Protocol):
         """Fill `buffer` from `offset` (no intermediate copy); fewer bytes only at end of file."""
         ...
 
+    def data_end(self, start: int) -> int:
+        """Where the last stretch of the file at or past `start` that may hold anything but zeros
+        ends: every byte from there to the end of the file reads as zero (a hole, or space
+        allocated and never written). A handle that cannot tell says the file's size."""
+        return self.size()
+
     def direct_write_fd(self) -> int:
         """The descriptor a compiled writer may pwrite() to itself, or -1: every write must
         come through this handle (a double that observes or fails writes, the fault twin).

@@ -230,6 +230,7 @@ def zeros_to_end(handle: FileHandle, start: int, end: int) -> bool:
     Where `scan_file` meets zeros (UnwrittenSpaceError), zeros up to the end are
     pre-allocated space never written, not damage; anything else after them is.
     """
+    end = min(end, handle.data_end(start))  # past it the file reads as zeros: no need to read it
     while start < end:
         chunk = handle.pread(min(_ZERO_SCAN_BYTES, end - start), start)
         if not chunk or chunk != _ZERO_CHUNK[: len(chunk)]:
@@ -683,7 +684,9 @@ class LogSegment:
         if not keep_txn_index:
             self.txn_index.reset()  # the loader re-adds the ABORT markers it replays from this segment
         self._update_last_offset_limit()
-        size_on_disk = self._handle.size()
+        # Past data_end the file reads as zeros (space reserved ahead and never written, which
+        # a crash leaves behind): the scan would stop there, so it need not read that far.
+        size_on_disk = min(self._handle.size(), self._handle.data_end(0))
         self.size = 0
         self.next_offset = self.base_offset
         self.max_timestamp_ms = fmt.NO_TIMESTAMP
@@ -1028,7 +1031,8 @@ class LogSegment:
         Read backwards a chunk at a time, so the cost follows the run's length.
         """
         on_disk = self._handle.size()
-        end = on_disk
+        # Past data_end the file reads as zeros (space allocated ahead, never written): unread.
+        end = max(self.size, min(on_disk, self._handle.data_end(self.size)))
         while end > self.size:
             start = max(self.size, end - _ZERO_SCAN_BYTES)
             chunk = self._handle.pread(end - start, start)

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 from typing import Any, TextIO
 
 from oncelog.cli.exits import EXIT_BAD_INPUT, EXIT_OK
 from oncelog.cli.recover import directory_kind
 from oncelog.errors import LogDirLockedError, OncelogError
 from oncelog.log_manager import LogManager, PartitionRecoveryError
-from oncelog.server.app import run_server
+from oncelog.server.app import run_server, tls_context
 from oncelog.server.broker import (
     MAX_PARTITIONS_PER_TOPIC,
     ServeConfig,
     raise_open_files_limit,
 )
+from oncelog.server.credentials import SASL_MECHANISMS, SCRAM_MECHANISMS, StoreNotPrivateError, check_private
+from oncelog.server.credentials import STORE_DIR as CREDENTIALS_DIR
 from oncelog.server.group_state import GroupLimits
+from oncelog.server.listeners import PLAINTEXT, SSL, Listener, parse_address, parse_listener, with_advertised
+from oncelog.server.tls import TlsFiles, parse_principal_rule
 
 DESCRIPTION = """\
 Serve ROOT to unmodified Kafka clients (librdkafka/confluent-kafka, kafka-python,
@@ -44,7 +49,20 @@ address; a connection past either is closed at once. A new connection must send 
 complete request within --first-request-ms; after that it may idle between requests
 for 10 minutes (Kafka's connections.max.idle.ms). Kafka's internal topics
 (__consumer_offsets, __transaction_state) are neither created, written nor read by
-clients: the coordinators keep their state in ROOT/coordinator.lmdb."""
+clients: the coordinators keep their state in ROOT/coordinator.lmdb.
+
+Security: each --listener is one of Kafka's security protocols. PLAINTEXT serves
+anyone (principal User:ANONYMOUS) and, on an address other machines can reach, starts
+only with --allow-anonymous (as does SSL without --ssl-ca). SSL is TLS 1.2+
+(--ssl-cert, --ssl-key); with --ssl-ca every client must show a certificate that CA
+signed, and its subject is its principal
+(User:CN=...,O=..., or as --ssl-principal-rule maps it). SASL_PLAINTEXT and SASL_SSL
+log clients in with --sasl-mechanisms (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) against the
+users `oncelog users ROOT add` stores in ROOT/security.lmdb (salted and iterated SCRAM
+credentials, never a password; the store must be readable by the server's user alone,
+or serve refuses to start); nothing but ApiVersions is served before the login, and a
+failed login is answered after a delay and closed. Use SASL_PLAINTEXT with PLAIN only
+on a trusted network: the password crosses it in the clear."""
 
 EPILOG = """\
 exit status:
@@ -58,9 +76,14 @@ examples:
   oncelog serve /var/lib/oncelog
   oncelog serve data --listen 0.0.0.0:9092 --advertise broker1.example.com:9092
   oncelog serve data --partitions 6 --fsync-acks
-  oncelog serve data --max-connections 8192 --max-connections-per-ip 512"""
+  oncelog serve data --max-connections 8192 --max-connections-per-ip 512
+  oncelog serve data --listener SASL_SSL://0.0.0.0:9093 --advertise SASL_SSL://broker1.example.com:9093 \
+      --ssl-cert server.pem --ssl-key server.key --sasl-mechanisms SCRAM-SHA-512
+  oncelog serve data --listener SSL://0.0.0.0:9094 --ssl-cert server.pem --ssl-key server.key \
+      --ssl-ca clients-ca.pem --ssl-principal-rule 'RULE:^CN=([^,]+).*$/$1/'"""
 
 EXIT_FAILED = 1
+DEFAULT_LISTEN = "127.0.0.1:9092"
 _DEFAULT_GROUPS = GroupLimits()
 _DEFAULTS = ServeConfig()
 
@@ -76,16 +99,20 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     parser.add_argument("root", metavar="ROOT", help="the LogManager root to serve (created if missing)")
     parser.add_argument(
         "--listen",
-        default="127.0.0.1:9092",
+        default=None,
         metavar="HOST:PORT",
-        help="where to accept connections (default: %(default)s; port 0 picks a free one)",
+        help="one PLAINTEXT listener (shorthand for --listener PLAINTEXT://HOST:PORT; "
+        "the default when no --listener is given: 127.0.0.1:9092; port 0 picks a free one)",
     )
     parser.add_argument(
         "--advertise",
-        default=None,
-        metavar="HOST:PORT",
-        help="the address Metadata tells clients to connect to (default: the --listen address)",
+        action="append",
+        default=[],
+        metavar="[NAME://]HOST:PORT",
+        help="the address Metadata gives clients that came in on listener NAME (repeatable; "
+        "a bare HOST:PORT when there is one listener; default: the listen address)",
     )
+    _add_security_arguments(parser)
     parser.add_argument(
         "--partitions",
         type=int,
@@ -130,6 +157,96 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     parser.add_argument("--threads", type=int, default=None, help="partitions recovered at once on start")
     parser.add_argument("--no-progress", action="store_true", help="no recovery progress bar on stderr")
     parser.set_defaults(handler=run)
+
+
+def _add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    """Listeners, TLS and SASL (see the `security` section of --help)."""
+    parser.add_argument(
+        "--listener",
+        action="append",
+        default=[],
+        metavar="NAME://HOST:PORT",
+        help="a listener, NAME one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL (repeatable, one per name)",
+    )
+    parser.add_argument(
+        "--ssl-cert", metavar="FILE", help="the server certificate (PEM) of SSL and SASL_SSL listeners"
+    )
+    parser.add_argument("--ssl-key", metavar="FILE", help="its private key (PEM)")
+    parser.add_argument(
+        "--ssl-ca",
+        metavar="FILE",
+        help="clients must show a certificate this CA (PEM) signed (mTLS); on an SSL listener its "
+        "subject is the client's principal",
+    )
+    parser.add_argument(
+        "--ssl-principal-rule",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="map a client certificate's subject to a principal as Kafka's ssl.principal.mapping.rules "
+        "(RULE:pattern/replacement/[L|U] or DEFAULT; repeatable, the first match wins)",
+    )
+    parser.add_argument(
+        "--sasl-mechanisms",
+        default=",".join(SCRAM_MECHANISMS),
+        metavar="LIST",
+        help=f"SASL mechanisms enabled on SASL listeners, comma-separated, of {', '.join(SASL_MECHANISMS)} "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--super-user",
+        action="append",
+        default=[],
+        metavar="User:NAME",
+        help="a principal allowed the cluster's admin APIs (DescribeUserScramCredentials, "
+        "AlterUserScramCredentials), as Kafka's super.users (repeatable)",
+    )
+    parser.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        help="serve a PLAINTEXT listener on an address other machines can reach (anyone who can "
+        "connect may then produce, read and fence transactional ids)",
+    )
+
+
+def listeners_from(args: argparse.Namespace) -> list[Listener]:
+    """The listeners --listen, --listener and --advertise name; ValueError saying what is wrong."""
+    listeners = [parse_listener(text) for text in args.listener]
+    if args.listen is not None or not listeners:
+        listeners.insert(0, Listener(PLAINTEXT, *parse_address(args.listen or DEFAULT_LISTEN)))
+    return with_advertised(listeners, args.advertise)
+
+
+def anonymous_exposure(listeners: list[Listener], allow_anonymous: bool, client_ca: bool) -> str | None:
+    """Why the listeners may not start as they are (a listener that serves anyone, unnamed, on an
+    address others can reach: PLAINTEXT, or SSL without client certificates), or None."""
+    if allow_anonymous:
+        return None
+    for listener in listeners:
+        anonymous = listener.name == PLAINTEXT or (listener.name == SSL and not client_ca)
+        if anonymous and not listener.loopback_only:
+            return (
+                f"{listener} accepts anyone who can reach it, unauthenticated: they could produce, "
+                "read every topic and fence transactional ids. Listen on a loopback address, use an "
+                "SSL listener with --ssl-ca or a SASL listener, or pass --allow-anonymous to accept that"
+            )
+    return None
+
+
+def _security_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The ServeConfig fields of the security arguments; ValueError saying what is wrong."""
+    tls = None
+    if args.ssl_cert or args.ssl_key or args.ssl_ca:
+        if not (args.ssl_cert and args.ssl_key):
+            raise ValueError("--ssl-cert and --ssl-key go together")
+        tls = TlsFiles(args.ssl_cert, args.ssl_key, args.ssl_ca)
+    mechanisms = tuple(name.strip().upper() for name in args.sasl_mechanisms.split(",") if name.strip())
+    return {
+        "tls": tls,
+        "principal_rules": tuple(parse_principal_rule(rule) for rule in args.ssl_principal_rule),
+        "sasl_mechanisms": mechanisms,
+        "super_users": tuple(args.super_user),
+    }
 
 
 def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -177,14 +294,6 @@ def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    """HOST:PORT (or [IPv6]:PORT) as (host, port); ValueError saying what is wrong."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"expected HOST:PORT with a port in 0..65535, got {text!r}")
-    return host.strip("[]"), int(port_text)
-
-
 def unservable_root(root: str) -> str | None:
     """Why ROOT cannot be served, or None: it must be missing, empty, or a LogManager root."""
     if not os.path.lexists(root):
@@ -193,7 +302,8 @@ def unservable_root(root: str) -> str | None:
         return f"{root} is not a directory"
     try:
         kind = directory_kind(root)
-        empty = not os.listdir(root)
+        # A new root may already hold its users (`oncelog users ROOT add` before the first serve).
+        empty = not set(os.listdir(root)) - {CREDENTIALS_DIR}
     except OSError as exc:
         return f"cannot list {root}: {exc.strerror or exc}"
     if kind == "partition":
@@ -203,33 +313,67 @@ def unservable_root(root: str) -> str | None:
     return None
 
 
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """The ServeConfig the arguments ask for; ValueError saying what is wrong (the TLS files
+    are loaded once here, so a bad one is named before any partition is recovered)."""
+    listeners = listeners_from(args)
+    exposure = anonymous_exposure(listeners, args.allow_anonymous, args.ssl_ca is not None)
+    if exposure is not None:
+        raise ValueError(exposure)
+    if args.ssl_ca is not None and not any(listener.name == SSL for listener in listeners):
+        raise ValueError(
+            "--ssl-ca names the clients of SSL listeners, and there is none (SASL_SSL asks none)"
+        )
+    config = ServeConfig(
+        listen_host=listeners[0].host,
+        listen_port=listeners[0].port,
+        advertise_host=listeners[0].advertise_host,
+        advertise_port=listeners[0].advertise_port,
+        listeners=tuple(listeners),
+        **_security_config(args),
+        partitions=args.partitions,
+        auto_create_topics=not args.no_auto_create,
+        fsync_acks=args.fsync_acks,
+        groups=GroupLimits(
+            initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms=args.group_min_session_timeout_ms,
+        ),
+        transaction_max_timeout_ms=args.transaction_max_timeout_ms,
+        max_connections=args.max_connections,
+        max_connections_per_ip=args.max_connections_per_ip,
+        first_request_ms=args.first_request_ms,
+        max_unsent_bytes=args.max_unsent_bytes,
+        retention_check_ms=args.retention_check_ms,
+    )
+    try:
+        for listener in listeners:
+            tls_context(config, listener)
+    except ssl.SSLError as exc:  # a key that is not the certificate's, a file that is not PEM
+        raise ValueError(f"the TLS files do not load: {exc}") from exc
+    except OSError as exc:
+        raise ValueError(f"cannot read {exc.filename}: {exc.strerror or exc}") from exc
+    return config
+
+
+def root_problem(root: str) -> str | None:
+    """Why ROOT cannot be served (unservable_root), or its credential store is not private; None."""
+    why = unservable_root(root)
+    credentials = os.path.join(root, CREDENTIALS_DIR)
+    if why is None and os.path.isdir(credentials):
+        try:
+            check_private(credentials)
+        except StoreNotPrivateError as exc:
+            why = str(exc)
+    return why
+
+
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
-        listen_host, listen_port = parse_address(args.listen)
-        advertise_host, advertise_port = parse_address(args.advertise) if args.advertise else (None, None)
-        config = ServeConfig(
-            listen_host=listen_host,
-            listen_port=listen_port,
-            advertise_host=advertise_host,
-            advertise_port=advertise_port,
-            partitions=args.partitions,
-            auto_create_topics=not args.no_auto_create,
-            fsync_acks=args.fsync_acks,
-            groups=GroupLimits(
-                initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
-                min_session_timeout_ms=args.group_min_session_timeout_ms,
-            ),
-            transaction_max_timeout_ms=args.transaction_max_timeout_ms,
-            max_connections=args.max_connections,
-            max_connections_per_ip=args.max_connections_per_ip,
-            first_request_ms=args.first_request_ms,
-            max_unsent_bytes=args.max_unsent_bytes,
-            retention_check_ms=args.retention_check_ms,
-        )
+        config = serve_config(args)
     except ValueError as exc:
         print(f"oncelog serve: {exc}", file=err)
         return EXIT_BAD_INPUT
-    why = unservable_root(args.root)
+    why = root_problem(args.root)  # before recovering every partition, not after
     if why is not None:
         print(f"oncelog serve: {why}", file=err)
         return EXIT_BAD_INPUT
@@ -254,12 +398,20 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
         return EXIT_FAILED
     print(manager.recovery_summary, file=out, flush=True)
+    return _serve(manager, config, out, err)
+
+
+def _serve(manager: LogManager, config: ServeConfig, out: TextIO, err: TextIO) -> int:
     try:
         run_server(manager, config, out)
     except OncelogError as exc:  # a damaged coordinator store, or a log that failed and could not close
         print(f"oncelog serve: {type(exc).__name__}: {exc}", file=err)
         return EXIT_FAILED
+    except StoreNotPrivateError as exc:  # made readable since the check at start
+        print(f"oncelog serve: {exc}", file=err)
+        return EXIT_BAD_INPUT
     except OSError as exc:  # the port is taken, say
-        print(f"oncelog serve: cannot listen on {args.listen}: {exc.strerror or exc}", file=err)
+        where = ", ".join(map(str, config.all_listeners))
+        print(f"oncelog serve: cannot listen on {where}: {exc.strerror or exc}", file=err)
         return EXIT_BAD_INPUT
     return EXIT_OK

@@ -18,7 +18,9 @@ The wire:
   `group_admin` (ListGroups, DescribeGroups, DeleteGroups, OffsetDelete),
   `cluster_admin` (DeleteRecords, DescribeCluster, DescribeLogDirs), `describe_configs`,
   `alter_configs` (AlterConfigs, IncrementalAlterConfigs), `topic_admin` (DeleteTopics, CreatePartitions),
-  `producer_admin` (DescribeProducers, ListTransactions, DescribeTransactions)
+  `producer_admin` (DescribeProducers, ListTransactions, DescribeTransactions),
+  `sasl` (SaslHandshake, SaslAuthenticate),
+  `scram_admin` (DescribeUserScramCredentials, AlterUserScramCredentials)
 - `errors`: the server's exceptions, and oncelog's as Kafka error codes
 
 The state behind the APIs:
@@ -28,6 +30,12 @@ The state behind the APIs:
 - `topic_configs`: Kafka's topic config names and the LogConfig fields behind them, and the broker's
 - `txn_coordinator`, `txn_state`: transactional ids, epochs, the two-phase end of a transaction
 - `coordinator_store`: what both coordinators keep across restarts
+
+Security:
+- `listeners`: where the server listens, each listener's security protocol and advertised address
+- `tls`: the SSL listeners' context, and a client certificate's principal
+- `sasl`: a connection's security state and its SASL login (PLAIN, SCRAM-SHA-256/512)
+- `credentials`: the SASL users' SCRAM credentials, in a store only the server's user can read
 
 The process:
 - `connection`: one client connection: bounded reads, requests answered in order

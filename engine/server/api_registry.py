@@ -27,7 +27,16 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.server import fallback
 from oncelog.server.broker import Broker
-from oncelog.server.codec import API_VERSIONS_KEY, NO_THROTTLE, Request, build, nested, response_type
+from oncelog.server.codec import (
+    API_VERSIONS_KEY,
+    NO_THROTTLE,
+    SASL_AUTHENTICATE_KEY,
+    SASL_HANDSHAKE_KEY,
+    Request,
+    build,
+    nested,
+    response_type,
+)
 from oncelog.server.handlers.alter_configs import handle_alter_configs, handle_incremental_alter_configs
 from oncelog.server.handlers.cluster_admin import (
     handle_delete_records,
@@ -59,6 +68,11 @@ from oncelog.server.handlers.producer_admin import (
     handle_describe_producers,
     handle_describe_transactions,
     handle_list_transactions,
+)
+from oncelog.server.handlers.sasl import handle_sasl_authenticate, handle_sasl_handshake
+from oncelog.server.handlers.scram_admin import (
+    handle_alter_user_scram_credentials,
+    handle_describe_user_scram_credentials,
 )
 from oncelog.server.handlers.topic_admin import handle_create_partitions, handle_delete_topics
 from oncelog.server.handlers.transactions import (
@@ -143,6 +157,7 @@ APIS: Final[Mapping[int, Api]] = {
         _api(14, "SyncGroup", handle_sync_group, 5),
         _api(15, "DescribeGroups", handle_describe_groups, 5),
         _api(16, "ListGroups", handle_list_groups, 5),
+        _api(SASL_HANDSHAKE_KEY, "SaslHandshake", handle_sasl_handshake, 1),
         _api(API_VERSIONS_KEY, "ApiVersions", handle_api_versions, 4, fallback_request=ApiVersionsRequest),
         _api(
             19,
@@ -163,10 +178,13 @@ APIS: Final[Mapping[int, Api]] = {
         _api(32, "DescribeConfigs", handle_describe_configs, 4, 1, unsupported=fallback.DESCRIBE_CONFIGS),
         _api(33, "AlterConfigs", handle_alter_configs, 2),
         _api(35, "DescribeLogDirs", handle_describe_log_dirs, 4, 1, unsupported=fallback.DESCRIBE_LOG_DIRS),
+        _api(SASL_AUTHENTICATE_KEY, "SaslAuthenticate", handle_sasl_authenticate, 2),
         _api(37, "CreatePartitions", handle_create_partitions, 3),
         _api(42, "DeleteGroups", handle_delete_groups, 2),
         _api(44, "IncrementalAlterConfigs", handle_incremental_alter_configs, 1),
         _api(47, "OffsetDelete", handle_offset_delete, 0),
+        _api(50, "DescribeUserScramCredentials", handle_describe_user_scram_credentials, 0),
+        _api(51, "AlterUserScramCredentials", handle_alter_user_scram_credentials, 0),
         _api(60, "DescribeCluster", handle_describe_cluster, 1),
         _api(61, "DescribeProducers", handle_describe_producers, 0),
         _api(65, "DescribeTransactions", handle_describe_transactions, 0),

@@ -20,15 +20,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
+import re
 import signal
 import socket
+import ssl
 from typing import Final, TextIO
 
 from oncelog.log_manager import LogManager
 from oncelog.server.broker import Broker, ServeConfig
 from oncelog.server.connection import Connection
+from oncelog.server.listeners import Listener, format_address
 from oncelog.server.memory_reuse import keep_freed_read_buffers
+from oncelog.server.sasl import Session
+from oncelog.server.tls import ANONYMOUS, certificate_principal, server_context
 
 log = logging.getLogger("oncelog.server")
 # How long a draining shutdown waits for requests being handled before closing anyway.
@@ -48,9 +54,14 @@ class Server:
         self._connections: set[Connection] = set()
         # Open connections by client address (Connection.host).
         self._per_host: dict[str, int] = {}
+        # Connections accepted and not yet closed, those still in their TLS handshake included.
+        self._accepted = 0
+        self._tls_contexts: list[ssl.SSLContext | None] = []
         self._tasks: set[asyncio.Task[None]] = set()
-        self._listener: asyncio.Server | None = None
-        self.port = config.listen_port
+        self._listening: list[asyncio.Server] = []
+        # Each listener as bound (a port 0 replaced by the one the kernel chose).
+        self.listeners: list[Listener] = list(config.all_listeners)
+        self.port = self.listeners[0].port
 
     async def start(self) -> None:
         # Transactions a crash left decided but unfinished: their markers go out before any
@@ -64,18 +75,24 @@ class Server:
                 log.warning(
                     "transaction %r is still unfinished; retrying in the background", txn.transactional_id
                 )
-        self._listener = await asyncio.start_server(
-            self._accept,
-            self.config.listen_host,
-            self.config.listen_port,
-            reuse_address=True,
-            limit=64 * 1024,
-        )
-        sockets = self._listener.sockets
-        self.port = sockets[0].getsockname()[1] if sockets else self.config.listen_port
-        if self.config.listen_port == 0 and self.config.advertise_port is None:
+        # Loaded once (a file that does not load fails the start, named); handshakes happen per
+        # connection in _secure, once the connection is counted.
+        self._tls_contexts = [tls_context(self.config, listener) for listener in self.listeners]
+        for n, listener in enumerate(self.listeners):
+            listening = await asyncio.start_server(
+                functools.partial(self._accept, n),
+                listener.host,
+                listener.port,
+                reuse_address=True,
+                limit=64 * 1024,
+            )
+
+            self._listening.append(listening)
+            sockets = listening.sockets
             # An ephemeral port (tests): advertise the one the kernel chose.
-            self.broker.config = _with_port(self.config, self.port)
+            self.listeners[n] = listener.bound_to(sockets[0].getsockname()[1] if sockets else listener.port)
+        self.port = self.listeners[0].port
+        self.broker.config = _bound(self.config, self.listeners)
         self._retention = asyncio.create_task(self._apply_retention_periodically())
         self._coordination = [
             asyncio.create_task(self.broker.groups.run_sweeper()),
@@ -106,41 +123,83 @@ class Server:
             except Exception as exc:
                 self.broker.warnings.warning(("checkpoint",), "committing a recovery point failed: %s", exc)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(
+        self, listener_index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         if self.broker.stopping:
             writer.close()
             return
-        connection = Connection(self.broker, reader, writer)
-        host = connection.host
+        listener = self.listeners[listener_index]
+        address = writer.get_extra_info("peername")
+        host, peer = (str(address[0]) if isinstance(address, tuple) else str(address)), _peer(writer)
+        # Counted from the TCP accept, before any TLS handshake: a peer that opens connections
+        # and never finishes one holds no more slots than one that never sends a request.
         refusal = self._refusal(host)
         if refusal is not None:
             self.broker.warnings.warning(
-                ("refused", host), "refusing a connection from %s: %s", connection.peer, refusal
+                ("refused", host), "refusing a connection from %s: %s", peer, refusal
             )
             writer.close()
             return
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._connections.add(connection)
+        self._accepted += 1
         self._per_host[host] = self._per_host.get(host, 0) + 1
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
         try:
-            await connection.run()
+            session = await self._secure(listener, self._tls_contexts[listener_index], writer)
+            if session is None:
+                return
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            connection = Connection(self.broker, reader, writer, session)
+            self._connections.add(connection)
+            try:
+                await connection.run()
+            finally:
+                self._connections.discard(connection)
         finally:
-            self._connections.discard(connection)
+            self._accepted -= 1
             left = self._per_host.pop(host) - 1
             if left:
                 self._per_host[host] = left
             if task is not None:
                 self._tasks.discard(task)
 
+    async def _secure(
+        self, listener: Listener, context: ssl.SSLContext | None, writer: asyncio.StreamWriter
+    ) -> Session | None:
+        """The connection's session once its TLS handshake (SSL, SASL_SSL) is done; None (and
+        closed) if the handshake failed or took longer than first_request_ms."""
+        if context is None:
+            return Session.for_listener(listener)
+        try:
+            await writer.start_tls(context, ssl_handshake_timeout=self.config.first_request_ms / 1000)
+        except (OSError, TimeoutError, ConnectionError) as exc:  # ssl.SSLError is an OSError
+            log.info(
+                "TLS handshake with %s on %s failed: %s", writer.get_extra_info("peername"), listener, exc
+            )
+            writer.transport.abort()
+            return None
+        principal = ANONYMOUS
+        if not listener.uses_sasl:  # SSL: the client certificate names it
+            ssl_object = writer.get_extra_info("ssl_object")
+            certificate = ssl_object.getpeercert() if ssl_object is not None else None
+            try:
+                principal = certificate_principal(certificate, self.config.principal_rules)
+            except (re.error, IndexError) as exc:  # checked at start; a rule can still fail on a name
+                self.broker.warnings.warning(
+                    ("principal", listener.name), "mapping a client certificate failed: %s", exc
+                )
+                writer.transport.abort()
+                return None
+        return Session.for_listener(listener, principal)
+
     def _refusal(self, host: str) -> str | None:
         """Why a new connection from `host` is refused, or None."""
-        if len(self._connections) >= self.config.max_connections:
-            return f"{len(self._connections)} connections open (limit {self.config.max_connections})"
+        if self._accepted >= self.config.max_connections:
+            return f"{self._accepted} connections open (limit {self.config.max_connections})"
         from_host = self._per_host.get(host, 0)
         if from_host >= self.config.connections_per_ip:
             return f"{from_host} connections open from this address (limit {self.config.connections_per_ip})"
@@ -149,8 +208,8 @@ class Server:
     async def stop(self) -> None:
         """Stop accepting, answer what is in hand, close every connection."""
         self.broker.stop()
-        if self._listener is not None:
-            self._listener.close()
+        for listening in self._listening:
+            listening.close()
         if self._retention is not None:
             self._retention.cancel()
         for task in self._coordination:
@@ -177,8 +236,30 @@ class Server:
             task.cancel()  # only a connection stuck past the drain deadline
 
 
-def _with_port(config: ServeConfig, port: int) -> ServeConfig:
-    return dataclasses.replace(config, listen_port=port)
+def _peer(writer: asyncio.StreamWriter) -> str:
+    address = writer.get_extra_info("peername")
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+
+
+def _bound(config: ServeConfig, listeners: list[Listener]) -> ServeConfig:
+    """`config` with each listener on the port it was bound to (the first also as listen_port)."""
+    first = listeners[0]
+    return dataclasses.replace(
+        config,
+        listen_port=first.port,
+        advertise_host=first.advertise_host,
+        advertise_port=first.advertise_port,
+        listeners=tuple(listeners) if config.listeners else (),
+    )
+
+
+def tls_context(config: ServeConfig, listener: Listener) -> ssl.SSLContext | None:
+    """The TLS context of an SSL or SASL_SSL listener (None for the others): client
+    certificates are asked for on SSL listeners only, where they name the client."""
+    if not listener.uses_tls:
+        return None
+    assert config.tls is not None, "ServeConfig refuses a TLS listener without a certificate"
+    return server_context(config.tls, client_certificates=not listener.uses_sasl)
 
 
 async def serve_until_signalled(manager: LogManager, config: ServeConfig, out: TextIO) -> None:
@@ -188,10 +269,11 @@ async def serve_until_signalled(manager: LogManager, config: ServeConfig, out: T
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    host, port = server.broker.config.advertised
+    listening = ", ".join(
+        f"{listener} (advertised as {format_address(*listener.advertised)})" for listener in server.listeners
+    )
     print(
-        f"oncelog serve: listening on {config.listen_host}:{server.port}, advertising {host}:{port}, "
-        f"cluster id {server.broker.cluster_id}",
+        f"oncelog serve: listening on {listening}, cluster id {server.broker.cluster_id}",
         file=out,
         flush=True,
     )

@@ -43,10 +43,13 @@ from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
 from oncelog.segments import file_cache
 from oncelog.server.coordinator_store import CoordinatorStore
+from oncelog.server.credentials import SASL_MECHANISMS, SCRAM_MECHANISMS, CredentialStore
 from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, TopicExistsError
 from oncelog.server.group_coordinator import GroupCoordinator
 from oncelog.server.group_state import GroupLimits
+from oncelog.server.listeners import PLAINTEXT, Listener
 from oncelog.server.rate_limited_log import RateLimitedLog
+from oncelog.server.tls import PrincipalRule, TlsFiles
 from oncelog.server.topic_configs import checked
 from oncelog.server.txn_coordinator import TransactionCoordinator
 from oncelog.server.unsent import UnsentBytes
@@ -75,6 +78,7 @@ FDS_RESERVED: Final = 1024
 # Fetches read and framed at once: a read is CPU (CRCs) and copies, so more than the
 # machine's few cores only adds reads held in memory at the same time.
 FETCH_THREADS: Final = 2
+LOGIN_THREADS: Final = 1
 # Kafka's internal topics (org.apache.kafka.common.internals.Topic.INTERNAL_TOPICS).
 INTERNAL_TOPICS: Final = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
 
@@ -148,8 +152,35 @@ class ServeConfig:
     transaction_max_timeout_ms: int = 900_000
     # Kafka's transactional.id.expiration.ms: an id with no transaction open this long is forgotten.
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
+    # Every listener (see listeners); none: one PLAINTEXT listener at listen_host:listen_port.
+    listeners: tuple[Listener, ...] = ()
+    # The certificate and key of the SSL and SASL_SSL listeners, and the CA of client certificates.
+    tls: TlsFiles | None = None
+    # Kafka's ssl.principal.mapping.rules, applied to a client certificate's subject.
+    principal_rules: tuple[PrincipalRule, ...] = ()
+    # Kafka's sasl.enabled.mechanisms.
+    sasl_mechanisms: tuple[str, ...] = SCRAM_MECHANISMS
+    # Kafka's connection.failed.authentication.delay.ms: a failed login is answered this late.
+    failed_authentication_delay_ms: int = 100
+    # Kafka's super.users: principals (`User:NAME`) allowed everything, the cluster's admin APIs included.
+    super_users: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown = set(self.sasl_mechanisms) - set(SASL_MECHANISMS)
+        if unknown or not self.sasl_mechanisms:
+            raise ValueError(
+                f"SASL mechanisms must be some of {', '.join(SASL_MECHANISMS)}, "
+                f"got {', '.join(self.sasl_mechanisms) or 'none'}"
+            )
+        if self.tls is None and any(listener.uses_tls for listener in self.all_listeners):
+            raise ValueError(
+                "an SSL or SASL_SSL listener needs a certificate and its key (--ssl-cert, --ssl-key)"
+            )
+        for principal in self.super_users:
+            if not principal.startswith("User:") or len(principal) == len("User:"):
+                raise ValueError(f"a super user is a principal such as User:alice, got {principal!r}")
+        if self.failed_authentication_delay_ms < 0:
+            raise ValueError("the failed authentication delay must be 0 or more")
         if not 1 <= self.partitions <= MAX_PARTITIONS_PER_TOPIC:
             raise ValueError(f"partitions must be 1..{MAX_PARTITIONS_PER_TOPIC}, got {self.partitions}")
         if not 0 <= self.listen_port <= 65535:
@@ -182,9 +213,16 @@ class ServeConfig:
 
     @property
     def advertised(self) -> tuple[str, int]:
-        host = self.advertise_host or self.listen_host
-        port = self.advertise_port if self.advertise_port is not None else self.listen_port
-        return host, port
+        """What the first listener advertises."""
+        return self.all_listeners[0].advertised
+
+    @property
+    def all_listeners(self) -> tuple[Listener, ...]:
+        if self.listeners:
+            return self.listeners
+        return (
+            Listener(PLAINTEXT, self.listen_host, self.listen_port, self.advertise_host, self.advertise_port),
+        )
 
 
 def new_cluster_id() -> str:
@@ -221,9 +259,12 @@ class Broker:
         # Fetch reads and framing run on their own threads, never the loop's, and never
         # queue an append behind a 50 MB read.
         self._fetch_threads = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="oncelog-fetch")
+        # SASL logins (PBKDF2, SCRAM) on their own threads: strangers' logins never queue an append.
+        self._login_threads = ThreadPoolExecutor(LOGIN_THREADS, thread_name_prefix="oncelog-login")
         self._interrupted_deletes: list[str] = []
         self._finish_creations()
         self.coordinator_store = CoordinatorStore.open(manager.fs, manager.root)
+        self.credentials = CredentialStore.open(manager.fs, manager.root)
         self.groups = GroupCoordinator(self.coordinator_store, config.groups)
         self.transactions = TransactionCoordinator(
             self.coordinator_store,
@@ -518,11 +559,22 @@ class Broker:
     def close(self) -> None:
         """Close the coordinators' store and the fetch threads (the logs are the LogManager's to close)."""
         self._fetch_threads.shutdown(wait=True)
+        self._login_threads.shutdown(wait=True)
         self.coordinator_store.close()
+        self.credentials.close()
+
+    def advertised_for(self, session: Any) -> tuple[str, int]:
+        """The address of the listener a request came in on (its session's), as Metadata gives it."""
+        listener = getattr(session, "listener", None)
+        return listener.advertised if isinstance(listener, Listener) else self.config.advertised
 
     async def in_thread(self, call: Callable[[], _T]) -> _T:
         """Run blocking engine work (appends, topic creation, an fsync wait) off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(None, call)
+
+    async def in_login_thread(self, call: Callable[[], _T]) -> _T:
+        """Run a SASL login's work off the event loop, on the login threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._login_threads, call)
 
     async def in_fetch_thread(self, call: Callable[[], _T]) -> _T:
         """Run a fetch's reads and framing off the event loop, on the fetch threads."""

@@ -49,6 +49,8 @@ MAX_FALLBACK_FRAME_BYTES: Final = 64 * 1024
 SIZE = struct.Struct(">i")
 _HEADER_PREFIX = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 API_VERSIONS_KEY: Final = 18
+SASL_HANDSHAKE_KEY: Final = 17
+SASL_AUTHENTICATE_KEY: Final = 36
 # isolation_level in Fetch and ListOffsets: 0 read_uncommitted, 1 read_committed.
 READ_COMMITTED: Final = 1
 # throttle_time in every response: this server never throttles.
@@ -97,6 +99,8 @@ class Request:
     trailing_bytes: int = 0
     # The client's address, as Kafka names a member's host ("/127.0.0.1").
     client_host: str = ""
+    # The connection's security state (oncelog.server.sasl.Session): its listener, its principal.
+    session: Any = None
 
 
 def frame_size(prefix: bytes) -> int:
@@ -110,9 +114,11 @@ def frame_size(prefix: bytes) -> int:
     return size
 
 
-def decode_request(frame: bytes, apis: Mapping[int, ApiSpec], client_host: str = "") -> Request:
+def decode_request(
+    frame: bytes, apis: Mapping[int, ApiSpec], client_host: str = "", session: Any = None
+) -> Request:
     """One request frame (without its size prefix), decoded; `apis`: what is served, by key;
-    `client_host`: where it came from."""
+    `client_host`: where it came from; `session`: its connection's security state."""
     if len(frame) < _HEADER_PREFIX.size:
         raise MalformedRequestError(f"a {len(frame)}-byte frame is shorter than a request header")
     api_key, api_version, correlation_id = _HEADER_PREFIX.unpack_from(frame)
@@ -123,7 +129,9 @@ def decode_request(frame: bytes, apis: Mapping[int, ApiSpec], client_host: str =
         if api_key == API_VERSIONS_KEY or spec.advertises(api_version):
             # Answered without decoding: the header past the prefix may be in a layout
             # this codec does not know. ApiVersions answers in v0 (Kafka's rule).
-            return Request(api_key, api_version, correlation_id, None, None, len(frame), 0, client_host)
+            return Request(
+                api_key, api_version, correlation_id, None, None, len(frame), 0, client_host, session
+            )
         raise MalformedRequestError(f"{spec.name} v{api_version} is neither served nor advertised")
     request_type = _request_type(api_key, api_version)
     size_bytes = len(frame)
@@ -153,7 +161,15 @@ def decode_request(frame: bytes, apis: Mapping[int, ApiSpec], client_host: str =
             f"{spec.name} v{api_version} needs {-trailing_bytes} bytes past its frame"
         )
     return Request(
-        api_key, api_version, correlation_id, header.client_id, body, size_bytes, trailing_bytes, client_host
+        api_key,
+        api_version,
+        correlation_id,
+        header.client_id,
+        body,
+        size_bytes,
+        trailing_bytes,
+        client_host,
+        session,
     )
 
 

@@ -39,6 +39,8 @@ from oncelog.server.broker import Broker
 from oncelog.server.codec import (
     API_VERSIONS_KEY,
     MAX_FALLBACK_FRAME_BYTES,
+    SASL_AUTHENTICATE_KEY,
+    SASL_HANDSHAKE_KEY,
     SIZE,
     Frame,
     MalformedRequestError,
@@ -48,12 +50,15 @@ from oncelog.server.codec import (
     frame_size,
 )
 from oncelog.server.fallback import FallbackDecodeError, unsupported_version_response
+from oncelog.server.sasl import MAX_UNAUTHENTICATED_FRAME_BYTES, Session
 
 log = logging.getLogger("oncelog.server")
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 # What a connection hands the transport at once: the most the transport ever copies of a
 # response, and the most a write joins from small pieces.
 WRITE_CHUNK_BYTES = 256 * 1024
+# What a SASL listener serves before the login completes: ApiVersions, SaslHandshake, SaslAuthenticate.
+UNAUTHENTICATED_KEYS = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
 
 
 class SlowRequestError(Exception):
@@ -62,10 +67,18 @@ class SlowRequestError(Exception):
 
 
 class Connection:
-    def __init__(self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(
+        self,
+        broker: Broker,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        session: Session | None = None,
+    ):
         self.broker = broker
         self.reader = reader
         self.writer = writer
+        # The listener it came in on and who it is (see sasl).
+        self.session = session or Session.for_listener(broker.config.all_listeners[0])
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         # The client's address: what per-address limits and rate-limited warnings count by.
@@ -77,7 +90,9 @@ class Connection:
         self.sending = False
         # The transport pauses us as soon as it holds anything the kernel did not take, and
         # resumes once it holds nothing: it never buffers more than the chunk last written.
-        writer.transport.set_write_buffer_limits(high=0)
+        # (high=1, not 0: the TLS transport pauses at `size >= high`, so 0 paused it with
+        # nothing buffered and nothing left to resume it, and drain() waited for ever.)
+        writer.transport.set_write_buffer_limits(high=1, low=0)
 
     async def run(self) -> None:
         warnings = self.broker.warnings
@@ -108,21 +123,44 @@ class Connection:
     async def _serve(self) -> None:
         config = self.broker.config
         first_request = True
+        # A SASL listener's connection must log in within first_request_ms, however many
+        # ApiVersions it sends meanwhile: a stranger holds no slot for long.
+        login_by = asyncio.get_running_loop().time() + config.first_request_ms / 1000
         while not self.broker.stopping:
             if first_request:
                 start, limit_ms, limit_name = b"", config.first_request_ms, "first_request_ms"
+            elif not self.session.authenticated:
+                try:
+                    async with asyncio.timeout_at(login_by):
+                        start = await self.reader.readexactly(1)
+                except TimeoutError as exc:
+                    raise SlowRequestError(
+                        f"no SASL login within first_request_ms ({config.first_request_ms} ms)"
+                    ) from exc
+                limit_ms, limit_name = config.frame_read_ms, "frame_read_ms"
             else:
                 async with asyncio.timeout(config.idle_ms / 1000):  # TimeoutError: idle, closed quietly
                     start = await self.reader.readexactly(1)
                 limit_ms, limit_name = config.frame_read_ms, "frame_read_ms"
+            session = self.session
             try:
                 async with asyncio.timeout(limit_ms / 1000):
                     prefix = start + await self.reader.readexactly(SIZE.size - len(start))
-                    frame = await self.reader.readexactly(frame_size(prefix))
+                    size = frame_size(prefix)
+                    if not session.authenticated and size > MAX_UNAUTHENTICATED_FRAME_BYTES:
+                        raise MalformedRequestError(
+                            f"a {size}-byte request before SASL authentication "
+                            f"(at most {MAX_UNAUTHENTICATED_FRAME_BYTES} are read before it)"
+                        )
+                    frame = await self.reader.readexactly(size)
             except TimeoutError as exc:
                 raise SlowRequestError(f"no complete request within {limit_name} ({limit_ms} ms)") from exc
             first_request = False
-            request = decode_request(frame, APIS, self.client_host)
+            request = decode_request(frame, APIS, self.client_host, session)
+            if not session.authenticated and request.api_key not in UNAUTHENTICATED_KEYS:
+                raise MalformedRequestError(
+                    f"{APIS[request.api_key].name} before SASL authentication on {session.listener.name}"
+                )
             if request.trailing_bytes:
                 self.broker.requests_with_trailing_bytes += 1
                 log.debug(
@@ -137,6 +175,8 @@ class Connection:
             self.busy = False  # answered: a draining shutdown need not wait for the client to read it
             if response is not None:
                 await self._send(response)
+            if session.close_after_response:  # a failed login, a SASL state error: answered, then closed
+                return
 
     async def _send(self, response: Frame) -> None:
         """Write a counted response; a client that does not take it within write_timeout_ms is dropped."""

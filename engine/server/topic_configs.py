@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from oncelog.config import COMPRESSION_TYPES, LogConfig
+from oncelog.server.listeners import format_address
 
 DYNAMIC_TOPIC_CONFIG: Final = 1
 STATIC_BROKER_CONFIG: Final = 4
@@ -202,8 +203,11 @@ BROKER_CONFIGS: Final = (
     BrokerConfig(
         "advertised.listeners",
         STRING,
-        lambda broker: "PLAINTEXT://{}:{}".format(*broker.config.advertised),
-        "Where clients connect (Metadata's node).",
+        lambda broker: ",".join(
+            f"{listener.name}://{format_address(*listener.advertised)}"
+            for listener in broker.config.all_listeners
+        ),
+        "Where clients connect, per listener (Metadata's node).",
     ),
     BrokerConfig("log.dirs", STRING, lambda broker: broker.manager.root, "The LogManager root."),
     BrokerConfig(

@@ -34,6 +34,9 @@ from oncelog.storage.lmdb_store import LmdbStore, ReadOnlyLmdbStore, lmdb_store_
 from oncelog.storage.os_locks import OsLockTable, flock_file
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
+# data_end walks at most this many data stretches past the start before it gives up and
+# says the file's size (a file written sparsely everywhere is read, not walked).
+_MAX_DATA_STRETCHES = 64
 
 # Linux caps one writev() at IOV_MAX (1024) buffers.
 _IOV_MAX = 1024
@@ -318,6 +321,24 @@ class OsFile:
     def size(self) -> int:
         return os.fstat(self._fd).st_size
 
+    def data_end(self, start: int) -> int:
+        size = os.fstat(self._fd).st_size
+        end = position = min(start, size)
+        try:
+            for _ in range(_MAX_DATA_STRETCHES):
+                if position >= size:
+                    return end
+                # Unwritten allocated extents count as holes (ext4, XFS) unless the page cache
+                # holds pages of them, which then count as data: never a byte that is not zero.
+                position = os.lseek(self._fd, os.lseek(self._fd, position, os.SEEK_DATA), os.SEEK_HOLE)
+                end = position
+        except OSError as error:
+            if error.errno == errno.ENXIO:  # no data past `position`
+                return end
+            if error.errno != errno.EINVAL:  # EINVAL: the filesystem cannot say
+                raise
+        return size
+
     def pread(self, size: int, offset: int) -> bytes:
         chunks = []
         while size > 0:
@@ -502,6 +523,9 @@ class DelegatingFileHandle:
 
     def pread(self, size: int, offset: int) -> bytes:
         return self.inner.pread(size, offset)
+
+    def data_end(self, start: int) -> int:
+        return self.inner.data_end(start)
 
     def pread_into(self, buffer: memoryview, offset: int) -> int:
         return self.inner.pread_into(buffer, offset)

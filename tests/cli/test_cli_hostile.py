@@ -185,6 +185,7 @@ COMMANDS: dict[str, Callable[[Hostile], list[str]]] = {
     "torture": lambda h: ["torture", "--mode", "process", "--crashes", "1", "--data-dir", str(h.path)],
     "bench": lambda h: ["bench", "--quick", "--dir", str(h.path)],
     "serve": lambda h: ["serve", "--no-progress", "--listen", "127.0.0.1:0", str(h.path)],
+    "users": lambda h: ["users", str(h.path), "list"],
 }
 
 # (command, input) pairs that are not bad input for that command, and why.

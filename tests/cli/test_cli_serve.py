@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from oncelog.cli.main import main
-from oncelog.cli.serve import parse_address
+from oncelog.cli.serve import unservable_root
+from oncelog.server.credentials import CredentialStore
+from oncelog.server.listeners import parse_address
+from oncelog.storage.fs import DEFAULT_FS
 
 
 def _run(*argv: str) -> tuple[int, str, str]:
@@ -29,6 +32,32 @@ def _run(*argv: str) -> tuple[int, str, str]:
         (["--max-connections-per-ip", "0"], "must be positive"),
         (["--first-request-ms", "0"], "must be positive"),
         (["--max-unsent-bytes", "0"], "max unsent bytes"),
+        (["--listener", "KERBEROS://127.0.0.1:0"], "listener name must be one of"),
+        (["--listener", "SSL://127.0.0.1:0"], "needs a certificate and its key"),
+        (["--ssl-cert", "c.pem"], "--ssl-cert and --ssl-key go together"),
+        (
+            ["--listener", "SASL_PLAINTEXT://127.0.0.1:0", "--sasl-mechanisms", "GSSAPI"],
+            "SASL mechanisms must be",
+        ),
+        (["--ssl-principal-rule", "RULE:x"], "expected DEFAULT or RULE:"),
+        (["--listen", "0.0.0.0:9092"], "accepts anyone who can reach it"),
+        (["--listener", "PLAINTEXT://10.1.2.3:9092"], "--allow-anonymous"),
+        (["--listener", "SSL://0.0.0.0:0", "--ssl-cert", "c", "--ssl-key", "k"], "--allow-anonymous"),
+        (
+            ["--listener", "SASL_SSL://0.0.0.0:0", "--ssl-cert", "c", "--ssl-key", "k", "--ssl-ca", "a"],
+            "there is none",
+        ),
+        (["--advertise", "PLAINTEXT://b:0"], "cannot connect to port 0"),
+        (
+            ["--listener", "SSL://127.0.0.1:0", "--ssl-cert", "no.pem", "--ssl-key", "no.key"],
+            "cannot read no.pem",
+        ),
+        (["--ssl-principal-rule", "RULE:^CN=(.*)$/$2/"], "names group $2"),
+        (
+            ["--listener", "SSL://0.0.0.0:0", "--listener", "SSL://0.0.0.0:1"],
+            "each listener name may be given once",
+        ),
+        (["--listener", "SSL://0.0.0.0:0", "--listen", "127.0.0.1:0", "--advertise", "b:1"], "name one"),
     ],
 )
 def test_bad_options_exit_2_with_one_line_and_create_nothing(
@@ -47,7 +76,7 @@ def test_a_port_in_use_exits_2_naming_the_address(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         status, _, err = _run(str(tmp_path / "root"), "--listen", f"127.0.0.1:{port}", "--no-progress")
     assert status == 2
-    assert f"cannot listen on 127.0.0.1:{port}" in err
+    assert f"cannot listen on PLAINTEXT://127.0.0.1:{port}" in err
 
 
 def test_help_says_what_is_served_what_is_not_and_when_an_ack_is_sent(
@@ -85,3 +114,43 @@ def test_a_directory_that_is_neither_empty_nor_a_root_is_refused_as_a_likely_typ
     status, _, err = _run(str(tmp_path / "home"), "--listen", "127.0.0.1:0")
     assert status == 2 and "neither a LogManager root nor empty" in err
     assert sorted(p.name for p in (tmp_path / "home").iterdir()) == ["notes.txt"]  # nothing created
+
+
+def test_a_credential_store_others_can_read_stops_serve_before_any_recovery(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    store = root / "security.lmdb"
+    store.mkdir(mode=0o755)
+    status, out, err = _run(str(root), "--listen", "127.0.0.1:0", "--no-progress")
+    assert status == 2
+    assert str(store) in err and "chmod -R go=" in err and "Traceback" not in err
+    assert "recovered" not in out
+
+
+def test_help_explains_listeners_tls_sasl_and_the_anonymous_refusal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, _, _ = _run("--help")
+    out = capsys.readouterr().out
+    assert status == 0
+    for words in (
+        "--listener",
+        "SASL_SSL",
+        "--ssl-ca",
+        "--ssl-principal-rule",
+        "SCRAM-SHA-512",
+        "oncelog users ROOT add",
+        "--allow-anonymous",
+        "security.lmdb",
+        "in the clear",
+    ):
+        assert words in out, words
+
+
+def test_a_root_holding_only_its_users_is_served_as_a_new_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    CredentialStore.open(DEFAULT_FS, str(root)).close()  # `oncelog users ROOT add` before the first serve
+    assert unservable_root(str(root)) is None
+    (root / "stray.txt").write_text("x")
+    assert "neither a LogManager root nor empty" in (unservable_root(str(root)) or "")

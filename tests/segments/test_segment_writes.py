@@ -19,6 +19,8 @@ from log_helpers import read_all
 from oncelog import Log, LogConfig, encode_batch
 from oncelog.errors import LogFailedError
 from oncelog.segments import segment as segment_module
+from oncelog.segments.files import FileHandle
+from oncelog.storage.fs import DelegatingFileHandle, DelegatingFileSystem
 from oncelog.torture.faultfs import FaultFileSystem
 
 T0 = 1_700_000_000_000
@@ -139,3 +141,68 @@ def test_a_disk_full_while_growing_the_mapping_fails_the_append_and_leaves_the_l
         assert read_all(reopened) == written, twin.describe()
         assert reopened.recovery_report.truncated_bytes == 0, twin.describe()
         reopened.close()
+
+
+class _FarthestLogRead(DelegatingFileSystem):
+    """Records how far into any .log file a pread reached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.farthest = 0
+
+    def wrap(self, handle: FileHandle) -> FileHandle:
+        return _Reads(handle, self) if handle.path.endswith(".log") else handle
+
+
+class _Reads(DelegatingFileHandle):
+    def __init__(self, inner: FileHandle, fs: _FarthestLogRead) -> None:
+        super().__init__(inner)
+        self._fs = fs
+
+    def pread(self, size: int, offset: int) -> bytes:
+        data = self.inner.pread(size, offset)
+        self._fs.farthest = max(self._fs.farthest, offset + len(data))
+        return data
+
+    def pread_into(self, buffer: memoryview, offset: int) -> int:
+        count = self.inner.pread_into(buffer, offset)
+        self._fs.farthest = max(self._fs.farthest, offset + count)
+        return count
+
+
+def _copy_as_a_crash_leaves_it(source: Path, destination: Path) -> None:
+    """A kill -9 leaves the reserved space allocated and unwritten: it reads as zeros and
+    SEEK_DATA skips it. A plain copy would write those zeros; this one leaves holes."""
+    destination.mkdir()
+    for path in source.iterdir():
+        if path.is_dir():
+            shutil.copytree(path, destination / path.name)
+            continue
+        data = path.read_bytes()
+        kept = data.rstrip(b"\0")
+        with open(destination / path.name, "wb") as out:
+            out.write(kept)
+            out.truncate(len(data))
+
+
+def test_recovery_reads_no_reserved_space_that_the_filesystem_says_is_unwritten(tmp_path: Path) -> None:
+    directory = tmp_path / "topic-0"
+    batch = encode_batch([(b"k", b"v" * (2 * segment_module.WRITE_SYSCALL_MIN_BYTES))], timestamp_ms=T0)
+    with Log.open(directory, CONFIG, clock=clock) as log:
+        for _ in range(4):
+            log.append(batch)
+        log.flush()
+        end, data_size = log.log_end_offset, log.active_segment.size
+        base = log.active_segment.base_offset
+        crashed = tmp_path / "crashed"
+        _copy_as_a_crash_leaves_it(directory, crashed)
+    file_size = segment_file(crashed, base).stat().st_size
+    assert file_size - data_size > 64 * 1024  # reserved well past the data
+    reads = _FarthestLogRead()
+    with Log.open(crashed, CONFIG, clock=clock, fs=reads) as recovered:
+        report = recovered.recovery_report
+        assert (report.clean, report.truncated_bytes, report.tail_error) == (False, 0, None)
+        assert report.zero_tail_bytes == file_size - data_size
+        assert recovered.log_end_offset == end
+    # The data, and at most the rest of the filesystem block it ends in: none of the reserved zeros.
+    assert data_size <= reads.farthest <= data_size + 4096, (reads.farthest, data_size, file_size)

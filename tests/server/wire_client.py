@@ -461,6 +461,24 @@ def _describe_transactions(cls: Any, version: int, topic: str, ids: ProtocolIds)
     return build(cls, transactional_ids=(ids.transactional_id or CONFORMANCE_TXN,))
 
 
+def _sasl_handshake(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(cls, mechanism="SCRAM-SHA-512")
+
+
+def _sasl_authenticate(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(cls, auth_bytes=b"n,,n=conformance,r=fyko+d2lbbFgONRv9qkxdawL")  # a SCRAM client-first
+
+
+def _describe_user_scram_credentials(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(cls, users=(build(nested(cls, "users"), name="conformance"),))
+
+
+def _alter_user_scram_credentials(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(
+        cls, deletions=(build(nested(cls, "deletions"), name="conformance", mechanism=1),), upsertions=()
+    )
+
+
 _TIMEOUT = datetime.timedelta(seconds=5)
 _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     0: _produce,
@@ -476,6 +494,7 @@ _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     14: _sync_group,
     15: _describe_groups,
     16: _list_groups,
+    17: _sasl_handshake,
     18: _api_versions,
     19: _create_topics,
     22: _init_producer_id,
@@ -488,10 +507,13 @@ _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     32: _describe_configs,
     33: _alter_configs,
     35: _describe_log_dirs,
+    36: _sasl_authenticate,
     37: _create_partitions,
     42: _delete_groups,
     44: _alter_configs,
     47: _offset_delete,
+    50: _describe_user_scram_credentials,
+    51: _alter_user_scram_credentials,
     60: _describe_cluster,
     61: _describe_producers,
     65: _describe_transactions,

@@ -418,3 +418,37 @@ def test_a_delegating_seams_listing_goes_through_its_own_listdir(tmp_path: Path)
     listing = Hiding().list_entries(str(tmp_path))
     assert listing.names == ["seen"]
     assert listing.irregular == {"seen"}
+
+
+def test_data_end_says_where_the_bytes_past_it_read_as_zeros_without_reading_them(tmp_path: Path) -> None:
+    # Space allocated ahead of the data and never written reads as zeros, as a hole does.
+    path = tmp_path / "f"
+    handle = OsFileSystem().open(str(path), create=True)
+    handle.pwritev([b"x" * 5000], 0)
+    handle.allocate(4 * 1024 * 1024)
+    data_end = handle.data_end(0)
+    assert 5000 <= data_end <= 8192 < handle.size()  # the filesystem answers in blocks
+    assert handle.data_end(1_000_000) == 1_000_000  # nothing but zeros past the start
+    handle.pwritev([b"y"], 3 * 1024 * 1024)  # data again, far on
+    assert 3 * 1024 * 1024 + 1 <= handle.data_end(0) < handle.size()
+    # What it skips reads as zeros (and, read, is in the page cache: data from then on).
+    assert handle.pread(1024 * 1024, data_end) == bytes(1024 * 1024)
+    handle.close()
+
+
+def test_data_end_of_a_file_without_holes_is_its_size(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(bytes(10_000))  # written zeros are data
+    handle = OsFileSystem().open(str(path), writable=False)
+    assert handle.data_end(0) == handle.data_end(4096) == 10_000
+    assert handle.data_end(20_000) == 10_000  # a start past the end is the end
+    handle.close()
+
+
+def test_a_delegating_handle_forwards_data_end(tmp_path: Path) -> None:
+    fs = DelegatingFileSystem(OsFileSystem())
+    handle = fs.open(str(tmp_path / "f"), create=True)
+    handle.pwritev([b"x"], 0)
+    handle.allocate(1024 * 1024)
+    assert handle.data_end(0) <= 4096
+    handle.close()

@@ -66,7 +66,7 @@ def _delete_records(broker: Broker, tp: TopicPartition, offset: int) -> tuple[in
 async def handle_describe_cluster(broker: Broker, request: Request) -> Any:
     body = request.body
     response = response_type(request.api_key, request.api_version)
-    host, port = broker.config.advertised
+    host, port = broker.advertised_for(request.session)
     broker_type = nested(response, "brokers")
     asked = getattr(body, "include_cluster_authorized_operations", False)
     endpoint_type = getattr(body, "endpoint_type", BROKER_ENDPOINTS)

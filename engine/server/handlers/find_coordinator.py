@@ -17,7 +17,7 @@ async def handle_find_coordinator(broker: Broker, request: Request) -> Any:
     """This node coordinates every group (key type 0) and transactional id (1); v4+ asks for many keys."""
     body = request.body
     response = response_type(request.api_key, request.api_version)
-    host, port = broker.config.advertised
+    host, port = broker.advertised_for(request.session)
     key_type = getattr(body, "key_type", _GROUP_KEY)
     code = ErrorCode.none if key_type in (_GROUP_KEY, _TRANSACTION_KEY) else ErrorCode.invalid_request
     message = (

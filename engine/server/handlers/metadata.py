@@ -30,7 +30,7 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
     broker_type = nested(response, "brokers")
     topic_type = nested(response, "topics")
     partition_type = nested(topic_type, "partitions")
-    host, port = broker.config.advertised
+    host, port = broker.advertised_for(request.session)
     # v0 asks for every topic with an empty list; v1+ with null.
     if body.topics is None or (request.api_version == 0 and not body.topics):
         names = list(broker.topics())
