@@ -345,13 +345,18 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         max_unsent_bytes=args.max_unsent_bytes,
         retention_check_ms=args.retention_check_ms,
     )
+    tls_files = [] if config.tls is None else [config.tls.cert, config.tls.key, config.tls.ca]
+    for path in filter(None, tls_files):
+        try:
+            with open(path, "rb"):  # (ssl names no file when one is missing)
+                pass
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from exc
     try:
         for listener in listeners:
             tls_context(config, listener)
     except ssl.SSLError as exc:  # a key that is not the certificate's, a file that is not PEM
         raise ValueError(f"the TLS files do not load: {exc}") from exc
-    except OSError as exc:
-        raise ValueError(f"cannot read {exc.filename}: {exc.strerror or exc}") from exc
     return config
 
 
