@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
 from pathlib import Path
 
@@ -85,3 +86,41 @@ def test_a_partition_directory_is_not_a_root(tmp_path: Path, monkeypatch: pytest
     (tmp_path / "orders-0" / "00000000000000000000.log").write_bytes(b"")
     status, _, err = _run(monkeypatch, str(tmp_path / "orders-0"), "list")
     assert status == 2 and "is a partition directory" in err
+
+
+def test_two_processes_adding_mechanisms_of_one_user_at_once_keep_both(tmp_path: Path) -> None:
+    # Each add reads the user's record and writes it back: in one LMDB transaction, so neither
+    # overwrites the other's mechanism (a red team lost one in 2 of 40 runs before).
+    root = tmp_path / "root"
+    root.mkdir()
+    for _ in range(6):
+        adds = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "oncelog.cli",
+                    "users",
+                    str(root),
+                    "add",
+                    "bob",
+                    "--password-stdin",
+                    "--mechanism",
+                    mechanism,
+                    "--iterations",
+                    "4096",
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512")
+        ]
+        for add in adds:
+            _, err = add.communicate("pw\n", timeout=60)
+            assert add.returncode == 0, err
+        store = CredentialStore.open(DEFAULT_FS, str(root))
+        assert dict(store.users()) == {"bob": {"SCRAM-SHA-256": 4096, "SCRAM-SHA-512": 4096}}
+        assert store.delete("bob")
+        store.close()
