@@ -312,6 +312,9 @@ class LogSegment:
         # The write mapping: bytes [0, _mapped_bytes) of the file, allocated on disk (none yet).
         self._write_region: MappedRegion | None = None
         self._write_view = _NO_VIEW
+        # A lazily opened sealed segment learns its largest timestamp when its indexes are
+        # first mapped; the cursor keeps it after they are unmapped again (between operations).
+        self._max_timestamp_known = offset_index is not None
 
     def shared_cursors(self) -> dict[str, object]:
         """The cursors of the segment and its indexes, which the compiled append shares."""
@@ -472,6 +475,7 @@ class LogSegment:
             self.on_indexes_mapped(self)
         next_offset = self.next_offset
         if self.load_from_indexes(next_offset):
+            self._max_timestamp_known = True
             return offset_index, time_index
         log.warning("rebuilding the indexes of %s: they fail the sanity check", self.path)
         size = self.size
@@ -500,6 +504,7 @@ class LogSegment:
             self._offset_index = self._time_index = None
             raise problem
         self.seal()
+        self._max_timestamp_known = True
         return offset_index, time_index
 
     # -- appends -----------------------------------------------------------------
@@ -986,7 +991,7 @@ class LogSegment:
 
     def newest_timestamp_ms(self) -> int:
         """The largest batch timestamp in the segment (mapping a lazy segment's time index)."""
-        if self._offset_index is None:
+        if self._offset_index is None and not self._max_timestamp_known:
             self._load_lazy_indexes()  # a lazily opened segment learns its max timestamp there
         return self.max_timestamp_ms
 
@@ -1132,6 +1137,8 @@ class LogSegment:
 
     def find_offset_for_timestamp(self, timestamp_ms: int) -> TimestampOffset | None:
         """The first record with a timestamp at or after `timestamp_ms`, if any."""
+        if self._max_timestamp_known and self.max_timestamp_ms < timestamp_ms:
+            return None  # (a sealed segment's known from an earlier use: its indexes stay unmapped)
         time_index = self.time_index  # maps a lazy segment's indexes, and so reads its max timestamp
         if self.max_timestamp_ms < timestamp_ms:
             return None

@@ -680,3 +680,25 @@ class TestACleanOpenFindsWhatAnUncleanOneFinds:
             assert reopened.recovery_report.clean is (ending == "closed")
             assert reopened.log_end_offset == 101
             assert [batch.base_offset for batch in reopened.read(100, 1 << 20).batches] == [100]
+
+
+class TestASealedSegmentsLargestTimestampKeptAfterUse:
+    def test_a_second_time_lookup_maps_no_earlier_segments_indexes(self, tmp_path: Path) -> None:
+        # Each lookup used to map (and then unmap) the indexes of every segment before the one
+        # holding its answer, to read their largest timestamps again: a lookup near the end of
+        # a long log cost a file open per segment.
+        directory = tmp_path / "t-0"
+        filled_in_time(directory, 200)
+        fs = OpenRecordingFileSystem()
+        with Log.open(directory, CONFIG, fs=fs) as log:
+            target = T0 + 190
+            first = log.offset_for_timestamp(target)
+            assert first is not None and first.offset == 190
+            fs.opened.clear()
+            for _ in range(3):
+                assert log.offset_for_timestamp(target) == first
+            holding = next(s for s in log.segments if s.base_offset <= 190 < s.next_offset)
+            opened = {name for name in fs.opened if name.endswith((".index", ".timeindex"))}
+            assert opened <= {f"{holding.base_offset:020d}.index", f"{holding.base_offset:020d}.timeindex"}
+            assert log.offset_for_timestamp(T0 + 5) is not None and log.max_timestamp() is not None
+            assert log.offset_for_timestamp(T0 + 10_000) is None
