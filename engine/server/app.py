@@ -30,7 +30,7 @@ from typing import Final, TextIO
 
 from oncelog.log_manager import LogManager
 from oncelog.server.broker import Broker, ServeConfig
-from oncelog.server.connection import Connection
+from oncelog.server.connection import Connection, peer_names
 from oncelog.server.listeners import Listener, format_address
 from oncelog.server.memory_reuse import keep_freed_read_buffers
 from oncelog.server.sasl import Session
@@ -130,8 +130,7 @@ class Server:
             writer.close()
             return
         listener = self.listeners[listener_index]
-        address = writer.get_extra_info("peername")
-        host, peer = (str(address[0]) if isinstance(address, tuple) else str(address)), _peer(writer)
+        host, peer = peer_names(writer)
         # Counted from the TCP accept, before any TLS handshake: a peer that opens connections
         # and never finishes one holds no more slots than one that never sends a request.
         refusal = self._refusal(host)
@@ -177,9 +176,7 @@ class Server:
         try:
             await writer.start_tls(context, ssl_handshake_timeout=self.config.first_request_ms / 1000)
         except (OSError, TimeoutError, ConnectionError) as exc:  # ssl.SSLError is an OSError
-            log.info(
-                "TLS handshake with %s on %s failed: %s", writer.get_extra_info("peername"), listener, exc
-            )
+            log.info("TLS handshake with %s on %s failed: %s", peer_names(writer)[1], listener, exc)
             writer.transport.abort()
             return None
         principal = ANONYMOUS
@@ -234,11 +231,6 @@ class Server:
         await self.broker.transactions.completions_finished(max(deadline - loop.time(), 1.0))
         for task in list(self._tasks):
             task.cancel()  # only a connection stuck past the drain deadline
-
-
-def _peer(writer: asyncio.StreamWriter) -> str:
-    address = writer.get_extra_info("peername")
-    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
 
 
 def _bound(config: ServeConfig, listeners: list[Listener]) -> ServeConfig:

@@ -61,6 +61,14 @@ WRITE_CHUNK_BYTES = 256 * 1024
 UNAUTHENTICATED_KEYS = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
 
 
+def peer_names(writer: asyncio.StreamWriter) -> tuple[str, str]:
+    """The client's address ("127.0.0.1"), and its address and port ("127.0.0.1:50123")."""
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple):
+        return str(peer[0]), f"{peer[0]}:{peer[1]}"
+    return str(peer), str(peer)
+
+
 class SlowRequestError(Exception):
     """A peer sent no complete request in time: its first within first_request_ms, or a later
     one within frame_read_ms of its first byte."""
@@ -79,10 +87,8 @@ class Connection:
         self.writer = writer
         # The listener it came in on and who it is (see sasl).
         self.session = session or Session.for_listener(broker.config.all_listeners[0])
-        peer = writer.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        # The client's address: what per-address limits and rate-limited warnings count by.
-        self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        # The client's address (what per-address limits and rate-limited warnings count by), and port.
+        self.host, self.peer = peer_names(writer)
         self.client_host = f"/{self.host}"  # as Kafka writes a client's address
         # True while a request is being handled: a draining shutdown waits for these.
         self.busy = False

@@ -28,7 +28,7 @@ from typing import Final
 
 import scramp
 
-from oncelog.server.credentials import PLAIN, CredentialStore, stand_in_credential
+from oncelog.server.credentials import CredentialStore, stand_in_credential
 from oncelog.server.listeners import Listener
 from oncelog.server.tls import ANONYMOUS
 
@@ -125,6 +125,3 @@ class Session:
         self.principal = f"User:{user}"
         self.authenticated = True
         self.scram = None
-
-
-__all__ = ["PLAIN", "ScramLogin", "SaslAuthenticationError", "Session", "plain_login"]
