@@ -1,7 +1,7 @@
 """The `oncelog` command line: parse the arguments and dispatch to a subcommand.
 
 Each subcommand is one module of this package (`dump`, `verify`, `stat`, `recover`,
-`torture`, `bench`, `demo`, `serve`, `topics`, `groups`, `users`) with an `add_parser` and a `run`.
+`torture`, `bench`, `demo`, `serve`, `topics`, `groups`, `users`, `acls`) with an `add_parser` and a `run`.
 Here: the shared
 handling of errors, broken pipes and exit statuses (0 ok, 2 bad input or damage).
 A command never prints a traceback for an error oncelog raises on purpose.
@@ -18,8 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from oncelog.cli import acls, demo, dump, groups, topics, users
 from oncelog.cli import bench as bench_cli
-from oncelog.cli import demo, dump, groups, topics, users
 from oncelog.cli import recover as cli_recover
 from oncelog.cli import serve as cli_serve
 from oncelog.cli import stat as cli_stat
@@ -43,6 +43,7 @@ examples:
   oncelog topics --bootstrap 127.0.0.1:9092 list
   oncelog groups reset-offsets billing --topic orders --to-earliest
   printf '%s\n' "$PASSWORD" | oncelog users ./data add alice --password-stdin
+  oncelog acls ./data add --allow-principal User:alice --operation Write --topic orders
 
 Run `oncelog <command> --help` for the options of a command."""
 
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_serve.add_parser(commands, formatter)
     topics.add_parser(commands, formatter)
     users.add_parser(commands, formatter)
+    acls.add_parser(commands, formatter)
     groups.add_parser(commands, formatter)
     return parser
 

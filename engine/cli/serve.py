@@ -11,17 +11,20 @@ from oncelog.cli.exits import EXIT_BAD_INPUT, EXIT_OK
 from oncelog.cli.recover import directory_kind
 from oncelog.errors import LogDirLockedError, OncelogError
 from oncelog.log_manager import LogManager, PartitionRecoveryError
+from oncelog.server.acl_store import AclStore
 from oncelog.server.app import run_server, tls_context
 from oncelog.server.broker import (
     MAX_PARTITIONS_PER_TOPIC,
     ServeConfig,
     raise_open_files_limit,
 )
-from oncelog.server.credentials import SASL_MECHANISMS, SCRAM_MECHANISMS, StoreNotPrivateError, check_private
-from oncelog.server.credentials import STORE_DIR as CREDENTIALS_DIR
+from oncelog.server.credentials import SASL_MECHANISMS, SCRAM_MECHANISMS
 from oncelog.server.group_state import GroupLimits
 from oncelog.server.listeners import PLAINTEXT, SSL, Listener, parse_address, parse_listener, with_advertised
+from oncelog.server.security_store import STORE_DIR as SECURITY_DIR
+from oncelog.server.security_store import StoreNotPrivateError, check_private
 from oncelog.server.tls import TlsFiles, parse_principal_rule
+from oncelog.storage.fs import DEFAULT_FS
 
 DESCRIPTION = """\
 Serve ROOT to unmodified Kafka clients (librdkafka/confluent-kafka, kafka-python,
@@ -53,7 +56,8 @@ clients: the coordinators keep their state in ROOT/coordinator.lmdb.
 
 Security: each --listener is one of Kafka's security protocols. PLAINTEXT serves
 anyone (principal User:ANONYMOUS) and, on an address other machines can reach, starts
-only with --allow-anonymous (as does SSL without --ssl-ca). SSL is TLS 1.2+
+only if ACLs decide what anonymous clients may do, or with --allow-anonymous (as does
+SSL without --ssl-ca). SSL is TLS 1.2+
 (--ssl-cert, --ssl-key); with --ssl-ca every client must show a certificate that CA
 signed, and its subject is its principal
 (User:CN=...,O=..., or as --ssl-principal-rule maps it). SASL_PLAINTEXT and SASL_SSL
@@ -62,7 +66,12 @@ users `oncelog users ROOT add` stores in ROOT/security.lmdb (salted and iterated
 credentials, never a password; the store must be readable by the server's user alone,
 or serve refuses to start); nothing but ApiVersions is served before the login, and a
 failed login is answered after a delay and closed. Use SASL_PLAINTEXT with PLAIN only
-on a trusted network: the password crosses it in the clear."""
+on a trusted network: the password crosses it in the clear.
+
+Authorization: with a listener that names its clients (SASL, SSL with --ssl-ca), a
+--super-user, or once the root has held an ACL, every request is authorized as Kafka's
+authorizer does it, against the ACLs `oncelog acls ROOT add` and CreateAcls store in
+ROOT/security.lmdb (deny wins; no ACL, no access); --super-user principals need none."""
 
 EPILOG = """\
 exit status:
@@ -198,14 +207,13 @@ def _add_security_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="User:NAME",
-        help="a principal allowed the cluster's admin APIs (DescribeUserScramCredentials, "
-        "AlterUserScramCredentials), as Kafka's super.users (repeatable)",
+        help="a principal allowed everything whatever the ACLs say, as Kafka's super.users (repeatable)",
     )
     parser.add_argument(
         "--allow-anonymous",
         action="store_true",
-        help="serve a PLAINTEXT listener on an address other machines can reach (anyone who can "
-        "connect may then produce, read and fence transactional ids)",
+        help="serve a PLAINTEXT listener on an address other machines can reach with no ACLs (anyone "
+        "who can connect may then produce, read and fence transactional ids)",
     )
 
 
@@ -217,20 +225,40 @@ def listeners_from(args: argparse.Namespace) -> list[Listener]:
     return with_advertised(listeners, args.advertise)
 
 
-def anonymous_exposure(listeners: list[Listener], allow_anonymous: bool, client_ca: bool) -> str | None:
+def anonymous_exposure(
+    listeners: list[Listener], allow_anonymous: bool, client_ca: bool, authorizing: bool
+) -> str | None:
     """Why the listeners may not start as they are (a listener that serves anyone, unnamed, on an
-    address others can reach: PLAINTEXT, or SSL without client certificates), or None."""
-    if allow_anonymous:
+    address others can reach: PLAINTEXT, or SSL without client certificates, while no ACLs
+    decide what such a client may do), or None."""
+    if allow_anonymous or authorizing:
         return None
     for listener in listeners:
         anonymous = listener.name == PLAINTEXT or (listener.name == SSL and not client_ca)
         if anonymous and not listener.loopback_only:
             return (
-                f"{listener} accepts anyone who can reach it, unauthenticated: they could produce, "
-                "read every topic and fence transactional ids. Listen on a loopback address, use an "
-                "SSL listener with --ssl-ca or a SASL listener, or pass --allow-anonymous to accept that"
+                f"{listener} accepts anyone who can reach it, unauthenticated, and the root has no ACLs: "
+                "they could produce, read every topic and fence transactional ids. Listen on a loopback "
+                "address, use an SSL listener with --ssl-ca or a SASL listener, add ACLs (`oncelog acls "
+                "ROOT add`: User:ANONYMOUS then gets only what they allow), or pass --allow-anonymous to "
+                "accept that"
             )
     return None
+
+
+def root_has_acls(root: str) -> bool:
+    """Whether ROOT's security store has ever held an ACL (then every request is authorized)."""
+    path = os.path.join(root, SECURITY_DIR)
+    if not os.path.isdir(path):
+        return False
+    try:
+        store = DEFAULT_FS.open_store(path, readonly=True)
+    except FileNotFoundError:
+        return False  # (a directory LMDB has not written yet)
+    try:
+        return AclStore(store).current()[1]
+    finally:
+        store.close()
 
 
 def _security_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -303,7 +331,7 @@ def unservable_root(root: str) -> str | None:
     try:
         kind = directory_kind(root)
         # A new root may already hold its users (`oncelog users ROOT add` before the first serve).
-        empty = not set(os.listdir(root)) - {CREDENTIALS_DIR}
+        empty = not set(os.listdir(root)) - {SECURITY_DIR}
     except OSError as exc:
         return f"cannot list {root}: {exc.strerror or exc}"
     if kind == "partition":
@@ -317,7 +345,13 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     """The ServeConfig the arguments ask for; ValueError saying what is wrong (the TLS files
     are loaded once here, so a bad one is named before any partition is recovered)."""
     listeners = listeners_from(args)
-    exposure = anonymous_exposure(listeners, args.allow_anonymous, args.ssl_ca is not None)
+    client_ca = args.ssl_ca is not None
+    authorizing = (
+        bool(args.super_user)
+        or any(listener.uses_sasl or (listener.name == SSL and client_ca) for listener in listeners)
+        or root_has_acls(args.root)
+    )
+    exposure = anonymous_exposure(listeners, args.allow_anonymous, client_ca, authorizing)
     if exposure is not None:
         raise ValueError(exposure)
     if args.ssl_ca is not None and not any(listener.name == SSL for listener in listeners):
@@ -363,7 +397,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 def root_problem(root: str) -> str | None:
     """Why ROOT cannot be served (unservable_root), or its credential store is not private; None."""
     why = unservable_root(root)
-    credentials = os.path.join(root, CREDENTIALS_DIR)
+    credentials = os.path.join(root, SECURITY_DIR)
     if why is None and os.path.isdir(credentials):
         try:
             check_private(credentials)

@@ -16,13 +16,12 @@ from oncelog.server.credentials import (
     MAX_ITERATIONS,
     MIN_ITERATIONS,
     SCRAM_MECHANISMS,
-    STORE_DIR,
     CredentialError,
     CredentialStore,
-    StoreNotPrivateError,
     check_user_name,
     credential_from_password,
 )
+from oncelog.server.security_store import STORE_DIR, StoreNotPrivateError
 from oncelog.storage.fs import DEFAULT_FS
 
 DESCRIPTION = """\

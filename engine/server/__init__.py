@@ -20,7 +20,8 @@ The wire:
   `alter_configs` (AlterConfigs, IncrementalAlterConfigs), `topic_admin` (DeleteTopics, CreatePartitions),
   `producer_admin` (DescribeProducers, ListTransactions, DescribeTransactions),
   `sasl` (SaslHandshake, SaslAuthenticate),
-  `scram_admin` (DescribeUserScramCredentials, AlterUserScramCredentials)
+  `scram_admin` (DescribeUserScramCredentials, AlterUserScramCredentials),
+  `acls` (DescribeAcls, CreateAcls, DeleteAcls)
 - `errors`: the server's exceptions, and oncelog's as Kafka error codes
 
 The state behind the APIs:
@@ -35,7 +36,11 @@ Security:
 - `listeners`: where the server listens, each listener's security protocol and advertised address
 - `tls`: the SSL listeners' context, and a client certificate's principal
 - `sasl`: a connection's security state and its SASL login (PLAIN, SCRAM-SHA-256/512)
-- `credentials`: the SASL users' SCRAM credentials, in a store only the server's user can read
+- `security_store`: the root's store of credentials and ACLs, which only the server's user can read
+- `credentials`: the SASL users' SCRAM credentials
+- `acls`: Kafka's ACL model: ACLs, filters, and the allow/deny decision
+- `acl_store`: the root's ACLs, stored durably and read again when any process changes them
+- `authorization`: a request's principal and host against the ACLs, for every handler
 
 The process:
 - `connection`: one client connection: bounded reads, requests answered in order

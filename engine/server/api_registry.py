@@ -37,6 +37,7 @@ from oncelog.server.codec import (
     nested,
     response_type,
 )
+from oncelog.server.handlers.acls import handle_create_acls, handle_delete_acls, handle_describe_acls
 from oncelog.server.handlers.alter_configs import handle_alter_configs, handle_incremental_alter_configs
 from oncelog.server.handlers.cluster_admin import (
     handle_delete_records,
@@ -175,6 +176,9 @@ APIS: Final[Mapping[int, Api]] = {
         _api(25, "AddOffsetsToTxn", handle_add_offsets_to_txn, 3),
         _api(26, "EndTxn", handle_end_txn, 3),
         _api(28, "TxnOffsetCommit", handle_txn_offset_commit, 3),
+        _api(29, "DescribeAcls", handle_describe_acls, 3, 1, unsupported=fallback.DESCRIBE_ACLS),
+        _api(30, "CreateAcls", handle_create_acls, 3, 1, unsupported=fallback.CREATE_ACLS),
+        _api(31, "DeleteAcls", handle_delete_acls, 3, 1, unsupported=fallback.DELETE_ACLS),
         _api(32, "DescribeConfigs", handle_describe_configs, 4, 1, unsupported=fallback.DESCRIBE_CONFIGS),
         _api(33, "AlterConfigs", handle_alter_configs, 2),
         _api(35, "DescribeLogDirs", handle_describe_log_dirs, 4, 1, unsupported=fallback.DESCRIBE_LOG_DIRS),

@@ -42,6 +42,9 @@ from oncelog.layout import InvalidTopicError, TopicPartition, validate_topic_par
 from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
 from oncelog.segments import file_cache
+from oncelog.server.acl_store import AclStore
+from oncelog.server.authorization import Access, Authorizer
+from oncelog.server.codec import Request
 from oncelog.server.coordinator_store import CoordinatorStore
 from oncelog.server.credentials import SASL_MECHANISMS, SCRAM_MECHANISMS, CredentialStore
 from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, TopicExistsError
@@ -217,6 +220,14 @@ class ServeConfig:
         return self.all_listeners[0].advertised
 
     @property
+    def authenticates_clients(self) -> bool:
+        """Whether some listener names its clients: SASL, or SSL with client certificates."""
+        return any(
+            listener.uses_sasl or (listener.uses_tls and self.tls is not None and self.tls.ca is not None)
+            for listener in self.all_listeners
+        )
+
+    @property
     def all_listeners(self) -> tuple[Listener, ...]:
         if self.listeners:
             return self.listeners
@@ -265,6 +276,9 @@ class Broker:
         self._finish_creations()
         self.coordinator_store = CoordinatorStore.open(manager.fs, manager.root)
         self.credentials = CredentialStore.open(manager.fs, manager.root)
+        self.authorizer = Authorizer(
+            AclStore(self.credentials.store), config.super_users, config.authenticates_clients
+        )
         self.groups = GroupCoordinator(self.coordinator_store, config.groups)
         self.transactions = TransactionCoordinator(
             self.coordinator_store,
@@ -562,6 +576,11 @@ class Broker:
         self._login_threads.shutdown(wait=True)
         self.coordinator_store.close()
         self.credentials.close()
+
+    def access(self, request: Request) -> Access:
+        """What `request`'s principal, from its address, may do (authorization)."""
+        # (An ACL names a host by its address; a request's client_host is Kafka's "/address".)
+        return self.authorizer.access(request.session, request.client_host.removeprefix("/"))
 
     def advertised_for(self, session: Any) -> tuple[str, int]:
         """The address of the listener a request came in on (its session's), as Metadata gives it."""

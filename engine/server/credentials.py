@@ -7,8 +7,7 @@ the server's answer). Neither gives the password back. PLAIN logins check agains
 same record: the password is salted and iterated as the record says and must give its
 StoredKey. SCRAM's arithmetic is `scramp`'s.
 
-The store is the server user's alone: its directory is mode 0700 and its files 0600
-(`check_private`; `serve` refuses to start otherwise, as ssh refuses a readable key).
+The store is the server user's alone (`security_store`), and holds the ACLs too.
 Every read goes to the store, so `oncelog users` and AlterUserScramCredentials take
 effect on the next login, in every process serving the root.
 """
@@ -18,9 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import os
 import secrets
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -29,10 +26,10 @@ import msgpack
 import scramp
 from scramp.core import _c_key_stored_key_s_key  # SaltedPassword -> keys, as scramp derives them
 
+from oncelog.server.security_store import open_security_store
 from oncelog.storage.fs import FileSystem, MetadataStore
 from oncelog.storage.metadata_values import committing
 
-STORE_DIR: Final = "security.lmdb"
 USER_PREFIX: Final = "user/"
 SCRAM_MECHANISMS: Final = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 PLAIN: Final = "PLAIN"
@@ -49,10 +46,6 @@ MAX_USER_NAME_BYTES: Final = 256
 
 class CredentialError(ValueError):
     """A user name, mechanism or iteration count the store does not take."""
-
-
-class StoreNotPrivateError(Exception):
-    """The credential store can be read or changed by users other than the server's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,19 +119,6 @@ def stand_in_credential(name: str, mechanism: str) -> ScramCredential:
     return ScramCredential(stand_in_salt(name), *keys, DEFAULT_ITERATIONS)
 
 
-def check_private(path: str) -> None:
-    """StoreNotPrivateError unless `path` (the store's directory) and every file in it belong to
-    this process's user and allow nobody else anything."""
-    for entry in [path, *(os.path.join(path, name) for name in sorted(os.listdir(path)))]:
-        info = os.lstat(entry)
-        if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o077:
-            raise StoreNotPrivateError(
-                f"{entry} is mode {stat.S_IMODE(info.st_mode):04o}, owner uid {info.st_uid}: the credential "
-                f"store must belong to uid {os.geteuid()} and be readable by it alone "
-                f"(chmod -R go= {path})"
-            )
-
-
 class CredentialStore:
     """SCRAM credentials by user and mechanism, in one LMDB store; every write one durable commit."""
 
@@ -147,25 +127,13 @@ class CredentialStore:
 
     @classmethod
     def open(cls, fs: FileSystem, root: str) -> CredentialStore:
-        """Open the root's store (created private if missing); StoreNotPrivateError if it is not private."""
-        path = os.path.join(root, STORE_DIR)
-        if not os.path.exists(path):
-            # The directory first, private: the files LMDB creates in it are then out of reach
-            # of other users from the start, and made 0600 below.
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            created = True
-        else:
-            created = False
-        store = fs.open_store(path)
-        if created:
-            for name in os.listdir(path):
-                os.chmod(os.path.join(path, name), 0o600)
-        try:
-            check_private(path)
-        except StoreNotPrivateError:
-            store.close()
-            raise
-        return cls(store)
+        """The root's credentials (security_store.open_security_store: StoreNotPrivateError)."""
+        return cls(open_security_store(fs, root))
+
+    @property
+    def store(self) -> MetadataStore:
+        """The security store, which the ACLs share."""
+        return self._store
 
     @property
     def path(self) -> str:

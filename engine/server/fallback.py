@@ -26,10 +26,16 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kafka.protocol.admin import (
+    CreateAclsRequest,
+    CreateAclsResponse,
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DeleteAclsRequest,
+    DeleteAclsResponse,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
     DescribeConfigsRequest,
     DescribeConfigsResponse,
     DescribeLogDirsRequest,
@@ -226,6 +232,34 @@ def _describe_configs(response: Any, request: Any) -> Any:
     )
 
 
+def _describe_acls(response: Any, request: Any) -> Any:
+    return response(
+        error_code=UNSUPPORTED_VERSION, error_message="use DescribeAcls v1 or later", resources=[]
+    )
+
+
+def _create_acls(response: Any, request: Any) -> Any:
+    result = response.AclCreationResult
+    return response(
+        results=[
+            result(error_code=UNSUPPORTED_VERSION, error_message="use CreateAcls v1 or later")
+            for _ in request.creations
+        ],
+    )
+
+
+def _delete_acls(response: Any, request: Any) -> Any:
+    result = response.DeleteAclsFilterResult
+    return response(
+        filter_results=[
+            result(
+                error_code=UNSUPPORTED_VERSION, error_message="use DeleteAcls v1 or later", matching_acls=[]
+            )
+            for _ in request.filters
+        ],
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class UnsupportedAnswer:
     """How to answer an API's old versions: kafka-python's request and response classes,
@@ -245,3 +279,6 @@ CREATE_TOPICS = UnsupportedAnswer(CreateTopicsRequest, CreateTopicsResponse, _cr
 DESCRIBE_LOG_DIRS = UnsupportedAnswer(DescribeLogDirsRequest, DescribeLogDirsResponse, _describe_log_dirs)
 DESCRIBE_CONFIGS = UnsupportedAnswer(DescribeConfigsRequest, DescribeConfigsResponse, _describe_configs)
 DELETE_TOPICS = UnsupportedAnswer(DeleteTopicsRequest, DeleteTopicsResponse, _delete_topics)
+DESCRIBE_ACLS = UnsupportedAnswer(DescribeAclsRequest, DescribeAclsResponse, _describe_acls)
+CREATE_ACLS = UnsupportedAnswer(CreateAclsRequest, CreateAclsResponse, _create_acls)
+DELETE_ACLS = UnsupportedAnswer(DeleteAclsRequest, DeleteAclsResponse, _delete_acls)

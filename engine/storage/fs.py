@@ -80,6 +80,11 @@ class MetadataStore(Protocol):
         """
         ...
 
+    def generation(self) -> int:
+        """A number that changes with every commit to the store, by this process or another;
+        reads no value (a cache of values checks it before each use)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -163,6 +163,11 @@ class LmdbStore:
 
         return self._run(read_and_write, write=True)
 
+    def generation(self) -> int:
+        # The newest commit's transaction id, from the meta pages every process shares.
+        with _lmdb_errors(self.path):
+            return int(self._env.info()["last_txnid"])
+
     def keys(self, prefix: str) -> list[str]:
         encoded = prefix.encode()
 

@@ -94,6 +94,7 @@ class PartitionStore:
         # version then: a store changed behind this log's back gets no copy in the marker.
         self._version: bytes | None = None if copy is None else copy.store_version
         self._writer: MetadataStore | None = None  # opened by a commit
+        self._commits = 0  # this log's commits: the only writer of a partition's store
         # Held while a commit uses the writer. A plain lock, taken by an evictor (any thread,
         # any Log, even another torture run's) only without blocking and never across I/O,
         # so it cannot stall the harness's scheduler; a commit takes it under `_lock`.
@@ -161,6 +162,10 @@ class PartitionStore:
                 return None  # changed, replaced or damaged since: the next open must read it
             return StoreCopy(self._version, dict(self._values))
 
+    def generation(self) -> int:
+        with self._lock:
+            return self._commits
+
     def keys(self, prefix: str) -> list[str]:
         with self._lock:
             return sorted(key for key in self._loaded() if key.startswith(prefix))
@@ -176,6 +181,7 @@ class PartitionStore:
                 self._writable().put(values)
             current.update(values)
             self._version = self._version_now()
+            self._commits += 1
         STORE_WRITERS.committed(self)
 
     def delete(self, keys: Sequence[str]) -> None:
@@ -186,6 +192,7 @@ class PartitionStore:
             for key in keys:
                 current.pop(key, None)
             self._version = self._version_now()
+            self._commits += 1
         STORE_WRITERS.committed(self)
 
     def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
@@ -198,6 +205,7 @@ class PartitionStore:
             else:
                 current[key] = new
             self._version = self._version_now()
+            self._commits += 1
         STORE_WRITERS.committed(self)
         return new
 

@@ -304,6 +304,10 @@ class FaultStore:
     def keys(self, prefix: str) -> list[str]:
         return sorted(key for key in self._fs._model.stores[self._path] if key.startswith(prefix))
 
+    def generation(self) -> int:
+        # Of the content: any commit that changes a value changes it.
+        return hash(frozenset(self._fs._model.stores[self._path].items()))
+
     def items(self, prefix: str) -> list[tuple[str, bytes]]:
         return sorted(
             (key, value)

@@ -186,6 +186,7 @@ COMMANDS: dict[str, Callable[[Hostile], list[str]]] = {
     "bench": lambda h: ["bench", "--quick", "--dir", str(h.path)],
     "serve": lambda h: ["serve", "--no-progress", "--listen", "127.0.0.1:0", str(h.path)],
     "users": lambda h: ["users", str(h.path), "list"],
+    "acls": lambda h: ["acls", str(h.path), "list"],
 }
 
 # (command, input) pairs that are not bad input for that command, and why.

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from oncelog.cli.main import main
-from oncelog.cli.serve import unservable_root
+from oncelog.cli.main import build_parser, main
+from oncelog.cli.serve import serve_config, unservable_root
+from oncelog.server.acl_store import AclStore
+from oncelog.server.acls import Acl, Operation, PatternType, Permission, ResourceType
 from oncelog.server.credentials import CredentialStore
 from oncelog.server.listeners import parse_address
+from oncelog.server.security_store import open_security_store
 from oncelog.storage.fs import DEFAULT_FS
 
 
@@ -154,3 +157,35 @@ def test_a_root_holding_only_its_users_is_served_as_a_new_root(tmp_path: Path) -
     assert unservable_root(str(root)) is None
     (root / "stray.txt").write_text("x")
     assert "neither a LogManager root nor empty" in (unservable_root(str(root)) or "")
+
+
+def _config_of(root: Path, *argv: str) -> object:
+    args = build_parser().parse_args(["serve", str(root), *argv])
+    return serve_config(args)
+
+
+def test_a_public_plaintext_listener_starts_once_acls_decide_what_anonymous_clients_may_do(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(ValueError, match="the root has no ACLs"):
+        _config_of(root, "--listen", "0.0.0.0:0")
+    store = open_security_store(DEFAULT_FS, str(root))
+    AclStore(store).add(
+        [
+            Acl(
+                ResourceType.TOPIC,
+                "public",
+                PatternType.LITERAL,
+                "User:ANONYMOUS",
+                "*",
+                Operation.READ,
+                Permission.ALLOW,
+            )
+        ]
+    )
+    store.close()
+    assert _config_of(root, "--listen", "0.0.0.0:0") is not None
+    # A super user switches authorization on as well (anonymous clients then get no ACL's grant).
+    assert _config_of(tmp_path / "other", "--listen", "0.0.0.0:0", "--super-user", "User:admin") is not None

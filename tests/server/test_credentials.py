@@ -17,14 +17,12 @@ from scramp.utils import hi
 from oncelog.server.credentials import (
     MAX_ITERATIONS,
     MIN_ITERATIONS,
-    STORE_DIR,
     CredentialError,
     CredentialStore,
-    StoreNotPrivateError,
-    check_private,
     credential_from_password,
     credential_from_salted,
 )
+from oncelog.server.security_store import STORE_DIR, StoreNotPrivateError, check_private
 from oncelog.storage.fs import DEFAULT_FS
 
 

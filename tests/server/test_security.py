@@ -46,6 +46,8 @@ from kio.index import load_request_schema
 from wire_client import decode_response, encode_request, request_body
 
 from oncelog.server import credentials as credentials_module
+from oncelog.server.acl_store import AclStore
+from oncelog.server.acls import CLUSTER_NAME, Acl, Operation, PatternType, Permission, ResourceType
 from oncelog.server.broker import ServeConfig
 from oncelog.server.credentials import CredentialStore, credential_from_password
 from oncelog.server.group_state import GroupLimits
@@ -113,6 +115,17 @@ def secured(tmp_path_factory: pytest.TempPathFactory, certs: Certificates) -> It
     for user in (USER, OTHER_USER):
         for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
             store.put(user, mechanism, credential_from_password(mechanism, PASSWORD, 4096))
+    # The client certificate's principal is no super user: ACLs of every kind let it run
+    # the three flows (alice, a super user, needs none).
+    AclStore(store.store).add(
+        Acl(kind, name, PatternType.LITERAL, f"User:{CLIENT_CN}", "*", Operation.ALL, Permission.ALLOW)
+        for kind, name in (
+            (ResourceType.TOPIC, "*"),
+            (ResourceType.GROUP, "*"),
+            (ResourceType.TRANSACTIONAL_ID, "*"),
+            (ResourceType.CLUSTER, CLUSTER_NAME),
+        )
+    )
     store.close()
     config = ServeConfig(
         listen_port=0,

@@ -20,10 +20,16 @@ from typing import Any, Final
 
 import pytest
 from kafka.protocol.admin import (
+    CreateAclsRequest,
+    CreateAclsResponse,
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DeleteAclsRequest,
+    DeleteAclsResponse,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
     DescribeConfigsRequest,
     DescribeConfigsResponse,
     DescribeLogDirsRequest,
@@ -204,10 +210,10 @@ def _set_up(
     return ProtocolIds()
 
 
-# What this PLAINTEXT server answers an anonymous client: no SASL on this listener
-# (ILLEGAL_SASL_STATE), and SCRAM credentials only for --super-user principals (a named
-# user's refusal is in its result: the request's error stays 0, see scram_admin).
-REFUSED_ON_PLAINTEXT: Final = {17: {34}, 36: {34}, 50: {0, 31}, 51: {31}}
+# What this PLAINTEXT server, without ACLs (everything allowed), answers: no SASL on this
+# listener (ILLEGAL_SASL_STATE), no SCRAM user named "conformance" (RESOURCE_NOT_FOUND, in
+# the user's result), and an ACL whose principal is not TYPE:NAME (INVALID_REQUEST).
+REFUSED_ON_PLAINTEXT: Final = {17: {34}, 30: {42}, 36: {34}, 50: {0, 91}, 51: {91}}
 
 
 @pytest.mark.parametrize(("api_key", "version"), SERVED, ids=[f"{APIS[k].name}-v{v}" for k, v in SERVED])
@@ -296,6 +302,38 @@ def _legacy_request(api_key: int, version: int, topic: str) -> Any:
     if api_key == DESCRIBE_LOG_DIRS:
         cls = DescribeLogDirsRequest[version]
         return cls(topics=[cls.DescribableLogDirTopic(topic=topic, partitions=[0])])
+    return _legacy_acl_request(api_key, version, topic)
+
+
+def _legacy_acl_request(api_key: int, version: int, topic: str) -> Any:
+    """v0 of the ACL APIs: literal patterns, no pattern type on the wire."""
+    acl = {"principal": "User:old", "host": "*", "operation": 3, "permission_type": 3}
+    if api_key == 29:
+        return DescribeAclsRequest[version](
+            resource_type_filter=2,
+            resource_name_filter=topic,
+            principal_filter=None,
+            host_filter=None,
+            operation=1,
+            permission_type=1,
+        )
+    if api_key == 30:
+        cls = CreateAclsRequest[version]
+        return cls(creations=[cls.AclCreation(resource_type=2, resource_name=topic, **acl)])
+    if api_key == 31:
+        cls = DeleteAclsRequest[version]
+        return cls(
+            filters=[
+                cls.DeleteAclsFilter(
+                    resource_type_filter=2,
+                    resource_name_filter=topic,
+                    principal_filter=None,
+                    host_filter=None,
+                    operation=1,
+                    permission_type=1,
+                )
+            ]
+        )
     raise AssertionError(api_key)
 
 
@@ -311,6 +349,12 @@ def _legacy_codes(api_key: int, response: Any) -> list[int]:
         return [r.error_code for r in response.results]
     if api_key == DELETE_TOPICS:
         return [r.error_code for r in response.responses]
+    if api_key == 29:
+        return [response.error_code]
+    if api_key == 30:
+        return [r.error_code for r in response.results]
+    if api_key == 31:
+        return [r.error_code for r in response.filter_results]
     return [t.error_code for t in response.topics]
 
 
@@ -324,6 +368,9 @@ _LEGACY_RESPONSES: dict[int, Any] = {
     DESCRIBE_LOG_DIRS: DescribeLogDirsResponse,
     DESCRIBE_CONFIGS: DescribeConfigsResponse,
     DELETE_TOPICS: DeleteTopicsResponse,
+    29: DescribeAclsResponse,
+    30: CreateAclsResponse,
+    31: DeleteAclsResponse,
 }
 
 

@@ -479,6 +479,49 @@ def _alter_user_scram_credentials(cls: Any, version: int, topic: str, ids: Proto
     )
 
 
+def _describe_acls(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    return build(
+        cls,
+        resource_type_filter=1,
+        resource_name_filter=None,
+        pattern_type_filter=1,
+        principal_filter=None,
+        host_filter=None,
+        operation=1,
+        permission_type=1,
+    )
+
+
+def _create_acls(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    # A principal that is not TYPE:NAME: refused, so the server stays without ACLs (open)
+    # for the requests after it.
+    creation = build(
+        nested(cls, "creations"),
+        resource_type=2,
+        resource_name=topic,
+        resource_pattern_type=3,
+        principal="conformance",
+        host="*",
+        operation=3,
+        permission_type=3,
+    )
+    return build(cls, creations=(creation,))
+
+
+def _delete_acls(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
+    selector = build(
+        nested(cls, "filters"),
+        resource_type_filter=2,
+        resource_name_filter=topic,
+        pattern_type_filter=3,
+        principal_filter="User:conformance",
+        host_filter=None,
+        operation=1,
+        permission_type=1,
+    )
+    return build(cls, filters=(selector,))
+
+
 _TIMEOUT = datetime.timedelta(seconds=5)
 _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     0: _produce,
@@ -512,6 +555,9 @@ _BUILDERS: dict[int, Callable[[Any, int, str, ProtocolIds], Any]] = {
     42: _delete_groups,
     44: _alter_configs,
     47: _offset_delete,
+    29: _describe_acls,
+    30: _create_acls,
+    31: _delete_acls,
     50: _describe_user_scram_credentials,
     51: _alter_user_scram_credentials,
     60: _describe_cluster,

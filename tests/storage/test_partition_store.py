@@ -112,6 +112,9 @@ class _FailingStore:
     def items(self, prefix: str) -> list[tuple[str, bytes]]:
         return self._inner.items(prefix)
 
+    def generation(self) -> int:
+        return self._inner.generation()
+
     def put(self, values: Mapping[str, bytes]) -> None:
         self._check()
         self._inner.put(values)

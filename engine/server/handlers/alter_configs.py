@@ -12,6 +12,9 @@ under Kafka's names (oncelog.server.topic_configs), stored with one durable comm
 - The broker's configs are read-only (INVALID_CONFIG); an unknown topic is
   UNKNOWN_TOPIC_OR_PARTITION; another resource type INVALID_REQUEST.
 - validate_only checks everything and stores nothing.
+- Authorization, as Kafka's: AlterConfigs on the topic (TOPIC_AUTHORIZATION_FAILED) or on
+  the cluster for the broker (CLUSTER_AUTHORIZATION_FAILED), after the request's shape is
+  checked (a key named twice).
 """
 
 from __future__ import annotations
@@ -23,9 +26,12 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
+from oncelog.server.acls import Operation
+from oncelog.server.authorization import Access
 from oncelog.server.broker import Broker
 from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
 from oncelog.server.errors import error_code_for
+from oncelog.server.handlers.describe_configs import config_refusal
 from oncelog.server.topic_configs import InvalidConfigError, altered, checked, overrides_of
 
 TOPIC, BROKER = 2, 4
@@ -54,8 +60,9 @@ async def _answer(broker: Broker, request: Request, change_of: Callable[[Any], _
     response = response_type(request.api_key, request.api_version)
     answer_type = nested(response, "responses")
     answers = []
+    access = broker.access(request)
     for resource in body.resources:
-        code, message = _refusal(broker, resource)
+        code, message = _refusal(broker, access, resource)
         if code == ErrorCode.none:
             apply = functools.partial(
                 _apply, broker, resource.resource_name, change_of(resource), body.validate_only
@@ -73,11 +80,14 @@ async def _answer(broker: Broker, request: Request, change_of: Callable[[Any], _
     return build(response, throttle_time=NO_THROTTLE, responses=tuple(answers))
 
 
-def _refusal(broker: Broker, resource: Any) -> tuple[ErrorCode, str | None]:
+def _refusal(broker: Broker, access: Access, resource: Any) -> tuple[ErrorCode, str | None]:
     """Why a resource's change is refused before it is looked at, or (none, None)."""
     names = [each.name for each in resource.configs]
     if len(set(names)) != len(names):
         return ErrorCode.invalid_request, "a config is named more than once for one resource"
+    denied = config_refusal(access, Operation.ALTER_CONFIGS, resource.resource_type, resource.resource_name)
+    if denied is not None:
+        return denied, "the principal may not alter these configs"
     if resource.resource_type == BROKER:
         return ErrorCode.invalid_config, "this server's broker configs are set at its start and read-only"
     if resource.resource_type != TOPIC:

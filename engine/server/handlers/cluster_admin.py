@@ -8,6 +8,11 @@ DescribeLogDirs (35).
 - DescribeCluster names the one node, which is also the controller.
 - DescribeLogDirs reports the root as the one log directory, each partition's size from
   its segment files, and the filesystem's total and usable bytes (v4+).
+
+Authorization, as Kafka's: DeleteRecords needs Delete on each topic (TOPIC_AUTHORIZATION_FAILED
+per partition); DescribeLogDirs Describe on the cluster (CLUSTER_AUTHORIZATION_FAILED at the
+top from v3, an empty answer before); DescribeCluster nothing, and reports the cluster
+operations the principal has when asked.
 """
 
 from __future__ import annotations
@@ -19,15 +24,23 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OffsetOutOfRangeError, OncelogError
 from oncelog.layout import TopicPartition
+from oncelog.server.acls import CLUSTER_NAME, Operation, ResourceType
 from oncelog.server.broker import NODE_ID, Broker
 from oncelog.server.codec import NO_THROTTLE, OPERATIONS_OMITTED, Request, build, nested, response_type
 from oncelog.server.errors import InternalTopicError, error_code_for
 
 # DeleteRecords' offset meaning "up to the high watermark".
 HIGH_WATERMARK: Final = -1
-# DescribeCluster's authorized operations when asked for: every cluster operation Kafka
-# defines (2..12 but 11's IDEMPOTENT_WRITE counted too), all allowed while there are no ACLs.
-CLUSTER_OPERATIONS: Final = sum(1 << op for op in range(2, 13))
+# The operations Kafka reports on the cluster when asked which the principal has.
+CLUSTER_OPERATIONS: Final = (
+    Operation.CREATE,
+    Operation.CLUSTER_ACTION,
+    Operation.DESCRIBE_CONFIGS,
+    Operation.ALTER_CONFIGS,
+    Operation.IDEMPOTENT_WRITE,
+    Operation.ALTER,
+    Operation.DESCRIBE,
+)
 # DescribeCluster's endpoint types (KIP-919).
 BROKER_ENDPOINTS, CONTROLLER_ENDPOINTS = 1, 2
 
@@ -38,7 +51,15 @@ async def handle_delete_records(broker: Broker, request: Request) -> Any:
         for topic in request.body.topics
         for each in topic.partitions
     ]
-    answers = await broker.in_thread(lambda: [_delete_records(broker, tp, offset) for tp, offset in wanted])
+    access = broker.access(request)
+    answers = await broker.in_thread(
+        lambda: [
+            _delete_records(broker, tp, offset)
+            if access.topic(Operation.DELETE, tp.topic)
+            else (-1, ErrorCode.topic_authorization_failed)
+            for tp, offset in wanted
+        ]
+    )
     response = response_type(request.api_key, request.api_version)
     topic_type = nested(response, "topics")
     partition_type = nested(topic_type, "partitions")
@@ -96,12 +117,20 @@ async def handle_describe_cluster(broker: Broker, request: Request) -> Any:
         cluster_id=broker.cluster_id,
         controller_id=NODE_ID,
         brokers=(build(broker_type, broker_id=NODE_ID, host=host, port=port, rack=None, is_fenced=False),),
-        cluster_authorized_operations=CLUSTER_OPERATIONS if asked else OPERATIONS_OMITTED,
+        cluster_authorized_operations=broker.access(request).operations(
+            ResourceType.CLUSTER, CLUSTER_NAME, CLUSTER_OPERATIONS
+        )
+        if asked
+        else OPERATIONS_OMITTED,
     )
 
 
 async def handle_describe_log_dirs(broker: Broker, request: Request) -> Any:
     body = request.body
+    if not broker.access(request).cluster(Operation.DESCRIBE):
+        response = response_type(request.api_key, request.api_version)
+        code = ErrorCode.cluster_authorization_failed
+        return build(response, throttle_time=NO_THROTTLE, error_code=code, results=())
     if body.topics is None:
         wanted = [TopicPartition(t, p) for t, count in broker.topics().items() for p in range(count)]
     else:

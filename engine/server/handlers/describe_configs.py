@@ -9,6 +9,10 @@ broker's, as Kafka describes them.
 - `configuration_keys` keeps only the configs named; synonyms (v1+) list the entry, and
   for an override the default under it; v3+ carries each config's type and, when asked,
   its documentation.
+
+Authorization, as Kafka's: DescribeConfigs on the topic (else TOPIC_AUTHORIZATION_FAILED,
+whether it exists or not) or on the cluster for the broker (CLUSTER_AUTHORIZATION_FAILED),
+in that resource's result, with no configs.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from oncelog.server.acls import Operation
+from oncelog.server.authorization import Access
 from oncelog.server.broker import NODE_ID, Broker
 from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
 from oncelog.server.topic_configs import (
@@ -43,8 +49,16 @@ async def handle_describe_configs(broker: Broker, request: Request) -> Any:
     synonyms_wanted = getattr(body, "include_synonyms", False)
     documentation_wanted = getattr(body, "include_documentation", False)
     results = []
+    access = broker.access(request)
     for resource in body.resources:
-        code, message, entries, defaults = _describe(broker, resource.resource_type, resource.resource_name)
+        refusal = config_refusal(
+            access, Operation.DESCRIBE_CONFIGS, resource.resource_type, resource.resource_name
+        )
+        code, message, entries, defaults = (
+            (refusal, "the principal may not describe these configs", [], {})
+            if refusal is not None
+            else _describe(broker, resource.resource_type, resource.resource_name)
+        )
         keys = resource.configuration_keys
         configs = tuple(
             build(
@@ -72,6 +86,15 @@ async def handle_describe_configs(broker: Broker, request: Request) -> Any:
             )
         )
     return build(response, throttle_time=NO_THROTTLE, results=tuple(results))
+
+
+def config_refusal(access: Access, operation: Operation, resource_type: int, name: str) -> ErrorCode | None:
+    """The error for a topic's or the broker's configs the principal may not `operation`, or None."""
+    if resource_type == TOPIC and not access.topic(operation, name):
+        return ErrorCode.topic_authorization_failed
+    if resource_type == BROKER and not access.cluster(operation):
+        return ErrorCode.cluster_authorization_failed
+    return None
 
 
 def _describe(

@@ -10,6 +10,9 @@ so a batch larger than them never stalls a consumer; every later partition retur
 only the batches that fit in what is left (whole batches: Kafka would send the last
 one cut short, which the client drops and fetches again).
 
+A partition of a topic the principal may not Read is TOPIC_AUTHORIZATION_FAILED, whether
+the topic exists or not, and nothing of it is read.
+
 read_committed stops at the last stable offset and lists the aborted transactions
 the returned batches overlap; the consumer drops their records.
 
@@ -43,6 +46,8 @@ from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.log import Log
 from oncelog.results import Isolation
 from oncelog.segments.batch import RecordBatch
+from oncelog.server.acls import Operation
+from oncelog.server.authorization import Access
 from oncelog.server.broker import Broker
 from oncelog.server.codec import (
     NO_THROTTLE,
@@ -103,7 +108,8 @@ async def handle_fetch(broker: Broker, request: Request) -> Frame:
     if body.isolation_level not in (0, READ_COMMITTED):
         raise MalformedRequestError(f"Fetch isolation_level {body.isolation_level} is neither 0 nor 1")
     isolation: Isolation = "read_committed" if body.isolation_level == READ_COMMITTED else "read_uncommitted"
-    wants = [_Want(tp, *where, _target(broker, tp)) for tp, where in _wanted(body).items()]
+    access = broker.access(request)
+    wants = [_Want(tp, *where, _target(broker, access, tp)) for tp, where in _wanted(body).items()]
     partitions = [want.tp for want in wants]
     wait_s = min(body.max_wait.total_seconds(), broker.config.max_fetch_wait_ms / 1000)
     deadline = time.monotonic() + max(wait_s, 0.0)
@@ -147,7 +153,9 @@ def _wanted(body: Any) -> dict[TopicPartition, tuple[int, int]]:
     return wanted
 
 
-def _target(broker: Broker, tp: TopicPartition) -> Log | ErrorCode:
+def _target(broker: Broker, access: Access, tp: TopicPartition) -> Log | ErrorCode:
+    if not access.topic(Operation.READ, tp.topic):  # (before its existence: a name tells nothing)
+        return ErrorCode.topic_authorization_failed
     try:
         return broker.client_log(tp.topic, tp.partition)  # no client reads an internal topic
     except (OncelogError, InvalidTopicError, InternalTopicError) as exc:

@@ -4,6 +4,12 @@
 Versions differ only in fields (`build` keeps the ones a version has): ListGroups v4 adds
 the states filter and each group's state, v5 the types filter and type; DescribeGroups
 v3 adds authorized operations, v4 members' group instance ids.
+
+Authorization, as Kafka's: ListGroups lists every group to a principal with Describe on
+the cluster, else only the groups it may Describe; DescribeGroups needs Describe on each
+group, DeleteGroups Delete on each (GROUP_AUTHORIZATION_FAILED in that group's entry);
+OffsetDelete needs Delete on the group (GROUP_AUTHORIZATION_FAILED at the top) and Read
+on each topic (TOPIC_AUTHORIZATION_FAILED per partition).
 """
 
 from __future__ import annotations
@@ -13,12 +19,12 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from oncelog.server import group_admin
+from oncelog.server.acls import Operation, ResourceType
 from oncelog.server.broker import Broker
 from oncelog.server.codec import NO_THROTTLE, OPERATIONS_OMITTED, Request, build, nested, response_type
 
-# Asked for: every operation Kafka defines on a group (READ 3, DELETE 6, DESCRIBE 8), all
-# allowed while the server has no ACLs.
-GROUP_OPERATIONS: Final = (1 << 3) | (1 << 6) | (1 << 8)
+# The operations Kafka reports on a group when asked which the principal has.
+GROUP_OPERATIONS: Final = (Operation.READ, Operation.DELETE, Operation.DESCRIBE)
 
 
 async def handle_list_groups(broker: Broker, request: Request) -> Any:
@@ -28,6 +34,8 @@ async def handle_list_groups(broker: Broker, request: Request) -> Any:
         broker.groups, getattr(body, "states_filter", ()), getattr(body, "types_filter", ())
     )
     group_type = nested(response, "groups")
+    access = broker.access(request)
+    every = access.cluster(Operation.DESCRIBE)
     groups = tuple(
         build(
             group_type,
@@ -37,6 +45,7 @@ async def handle_list_groups(broker: Broker, request: Request) -> Any:
             group_type=each.group_type,
         )
         for each in listed
+        if every or access.group(Operation.DESCRIBE, each.group_id)
     )
     return build(response, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, groups=groups)
 
@@ -46,11 +55,18 @@ async def handle_describe_groups(broker: Broker, request: Request) -> Any:
     response = response_type(request.api_key, request.api_version)
     group_type = nested(response, "groups")
     member_type = nested(group_type, "members")
-    operations = (
-        GROUP_OPERATIONS if getattr(body, "include_authorized_operations", False) else OPERATIONS_OMITTED
-    )
+    access = broker.access(request)
+    with_operations = getattr(body, "include_authorized_operations", False)
     described = []
     for group_id in body.groups:
+        if not access.group(Operation.DESCRIBE, group_id):
+            described.append(_undescribed(group_type, group_id))
+            continue
+        operations = (
+            access.operations(ResourceType.GROUP, group_id, GROUP_OPERATIONS)
+            if with_operations
+            else OPERATIONS_OMITTED
+        )
         summary = group_admin.describe_group(broker.groups, group_id)
         members = tuple(
             build(
@@ -79,15 +95,36 @@ async def handle_describe_groups(broker: Broker, request: Request) -> Any:
     return build(response, throttle_time=NO_THROTTLE, groups=tuple(described))
 
 
+def _undescribed(group_type: Any, group_id: str) -> Any:
+    return build(
+        group_type,
+        error_code=ErrorCode.group_authorization_failed,
+        group_id=group_id,
+        group_state="",
+        protocol_type="",
+        protocol_data="",
+        members=(),
+        authorized_operations=OPERATIONS_OMITTED,
+    )
+
+
 async def handle_delete_groups(broker: Broker, request: Request) -> Any:
     response = response_type(request.api_key, request.api_version)
-    for group_id in request.body.groups_names:
+    access = broker.access(request)
+    named = list(dict.fromkeys(request.body.groups_names))
+    allowed = [group_id for group_id in named if access.group(Operation.DELETE, group_id)]
+    for group_id in allowed:
         # After the offsets of a transaction whose commit was answered, as OffsetCommit waits.
         await broker.transactions.offsets_settled(group_id)
-    answers = group_admin.delete_groups(broker.groups, list(request.body.groups_names))
+    answers = group_admin.delete_groups(broker.groups, allowed)
     result_type = nested(response, "results")
     results = tuple(
-        build(result_type, group_id=group_id, error_code=code) for group_id, code in answers.items()
+        build(
+            result_type,
+            group_id=group_id,
+            error_code=answers.get(group_id, ErrorCode.group_authorization_failed),
+        )
+        for group_id in named
     )
     return build(response, throttle_time=NO_THROTTLE, results=results)
 
@@ -95,15 +132,23 @@ async def handle_delete_groups(broker: Broker, request: Request) -> Any:
 async def handle_offset_delete(broker: Broker, request: Request) -> Any:
     body = request.body
     response = response_type(request.api_key, request.api_version)
+    access = broker.access(request)
+    if not access.group(Operation.DELETE, body.group_id):
+        code = ErrorCode.group_authorization_failed
+        return build(response, error_code=code, throttle_time=NO_THROTTLE, topics=())
     # After the offsets of a transaction whose commit was answered, as OffsetCommit waits.
     await broker.transactions.offsets_settled(body.group_id)
     partitions: dict[tuple[str, int], ErrorCode] = {}
     for topic in body.topics:
+        readable = access.topic(Operation.READ, topic.name)
         for each in topic.partitions:
-            known = broker.has_partition(topic.name, each.partition_index)
-            partitions[(topic.name, each.partition_index)] = (
-                ErrorCode.none if known else ErrorCode.unknown_topic_or_partition
-            )
+            if not readable:
+                code = ErrorCode.topic_authorization_failed
+            elif broker.has_partition(topic.name, each.partition_index):
+                code = ErrorCode.none
+            else:
+                code = ErrorCode.unknown_topic_or_partition
+            partitions[(topic.name, each.partition_index)] = code
     existing = [key for key, code in partitions.items() if code == ErrorCode.none]
     group_error, answers = group_admin.delete_offsets(broker.groups, body.group_id, existing)
     if group_error != ErrorCode.none:

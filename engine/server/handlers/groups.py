@@ -3,16 +3,26 @@ OffsetCommit (8) and OffsetFetch (9), translated to and from the GroupCoordinato
 
 Versions differ only in fields: `build` keeps the ones a version has. LeaveGroup v3+
 names many members (each answered on its own); OffsetFetch v8+ names many groups.
+
+Authorization, as Kafka's: the membership APIs and OffsetCommit need Read on the group
+(GROUP_AUTHORIZATION_FAILED: at the top, or on every partition of a commit, which then
+commits nothing); a commit's topics need Read (TOPIC_AUTHORIZATION_FAILED per partition,
+the others committed). OffsetFetch needs Describe on the group, and lists a topic only if
+the principal may Describe it: one asked for by name is TOPIC_AUTHORIZATION_FAILED, one
+among "every committed partition" is left out.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
+from oncelog.server.acls import Operation
+from oncelog.server.authorization import Access
 from oncelog.server.broker import Broker
 from oncelog.server.codec import NO_THROTTLE, Request, build, milliseconds, nested, response_type
 from oncelog.server.group_state import CommittedOffset
@@ -22,9 +32,25 @@ log = logging.getLogger("oncelog.server")
 _MEMBER_ID_REQUIRED_FROM = 4
 
 
+def may_read_group(broker: Broker, request: Request, group_id: str) -> bool:
+    return broker.access(request).group(Operation.READ, group_id)
+
+
 async def handle_join_group(broker: Broker, request: Request) -> Any:
     body = request.body
     response = response_type(request.api_key, request.api_version)
+    if not may_read_group(broker, request, body.group_id):
+        return build(
+            response,
+            throttle_time=NO_THROTTLE,
+            error_code=ErrorCode.group_authorization_failed,
+            generation_id=-1,
+            protocol_type=None,
+            protocol_name=None if request.api_version >= 7 else "",
+            leader="",
+            member_id="",
+            members=(),
+        )
     session_ms = milliseconds(body.session_timeout)
     # v0 has no rebalance timeout: the session timeout stands in for it, as in Kafka.
     rebalance_ms = milliseconds(getattr(body, "rebalance_timeout", body.session_timeout))
@@ -60,6 +86,15 @@ async def handle_join_group(broker: Broker, request: Request) -> Any:
 
 async def handle_sync_group(broker: Broker, request: Request) -> Any:
     body = request.body
+    if not may_read_group(broker, request, body.group_id):
+        return build(
+            response_type(request.api_key, request.api_version),
+            throttle_time=NO_THROTTLE,
+            error_code=ErrorCode.group_authorization_failed,
+            protocol_type=None,
+            protocol_name=None,
+            assignment=b"",
+        )
     result = await broker.groups.sync(
         body.group_id,
         body.generation_id,
@@ -81,9 +116,12 @@ async def handle_sync_group(broker: Broker, request: Request) -> Any:
 
 async def handle_heartbeat(broker: Broker, request: Request) -> Any:
     body = request.body
-    code = broker.groups.heartbeat(
-        body.group_id, body.generation_id, body.member_id, getattr(body, "group_instance_id", None)
-    )
+    if not may_read_group(broker, request, body.group_id):
+        code = ErrorCode.group_authorization_failed
+    else:
+        code = broker.groups.heartbeat(
+            body.group_id, body.generation_id, body.member_id, getattr(body, "group_instance_id", None)
+        )
     return build(
         response_type(request.api_key, request.api_version), throttle_time=NO_THROTTLE, error_code=code
     )
@@ -92,6 +130,9 @@ async def handle_heartbeat(broker: Broker, request: Request) -> Any:
 async def handle_leave_group(broker: Broker, request: Request) -> Any:
     body = request.body
     response = response_type(request.api_key, request.api_version)
+    if not may_read_group(broker, request, body.group_id):
+        code = ErrorCode.group_authorization_failed
+        return build(response, throttle_time=NO_THROTTLE, error_code=code, members=())
     if not hasattr(body, "members"):  # v0-2: one member
         code = broker.groups.leave(body.group_id, body.member_id, None)
         return build(response, throttle_time=NO_THROTTLE, error_code=code)
@@ -111,12 +152,13 @@ async def handle_leave_group(broker: Broker, request: Request) -> Any:
 
 
 def offsets_of(
-    broker: Broker, topics: Any
+    broker: Broker, access: Access, topics: Any
 ) -> tuple[list[tuple[str, int, CommittedOffset]], dict[tuple[str, int], ErrorCode]]:
     """The offsets a commit request carries, and the partitions refused on their own.
 
-    A partition that does not exist gets UNKNOWN_TOPIC_OR_PARTITION and metadata past
-    offset.metadata.max.bytes OFFSET_METADATA_TOO_LARGE; the others are committed (Kafka's rule).
+    A topic the principal may not Read gets TOPIC_AUTHORIZATION_FAILED, a partition that
+    does not exist UNKNOWN_TOPIC_OR_PARTITION and metadata past offset.metadata.max.bytes
+    OFFSET_METADATA_TOO_LARGE; the others are committed (Kafka's rule).
     """
     max_metadata_bytes = broker.groups.limits.offset_metadata_max_bytes
     now_ms = broker.groups.now_ms()
@@ -125,7 +167,9 @@ def offsets_of(
     for topic in topics:
         for each in topic.partitions:
             metadata = each.committed_metadata or ""
-            if not broker.has_partition(topic.name, each.partition_index):
+            if not access.topic(Operation.READ, topic.name):
+                refused[(topic.name, each.partition_index)] = ErrorCode.topic_authorization_failed
+            elif not broker.has_partition(topic.name, each.partition_index):
                 refused[(topic.name, each.partition_index)] = ErrorCode.unknown_topic_or_partition
             elif len(metadata.encode("utf-8", "surrogatepass")) > max_metadata_bytes:
                 refused[(topic.name, each.partition_index)] = ErrorCode.offset_metadata_too_large
@@ -163,13 +207,19 @@ async def handle_offset_commit(broker: Broker, request: Request) -> Any:
     body = request.body
     response = response_type(request.api_key, request.api_version)
     generation = getattr(body, "generation_id_or_member_epoch", getattr(body, "generation_id", -1))
+    access = broker.access(request)
+    if not access.group(Operation.READ, body.group_id):
+        code = ErrorCode.group_authorization_failed
+        return build(
+            response, throttle_time=NO_THROTTLE, topics=partition_answers(response, body.topics, code, {})
+        )
     code = broker.groups.check_commit(
         body.group_id, generation, body.member_id, getattr(body, "group_instance_id", None)
     )
     if code == ErrorCode.none:
         # After the offsets of a transaction whose commit was answered, as they were sent.
         await broker.transactions.offsets_settled(body.group_id)
-    offsets, refused = offsets_of(broker, body.topics)
+    offsets, refused = offsets_of(broker, access, body.topics)
     if code == ErrorCode.none and offsets:
         try:
             broker.groups.commit(body.group_id, offsets)
@@ -190,41 +240,71 @@ async def handle_offset_fetch(broker: Broker, request: Request) -> Any:
     one_group = not hasattr(body, "groups")  # v1-7
     for group_id in [body.group_id] if one_group else [group.group_id for group in body.groups]:
         await broker.transactions.offsets_settled(group_id)
+    access = broker.access(request)
     if one_group:
-        topics = _fetched(broker, body.group_id, body.topics, stable, nested(response, "topics"))
-        return build(response, throttle_time=NO_THROTTLE, topics=topics, error_code=ErrorCode.none)
+        fetch = _OffsetFetch(broker, access, body.group_id, stable)
+        topics = fetch.answers(body.topics, nested(response, "topics"))
+        return build(response, throttle_time=NO_THROTTLE, topics=topics, error_code=fetch.group_code)
     group_type = nested(response, "groups")
-    groups = tuple(
-        build(
-            group_type,
-            group_id=group.group_id,
-            topics=_fetched(broker, group.group_id, group.topics, stable, nested(group_type, "topics")),
-            error_code=ErrorCode.none,
+    groups = []
+    for group in body.groups:
+        fetch = _OffsetFetch(broker, access, group.group_id, stable)
+        topics = fetch.answers(group.topics, nested(group_type, "topics"))
+        groups.append(build(group_type, group_id=group.group_id, topics=topics, error_code=fetch.group_code))
+    return build(response, throttle_time=NO_THROTTLE, groups=tuple(groups))
+
+
+class _OffsetFetch:
+    """One group's answer to OffsetFetch; without Describe on the group, its error (at the top,
+    or in each partition asked for where the version has no error at the top: v1)."""
+
+    def __init__(self, broker: Broker, access: Access, group_id: str, stable: bool):
+        self.broker = broker
+        self.access = access
+        self.group_id = group_id
+        self.stable = stable
+        allowed = access.group(Operation.DESCRIBE, group_id)
+        self.group_code = ErrorCode.none if allowed else ErrorCode.group_authorization_failed
+
+    def answers(self, topics: Any, topic_type: Any) -> Any:
+        """The committed offsets of `topics` (every committed partition if None)."""
+        if self.group_code != ErrorCode.none:
+            wanted = {topic.name: list(topic.partition_indexes) for topic in topics or ()}
+            return _offset_answers(topic_type, wanted, lambda name, partition: (None, self.group_code))
+        committed = self.broker.groups.committed(self.group_id)
+        wanted = {}
+        if topics is None:
+            for topic, partition in sorted(committed):
+                if self.access.topic(Operation.DESCRIBE, topic):  # (left out silently, as Kafka does)
+                    wanted.setdefault(topic, []).append(partition)
+        else:
+            for topic in topics:
+                wanted.setdefault(topic.name, []).extend(topic.partition_indexes)
+        return _offset_answers(
+            topic_type, wanted, lambda name, partition: self._one(committed, name, partition)
         )
-        for group in body.groups
-    )
-    return build(response, throttle_time=NO_THROTTLE, groups=groups)
+
+    def _one(
+        self, committed: dict[tuple[str, int], CommittedOffset], name: str, partition: int
+    ) -> tuple[CommittedOffset | None, ErrorCode]:
+        if not self.access.topic(Operation.DESCRIBE, name):
+            return None, ErrorCode.topic_authorization_failed
+        if self.stable and self.broker.groups.pending_transactional(self.group_id, name, partition):
+            return None, ErrorCode.unstable_offset_commit
+        return committed.get((name, partition)), ErrorCode.none
 
 
-def _fetched(broker: Broker, group_id: str, topics: Any, stable: bool, topic_type: Any) -> Any:
-    """The committed offsets of `topics` (every committed partition if None)."""
-    committed = broker.groups.committed(group_id)
-    wanted: dict[str, list[int]] = {}
-    if topics is None:
-        for topic, partition in sorted(committed):
-            wanted.setdefault(topic, []).append(partition)
-    else:
-        for topic in topics:
-            wanted.setdefault(topic.name, []).extend(topic.partition_indexes)
+def _offset_answers(
+    topic_type: Any,
+    wanted: dict[str, list[int]],
+    outcome: Callable[[str, int], tuple[CommittedOffset | None, ErrorCode]],
+) -> Any:
     partition_type = nested(topic_type, "partitions")
     answers = []
     for name, partitions in wanted.items():
         entries = []
         for partition in partitions:
-            found = committed.get((name, partition))
-            code = ErrorCode.none
-            if stable and broker.groups.pending_transactional(group_id, name, partition):
-                code, found = ErrorCode.unstable_offset_commit, None
+            found, code = outcome(name, partition)
             entries.append(
                 build(
                     partition_type,

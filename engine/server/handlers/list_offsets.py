@@ -3,6 +3,8 @@
 ListOffsets answers Kafka's special timestamps: -2 the log start, -1 the end (the
 last stable offset under read_committed), -3 the record with the largest timestamp
 (v7); any other timestamp gives the first offset whose timestamp is at or after it.
+A topic the principal may not Describe is TOPIC_AUTHORIZATION_FAILED in each partition,
+whether it exists or not.
 """
 
 from __future__ import annotations
@@ -14,9 +16,15 @@ from kio.schema.errors import ErrorCode
 from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError
 from oncelog.log import Log
+from oncelog.server.acls import Operation
 from oncelog.server.broker import Broker
 from oncelog.server.codec import NO_THROTTLE, READ_COMMITTED, Request, build, nested, response_type
 from oncelog.server.errors import error_code_for
+
+
+class _NotAllowed(Exception):
+    pass
+
 
 EARLIEST = -2
 LATEST = -1
@@ -29,17 +37,23 @@ async def handle_list_offsets(broker: Broker, request: Request) -> Any:
     response = response_type(request.api_key, request.api_version)
     topic_type = nested(response, "topics")
     partition_type = nested(topic_type, "partitions")
+    access = broker.access(request)
     topics = []
     for topic in body.topics:
         partitions = []
+        allowed = access.topic(Operation.DESCRIBE, topic.name)
         for wanted in topic.partitions:
             try:
+                if not allowed:
+                    raise _NotAllowed
                 code = ErrorCode.none
                 timestamp, offset = lookup_offset(
                     broker.log(topic.name, wanted.partition_index), wanted.timestamp, committed
                 )
             except (OncelogError, InvalidTopicError) as exc:
                 code, timestamp, offset = error_code_for(exc), -1, -1
+            except _NotAllowed:
+                code, timestamp, offset = ErrorCode.topic_authorization_failed, -1, -1
             partitions.append(
                 build(
                     partition_type,

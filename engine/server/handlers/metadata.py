@@ -9,6 +9,11 @@ the root holds it; named and absent, it is INVALID_TOPIC_EXCEPTION (not a name a
 client topic may have here, so librdkafka fails a producer's messages at once instead
 of waiting topic.metadata.propagation.max.ms for it to appear), and it is never
 auto-created.
+
+Authorization, as Kafka's: a listing of every topic names only those the principal may
+Describe; a topic asked for by name that it may not Describe is TOPIC_AUTHORIZATION_FAILED,
+whether it exists or not. Auto-creation needs Create on the cluster or the topic; a
+missing topic the principal may describe but not create is TOPIC_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError
+from oncelog.server.acls import Operation
+from oncelog.server.authorization import Access
 from oncelog.server.broker import NODE_ID, Broker, is_internal_topic
 from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
 from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, error_code_for
@@ -32,19 +39,16 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
     partition_type = nested(topic_type, "partitions")
     host, port = broker.advertised_for(request.session)
     # v0 asks for every topic with an empty list; v1+ with null.
+    access = broker.access(request)
     if body.topics is None or (request.api_version == 0 and not body.topics):
-        names = list(broker.topics())
+        names = [name for name in broker.topics() if access.topic(Operation.DESCRIBE, name)]
         auto_create = False
     else:
         names = [wanted.name for wanted in body.topics]
         auto_create = getattr(body, "allow_auto_topic_creation", True)
     topics = []
     for name in names:
-        try:
-            count = await broker.partition_count(name, auto_create=auto_create)
-            code = ErrorCode.none if count is not None else ErrorCode.unknown_topic_or_partition
-        except (InvalidTopicError, InternalTopicError, OncelogError, InvalidPartitionsError) as exc:
-            count, code = None, error_code_for(exc)  # a creation that failed is logged where it failed
+        count, code = await _partitions(broker, access, name, auto_create)
         partitions = tuple(
             build(
                 partition_type,
@@ -75,3 +79,21 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
         controller_id=NODE_ID,
         topics=tuple(topics),
     )
+
+
+async def _partitions(
+    broker: Broker, access: Access, name: str, auto_create: bool
+) -> tuple[int | None, ErrorCode]:
+    """The topic's partition count (None: none to list) and its error code."""
+    if not access.topic(Operation.DESCRIBE, name):
+        return None, ErrorCode.topic_authorization_failed
+    may_create = auto_create and access.may_create_topic(name)
+    try:
+        count = await broker.partition_count(name, auto_create=may_create)
+    except (InvalidTopicError, InternalTopicError, OncelogError, InvalidPartitionsError) as exc:
+        return None, error_code_for(exc)  # a creation that failed is logged where it failed
+    if count is not None:
+        return count, ErrorCode.none
+    if auto_create and not may_create and broker.config.auto_create_topics:
+        return None, ErrorCode.topic_authorization_failed  # it would be created, but not for this principal
+    return None, ErrorCode.unknown_topic_or_partition

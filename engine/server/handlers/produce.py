@@ -8,6 +8,13 @@ batch and of its producer's sequence and epoch is the engine's. A duplicate (a r
 of one of the producer's last 5 batches) is answered as Kafka answers it: success,
 with the offsets of the original append.
 
+Authorization, as Kafka's: a transactional batch needs Write on the request's transactional
+id (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED on every partition), and every batch Write on
+its topic (else TOPIC_AUTHORIZATION_FAILED, before the topic's existence is looked at;
+idempotence needs nothing more, KIP-679). A topic the request would auto-create needs
+Create on the cluster or the topic, else UNKNOWN_TOPIC_OR_PARTITION. Nothing refused is
+written.
+
 A batch for one of Kafka's internal topics is INVALID_TOPIC_EXCEPTION, as Kafka answers
 a client's append to one (ReplicaManager.appendToLocalLog), and creates nothing.
 
@@ -43,6 +50,8 @@ from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.log import Log
 from oncelog.segments import format as fmt
+from oncelog.server.acls import Operation
+from oncelog.server.authorization import Access
 from oncelog.server.broker import Broker
 from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
 from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, error_code_for
@@ -106,8 +115,14 @@ async def handle_produce(broker: Broker, request: Request) -> Any:
             for outcome in entries.values():
                 outcome.code = ErrorCode.invalid_required_acks
     else:
+        access = broker.access(request)
+        refused = _refused(access, request.body.transactional_id, topics)
         for name, entries in topics.items():
-            await _check_partitions(broker, name, entries)
+            if name in refused:
+                for outcome in entries.values():
+                    outcome.code = refused[name]
+            else:
+                await _check_partitions(broker, name, entries, may_create=access.may_create_topic(name))
         # No await from the admission to the finally that releases it: an admitted append must be
         # released whatever happens, or its transaction's end would wait for it forever.
         _admit_transactional(broker, topics)
@@ -129,12 +144,38 @@ async def handle_produce(broker: Broker, request: Request) -> Any:
     return _response(request, topics)
 
 
-async def _check_partitions(broker: Broker, topic: str, entries: dict[int, _Outcome]) -> None:
+def _refused(
+    access: Access, transactional_id: str | None, topics: dict[str, dict[int, _Outcome]]
+) -> dict[str, ErrorCode]:
+    """The topics whose batches the principal may not append, with Kafka's error: a transactional
+    batch needs Write on the transactional id (every partition refused without it), every batch
+    Write on its topic (checked before the topic's existence, so a name says nothing of it)."""
+    if not access.enforced:
+        return {}
+    transactional = any(
+        is_transactional(outcome.records or b"")
+        for entries in topics.values()
+        for outcome in entries.values()
+    )
+    if transactional and (
+        transactional_id is None or not access.transactional_id(Operation.WRITE, transactional_id)
+    ):
+        return dict.fromkeys(topics, ErrorCode.transactional_id_authorization_failed)
+    return {
+        name: ErrorCode.topic_authorization_failed
+        for name in topics
+        if not access.topic(Operation.WRITE, name)
+    }
+
+
+async def _check_partitions(
+    broker: Broker, topic: str, entries: dict[int, _Outcome], *, may_create: bool
+) -> None:
     """Set the error of each entry that cannot be appended: topic, partition, batch shape."""
     code = ErrorCode.none
     try:
         broker.check_client_topic(topic)
-        count = await broker.partition_count(topic, auto_create=True)
+        count = await broker.partition_count(topic, auto_create=may_create)
     except (InvalidTopicError, InternalTopicError, OncelogError, InvalidPartitionsError) as exc:
         count, code = None, error_code_for(exc)  # a creation that failed is logged where it failed
     for outcome in entries.values():

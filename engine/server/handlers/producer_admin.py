@@ -9,6 +9,11 @@ DescribeProducers (API 61, v0), ListTransactions (66, v0-1), DescribeTransaction
   producer ids and, v1+, the duration of the open transaction (KIP-994).
 - DescribeTransactions: one id's state, timeout, start time, producer and partitions; an
   unknown id is TRANSACTIONAL_ID_NOT_FOUND.
+
+Authorization, as Kafka's: DescribeProducers needs Read on each topic (TOPIC_AUTHORIZATION_FAILED
+per partition); ListTransactions lists only the ids the principal may Describe;
+DescribeTransactions needs Describe on each id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED in its
+entry) and leaves out the topics the principal may not Describe.
 """
 
 from __future__ import annotations
@@ -19,10 +24,16 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
+from oncelog.server.acls import Operation
 from oncelog.server.broker import Broker
 from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
 from oncelog.server.errors import InternalTopicError, error_code_for
 from oncelog.server.txn_state import TxnState
+
+
+class _NotAllowed(Exception):
+    pass
+
 
 _STATES: Final = {state.value for state in TxnState}
 _OPEN: Final = (TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
@@ -34,11 +45,15 @@ async def handle_describe_producers(broker: Broker, request: Request) -> Any:
     partition_type = nested(topic_type, "partitions")
     producer_type = nested(partition_type, "active_producers")
     topics = []
+    access = broker.access(request)
     for topic in request.body.topics:
         partitions = []
+        readable = access.topic(Operation.READ, topic.name)
         for index in topic.partition_indexes:
             code, message, producers = ErrorCode.none, None, ()
             try:
+                if not readable:
+                    raise _NotAllowed
                 producers = tuple(
                     build(
                         producer_type,
@@ -53,6 +68,8 @@ async def handle_describe_producers(broker: Broker, request: Request) -> Any:
                 )
             except (OncelogError, InternalTopicError) as exc:
                 code, message = error_code_for(exc), str(exc)
+            except _NotAllowed:
+                code, message = ErrorCode.topic_authorization_failed, "the principal may not Read this topic"
             partitions.append(
                 build(
                     partition_type,
@@ -74,8 +91,11 @@ async def handle_list_transactions(broker: Broker, request: Request) -> Any:
     wanted_producers = set(body.producer_id_filters)
     min_duration_ms = getattr(body, "duration_filter", -1)
     now_ms = broker.groups.now_ms()
+    access = broker.access(request)
     listed = []
     for txn in sorted(broker.transactions.transactions.values(), key=lambda t: t.transactional_id):
+        if not access.transactional_id(Operation.DESCRIBE, txn.transactional_id):
+            continue
         if wanted_states and txn.state.value not in wanted_states:
             continue
         if wanted_producers and txn.producer_id not in wanted_producers:
@@ -104,13 +124,17 @@ async def handle_describe_transactions(broker: Broker, request: Request) -> Any:
     state_type = nested(response, "transaction_states")
     topic_type = nested(state_type, "topics")
     described = []
+    access = broker.access(request)
     for transactional_id in request.body.transactional_ids:
-        txn = broker.transactions.transactions.get(transactional_id)
+        allowed = access.transactional_id(Operation.DESCRIBE, transactional_id)
+        txn = broker.transactions.transactions.get(transactional_id) if allowed else None
         if txn is None:
             described.append(
                 build(
                     state_type,
-                    error_code=ErrorCode.transactional_id_not_found,
+                    error_code=ErrorCode.transactional_id_not_found
+                    if allowed
+                    else ErrorCode.transactional_id_authorization_failed,
                     transactional_id=transactional_id,
                     transaction_state="",
                     transaction_timeout=datetime.timedelta(0),
@@ -123,7 +147,8 @@ async def handle_describe_transactions(broker: Broker, request: Request) -> Any:
             continue
         by_topic: dict[str, list[int]] = {}
         for tp in sorted(txn.partitions):
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
+            if access.topic(Operation.DESCRIBE, tp.topic):
+                by_topic.setdefault(tp.topic, []).append(tp.partition)
         described.append(
             build(
                 state_type,

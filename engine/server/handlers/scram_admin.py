@@ -1,9 +1,9 @@
 """DescribeUserScramCredentials (API 50) and AlterUserScramCredentials (API 51), KIP-554.
 
-Kafka asks Describe, and Alter, on the cluster for these; until oncelog has ACLs only a
-`--super-user` principal has them, so every other principal (an anonymous one above all)
-gets CLUSTER_AUTHORIZATION_FAILED and nothing changes. An upsertion carries the salted
-password (the client salts and iterates): the server keeps only the keys derived from it.
+Kafka asks Describe, and Alter, on the cluster for these (authorization: a super user, or
+an ACL); any other principal gets CLUSTER_AUTHORIZATION_FAILED and nothing changes. An
+upsertion carries the salted password (the client salts and iterates): the server keeps
+only the keys derived from it.
 
 Per user, as Kafka answers: an unknown user is RESOURCE_NOT_FOUND; a user named twice in
 one request DUPLICATE_RESOURCE (and nothing of it is applied); an unknown mechanism
@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from oncelog.server.acls import Operation
 from oncelog.server.broker import Broker
 from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
 from oncelog.server.credentials import (
@@ -34,17 +35,12 @@ MECHANISM_IDS: Final = {"SCRAM-SHA-256": 1, "SCRAM-SHA-512": 2}
 _MECHANISM_NAMES: Final = {number: name for name, number in MECHANISM_IDS.items()}
 
 
-def _super_user(broker: Broker, request: Request) -> bool:
-    principal = getattr(request.session, "principal", None)
-    return principal in broker.config.super_users
-
-
 async def handle_describe_user_scram_credentials(broker: Broker, request: Request) -> Any:
     response = response_type(request.api_key, request.api_version)
     result_type = nested(response, "results")
     # None or empty: every user (as Kafka reads it; librdkafka sends an empty array).
     asked = [user.name for user in request.body.users] if request.body.users else None
-    if not _super_user(broker, request):
+    if not broker.access(request).cluster(Operation.DESCRIBE):
         return _describe_refused(response, result_type, asked)
     info_type = nested(result_type, "credential_infos")
     known = await broker.in_thread(lambda: dict(broker.credentials.users()))
@@ -78,7 +74,7 @@ def _describe_refused(response: Any, result_type: Any, asked: list[str] | None) 
     """Kafka refuses with the request's error. For named users each one's result carries it
     instead: confluent-kafka 2.x's Python binding crashes (SIGSEGV) on a request-level error
     when it named users, as it would against Kafka."""
-    message = "Describe on the cluster is for --super-user principals (oncelog has no ACLs yet)"
+    message = "the principal may not describe SCRAM credentials (it needs Describe on the cluster)"
     refused = ErrorCode.cluster_authorization_failed
     results = tuple(
         build(result_type, user=name, error_code=refused, error_message=message, credential_infos=())
@@ -93,8 +89,8 @@ async def handle_alter_user_scram_credentials(broker: Broker, request: Request) 
     result_type = nested(response, "results")
     body = request.body
     names = list(dict.fromkeys([d.name for d in body.deletions] + [u.name for u in body.upsertions]))
-    if not _super_user(broker, request):
-        message = "Alter on the cluster is for --super-user principals (oncelog has no ACLs yet)"
+    if not broker.access(request).cluster(Operation.ALTER):
+        message = "the principal may not change SCRAM credentials (it needs Alter on the cluster)"
         return build(
             response,
             throttle_time=NO_THROTTLE,

@@ -10,6 +10,11 @@ creation (CreateTopics is create_topics).
 - CreatePartitions grows a topic; its count is stored before the partitions are made.
   Fewer or as many partitions, or more than the server's budget, is INVALID_PARTITIONS;
   a replica assignment other than this one node INVALID_REPLICA_ASSIGNMENT.
+
+Authorization, as Kafka's: DeleteTopics needs Delete on the cluster, or Describe and Delete
+on the topic (a topic the principal may not Describe is TOPIC_AUTHORIZATION_FAILED whether
+it exists or not; one it may describe but not delete is too, once it is known to exist);
+CreatePartitions needs Alter on the topic (TOPIC_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from kio.schema.errors import ErrorCode
 from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError
 from oncelog.log_manager import UnknownTopicOrPartitionError
+from oncelog.server.acls import Operation
+from oncelog.server.authorization import Access
 from oncelog.server.broker import NODE_ID, Broker
 from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
 from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, error_code_for
@@ -39,9 +46,15 @@ async def handle_delete_topics(broker: Broker, request: Request) -> Any:
     else:
         wanted = [(name, None) for name in body.topic_names]
     names = [name for name, _ in wanted]
+    access = broker.access(request)
     answers = []
     for name, topic_id in wanted:
-        code, message = await _delete(broker, name, topic_id, names.count(name))
+        refusal = None if name is None else _delete_refusal(broker, access, name)
+        message: str | None
+        if refusal is not None:
+            code, message = refusal, "the principal may not delete this topic (it needs Describe and Delete)"
+        else:
+            code, message = await _delete(broker, name, topic_id, names.count(name))
         answers.append(
             build(
                 answer_type,
@@ -52,6 +65,16 @@ async def handle_delete_topics(broker: Broker, request: Request) -> Any:
             )
         )
     return build(response, throttle_time=NO_THROTTLE, responses=tuple(answers))
+
+
+def _delete_refusal(broker: Broker, access: Access, name: str) -> ErrorCode | None:
+    if access.cluster(Operation.DELETE):
+        return None
+    if not access.topic(Operation.DESCRIBE, name):
+        return ErrorCode.topic_authorization_failed
+    if name in broker.topics() and not access.topic(Operation.DELETE, name):
+        return ErrorCode.topic_authorization_failed
+    return None
 
 
 async def _delete(
@@ -77,10 +100,13 @@ async def handle_create_partitions(broker: Broker, request: Request) -> Any:
     response = response_type(request.api_key, request.api_version)
     result_type = nested(response, "results")
     names = [each.name for each in body.topics]
+    access = broker.access(request)
     results = []
     for each in body.topics:
         code, message = ErrorCode.none, None
-        if names.count(each.name) > 1:
+        if not access.topic(Operation.ALTER, each.name):
+            code, message = ErrorCode.topic_authorization_failed, "the principal may not Alter this topic"
+        elif names.count(each.name) > 1:
             code, message = ErrorCode.invalid_request, f"the request names topic {each.name!r} more than once"
         elif each.assignments is not None and any(list(a.broker_ids) != [NODE_ID] for a in each.assignments):
             code, message = ErrorCode.invalid_replica_assignment, f"every replica is on node {NODE_ID}"

@@ -11,8 +11,16 @@ InitProducerId v4, AddPartitionsToTxn, AddOffsetsToTxn and EndTxn v2, TxnOffsetC
 v3) and INVALID_PRODUCER_EPOCH (47) before them.
 
 AddPartitionsToTxn adds nothing if one partition cannot be added: an internal topic
-is TOPIC_AUTHORIZATION_FAILED (Kafka authorizes no client to write one), an unknown
-or invalid one UNKNOWN_TOPIC_OR_PARTITION, and every other OPERATION_NOT_ATTEMPTED.
+or one the principal may not Write is TOPIC_AUTHORIZATION_FAILED (Kafka authorizes no
+client to write an internal one), an unknown or invalid one UNKNOWN_TOPIC_OR_PARTITION,
+and every other OPERATION_NOT_ATTEMPTED.
+
+Authorization, as Kafka's: everything that names a transactional id needs Write on it
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED: at the top, or on every partition where the
+answer has no error at the top), so a principal cannot fence an id it may not write.
+InitProducerId without one needs IdempotentWrite on the cluster or Write on some topic
+(CLUSTER_AUTHORIZATION_FAILED). AddOffsetsToTxn and TxnOffsetCommit need Read on the
+group (GROUP_AUTHORIZATION_FAILED), TxnOffsetCommit Read on each topic.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition
+from oncelog.server.acls import Operation, ResourceType
+from oncelog.server.authorization import Access
 from oncelog.server.broker import Broker, is_internal_topic
 from oncelog.server.codec import NO_THROTTLE, Request, build, milliseconds, nested, response_type
 from oncelog.server.errors import error_code_for
@@ -39,12 +49,31 @@ def _code(request: Request, code: ErrorCode) -> ErrorCode:
     return code
 
 
+def _may_write_id(broker: Broker, request: Request, transactional_id: str) -> bool:
+    return broker.access(request).transactional_id(Operation.WRITE, transactional_id)
+
+
+def _init_refusal(access: Access, transactional_id: str | None) -> ErrorCode | None:
+    if transactional_id is None:
+        if access.cluster(Operation.IDEMPOTENT_WRITE) or access.any_of_type(
+            Operation.WRITE, ResourceType.TOPIC
+        ):
+            return None
+        return ErrorCode.cluster_authorization_failed
+    if transactional_id and not access.transactional_id(Operation.WRITE, transactional_id):
+        return ErrorCode.transactional_id_authorization_failed
+    return None
+
+
 async def handle_init_producer_id(broker: Broker, request: Request) -> Any:
     body = request.body
     response = response_type(request.api_key, request.api_version)
     producer_id, epoch, code = -1, -1, ErrorCode.none
+    refusal = _init_refusal(broker.access(request), body.transactional_id)
     try:
-        if body.transactional_id is None:
+        if refusal is not None:
+            code = refusal
+        elif body.transactional_id is None:
             lease = broker.manager.producer_ids.lease()
             producer_id, epoch = lease.producer_id, lease.producer_epoch
         elif not body.transactional_id:
@@ -70,8 +99,15 @@ async def handle_add_partitions_to_txn(broker: Broker, request: Request) -> Any:
     response = response_type(request.api_key, request.api_version)
     topics = [(topic.name, tuple(topic.partitions)) for topic in body.v3_and_below_topics]
     refused: dict[tuple[str, int], ErrorCode] = {}
-    for name, partitions in topics:
-        if is_internal_topic(name):  # as Kafka's handleAddPartitionsToTxnRequest answers a client
+    access = broker.access(request)
+    if not access.transactional_id(Operation.WRITE, body.v3_and_below_transactional_id):
+        every = ((name, p) for name, partitions in topics for p in partitions)
+        refused = dict.fromkeys(every, ErrorCode.transactional_id_authorization_failed)
+        topics_to_check: list[tuple[str, tuple[int, ...]]] = []
+    else:
+        topics_to_check = topics
+    for name, partitions in topics_to_check:
+        if is_internal_topic(name) or not access.topic(Operation.WRITE, name):  # (internal: as Kafka)
             refused |= dict.fromkeys(((name, p) for p in partitions), ErrorCode.topic_authorization_failed)
             continue
         try:
@@ -118,7 +154,12 @@ async def handle_add_partitions_to_txn(broker: Broker, request: Request) -> Any:
 async def handle_add_offsets_to_txn(broker: Broker, request: Request) -> Any:
     body = request.body
     code = ErrorCode.none
+    access = broker.access(request)
     try:
+        if not access.transactional_id(Operation.WRITE, body.transactional_id):
+            raise TxnError(ErrorCode.transactional_id_authorization_failed, "not allowed")
+        if not access.group(Operation.READ, body.group_id):
+            raise TxnError(ErrorCode.group_authorization_failed, "not allowed")
         await broker.transactions.settled(body.transactional_id)
         broker.transactions.add_offsets(
             body.transactional_id, body.producer_id, body.producer_epoch, body.group_id
@@ -134,6 +175,8 @@ async def handle_end_txn(broker: Broker, request: Request) -> Any:
     body = request.body
     code = ErrorCode.none
     try:
+        if not _may_write_id(broker, request, body.transactional_id):
+            raise TxnError(ErrorCode.transactional_id_authorization_failed, "not allowed")
         await broker.transactions.end(
             body.transactional_id, body.producer_id, body.producer_epoch, body.committed
         )
@@ -149,7 +192,17 @@ async def handle_end_txn(broker: Broker, request: Request) -> Any:
 async def handle_txn_offset_commit(broker: Broker, request: Request) -> Any:
     body = request.body
     response = response_type(request.api_key, request.api_version)
-    offsets, refused = offsets_of(broker, body.topics)
+    access = broker.access(request)
+    denied = None
+    if not access.transactional_id(Operation.WRITE, body.transactional_id):
+        denied = ErrorCode.transactional_id_authorization_failed
+    elif not access.group(Operation.READ, body.group_id):
+        denied = ErrorCode.group_authorization_failed
+    if denied is not None:
+        return build(
+            response, throttle_time=NO_THROTTLE, topics=partition_answers(response, body.topics, denied, {})
+        )
+    offsets, refused = offsets_of(broker, access, body.topics)
     # v3 names the consumer's generation and member: fenced like OffsetCommit (KIP-447).
     code = broker.groups.check_transactional_commit(
         body.group_id,

@@ -1,0 +1,176 @@
+"""`oncelog acls ROOT add|remove|list`: the ACLs a root's server authorizes by, from the command line."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from oncelog.cli.main import main
+from oncelog.server.acl_store import AclStore
+from oncelog.server.acls import Acl, Operation, PatternType, Permission, ResourceType
+from oncelog.server.security_store import STORE_DIR, open_security_store
+from oncelog.storage.fs import DEFAULT_FS
+
+
+def _run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = main(["acls", *argv], out=out, err=err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def _stored(root: Path) -> list[Acl]:
+    store = open_security_store(DEFAULT_FS, str(root))
+    try:
+        return list(AclStore(store).current()[0].acls)
+    finally:
+        store.close()
+
+
+def test_add_list_and_remove_as_kafka_acls_does(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    status, out, _ = _run(
+        root,
+        "add",
+        "--allow-principal",
+        "User:alice",
+        "--operation",
+        "Write",
+        "--operation",
+        "describe",
+        "--topic",
+        "orders",
+    )
+    assert status == 0 and out.count("added ALLOW User:alice") == 2
+    status, _, _ = _run(
+        root,
+        "add",
+        "--deny-principal",
+        "User:mallory",
+        "--host",
+        "10.0.0.9",
+        "--operation",
+        "All",
+        "--group",
+        "billing-",
+        "--resource-pattern-type",
+        "prefixed",
+    )
+    assert status == 0
+    assert _run(root, "add", "--allow-principal", "User:ops", "--operation", "alter", "--cluster")[0] == 0
+    assert sorted(_stored(tmp_path)) == sorted(
+        [
+            Acl(
+                ResourceType.TOPIC,
+                "orders",
+                PatternType.LITERAL,
+                "User:alice",
+                "*",
+                Operation.WRITE,
+                Permission.ALLOW,
+            ),
+            Acl(
+                ResourceType.TOPIC,
+                "orders",
+                PatternType.LITERAL,
+                "User:alice",
+                "*",
+                Operation.DESCRIBE,
+                Permission.ALLOW,
+            ),
+            Acl(
+                ResourceType.GROUP,
+                "billing-",
+                PatternType.PREFIXED,
+                "User:mallory",
+                "10.0.0.9",
+                Operation.ALL,
+                Permission.DENY,
+            ),
+            Acl(
+                ResourceType.CLUSTER,
+                "kafka-cluster",
+                PatternType.LITERAL,
+                "User:ops",
+                "*",
+                Operation.ALTER,
+                Permission.ALLOW,
+            ),
+        ]
+    )
+    status, out, _ = _run(root, "list", "--group", "billing-invoices", "--resource-pattern-type", "match")
+    assert out.splitlines() == ["DENY User:mallory from 10.0.0.9 to ALL GROUP billing- (PREFIXED)"]
+    assert len(_run(root, "list")[1].splitlines()) == 4
+    status, out, _ = _run(root, "remove", "--principal", "User:alice")
+    assert status == 0 and out.splitlines()[-1] == "2 ACLs removed"
+    assert len(_stored(tmp_path)) == 2
+    assert _run(root, "remove", "--all")[1].splitlines()[-1] == "2 ACLs removed"
+    assert _stored(tmp_path) == []
+
+
+def test_the_store_it_creates_is_private_to_the_user(tmp_path: Path) -> None:
+    assert (
+        _run(str(tmp_path), "add", "--allow-principal", "User:a", "--operation", "read", "--topic", "t")[0]
+        == 0
+    )
+    directory = tmp_path / STORE_DIR
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert all(stat.S_IMODE(os.stat(directory / name).st_mode) == 0o600 for name in os.listdir(directory))
+
+
+def test_list_and_remove_on_a_root_without_a_store_create_nothing(tmp_path: Path) -> None:
+    assert _run(str(tmp_path), "list") == (0, "", "")
+    assert _run(str(tmp_path), "remove", "--topic", "t")[1] == "0 ACLs removed\n"
+    assert not (tmp_path / STORE_DIR).exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["add", "--operation", "read", "--topic", "t"], "--allow-principal or --deny-principal"),
+        (["add", "--allow-principal", "alice", "--operation", "read", "--topic", "t"], "TYPE:NAME"),
+        (
+            [
+                "add",
+                "--allow-principal",
+                "User:a",
+                "--operation",
+                "read",
+                "--topic",
+                "*",
+                "--resource-pattern-type",
+                "prefixed",
+            ],
+            "names nothing",
+        ),
+        (["remove"], "remove needs a resource"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_stores_nothing(
+    tmp_path: Path, argv: list[str], says: str
+) -> None:
+    status, _, err = _run(str(tmp_path), *argv)
+    assert status == 2 and says in err and len(err.splitlines()) == 1, err
+    if (tmp_path / STORE_DIR).exists():
+        assert _stored(tmp_path) == []
+
+
+def test_a_store_others_can_read_is_refused(tmp_path: Path) -> None:
+    assert (
+        _run(str(tmp_path), "add", "--allow-principal", "User:a", "--operation", "read", "--topic", "t")[0]
+        == 0
+    )
+    os.chmod(tmp_path / STORE_DIR, 0o755)
+    status, _, err = _run(str(tmp_path), "list")
+    assert status == 2 and "chmod -R go=" in err
+
+
+def test_a_partition_directory_is_not_a_root(tmp_path: Path) -> None:
+    partition = tmp_path / "orders-0"
+    partition.mkdir()
+    (partition / "00000000000000000000.log").write_bytes(b"")
+    status, _, err = _run(str(partition), "list")
+    assert status == 2 and "partition directory" in err
