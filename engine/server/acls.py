@@ -12,7 +12,9 @@ The decision (`AclSet.allows`), as Kafka's authorizer makes it:
 - else any ALLOW that matches allows: the operation itself, ALL, and for DESCRIBE also
   READ, WRITE, DELETE and ALTER, for DESCRIBE_CONFIGS also ALTER_CONFIGS (who may change
   a thing may look at it);
-- else denied: no ACL, no access.
+- else denied: no ACL, no access (unless `allow_if_none`, Kafka's
+  allow.everyone.if.no.acl.found: a resource no ACL applies to at all, for anyone, is
+  open to everyone).
 
 `AclSet.allows_any` is Kafka's authorizeByResourceType, which InitProducerId asks when an
 idempotent producer has no IdempotentWrite on the cluster: is some resource of the type
@@ -35,6 +37,8 @@ WILDCARD_PRINCIPAL: Final = "User:*"
 # The longest resource name, principal or host an ACL may hold (a topic name is at most
 # 249 characters; a group or transactional id has no bound in Kafka, this is ours).
 MAX_NAME_CHARS: Final = 1024
+# Decisions an AclSet remembers before it forgets them all.
+MAX_DECISIONS_CACHED: Final = 65_536
 
 
 class ResourceType(enum.IntEnum):
@@ -234,14 +238,17 @@ class AclSet:
 
     def __init__(self, acls: Iterable[Acl]):
         self.acls: tuple[Acl, ...] = tuple(sorted(set(acls)))
-        # By resource type: literal ACLs by name, and the prefixed ones.
+        # By resource type: literal ACLs by name, prefixed ones by prefix, and the lengths of
+        # the prefixes (a name is looked up once per length, however many prefixes there are).
         self._literal: dict[ResourceType, dict[str, list[Acl]]] = {t: {} for t in ResourceType}
-        self._prefixed: dict[ResourceType, list[Acl]] = {t: [] for t in ResourceType}
+        self._prefixed: dict[ResourceType, dict[str, list[Acl]]] = {t: {} for t in ResourceType}
         for acl in self.acls:
-            if acl.pattern is PatternType.PREFIXED:
-                self._prefixed[acl.resource_type].append(acl)
-            else:
-                self._literal[acl.resource_type].setdefault(acl.name, []).append(acl)
+            by_name = self._prefixed if acl.pattern is PatternType.PREFIXED else self._literal
+            by_name[acl.resource_type].setdefault(acl.name, []).append(acl)
+        self._prefix_lengths = {t: sorted({len(p) for p in self._prefixed[t]}) for t in ResourceType}
+        # Decisions made, by (principal, host, operation, type, name, allow_if_none): the set never
+        # changes, so neither do they. Bounded: cleared when full.
+        self._decided: dict[tuple[str, str, Operation, ResourceType, str, bool], bool] = {}
 
     def __len__(self) -> int:
         return len(self.acls)
@@ -251,17 +258,46 @@ class AclSet:
         yield from literal.get(name, ())
         if name != WILDCARD:
             yield from literal.get(WILDCARD, ())
-        for acl in self._prefixed[resource_type]:
-            if name.startswith(acl.name):
-                yield acl
+        prefixed = self._prefixed[resource_type]
+        for length in self._prefix_lengths[resource_type]:
+            if length > len(name):
+                break
+            yield from prefixed.get(name[:length], ())
 
     def allows(
-        self, principal: str, host: str, operation: Operation, resource_type: ResourceType, name: str
+        self,
+        principal: str,
+        host: str,
+        operation: Operation,
+        resource_type: ResourceType,
+        name: str,
+        *,
+        allow_if_none: bool = False,
     ) -> bool:
         """Whether `principal` from `host` may do `operation` on the resource (deny wins)."""
+        key = (principal, host, operation, resource_type, name, allow_if_none)
+        decided = self._decided.get(key)
+        if decided is None:
+            decided = self._decide(principal, host, operation, resource_type, name, allow_if_none)
+            if len(self._decided) >= MAX_DECISIONS_CACHED:
+                self._decided.clear()
+            self._decided[key] = decided
+        return decided
+
+    def _decide(
+        self,
+        principal: str,
+        host: str,
+        operation: Operation,
+        resource_type: ResourceType,
+        name: str,
+        allow_if_none: bool,
+    ) -> bool:
         granting = (operation, Operation.ALL, *_IMPLIED_BY.get(operation, ()))
         allowed = False
+        applying = False
         for acl in self._applying(resource_type, name):
+            applying = True
             if acl.principal not in (principal, WILDCARD_PRINCIPAL) or acl.host not in (host, WILDCARD):
                 continue
             if acl.permission is Permission.DENY:
@@ -269,13 +305,24 @@ class AclSet:
                     return False
             elif acl.operation in granting:
                 allowed = True
-        return allowed
+        return allowed or (allow_if_none and not applying)
 
     def allows_any(
-        self, principal: str, host: str, operation: Operation, resource_type: ResourceType
+        self,
+        principal: str,
+        host: str,
+        operation: Operation,
+        resource_type: ResourceType,
+        *,
+        allow_if_none: bool = False,
     ) -> bool:
         """Whether some resource of `resource_type` allows `operation`: an ALLOW whose pattern
-        no matching DENY covers wholly (a DENY of `*`, of the same name, or of a prefix of it)."""
+        no matching DENY covers wholly (a DENY of `*`, of the same name, or of a prefix of it);
+        with `allow_if_none`, also a resource no ACL names (Kafka asks about "hardcode" first)."""
+        if allow_if_none and self.allows(
+            principal, host, operation, resource_type, _UNNAMED, allow_if_none=True
+        ):
+            return True
 
         def mine(acl: Acl, *operations: Operation) -> bool:
             return (
@@ -294,6 +341,10 @@ class AclSet:
 
     def selected(self, selector: AclFilter) -> list[Acl]:
         return [acl for acl in self.acls if selector.matches(acl)]
+
+
+# A resource name no ACL is meant to name: what Kafka's authorizeByResourceType asks about first.
+_UNNAMED: Final = "hardcode"
 
 
 def _covers(deny: Acl, allow: Acl) -> bool:

@@ -23,12 +23,13 @@ from oncelog.server.tls import ANONYMOUS
 class Access:
     """What one request's principal, from its host, may do."""
 
-    __slots__ = ("_acls", "host", "principal")
+    __slots__ = ("_acls", "_open_if_none", "host", "principal")
 
-    def __init__(self, principal: str, host: str, acls: AclSet | None):
+    def __init__(self, principal: str, host: str, acls: AclSet | None, *, open_if_none: bool = False):
         self.principal = principal
         self.host = host
         self._acls = acls  # None: everything is allowed (no authorization, or a super user)
+        self._open_if_none = open_if_none  # Kafka's allow.everyone.if.no.acl.found
 
     @property
     def enforced(self) -> bool:
@@ -36,7 +37,7 @@ class Access:
 
     def allows(self, operation: Operation, resource_type: ResourceType, name: str) -> bool:
         return self._acls is None or self._acls.allows(
-            self.principal, self.host, operation, resource_type, name
+            self.principal, self.host, operation, resource_type, name, allow_if_none=self._open_if_none
         )
 
     def topic(self, operation: Operation, name: str) -> bool:
@@ -54,7 +55,7 @@ class Access:
     def any_of_type(self, operation: Operation, resource_type: ResourceType) -> bool:
         """Kafka's authorizeByResourceType: some resource of the type allows `operation`."""
         return self._acls is None or self._acls.allows_any(
-            self.principal, self.host, operation, resource_type
+            self.principal, self.host, operation, resource_type, allow_if_none=self._open_if_none
         )
 
     def operations(self, resource_type: ResourceType, name: str, operations: tuple[Operation, ...]) -> int:
@@ -72,9 +73,17 @@ OPEN: Final = Access(ANONYMOUS, "", None)
 class Authorizer:
     """Hands each request its Access: the ACLs as they stand, or everything for a super user."""
 
-    def __init__(self, store: AclStore, super_users: tuple[str, ...], authenticates: bool):
+    def __init__(
+        self,
+        store: AclStore,
+        super_users: tuple[str, ...],
+        authenticates: bool,
+        *,
+        allow_everyone_if_no_acl_found: bool = False,
+    ):
         self.store = store
         self.super_users = frozenset(super_users)
+        self._open_if_none = allow_everyone_if_no_acl_found
         # Whether some listener names its clients (SASL, client certificates).
         self._authenticates = authenticates
 
@@ -88,4 +97,4 @@ class Authorizer:
         acls, ever_had_acls = self.store.current()
         if not (self._authenticates or self.super_users or ever_had_acls):
             return Access(principal, host, None)
-        return Access(principal, host, acls)
+        return Access(principal, host, acls, open_if_none=self._open_if_none)

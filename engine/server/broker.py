@@ -167,6 +167,8 @@ class ServeConfig:
     failed_authentication_delay_ms: int = 100
     # Kafka's super.users: principals (`User:NAME`) allowed everything, the cluster's admin APIs included.
     super_users: tuple[str, ...] = ()
+    # Kafka's allow.everyone.if.no.acl.found: a resource no ACL applies to is open to everyone.
+    allow_everyone_if_no_acl_found: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.sasl_mechanisms) - set(SASL_MECHANISMS)
@@ -277,7 +279,10 @@ class Broker:
         self.coordinator_store = CoordinatorStore.open(manager.fs, manager.root)
         self.credentials = CredentialStore.open(manager.fs, manager.root)
         self.authorizer = Authorizer(
-            AclStore(self.credentials.store), config.super_users, config.authenticates_clients
+            AclStore(self.credentials.store),
+            config.super_users,
+            config.authenticates_clients,
+            allow_everyone_if_no_acl_found=config.allow_everyone_if_no_acl_found,
         )
         self.groups = GroupCoordinator(self.coordinator_store, config.groups)
         self.transactions = TransactionCoordinator(

@@ -224,3 +224,18 @@ def test_the_decision_agrees_with_a_naive_reading_of_kafkas_rules(
 ) -> None:
     decided = AclSet(acls).allows(principal, HOST, operation, kind, name)
     assert decided == _reference(acls, principal, operation, kind, name)
+
+
+def test_allow_everyone_if_no_acl_found_opens_only_resources_no_acl_names() -> None:
+    # Kafka's allow.everyone.if.no.acl.found: any ACL on the resource, for anyone, closes it.
+    acls = AclSet([acl("orders", principal="User:bob"), acl("pay", pattern=PatternType.PREFIXED)])
+
+    def open_(name: str, operation: Operation = Operation.READ) -> bool:
+        return acls.allows(ALICE, HOST, operation, TOPIC, name, allow_if_none=True)
+
+    assert open_("unnamed") and open_("unnamed", Operation.DELETE)
+    assert not open_("orders")  # bob's Write names it: alice gets nothing there
+    assert not open_("payments")  # the prefix names it; alice's ACL is Write only
+    assert open_("payments", Operation.WRITE)
+    assert acls.allows_any("User:carol", HOST, Operation.WRITE, TOPIC, allow_if_none=True)
+    assert not acls.allows_any("User:carol", HOST, Operation.WRITE, TOPIC)
