@@ -159,6 +159,15 @@ def test_a_root_holding_only_its_users_is_served_as_a_new_root(tmp_path: Path) -
     assert "neither a LogManager root nor empty" in (unservable_root(str(root)) or "")
 
 
+def _grant_anonymous_read(root: Path) -> None:
+    store = open_security_store(DEFAULT_FS, str(root))
+    read = Permission.ALLOW
+    AclStore(store).add(
+        [Acl(ResourceType.TOPIC, "public", PatternType.LITERAL, "User:ANONYMOUS", "*", Operation.READ, read)]
+    )
+    store.close()
+
+
 def _config_of(root: Path, *argv: str) -> object:
     args = build_parser().parse_args(["serve", str(root), *argv])
     return serve_config(args)
@@ -171,21 +180,7 @@ def test_a_public_plaintext_listener_starts_once_acls_decide_what_anonymous_clie
     root.mkdir()
     with pytest.raises(ValueError, match="the root has no ACLs"):
         _config_of(root, "--listen", "0.0.0.0:0")
-    store = open_security_store(DEFAULT_FS, str(root))
-    AclStore(store).add(
-        [
-            Acl(
-                ResourceType.TOPIC,
-                "public",
-                PatternType.LITERAL,
-                "User:ANONYMOUS",
-                "*",
-                Operation.READ,
-                Permission.ALLOW,
-            )
-        ]
-    )
-    store.close()
+    _grant_anonymous_read(root)
     assert _config_of(root, "--listen", "0.0.0.0:0") is not None
     # A super user switches authorization on as well (anonymous clients then get no ACL's grant).
     assert _config_of(tmp_path / "other", "--listen", "0.0.0.0:0", "--super-user", "User:admin") is not None
@@ -196,21 +191,7 @@ def test_allow_everyone_if_no_acl_found_on_a_public_plaintext_listener_needs_all
 ) -> None:
     root = tmp_path / "root"
     root.mkdir()
-    store = open_security_store(DEFAULT_FS, str(root))
-    AclStore(store).add(
-        [
-            Acl(
-                ResourceType.TOPIC,
-                "public",
-                PatternType.LITERAL,
-                "User:ANONYMOUS",
-                "*",
-                Operation.READ,
-                Permission.ALLOW,
-            )
-        ]
-    )
-    store.close()
+    _grant_anonymous_read(root)
     with pytest.raises(ValueError, match="--allow-anonymous"):
         _config_of(root, "--listen", "0.0.0.0:0", "--allow-everyone-if-no-acl-found")
     config = _config_of(
