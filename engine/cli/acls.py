@@ -20,6 +20,8 @@ from oncelog.server.acls import (
     PatternType,
     Permission,
     ResourceType,
+    normal_host,
+    normal_host_filter,
 )
 from oncelog.server.security_store import STORE_DIR, StoreNotPrivateError, open_security_store
 from oncelog.storage.fs import DEFAULT_FS
@@ -139,7 +141,7 @@ def _new_acls(args: argparse.Namespace) -> list[Acl]:
         raise InvalidAclError("name at least one --allow-principal or --deny-principal")
     pattern = PATTERNS[args.resource_pattern_type]
     return [
-        Acl(kind, name, pattern, principal, host, OPERATIONS[operation], permission)
+        Acl(kind, name, pattern, principal, normal_host(host), OPERATIONS[operation], permission)
         for principal, permission in principals
         for host in args.host or [WILDCARD]
         for operation in args.operation
@@ -153,7 +155,7 @@ def _filter(args: argparse.Namespace) -> AclFilter:
         name,
         FILTER_PATTERNS[args.resource_pattern_type],
         args.principal,
-        args.host,
+        normal_host_filter(args.host),
         OPERATIONS[args.operation] if args.operation else Operation.ANY,
         Permission[args.permission.upper()] if args.permission else Permission.ANY,
     )

@@ -210,12 +210,6 @@ def _add_security_arguments(parser: argparse.ArgumentParser) -> None:
         help="a principal allowed everything whatever the ACLs say, as Kafka's super.users (repeatable)",
     )
     parser.add_argument(
-        "--allow-everyone-if-no-acl-found",
-        action="store_true",
-        help="Kafka's allow.everyone.if.no.acl.found: a topic, group or transactional id that no ACL "
-        "names is open to every client (default: denied to all but super users)",
-    )
-    parser.add_argument(
         "--allow-anonymous",
         action="store_true",
         help="serve a PLAINTEXT listener on an address other machines can reach with no ACLs (anyone "
@@ -280,7 +274,6 @@ def _security_config(args: argparse.Namespace) -> dict[str, Any]:
         "principal_rules": tuple(parse_principal_rule(rule) for rule in args.ssl_principal_rule),
         "sasl_mechanisms": mechanisms,
         "super_users": tuple(args.super_user),
-        "allow_everyone_if_no_acl_found": args.allow_everyone_if_no_acl_found,
     }
 
 
@@ -353,8 +346,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     are loaded once here, so a bad one is named before any partition is recovered)."""
     listeners = listeners_from(args)
     client_ca = args.ssl_ca is not None
-    # (Open to everyone where no ACL names a resource is anonymous access by another name.)
-    authorizing = not args.allow_everyone_if_no_acl_found and (
+    authorizing = (
         bool(args.super_user)
         or any(listener.uses_sasl or (listener.name == SSL and client_ca) for listener in listeners)
         or root_has_acls(args.root)

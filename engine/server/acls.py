@@ -12,9 +12,9 @@ The decision (`AclSet.allows`), as Kafka's authorizer makes it:
 - else any ALLOW that matches allows: the operation itself, ALL, and for DESCRIBE also
   READ, WRITE, DELETE and ALTER, for DESCRIBE_CONFIGS also ALTER_CONFIGS (who may change
   a thing may look at it);
-- else denied: no ACL, no access (unless `allow_if_none`, Kafka's
-  allow.everyone.if.no.acl.found: a resource no ACL applies to at all, for anyone, is
-  open to everyone).
+- else denied: no ACL, no access (Kafka's allow.everyone.if.no.acl.found, which would
+  open every resource no ACL names, the cluster's ACLs and credentials included, is not
+  offered).
 
 `AclSet.allows_any` is Kafka's authorizeByResourceType, which InitProducerId asks when an
 idempotent producer has no IdempotentWrite on the cluster: is some resource of the type
@@ -27,6 +27,7 @@ wire and the store both use them.
 from __future__ import annotations
 
 import enum
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -37,8 +38,10 @@ WILDCARD_PRINCIPAL: Final = "User:*"
 # The longest resource name, principal or host an ACL may hold (a topic name is at most
 # 249 characters; a group or transactional id has no bound in Kafka, this is ours).
 MAX_NAME_CHARS: Final = 1024
-# Decisions an AclSet remembers before it forgets them all.
-MAX_DECISIONS_CACHED: Final = 65_536
+# Decisions an AclSet remembers before it forgets them all, and the characters of the names
+# they are keyed on (a client names what it likes: a 1 MB group id must not stay cached).
+MAX_DECISIONS_CACHED: Final = 16_384
+MAX_CACHED_NAME_CHARS: Final = 1 << 20
 
 
 class ResourceType(enum.IntEnum):
@@ -182,11 +185,42 @@ def check_acl(acl: Acl) -> None:
     if acl.pattern is PatternType.PREFIXED and acl.name == WILDCARD:
         raise InvalidAclError("a PREFIXED pattern of '*' names nothing: use LITERAL '*' for every resource")
     _check_principal(acl.principal)
-    if not acl.host:
-        raise InvalidAclError("the host is empty: use '*' for every host")
+    if acl.host != normal_host(acl.host):
+        raise InvalidAclError(
+            f"the host {acl.host!r} is written {normal_host(acl.host)!r} here (normal_host)"
+        )
     for what, text in (("resource name", acl.name), ("principal", acl.principal), ("host", acl.host)):
         if len(text) > MAX_NAME_CHARS:
             raise InvalidAclError(f"the {what} is {len(text)} characters, more than {MAX_NAME_CHARS}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidAclError(f"the {what} {text!r} is not UTF-8 text") from exc
+
+
+def normal_host_filter(host: str | None) -> str | None:
+    """A filter's host as the ACLs hold it (normal_host), or as given if it names no address."""
+    try:
+        return host if host is None else normal_host(host)
+    except InvalidAclError:
+        return host  # (it matches no stored ACL: none holds anything but '*' and addresses)
+
+
+def normal_host(host: str) -> str:
+    """`host` as requests name theirs: `*`, or an IP address in Python's short form (`::1`,
+    where Java writes `0:0:0:0:0:0:0:1`; `::ffff:10.0.0.7` is `10.0.0.7`), so an ACL written
+    either way applies.
+    InvalidAclError for anything else: a host name would never match, and a DENY that never
+    matches fails open."""
+    if host == WILDCARD:
+        return host
+    try:
+        address = ipaddress.ip_address(host)
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)  # an IPv4 client of a dual-stack socket, as Java names it
+        return address.compressed
+    except ValueError:
+        raise InvalidAclError(f"the host must be an IP address or '*', got {host!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,9 +280,10 @@ class AclSet:
             by_name = self._prefixed if acl.pattern is PatternType.PREFIXED else self._literal
             by_name[acl.resource_type].setdefault(acl.name, []).append(acl)
         self._prefix_lengths = {t: sorted({len(p) for p in self._prefixed[t]}) for t in ResourceType}
-        # Decisions made, by (principal, host, operation, type, name, allow_if_none): the set never
+        # Decisions made, by (principal, host, operation, type, name): the set never
         # changes, so neither do they. Bounded: cleared when full.
-        self._decided: dict[tuple[str, str, Operation, ResourceType, str, bool], bool] = {}
+        self._decided: dict[tuple[str, str, Operation, ResourceType, str], bool] = {}
+        self._decided_chars = 0
 
     def __len__(self) -> int:
         return len(self.acls)
@@ -271,17 +306,22 @@ class AclSet:
         operation: Operation,
         resource_type: ResourceType,
         name: str,
-        *,
-        allow_if_none: bool = False,
     ) -> bool:
         """Whether `principal` from `host` may do `operation` on the resource (deny wins)."""
-        key = (principal, host, operation, resource_type, name, allow_if_none)
+        key = (principal, host, operation, resource_type, name)
         decided = self._decided.get(key)
         if decided is None:
-            decided = self._decide(principal, host, operation, resource_type, name, allow_if_none)
-            if len(self._decided) >= MAX_DECISIONS_CACHED:
+            decided = self._decide(principal, host, operation, resource_type, name)
+            chars = len(principal) + len(host) + len(name)
+            if (
+                len(self._decided) >= MAX_DECISIONS_CACHED
+                or self._decided_chars + chars > MAX_CACHED_NAME_CHARS
+            ):
                 self._decided.clear()
-            self._decided[key] = decided
+                self._decided_chars = 0
+            if chars <= MAX_CACHED_NAME_CHARS // 64:  # (a name this long is decided afresh each time)
+                self._decided[key] = decided
+                self._decided_chars += chars
         return decided
 
     def _decide(
@@ -291,13 +331,10 @@ class AclSet:
         operation: Operation,
         resource_type: ResourceType,
         name: str,
-        allow_if_none: bool,
     ) -> bool:
         granting = (operation, Operation.ALL, *_IMPLIED_BY.get(operation, ()))
         allowed = False
-        applying = False
         for acl in self._applying(resource_type, name):
-            applying = True
             if acl.principal not in (principal, WILDCARD_PRINCIPAL) or acl.host not in (host, WILDCARD):
                 continue
             if acl.permission is Permission.DENY:
@@ -305,24 +342,13 @@ class AclSet:
                     return False
             elif acl.operation in granting:
                 allowed = True
-        return allowed or (allow_if_none and not applying)
+        return allowed
 
     def allows_any(
-        self,
-        principal: str,
-        host: str,
-        operation: Operation,
-        resource_type: ResourceType,
-        *,
-        allow_if_none: bool = False,
+        self, principal: str, host: str, operation: Operation, resource_type: ResourceType
     ) -> bool:
         """Whether some resource of `resource_type` allows `operation`: an ALLOW whose pattern
-        no matching DENY covers wholly (a DENY of `*`, of the same name, or of a prefix of it);
-        with `allow_if_none`, also a resource no ACL names (Kafka asks about "hardcode" first)."""
-        if allow_if_none and self.allows(
-            principal, host, operation, resource_type, _UNNAMED, allow_if_none=True
-        ):
-            return True
+        no matching DENY covers wholly (a DENY of `*`, of the same name, or of a prefix of it)."""
 
         def mine(acl: Acl, *operations: Operation) -> bool:
             return (
@@ -341,10 +367,6 @@ class AclSet:
 
     def selected(self, selector: AclFilter) -> list[Acl]:
         return [acl for acl in self.acls if selector.matches(acl)]
-
-
-# A resource name no ACL is meant to name: what Kafka's authorizeByResourceType asks about first.
-_UNNAMED: Final = "hardcode"
 
 
 def _covers(deny: Acl, allow: Acl) -> bool:

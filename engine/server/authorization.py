@@ -23,13 +23,12 @@ from oncelog.server.tls import ANONYMOUS
 class Access:
     """What one request's principal, from its host, may do."""
 
-    __slots__ = ("_acls", "_open_if_none", "host", "principal")
+    __slots__ = ("_acls", "host", "principal")
 
-    def __init__(self, principal: str, host: str, acls: AclSet | None, *, open_if_none: bool = False):
+    def __init__(self, principal: str, host: str, acls: AclSet | None):
         self.principal = principal
         self.host = host
         self._acls = acls  # None: everything is allowed (no authorization, or a super user)
-        self._open_if_none = open_if_none  # Kafka's allow.everyone.if.no.acl.found
 
     @property
     def enforced(self) -> bool:
@@ -37,7 +36,7 @@ class Access:
 
     def allows(self, operation: Operation, resource_type: ResourceType, name: str) -> bool:
         return self._acls is None or self._acls.allows(
-            self.principal, self.host, operation, resource_type, name, allow_if_none=self._open_if_none
+            self.principal, self.host, operation, resource_type, name
         )
 
     def topic(self, operation: Operation, name: str) -> bool:
@@ -55,7 +54,7 @@ class Access:
     def any_of_type(self, operation: Operation, resource_type: ResourceType) -> bool:
         """Kafka's authorizeByResourceType: some resource of the type allows `operation`."""
         return self._acls is None or self._acls.allows_any(
-            self.principal, self.host, operation, resource_type, allow_if_none=self._open_if_none
+            self.principal, self.host, operation, resource_type
         )
 
     def operations(self, resource_type: ResourceType, name: str, operations: tuple[Operation, ...]) -> int:
@@ -78,12 +77,9 @@ class Authorizer:
         store: AclStore,
         super_users: tuple[str, ...],
         authenticates: bool,
-        *,
-        allow_everyone_if_no_acl_found: bool = False,
     ):
         self.store = store
         self.super_users = frozenset(super_users)
-        self._open_if_none = allow_everyone_if_no_acl_found
         # Whether some listener names its clients (SASL, client certificates).
         self._authenticates = authenticates
 
@@ -97,4 +93,4 @@ class Authorizer:
         acls, ever_had_acls = self.store.current()
         if not (self._authenticates or self.super_users or ever_had_acls):
             return Access(principal, host, None)
-        return Access(principal, host, acls, open_if_none=self._open_if_none)
+        return Access(principal, host, acls)

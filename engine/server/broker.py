@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import logging
 import resource
 import uuid
@@ -43,6 +44,7 @@ from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
 from oncelog.segments import file_cache
 from oncelog.server.acl_store import AclStore
+from oncelog.server.acls import InvalidAclError, normal_host
 from oncelog.server.authorization import Access, Authorizer
 from oncelog.server.codec import Request
 from oncelog.server.coordinator_store import CoordinatorStore
@@ -167,8 +169,6 @@ class ServeConfig:
     failed_authentication_delay_ms: int = 100
     # Kafka's super.users: principals (`User:NAME`) allowed everything, the cluster's admin APIs included.
     super_users: tuple[str, ...] = ()
-    # Kafka's allow.everyone.if.no.acl.found: a resource no ACL applies to is open to everyone.
-    allow_everyone_if_no_acl_found: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.sasl_mechanisms) - set(SASL_MECHANISMS)
@@ -238,6 +238,15 @@ class ServeConfig:
         )
 
 
+@functools.lru_cache(maxsize=1024)
+def _acl_host(address: str) -> str:
+    """A client's address as ACLs hold hosts (acls.normal_host); as it is if it is none."""
+    try:
+        return normal_host(address)
+    except InvalidAclError:
+        return address  # (no ACL holds it: only `*` applies)
+
+
 def new_cluster_id() -> str:
     """A Kafka-style cluster id: a random UUID in unpadded url-safe base64 (22 characters)."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
@@ -282,7 +291,6 @@ class Broker:
             AclStore(self.credentials.store),
             config.super_users,
             config.authenticates_clients,
-            allow_everyone_if_no_acl_found=config.allow_everyone_if_no_acl_found,
         )
         self.groups = GroupCoordinator(self.coordinator_store, config.groups)
         self.transactions = TransactionCoordinator(
@@ -585,7 +593,7 @@ class Broker:
     def access(self, request: Request) -> Access:
         """What `request`'s principal, from its address, may do (authorization)."""
         # (An ACL names a host by its address; a request's client_host is Kafka's "/address".)
-        return self.authorizer.access(request.session, request.client_host.removeprefix("/"))
+        return self.authorizer.access(request.session, _acl_host(request.client_host.removeprefix("/")))
 
     def advertised_for(self, session: Any) -> tuple[str, int]:
         """The address of the listener a request came in on (its session's), as Metadata gives it."""

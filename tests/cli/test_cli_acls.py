@@ -174,3 +174,35 @@ def test_a_partition_directory_is_not_a_root(tmp_path: Path) -> None:
     (partition / "00000000000000000000.log").write_bytes(b"")
     status, _, err = _run(str(partition), "list")
     assert status == 2 and "partition directory" in err
+
+
+def test_a_host_is_stored_as_requests_name_theirs_and_a_host_name_is_refused(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    add = ["add", "--deny-principal", "User:bob", "--operation", "read", "--topic", "t"]
+    assert _run(root, *add, "--host", "0:0:0:0:0:0:0:1")[0] == 0
+    assert [acl.host for acl in _stored(tmp_path)] == ["::1"]
+    status, _, err = _run(root, *add, "--host", "localhost")
+    assert status == 2 and "IP address" in err and len(err.splitlines()) == 1
+    assert _run(root, "list", "--host", "0000::1")[1].count("DENY") == 1
+
+
+def test_text_that_is_not_utf_8_is_refused_with_one_line(tmp_path: Path) -> None:
+    status, _, err = _run(
+        str(tmp_path), "add", "--allow-principal", "User:\udcff", "--operation", "read", "--topic", "t"
+    )
+    assert status == 2 and "not UTF-8" in err and "Traceback" not in err
+
+
+def test_a_store_that_is_a_symbolic_link_is_refused_and_nothing_is_created_where_it_points(
+    tmp_path: Path,
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o777)
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / STORE_DIR).symlink_to(elsewhere)
+    status, _, err = _run(
+        str(root), "add", "--allow-principal", "User:a", "--operation", "read", "--topic", "t"
+    )
+    assert status == 2 and "symbolic link" in err
+    assert list(elsewhere.iterdir()) == []

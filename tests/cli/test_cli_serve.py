@@ -184,17 +184,3 @@ def test_a_public_plaintext_listener_starts_once_acls_decide_what_anonymous_clie
     assert _config_of(root, "--listen", "0.0.0.0:0") is not None
     # A super user switches authorization on as well (anonymous clients then get no ACL's grant).
     assert _config_of(tmp_path / "other", "--listen", "0.0.0.0:0", "--super-user", "User:admin") is not None
-
-
-def test_allow_everyone_if_no_acl_found_on_a_public_plaintext_listener_needs_allow_anonymous(
-    tmp_path: Path,
-) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
-    _grant_anonymous_read(root)
-    with pytest.raises(ValueError, match="--allow-anonymous"):
-        _config_of(root, "--listen", "0.0.0.0:0", "--allow-everyone-if-no-acl-found")
-    config = _config_of(
-        root, "--listen", "0.0.0.0:0", "--allow-everyone-if-no-acl-found", "--allow-anonymous"
-    )
-    assert config.allow_everyone_if_no_acl_found is True

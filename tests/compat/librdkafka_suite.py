@@ -141,9 +141,9 @@ class Server:
             [
                 str(Path(sys.executable).with_name("oncelog")),
                 *("serve", str(root), "--listen", f"127.0.0.1:{self.port}", "--partitions", str(PARTITIONS)),
-                # As the suite's own clusters run: 0081's ACLs switch authorization on, and every
-                # topic and group they do not name stays open to the other tests.
-                "--allow-everyone-if-no-acl-found",
+                # 0081's ACLs switch authorization on; the suite's clients, anonymous here, stay
+                # allowed everything, as they are on the suite's own clusters.
+                *("--super-user", "User:ANONYMOUS"),
                 *(() if auto_create else ("--no-auto-create",)),
             ],
             stdout=self._log,

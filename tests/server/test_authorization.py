@@ -48,6 +48,7 @@ from kafka.admin import ResourceType as KafkaResourceType
 from kafka.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
+    SecurityDisabledError,
     TopicAuthorizationFailedError,
 )
 
@@ -528,3 +529,35 @@ def test_an_acl_added_by_another_process_takes_effect_without_a_reconnect(guarde
     producer.flush(TIMEOUT_S)
     assert outcomes[1:] == [None]
     assert guarded.end_offset(topic) == 2
+
+
+def test_a_server_that_authorizes_nothing_refuses_the_acl_apis_and_stores_nothing(tmp_path: Path) -> None:
+    # Found by a red-team run: an anonymous CreateAcls on an open server was stored, and the
+    # first ACL switched authorization on for everyone, for good.
+    with InProcessServer(tmp_path / "open") as running:
+        admin = AdminClient({"bootstrap.servers": running.bootstrap})
+        anyone = AclBinding(
+            ConfluentResourceType.TOPIC,
+            "*",
+            ResourcePatternType.LITERAL,
+            "User:*",
+            "*",
+            AclOperation.ALL,
+            AclPermissionType.DENY,
+        )
+        with pytest.raises(KafkaException) as refused:
+            next(iter(admin.create_acls([anyone]).values())).result(TIMEOUT_S)
+        assert refused.value.args[0].code() == KafkaError.SECURITY_DISABLED
+        python_admin = KafkaAdminClient(bootstrap_servers=running.bootstrap)
+        every = ACLFilter(
+            None,
+            None,
+            ACLOperation.ANY,
+            ACLPermissionType.ANY,
+            ResourcePatternFilter(KafkaResourceType.ANY, None, ACLResourcePatternType.ANY),
+        )
+        with pytest.raises(SecurityDisabledError):
+            python_admin.describe_acls(every)
+        python_admin.close()
+        acls, ever = running.server.broker.authorizer.store.current()
+        assert len(acls) == 0 and not ever

@@ -54,14 +54,3 @@ def test_a_super_user_is_allowed_what_a_deny_forbids(tmp_path: Path) -> None:
     authorizer = Authorizer(store, ("User:alice",), authenticates=True)
     assert authorizer.access(_session("User:alice"), "h").topic(Operation.WRITE, "orders")
     assert not authorizer.access(_session("User:bob"), "h").topic(Operation.WRITE, "orders")
-
-
-def test_allow_everyone_if_no_acl_found_reaches_each_decision(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    store.add([_deny_alice_everything()])
-    authorizer = Authorizer(store, (), authenticates=True, allow_everyone_if_no_acl_found=True)
-    bob = authorizer.access(_session("User:bob"), "h")
-    assert bob.group(Operation.READ, "billing") and bob.cluster(Operation.ALTER)
-    assert bob.any_of_type(Operation.READ, ResourceType.GROUP)
-    assert not bob.topic(Operation.READ, "orders")  # alice's deny of every topic names it
-    assert not bob.any_of_type(Operation.WRITE, ResourceType.TOPIC)  # and so every topic

@@ -212,8 +212,8 @@ def _set_up(
 
 # What this PLAINTEXT server, without ACLs (everything allowed), answers: no SASL on this
 # listener (ILLEGAL_SASL_STATE), no SCRAM user named "conformance" (RESOURCE_NOT_FOUND, in
-# the user's result), and an ACL whose principal is not TYPE:NAME (INVALID_REQUEST).
-REFUSED_ON_PLAINTEXT: Final = {17: {34}, 30: {42}, 36: {34}, 50: {0, 91}, 51: {91}}
+# the user's result), and no ACL APIs where nothing is authorized (SECURITY_DISABLED).
+REFUSED_ON_PLAINTEXT: Final = {17: {34}, 29: {54}, 30: {54}, 31: {54}, 36: {34}, 50: {0, 91}, 51: {91}}
 
 
 @pytest.mark.parametrize(("api_key", "version"), SERVED, ids=[f"{APIS[k].name}-v{v}" for k, v in SERVED])

@@ -1553,3 +1553,31 @@ def test_add_partitions_naming_an_unknown_partition_adds_none_of_them(wire: Wire
     )
     assert wire.produce(topic, 0, batch, transactional_id) == (ErrorCode.invalid_txn_state, -1)
     assert wire.end_txn(transactional_id, pid, epoch, commit=True) == ErrorCode.invalid_txn_state
+
+
+def test_a_batch_carrying_another_transactions_producer_id_is_refused_and_the_owners_batch_still_lands(
+    wire: Wire,
+) -> None:
+    """KIP-890's mapping: a transactional batch must carry the producer its request's transactional
+    id holds. Found by a red-team run: naming one's own id with another transaction's producer
+    id, epoch and next sequence slipped a record into that transaction, and the owner's own
+    batch was then answered as a duplicate and dropped."""
+    victim, intruder, topic = unique("victim"), unique("intruder"), unique("hijack")
+    wire.create_topic(topic, 1)
+    _, pid, epoch = wire.init_producer_id(victim)
+    assert wire.init_producer_id(intruder)[0] == ErrorCode.none
+    assert wire.add_partitions(victim, pid, epoch, topic, (0,)) == [ErrorCode.none]
+
+    def batch(value: bytes) -> bytes:
+        return encode_batch(
+            [(b"k", value)], producer_id=pid, producer_epoch=epoch, base_sequence=0, is_transactional=True
+        )
+
+    forged = batch(b"forged")
+    assert wire.produce(topic, 0, forged, intruder) == (ErrorCode.invalid_producer_id_mapping, -1)
+    assert wire.produce(topic, 0, forged, unique("no-such-id")) == (ErrorCode.invalid_producer_id_mapping, -1)
+    assert wire.latest(topic, 0, READ_UNCOMMITTED) == 0, "the forged batch was not written"
+    assert wire.produce(topic, 0, batch(b"genuine"), victim) == (ErrorCode.none, 0)
+    assert wire.end_txn(victim, pid, epoch, commit=True) == ErrorCode.none
+    markers_in(wire.bootstrap, topic)
+    assert wire.latest(topic, 0, READ_COMMITTED) == 2

@@ -493,8 +493,7 @@ def _describe_acls(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
 
 
 def _create_acls(cls: Any, version: int, topic: str, ids: ProtocolIds) -> Any:
-    # A principal that is not TYPE:NAME: refused, so the server stays without ACLs (open)
-    # for the requests after it.
+    # (A server that authorizes nothing answers SECURITY_DISABLED and stores nothing.)
     creation = build(
         nested(cls, "creations"),
         resource_type=2,

@@ -9,6 +9,12 @@ result, with the reason; the valid ones of the request are stored together, in o
 commit. DeleteAcls removes what all its filters match in one commit, and lists per
 filter what it removed. A change takes effect at every connection's next request.
 
+A server that does not authorize (no listener names its clients, no --super-user, and
+the root has never held an ACL) answers all three SECURITY_DISABLED and stores nothing, as
+Kafka without an authorizer does: otherwise the first anonymous client to call CreateAcls
+would decide, for good, who may do what. The first ACLs of such a root come from
+`oncelog acls ROOT add`.
+
 v0 (literal patterns only, no pattern type on the wire) is advertised and answered
 UNSUPPORTED_VERSION, as Kafka 4 answers it.
 """
@@ -30,11 +36,29 @@ from oncelog.server.acls import (
     Permission,
     ResourceType,
     check_acl,
+    normal_host,
+    normal_host_filter,
 )
 from oncelog.server.broker import Broker
 from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
 
-_NOT_ALLOWED = "the principal may not change the cluster's ACLs (it needs Alter on the cluster)"
+_DISABLED = (
+    "this server does not authorize requests (no listener authenticates its clients, no --super-user, "
+    "no ACLs): add the first ACLs with `oncelog acls ROOT add`"
+)
+
+
+def _refusal(broker: Broker, request: Request, operation: Operation) -> tuple[ErrorCode, str] | None:
+    """SECURITY_DISABLED on a server that does not authorize, CLUSTER_AUTHORIZATION_FAILED for a
+    principal without `operation` on the cluster, or None."""
+    if not broker.authorizer.enforced():
+        return ErrorCode.security_disabled, _DISABLED
+    if not broker.access(request).cluster(operation):
+        verb = "describe" if operation is Operation.DESCRIBE else "change"
+        needed = operation.name.title()
+        message = f"the principal may not {verb} the cluster's ACLs (it needs {needed} on the cluster)"
+        return ErrorCode.cluster_authorization_failed, message
+    return None
 
 
 def _enum(kind: Callable[[int], Any], value: int, unknown: Any) -> Any:
@@ -50,7 +74,7 @@ def _filter_of(entry: Any) -> AclFilter:
         entry.resource_name_filter,
         _enum(PatternType, entry.pattern_type_filter, PatternType.UNKNOWN),
         entry.principal_filter,
-        entry.host_filter,
+        normal_host_filter(entry.host_filter),
         _enum(Operation, entry.operation, Operation.UNKNOWN),
         _enum(Permission, entry.permission_type, Permission.UNKNOWN),
     )
@@ -66,11 +90,9 @@ async def handle_describe_acls(broker: Broker, request: Request) -> Any:
             response, throttle_time=NO_THROTTLE, error_code=code, error_message=message, resources=resources
         )
 
-    if not broker.access(request).cluster(Operation.DESCRIBE):
-        return answer(
-            ErrorCode.cluster_authorization_failed,
-            "the principal may not describe the cluster's ACLs (it needs Describe on the cluster)",
-        )
+    refusal = _refusal(broker, request, Operation.DESCRIBE)
+    if refusal is not None:
+        return answer(*refusal)
     selector = _filter_of(request.body)
     try:
         selector.check()
@@ -103,8 +125,9 @@ async def handle_create_acls(broker: Broker, request: Request) -> Any:
     result_type = nested(response, "results")
     creations = request.body.creations
     results: list[tuple[ErrorCode, str | None]]
-    if not broker.access(request).cluster(Operation.ALTER):
-        results = [(ErrorCode.cluster_authorization_failed, _NOT_ALLOWED)] * len(creations)
+    refusal = _refusal(broker, request, Operation.ALTER)
+    if refusal is not None:
+        results = [refusal] * len(creations)
     else:
         results = await _create(broker, creations)
     return build(
@@ -120,16 +143,16 @@ async def _create(broker: Broker, creations: Any) -> list[tuple[ErrorCode, str |
     results: list[tuple[ErrorCode, str | None]] = []
     valid: list[Acl] = []
     for creation in creations:
-        acl = Acl(
-            _enum(ResourceType, creation.resource_type, ResourceType.UNKNOWN),
-            creation.resource_name,
-            _enum(PatternType, creation.resource_pattern_type, PatternType.UNKNOWN),
-            creation.principal,
-            creation.host,
-            _enum(Operation, creation.operation, Operation.UNKNOWN),
-            _enum(Permission, creation.permission_type, Permission.UNKNOWN),
-        )
         try:
+            acl = Acl(
+                _enum(ResourceType, creation.resource_type, ResourceType.UNKNOWN),
+                creation.resource_name,
+                _enum(PatternType, creation.resource_pattern_type, PatternType.UNKNOWN),
+                creation.principal,
+                normal_host(creation.host),  # (as requests name their hosts: `0:0:0:0:0:0:0:1` is `::1`)
+                _enum(Operation, creation.operation, Operation.UNKNOWN),
+                _enum(Permission, creation.permission_type, Permission.UNKNOWN),
+            )
             check_acl(acl)
         except InvalidAclError as exc:
             results.append((ErrorCode.invalid_request, str(exc)))
@@ -171,8 +194,9 @@ async def handle_delete_acls(broker: Broker, request: Request) -> Any:
         )
         return build(result_type, error_code=code, error_message=message, matching_acls=matching)
 
-    if not broker.access(request).cluster(Operation.ALTER):
-        results = [result(ErrorCode.cluster_authorization_failed, _NOT_ALLOWED, []) for _ in filters]
+    refusal = _refusal(broker, request, Operation.ALTER)
+    if refusal is not None:
+        results = [result(*refusal, []) for _ in filters]
     else:
         invalid: dict[int, str] = {}
         for index, selector in enumerate(filters):

@@ -125,7 +125,7 @@ async def handle_produce(broker: Broker, request: Request) -> Any:
                 await _check_partitions(broker, name, entries, may_create=access.may_create_topic(name))
         # No await from the admission to the finally that releases it: an admitted append must be
         # released whatever happens, or its transaction's end would wait for it forever.
-        _admit_transactional(broker, topics)
+        _admit_transactional(broker, request.body.transactional_id, topics)
         pending = [(name, o) for name, entries in topics.items() for o in entries.values() if o.code == 0]
         try:
             if _cheap_to_validate(broker, pending):
@@ -187,14 +187,26 @@ async def _check_partitions(
             outcome.code = ErrorCode.invalid_record
 
 
-def _admit_transactional(broker: Broker, topics: dict[str, dict[int, _Outcome]]) -> None:
-    """Admit each transactional batch to its producer's open transaction, or set its error."""
+def _admit_transactional(
+    broker: Broker, transactional_id: str | None, topics: dict[str, dict[int, _Outcome]]
+) -> None:
+    """Admit each transactional batch to its producer's open transaction, or set its error.
+
+    The batch's producer must be the one the request's transactional id holds, else
+    INVALID_PRODUCER_ID_MAPPING (Kafka's partition verification, KIP-890): a principal
+    allowed to write its own transactional id cannot slip batches into another's open
+    transaction by naming that transaction's producer id.
+    """
+    owner = None if transactional_id is None else broker.transactions.transactions.get(transactional_id)
     for topic, entries in topics.items():
         for outcome in entries.values():
             if outcome.code != ErrorCode.none or not is_transactional(outcome.records or b""):
                 continue
             assert outcome.records is not None
             pid, epoch = _PRODUCER.unpack_from(outcome.records, fmt.PRODUCER_ID_OFFSET)
+            if transactional_id is not None and (owner is None or owner.producer_id != pid):
+                outcome.code = ErrorCode.invalid_producer_id_mapping
+                continue
             outcome.code = broker.transactions.admit_append(
                 pid, epoch, TopicPartition(topic, outcome.partition)
             )
