@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from typing import Any, TextIO
 
@@ -164,6 +165,9 @@ def _filter(args: argparse.Namespace) -> AclFilter:
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     root = args.root
     try:
+        if not os.path.lexists(root) and args.action == "add":
+            with contextlib.suppress(FileExistsError):  # (a `users add` may make it at the same time)
+                os.mkdir(root)  # the first ACLs of a root `serve` has not opened yet
         why = None if os.path.isdir(root) else f"{root} is not a directory"
         if why is None and directory_kind(root) != "root":
             why = unservable_root(root)  # a new root is fine; a partition or a stranger's directory not

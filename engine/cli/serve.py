@@ -22,7 +22,7 @@ from oncelog.server.credentials import SASL_MECHANISMS, SCRAM_MECHANISMS
 from oncelog.server.group_state import GroupLimits
 from oncelog.server.listeners import PLAINTEXT, SSL, Listener, parse_address, parse_listener, with_advertised
 from oncelog.server.security_store import STORE_DIR as SECURITY_DIR
-from oncelog.server.security_store import StoreNotPrivateError, check_private
+from oncelog.server.security_store import StoreNotPrivateError, check_private, is_security_entry
 from oncelog.server.tls import TlsFiles, parse_principal_rule
 from oncelog.storage.fs import DEFAULT_FS
 
@@ -331,7 +331,7 @@ def unservable_root(root: str) -> str | None:
     try:
         kind = directory_kind(root)
         # A new root may already hold its users (`oncelog users ROOT add` before the first serve).
-        empty = not set(os.listdir(root)) - {SECURITY_DIR}
+        empty = all(is_security_entry(name) for name in os.listdir(root))
     except OSError as exc:
         return f"cannot list {root}: {exc.strerror or exc}"
     if kind == "partition":

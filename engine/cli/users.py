@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import os
 import sys
@@ -103,7 +104,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     root = args.root
     try:
         if not os.path.lexists(root) and args.action == "add":
-            os.mkdir(root)  # the first users of a root `serve` has not opened yet
+            with contextlib.suppress(FileExistsError):  # (an `acls add` may make it at the same time)
+                os.mkdir(root)  # the first users of a root `serve` has not opened yet
         why = None if os.path.isdir(root) else f"{root} is not a directory"
         if why is None and directory_kind(root) != "root":
             why = unservable_root(root)  # a new root is fine; a partition or a stranger's directory not

@@ -214,6 +214,9 @@ def normal_host(host: str) -> str:
     matches fails open."""
     if host == WILDCARD:
         return host
+    if "%" in host:
+        # (A client's scope id is dropped before it is compared: `fe80::1` names it on any link.)
+        raise InvalidAclError(f"the host {host!r} has a scope id: write the address without it")
     try:
         address = ipaddress.ip_address(host)
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:

@@ -182,7 +182,11 @@ class ServeConfig:
                 "an SSL or SASL_SSL listener needs a certificate and its key (--ssl-cert, --ssl-key)"
             )
         for principal in self.super_users:
-            if not principal.startswith("User:") or len(principal) == len("User:"):
+            if (
+                not principal.startswith("User:")
+                or len(principal) == len("User:")
+                or not principal.isprintable()
+            ):
                 raise ValueError(f"a super user is a principal such as User:alice, got {principal!r}")
         if self.failed_authentication_delay_ms < 0:
             raise ValueError("the failed authentication delay must be 0 or more")
@@ -242,7 +246,7 @@ class ServeConfig:
 def _acl_host(address: str) -> str:
     """A client's address as ACLs hold hosts (acls.normal_host); as it is if it is none."""
     try:
-        return normal_host(address)
+        return normal_host(address.partition("%")[0])
     except InvalidAclError:
         return address  # (no ACL holds it: only `*` applies)
 

@@ -61,7 +61,11 @@ class ScramCredential:
 
 
 def check_user_name(name: str) -> None:
-    if not name or len(name.encode("utf-8", "surrogatepass")) > MAX_USER_NAME_BYTES:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CredentialError(f"a user name is UTF-8 text, got {name!r}") from None
+    if not name or len(name.encode("utf-8")) > MAX_USER_NAME_BYTES:
         raise CredentialError(
             f"a user name is 1..{MAX_USER_NAME_BYTES} bytes of UTF-8, got {len(name)} characters"
         )

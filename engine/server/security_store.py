@@ -23,6 +23,9 @@ from typing import Final
 from oncelog.storage.fs import FileSystem, MetadataStore
 
 STORE_DIR: Final = "security.lmdb"
+# Where a new store is made before it has its name: no "-" in it, so never a partition
+# directory's name, and a root holding only these and the store counts as new.
+STAGING_PREFIX: Final = f"{STORE_DIR}.new."
 
 
 class StoreNotPrivateError(Exception):
@@ -48,7 +51,7 @@ def check_private(path: str) -> None:
 
 
 def _create_private(fs: FileSystem, root: str, path: str) -> None:
-    staging = tempfile.mkdtemp(prefix=f"{STORE_DIR}.new-", dir=root)  # mode 0700
+    staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root)  # mode 0700
     try:
         fs.open_store(staging).close()
         for name in os.listdir(staging):
@@ -66,10 +69,16 @@ def _create_private(fs: FileSystem, root: str, path: str) -> None:
             shutil.rmtree(staging)
 
 
+def is_security_entry(name: str) -> bool:
+    """Whether `name`, in a root, is the security store or one being made."""
+    return name == STORE_DIR or name.startswith(STAGING_PREFIX)
+
+
 def open_security_store(fs: FileSystem, root: str) -> MetadataStore:
     """Open the root's store (created private if missing); StoreNotPrivateError if it is not private."""
     path = os.path.join(root, STORE_DIR)
-    if not os.path.lexists(path):
+    empty_directory = os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path)
+    if not os.path.lexists(path) or empty_directory:  # (a rename replaces an empty directory)
         _create_private(fs, root, path)
     check_private(path)  # before LMDB opens, and perhaps writes, anything in it
     store = fs.open_store(path)

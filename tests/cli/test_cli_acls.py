@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,3 +208,50 @@ def test_a_store_that_is_a_symbolic_link_is_refused_and_nothing_is_created_where
     )
     assert status == 2 and "symbolic link" in err
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_users_add_and_an_acls_add_creating_the_store_at_once_both_succeed(tmp_path: Path) -> None:
+    # Found by a red-team run: the other process's staging directory made the root look like
+    # a stranger's directory, and one of the two exited 2.
+    oncelog = str(Path(sys.executable).parent / "oncelog")
+    for attempt in range(3):
+        root = tmp_path / f"root-{attempt}"
+        users = subprocess.Popen(
+            [oncelog, "users", str(root), "add", "alice", "--password-stdin", "--iterations", "4096"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        acls = subprocess.Popen(
+            [
+                oncelog,
+                "acls",
+                str(root),
+                "add",
+                "--allow-principal",
+                "User:alice",
+                "--operation",
+                "read",
+                "--topic",
+                "t",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        _, users_err = users.communicate(b"pw\n", timeout=60)
+        _, acls_err = acls.communicate(timeout=60)
+        assert (users.returncode, acls.returncode) == (0, 0), (users_err, acls_err)
+        assert len(_stored(root)) == 1
+
+
+def test_a_leftover_staging_directory_or_an_empty_store_directory_does_not_stop_a_new_root(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a" / f"{STORE_DIR}.new.k1ll3d").mkdir(parents=True)  # a creation killed part-way
+    (tmp_path / "b" / STORE_DIR).mkdir(parents=True, mode=0o700)  # made by hand, empty
+    for root in (tmp_path / "a", tmp_path / "b"):
+        assert (
+            _run(str(root), "add", "--allow-principal", "User:a", "--operation", "read", "--topic", "t")[0]
+            == 0
+        )
+        assert len(_stored(root)) == 1

@@ -43,6 +43,7 @@ def _run(*argv: str) -> tuple[int, str, str]:
             "SASL mechanisms must be",
         ),
         (["--ssl-principal-rule", "RULE:x"], "expected DEFAULT or RULE:"),
+        (["--super-user", "User:\udcff"], "a super user is a principal"),
         (["--listen", "0.0.0.0:9092"], "accepts anyone who can reach it"),
         (["--listener", "PLAINTEXT://10.1.2.3:9092"], "--allow-anonymous"),
         (["--listener", "SSL://0.0.0.0:0", "--ssl-cert", "c", "--ssl-key", "k"], "--allow-anonymous"),

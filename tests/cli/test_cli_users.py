@@ -53,6 +53,7 @@ def test_add_list_and_delete_a_user(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         (["add", "alice", "--password-stdin", "--iterations", "10"], "pw\n", "iterations must be"),
         (["add", "alice", "--password-stdin"], "bell\a\n", "the password cannot be used"),
         (["add", "", "--password-stdin"], "pw\n", "a user name is"),
+        (["add", "caf\udce9", "--password-stdin"], "pw\n", "UTF-8 text"),  # a name argv could not decode
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_stores_nothing(

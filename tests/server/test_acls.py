@@ -256,3 +256,5 @@ def test_hosts_are_held_as_requests_name_theirs() -> None:
     assert normal_host("10.0.0.7") == "10.0.0.7" and normal_host("*") == "*"
     assert normal_host_filter("0000::1") == "::1" and normal_host_filter("web-1") == "web-1"
     assert normal_host_filter(None) is None
+    with pytest.raises(InvalidAclError, match="scope id"):
+        normal_host("fe80::1%eth0")

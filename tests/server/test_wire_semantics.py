@@ -262,7 +262,8 @@ def test_a_partition_named_three_times_in_one_produce_is_appended_once_with_the_
     assert [r.value for r in log.read(0).records()] == [b"last"]
 
 
-def test_a_transactional_batch_is_refused_until_transactions_are_served(server: Any) -> None:
+def test_a_transactional_batch_in_a_request_naming_no_transactional_id_is_refused(server: Any) -> None:
+    # Kafka's answer, authorizer or not: a transactional batch needs its request's transactional id.
     transactional = encode_batch(
         [(b"k", b"v")],
         producer_id=9300,
@@ -275,7 +276,7 @@ def test_a_transactional_batch_is_refused_until_transactions_are_served(server: 
         _produce(sock, _idempotent(9400, 0, 0))
         answer = _produce(sock, transactional)
     log = server.manager.log(TOPIC, 0)
-    assert (answer.error_code, answer.base_offset) == (48, -1)  # INVALID_TXN_STATE
+    assert (answer.error_code, answer.base_offset) == (53, -1)  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     assert (log.log_end_offset, log.last_stable_offset) == (1, 1)
 
 

@@ -148,10 +148,9 @@ def _refused(
     access: Access, transactional_id: str | None, topics: dict[str, dict[int, _Outcome]]
 ) -> dict[str, ErrorCode]:
     """The topics whose batches the principal may not append, with Kafka's error: a transactional
-    batch needs Write on the transactional id (every partition refused without it), every batch
+    batch needs a transactional id in its request, and Write on it (every partition refused
+    without either, whether or not the server authorizes, as Kafka answers), every batch
     Write on its topic (checked before the topic's existence, so a name says nothing of it)."""
-    if not access.enforced:
-        return {}
     transactional = any(
         is_transactional(outcome.records or b"")
         for entries in topics.values()
@@ -161,6 +160,8 @@ def _refused(
         transactional_id is None or not access.transactional_id(Operation.WRITE, transactional_id)
     ):
         return dict.fromkeys(topics, ErrorCode.transactional_id_authorization_failed)
+    if not access.enforced:
+        return {}
     return {
         name: ErrorCode.topic_authorization_failed
         for name in topics
