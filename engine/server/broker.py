@@ -31,6 +31,7 @@ import base64
 import contextlib
 import functools
 import logging
+import os
 import resource
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -38,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
-from oncelog.errors import OncelogError
+from oncelog.errors import LogDirectoryError, OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition, validate_topic_partition
 from oncelog.log import Log
 from oncelog.log_manager import LogManager, UnknownTopicOrPartitionError
@@ -328,8 +329,22 @@ class Broker:
             if name[len(TOPIC_PARTITIONS_PREFIX) :]
             not in self._interrupted_deletes  # (gone: its count goes last)
         }
-        for topic in sorted(set(on_disk) | set(recorded)):
-            count = max(recorded.get(topic, 0), on_disk.get(topic, 0))
+        counts = {
+            topic: max(recorded.get(topic, 0), on_disk.get(topic, 0))
+            for topic in set(on_disk) | set(recorded)
+        }
+        total = sum(counts.values())
+        if total > self.max_partitions and total > len(self.manager.logs()):
+            # Partitions to make, past the budget: a stray directory such as `orders-12345678`
+            # would otherwise be filled in with twelve million partitions before the first request.
+            topic = max(counts, key=lambda t: counts[t])
+            raise LogDirectoryError(
+                f"topic {topic!r} would have {counts[topic]} partitions (its highest partition directory "
+                f"or its recorded count), the root {total} in all, past the server's budget of "
+                f"{self.max_partitions}: a stray directory? Remove it, or raise the open-files limit",
+                path=os.path.join(self.manager.root, f"{topic}-{counts[topic] - 1}"),
+            )
+        for topic, count in sorted(counts.items()):
             for partition in range(count):
                 self.manager.log(topic, partition, create=True)
             self._partitions[topic] = count

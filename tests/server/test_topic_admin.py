@@ -18,6 +18,7 @@ from kafka.admin import KafkaAdminClient
 from kafka.admin import NewPartitions as KafkaNewPartitions
 from serve_process import ServeProcess
 
+from oncelog.errors import LogDirectoryError
 from oncelog.log_manager import LogManager
 from oncelog.server.broker import TOPIC_DELETING_PREFIX, Broker, ServeConfig
 from oncelog.server.group_state import CommittedOffset
@@ -232,3 +233,20 @@ def test_offsets_a_transaction_holds_for_a_deleted_topic_are_dropped_with_it(tmp
         (committed,) = group.committed([TopicPartition("gone", 0)], timeout=TIMEOUT_S)
         group.close()
         assert committed.offset < 0  # none: the deleted topic's offset did not come back
+
+
+def test_a_stray_partition_directory_far_past_the_budget_stops_the_start_naming_it(tmp_path: Path) -> None:
+    # Found by a red-team run: an empty `orders-12345678` beside `orders-0` had the server fill
+    # in twelve million partitions before its first request.
+    root = tmp_path / "root"
+    with LogManager.open(root, progress=False) as manager:
+        manager.log("orders", 0, create=True)
+    (root / "orders-12345678").mkdir()
+    with LogManager.open(root, progress=False) as manager:
+        with pytest.raises(LogDirectoryError, match="stray directory") as refused:
+            Broker(manager, ServeConfig(listen_port=0))
+        assert "orders-12345678" in str(refused.value)
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("orders-")) == [
+        "orders-0",
+        "orders-12345678",
+    ]
