@@ -105,9 +105,11 @@ soak-resources: $(STAMP)
 
 # Every test of librdkafka's integration suite meant for a real cluster, against `oncelog serve`
 # (issue 31; `make test` runs a fast subset). Allowlist: tests/compat/librdkafka_allowlist.txt.
-# TESTS=0012,0030 (say) runs those numbers only; the summary is written to build/compat/result.json.
+# TESTS=0012,0030 (say) runs those numbers only; SECURITY=sasl_ssl runs them over SASL_SSL
+# with SCRAM-SHA-512 and ACLs; the summary is written to build/compat/result.json.
 compat: $(STAMP) $(COMPAT_STAMP)
 	$(BIN)/python tests/compat/librdkafka_suite.py --build $(COMPAT_BUILD) --tests $${TESTS:-all} \
+		--security $${SECURITY:-plaintext} \
 		--json $(COMPAT_BUILD)/result.json
 
 clean:

@@ -9,6 +9,12 @@ cluster (not TEST_F_LOCAL, which use librdkafka's mock cluster; not
 TEST_F_KNOWN_ISSUE), one number at a time with a timeout each, without the runner's
 quick mode (-Q skips subtests and still says PASSED).
 
+With `--security sasl_ssl` every server listens on SASL_SSL only (a certificate from a
+trustme CA made for the run), the suite logs in with SCRAM-SHA-512 as a user made with
+`oncelog users`, and every request is authorized: the user is no super user, ACLs made
+with `oncelog acls` grant it everything (every topic, group and transactional id, and
+the cluster), so each request goes through the decision.
+
 Each test's state comes from the runner's JSON report. A test named in the allowlist
 is counted as skipped with its reason (a number all of whose tests are allowlisted is
 not run); a test that skips itself is counted apart with the reason it printed; any
@@ -16,6 +22,7 @@ other test that does not pass fails the run. The summary is printed, and written
 JSON with --json.
 
     python tests/compat/librdkafka_suite.py --build build/compat [--tests 0001,0012|fast|all]
+        [--security plaintext|sasl_ssl]
 """
 
 from __future__ import annotations
@@ -131,19 +138,93 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+SASL_USER = "librdkafka"
+SASL_PASSWORD = "compat-suite-password"
+ONCELOG = str(Path(sys.executable).with_name("oncelog"))
+
+
+@dataclass(frozen=True)
+class Security:
+    """How the servers listen and the suite connects: PLAINTEXT, or SASL_SSL with ACLs."""
+
+    protocol: str  # "plaintext" or "sasl_ssl"
+    directory: Path  # the run's certificates
+
+    def prepare(self, root: Path) -> None:
+        """The SASL user and the ACLs that let it do everything, stored before the server starts."""
+        if self.protocol == "plaintext":
+            return
+        subprocess.run(
+            [ONCELOG, "users", str(root), "add", SASL_USER, "--password-stdin", "--iterations", "4096"],
+            input=f"{SASL_PASSWORD}\n".encode(),
+            check=True,
+            capture_output=True,
+        )
+        grant = [
+            ONCELOG,
+            "acls",
+            str(root),
+            "add",
+            "--allow-principal",
+            f"User:{SASL_USER}",
+            "--operation",
+            "all",
+        ]
+        for resource in (["--topic", "*"], ["--group", "*"], ["--transactional-id", "*"], ["--cluster"]):
+            subprocess.run([*grant, *resource], check=True, capture_output=True)
+
+    def listener_arguments(self, port: int) -> list[str]:
+        if self.protocol == "plaintext":
+            # 0081's ACLs switch authorization on; the suite's clients, anonymous here, stay
+            # allowed everything, as they are on the suite's own clusters.
+            return ["--listen", f"127.0.0.1:{port}", "--super-user", "User:ANONYMOUS"]
+        return [
+            *("--listener", f"SASL_SSL://127.0.0.1:{port}", "--sasl-mechanisms", "SCRAM-SHA-512"),
+            *(
+                "--ssl-cert",
+                str(self.directory / "server.pem"),
+                "--ssl-key",
+                str(self.directory / "server.key"),
+            ),
+        ]
+
+    def client_conf(self) -> str:
+        if self.protocol == "plaintext":
+            return ""
+        return (
+            "security.protocol=SASL_SSL\nsasl.mechanisms=SCRAM-SHA-512\n"
+            f"sasl.username={SASL_USER}\nsasl.password={SASL_PASSWORD}\n"
+            f"ssl.ca.location={self.directory / 'ca.pem'}\n"
+        )
+
+    @classmethod
+    def make(cls, protocol: str, scratch: Path) -> Security:
+        directory = scratch / "certs"
+        if protocol == "sasl_ssl":
+            import trustme  # (the dev extra's: certificates for the TLS tests)
+
+            directory.mkdir()
+            ca = trustme.CA()
+            server = ca.issue_cert("127.0.0.1", "localhost")
+            ca.cert_pem.write_to_path(str(directory / "ca.pem"))
+            server.cert_chain_pems[0].write_to_path(str(directory / "server.pem"))
+            server.private_key_pem.write_to_path(str(directory / "server.key"))
+        return cls(protocol, directory)
+
+
 class Server:
     """One `oncelog serve` on a scratch root, for the whole run."""
 
-    def __init__(self, root: Path, log_path: Path, *, auto_create: bool) -> None:
+    def __init__(self, root: Path, log_path: Path, *, auto_create: bool, security: Security) -> None:
         self.port = free_port()
+        root.mkdir(parents=True, exist_ok=True)
+        security.prepare(root)
         self._log = log_path.open("ab")
         self._process = subprocess.Popen(
             [
-                str(Path(sys.executable).with_name("oncelog")),
-                *("serve", str(root), "--listen", f"127.0.0.1:{self.port}", "--partitions", str(PARTITIONS)),
-                # 0081's ACLs switch authorization on; the suite's clients, anonymous here, stay
-                # allowed everything, as they are on the suite's own clusters.
-                *("--super-user", "User:ANONYMOUS"),
+                ONCELOG,
+                *("serve", str(root), "--partitions", str(PARTITIONS)),
+                *security.listener_arguments(self.port),
                 *(() if auto_create else ("--no-auto-create",)),
             ],
             stdout=self._log,
@@ -212,7 +293,7 @@ def run_number(
     return {name: entry["state"] for name, entry in tests.items() if name.startswith(number)}, elapsed
 
 
-def run_suite(build: Path, selection: str, timeout_s: float, scratch: Path) -> Outcome:
+def run_suite(build: Path, selection: str, timeout_s: float, scratch: Path, security: Security) -> Outcome:
     suite = build / SUITE_DIR
     if not (suite / "test-runner").exists():
         raise SystemExit(f"{suite / 'test-runner'} is missing: run tests/compat/build_librdkafka.sh {build}")
@@ -236,18 +317,28 @@ def run_suite(build: Path, selection: str, timeout_s: float, scratch: Path) -> O
             timeout_s,
             scratch,
             outcome,
+            security,
         )
     return outcome
 
 
 def _run_scenario(
-    suite: Path, scenario: str, tests: list[SuiteTest], timeout_s: float, scratch: Path, outcome: Outcome
+    suite: Path,
+    scenario: str,
+    tests: list[SuiteTest],
+    timeout_s: float,
+    scratch: Path,
+    outcome: Outcome,
+    security: Security,
 ) -> None:
     server = Server(
-        scratch / f"root-{scenario}", scratch / f"serve-{scenario}.log", auto_create=scenario == "default"
+        scratch / f"root-{scenario}",
+        scratch / f"serve-{scenario}.log",
+        auto_create=scenario == "default",
+        security=security,
     )
     conf = scratch / f"test-{scenario}.conf"
-    conf.write_text(f"bootstrap.servers=127.0.0.1:{server.port}\n")
+    conf.write_text(f"bootstrap.servers=127.0.0.1:{server.port}\n" + security.client_conf())
     numbers = sorted({test.number for test in tests})
     try:
         for n, number in enumerate(numbers, 1):
@@ -286,11 +377,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="per test number")
     parser.add_argument("--json", type=Path, help="write the summary here")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, root)")
+    parser.add_argument(
+        "--security",
+        choices=("plaintext", "sasl_ssl"),
+        default="plaintext",
+        help="sasl_ssl: SCRAM-SHA-512 over TLS, every request authorized by ACLs",
+    )
     args = parser.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="oncelog-compat-"))
     failed = True
     try:
-        outcome = run_suite(args.build.resolve(), args.tests, args.timeout_s, scratch)
+        security = Security.make(args.security, scratch)
+        outcome = run_suite(args.build.resolve(), args.tests, args.timeout_s, scratch, security)
         failed = bool(outcome.failed)
         summary = outcome.summary()
         print(json.dumps(summary, indent=2))
