@@ -95,6 +95,27 @@ ACL_RESOURCE_TYPES: Final = (
     ResourceType.CLUSTER,
     ResourceType.TRANSACTIONAL_ID,
 )
+# The operations Kafka reports, when asked, that a principal has on each kind of resource.
+TOPIC_OPERATIONS: Final = (
+    Operation.READ,
+    Operation.WRITE,
+    Operation.CREATE,
+    Operation.DELETE,
+    Operation.ALTER,
+    Operation.DESCRIBE,
+    Operation.DESCRIBE_CONFIGS,
+    Operation.ALTER_CONFIGS,
+)
+GROUP_OPERATIONS: Final = (Operation.READ, Operation.DELETE, Operation.DESCRIBE)
+CLUSTER_OPERATIONS: Final = (
+    Operation.CREATE,
+    Operation.CLUSTER_ACTION,
+    Operation.DESCRIBE_CONFIGS,
+    Operation.ALTER_CONFIGS,
+    Operation.IDEMPOTENT_WRITE,
+    Operation.ALTER,
+    Operation.DESCRIBE,
+)
 # The operations an ALLOW of each grants besides itself and ALL.
 _IMPLIED_BY: Final = {
     Operation.DESCRIBE: (Operation.READ, Operation.WRITE, Operation.DELETE, Operation.ALTER),

@@ -51,12 +51,17 @@ from kafka.errors import (
     SecurityDisabledError,
     TopicAuthorizationFailedError,
 )
+from kio.index import load_request_schema
+from wire_client import WireSocket
 
+from oncelog.log_manager import LogManager
 from oncelog.server.acls import Acl, Operation, PatternType, Permission, ResourceType
 from oncelog.server.broker import ServeConfig
+from oncelog.server.codec import build, nested
 from oncelog.server.credentials import CredentialStore, credential_from_password
 from oncelog.server.group_state import GroupLimits
 from oncelog.server.listeners import SASL_PLAINTEXT, Listener
+from oncelog.server.tls import ANONYMOUS
 from oncelog.storage.fs import DEFAULT_FS
 
 PASSWORD: Final = "correct horse battery staple"
@@ -561,3 +566,47 @@ def test_a_server_that_authorizes_nothing_refuses_the_acl_apis_and_stores_nothin
         python_admin.close()
         acls, ever = running.server.broker.authorizer.store.current()
         assert len(acls) == 0 and not ever
+
+
+def test_metadata_reports_the_operations_the_principal_has_when_asked(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    with LogManager.open(root, progress=False) as manager:
+        manager.log("shared", 0, create=True)
+    # A super user switches authorization on; the anonymous clients of this PLAINTEXT listener
+    # then have what the ACLs give them.
+    with InProcessServer(root, ServeConfig(listen_port=0, super_users=("User:admin",))) as running:
+        running.server.broker.authorizer.store.add(
+            [
+                Acl(
+                    ResourceType.TOPIC,
+                    "shared",
+                    PatternType.LITERAL,
+                    ANONYMOUS,
+                    "*",
+                    Operation.READ,
+                    Permission.ALLOW,
+                ),
+                Acl(
+                    ResourceType.CLUSTER,
+                    "kafka-cluster",
+                    PatternType.LITERAL,
+                    ANONYMOUS,
+                    "*",
+                    Operation.DESCRIBE,
+                    Permission.ALLOW,
+                ),
+            ]
+        )
+        request = load_request_schema(3, 9)
+        body = build(
+            request,
+            topics=(build(nested(request, "topics"), name="shared"),),
+            allow_auto_topic_creation=False,
+            include_cluster_authorized_operations=True,
+            include_topic_authorized_operations=True,
+        )
+        with WireSocket(running.bootstrap) as sock:
+            answer = sock.request(3, 9, body)
+    assert answer.topics[0].error_code == 0
+    assert answer.topics[0].topic_authorized_operations == (1 << Operation.READ) | (1 << Operation.DESCRIBE)
+    assert answer.cluster_authorized_operations == 1 << Operation.DESCRIBE

@@ -24,23 +24,13 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OffsetOutOfRangeError, OncelogError
 from oncelog.layout import TopicPartition
-from oncelog.server.acls import CLUSTER_NAME, Operation, ResourceType
+from oncelog.server.acls import CLUSTER_NAME, CLUSTER_OPERATIONS, Operation, ResourceType
 from oncelog.server.broker import NODE_ID, Broker
 from oncelog.server.codec import NO_THROTTLE, OPERATIONS_OMITTED, Request, build, nested, response_type
 from oncelog.server.errors import InternalTopicError, error_code_for
 
 # DeleteRecords' offset meaning "up to the high watermark".
 HIGH_WATERMARK: Final = -1
-# The operations Kafka reports on the cluster when asked which the principal has.
-CLUSTER_OPERATIONS: Final = (
-    Operation.CREATE,
-    Operation.CLUSTER_ACTION,
-    Operation.DESCRIBE_CONFIGS,
-    Operation.ALTER_CONFIGS,
-    Operation.IDEMPOTENT_WRITE,
-    Operation.ALTER,
-    Operation.DESCRIBE,
-)
 # DescribeCluster's endpoint types (KIP-919).
 BROKER_ENDPOINTS, CONTROLLER_ENDPOINTS = 1, 2
 

@@ -14,17 +14,14 @@ on each topic (TOPIC_AUTHORIZATION_FAILED per partition).
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from oncelog.server import group_admin
-from oncelog.server.acls import Operation, ResourceType
+from oncelog.server.acls import GROUP_OPERATIONS, Operation, ResourceType
 from oncelog.server.broker import Broker
 from oncelog.server.codec import NO_THROTTLE, OPERATIONS_OMITTED, Request, build, nested, response_type
-
-# The operations Kafka reports on a group when asked which the principal has.
-GROUP_OPERATIONS: Final = (Operation.READ, Operation.DELETE, Operation.DESCRIBE)
 
 
 async def handle_list_groups(broker: Broker, request: Request) -> Any:

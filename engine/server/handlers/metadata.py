@@ -14,6 +14,7 @@ Authorization, as Kafka's: a listing of every topic names only those the princip
 Describe; a topic asked for by name that it may not Describe is TOPIC_AUTHORIZATION_FAILED,
 whether it exists or not. Auto-creation needs Create on the cluster or the topic; a
 missing topic the principal may describe but not create is TOPIC_AUTHORIZATION_FAILED.
+Asked for (v8+), each topic's and the cluster's authorized operations are the principal's.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.errors import OncelogError
 from oncelog.layout import InvalidTopicError
-from oncelog.server.acls import Operation
+from oncelog.server.acls import CLUSTER_NAME, CLUSTER_OPERATIONS, TOPIC_OPERATIONS, Operation, ResourceType
 from oncelog.server.authorization import Access
 from oncelog.server.broker import NODE_ID, Broker, is_internal_topic
-from oncelog.server.codec import NO_THROTTLE, Request, build, nested, response_type
+from oncelog.server.codec import NO_THROTTLE, OPERATIONS_OMITTED, Request, build, nested, response_type
 from oncelog.server.errors import InternalTopicError, InvalidPartitionsError, error_code_for
 
 
@@ -62,6 +63,12 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
             )
             for index in range(count or 0)
         )
+        operations = OPERATIONS_OMITTED
+        if (
+            getattr(body, "include_topic_authorized_operations", False)
+            and code != ErrorCode.topic_authorization_failed
+        ):
+            operations = access.operations(ResourceType.TOPIC, name, TOPIC_OPERATIONS)
         topics.append(
             build(
                 topic_type,
@@ -69,6 +76,7 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
                 name=name,
                 is_internal=is_internal_topic(name),
                 partitions=partitions,
+                topic_authorized_operations=operations,
             )
         )
     return build(
@@ -78,6 +86,11 @@ async def handle_metadata(broker: Broker, request: Request) -> Any:
         cluster_id=broker.cluster_id,
         controller_id=NODE_ID,
         topics=tuple(topics),
+        cluster_authorized_operations=access.operations(
+            ResourceType.CLUSTER, CLUSTER_NAME, CLUSTER_OPERATIONS
+        )
+        if getattr(body, "include_cluster_authorized_operations", False)
+        else OPERATIONS_OMITTED,
     )
 
 
