@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 from typing import Any, TextIO
 
 from oncelog.cli.exits import EXIT_BAD_INPUT, EXIT_OK, PROG
-from oncelog.cli.recover import directory_kind
-from oncelog.cli.serve import unservable_root
+from oncelog.cli.serve import security_root_problem
 from oncelog.server.acl_store import AclStore
 from oncelog.server.acls import (
     CLUSTER_NAME,
@@ -164,15 +162,7 @@ def _filter(args: argparse.Namespace) -> AclFilter:
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     root = args.root
-    try:
-        if not os.path.lexists(root) and args.action == "add":
-            with contextlib.suppress(FileExistsError):  # (a `users add` may make it at the same time)
-                os.mkdir(root)  # the first ACLs of a root `serve` has not opened yet
-        why = None if os.path.isdir(root) else f"{root} is not a directory"
-        if why is None and directory_kind(root) != "root":
-            why = unservable_root(root)  # a new root is fine; a partition or a stranger's directory not
-    except OSError as exc:
-        why = str(exc)
+    why = security_root_problem(root, creating=args.action == "add")
     if why is None and args.action == "remove" and not (args.all or args.principal or _resource(args)[1]):
         why = (
             "remove needs a resource (--topic, --group, --transactional-id, --cluster), --principal, or --all"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import ssl
 from typing import Any, TextIO
@@ -338,6 +339,22 @@ def unservable_root(root: str) -> str | None:
         return f"{root} is a partition directory; serve the root that holds it"
     if kind is None and not empty:
         return f"{root} is neither a LogManager root nor empty (a typo?); give a root or a new directory"
+    return None
+
+
+def security_root_problem(root: str, *, creating: bool) -> str | None:
+    """Why `oncelog users` or `oncelog acls` may not keep ROOT's security store, or None; a
+    missing ROOT is made when `creating` (its first users or ACLs, before its first serve)."""
+    try:
+        if creating and not os.path.lexists(root):
+            with contextlib.suppress(FileExistsError):  # (the other command may make it at the same time)
+                os.mkdir(root)
+        if not os.path.isdir(root):
+            return f"{root} is not a directory"
+        if directory_kind(root) != "root":
+            return unservable_root(root)  # a new root is fine; a partition or a stranger's directory not
+    except OSError as exc:
+        return str(exc)
     return None
 
 

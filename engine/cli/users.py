@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import getpass
 import os
 import sys
 from typing import Any, TextIO
 
 from oncelog.cli.exits import EXIT_BAD_INPUT, EXIT_OK, PROG
-from oncelog.cli.recover import directory_kind
-from oncelog.cli.serve import unservable_root
+from oncelog.cli.serve import security_root_problem
 from oncelog.server.credentials import (
     DEFAULT_ITERATIONS,
     MAX_ITERATIONS,
@@ -102,15 +100,7 @@ def _password(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     root = args.root
-    try:
-        if not os.path.lexists(root) and args.action == "add":
-            with contextlib.suppress(FileExistsError):  # (an `acls add` may make it at the same time)
-                os.mkdir(root)  # the first users of a root `serve` has not opened yet
-        why = None if os.path.isdir(root) else f"{root} is not a directory"
-        if why is None and directory_kind(root) != "root":
-            why = unservable_root(root)  # a new root is fine; a partition or a stranger's directory not
-    except OSError as exc:
-        why = str(exc)
+    why = security_root_problem(root, creating=args.action == "add")
     if why is not None:
         print(f"{PROG} users: {why}", file=err)
         return EXIT_BAD_INPUT
