@@ -362,15 +362,6 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     """The ServeConfig the arguments ask for; ValueError saying what is wrong (the TLS files
     are loaded once here, so a bad one is named before any partition is recovered)."""
     listeners = listeners_from(args)
-    client_ca = args.ssl_ca is not None
-    authorizing = (
-        bool(args.super_user)
-        or any(listener.uses_sasl or (listener.name == SSL and client_ca) for listener in listeners)
-        or root_has_acls(args.root)
-    )
-    exposure = anonymous_exposure(listeners, args.allow_anonymous, client_ca, authorizing)
-    if exposure is not None:
-        raise ValueError(exposure)
     if args.ssl_ca is not None and not any(listener.name == SSL for listener in listeners):
         raise ValueError(
             "--ssl-ca names the clients of SSL listeners, and there is none (SASL_SSL asks none)"
@@ -396,6 +387,10 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         max_unsent_bytes=args.max_unsent_bytes,
         retention_check_ms=args.retention_check_ms,
     )
+    authorizing = config.authenticates_clients or bool(config.super_users) or root_has_acls(args.root)
+    exposure = anonymous_exposure(listeners, args.allow_anonymous, args.ssl_ca is not None, authorizing)
+    if exposure is not None:
+        raise ValueError(exposure)
     tls_files = [] if config.tls is None else [config.tls.cert, config.tls.key, config.tls.ca]
     for path in filter(None, tls_files):
         try:

@@ -337,13 +337,13 @@ class AclSet:
         if decided is None:
             decided = self._decide(principal, host, operation, resource_type, name)
             chars = len(principal) + len(host) + len(name)
-            if (
-                len(self._decided) >= MAX_DECISIONS_CACHED
-                or self._decided_chars + chars > MAX_CACHED_NAME_CHARS
-            ):
-                self._decided.clear()
-                self._decided_chars = 0
-            if chars <= MAX_CACHED_NAME_CHARS // 64:  # (a name this long is decided afresh each time)
+            if chars <= MAX_CACHED_NAME_CHARS // 64:  # (a longer name is decided afresh each time)
+                if (
+                    len(self._decided) >= MAX_DECISIONS_CACHED
+                    or self._decided_chars + chars > MAX_CACHED_NAME_CHARS
+                ):
+                    self._decided.clear()
+                    self._decided_chars = 0
                 self._decided[key] = decided
                 self._decided_chars += chars
         return decided

@@ -84,13 +84,16 @@ class Authorizer:
         self._authenticates = authenticates
 
     def enforced(self) -> bool:
-        return self._authenticates or bool(self.super_users) or self.store.current()[1]
+        return self._enforced(self.store.current()[1])
+
+    def _enforced(self, ever_had_acls: bool) -> bool:
+        return self._authenticates or bool(self.super_users) or ever_had_acls
 
     def access(self, session: Any, host: str) -> Access:
         principal = getattr(session, "principal", ANONYMOUS)
         if principal in self.super_users:
             return Access(principal, host, None)
         acls, ever_had_acls = self.store.current()
-        if not (self._authenticates or self.super_users or ever_had_acls):
+        if not self._enforced(ever_had_acls):
             return Access(principal, host, None)
         return Access(principal, host, acls)

@@ -67,6 +67,14 @@ from oncelog.storage.fs import DEFAULT_FS
 PASSWORD: Final = "correct horse battery staple"
 TIMEOUT_S: Final = 20.0
 _names = itertools.count()
+# kafka-python's filter of every ACL.
+EVERY_ACL: Final = ACLFilter(
+    None,
+    None,
+    ACLOperation.ANY,
+    ACLPermissionType.ANY,
+    ResourcePatternFilter(KafkaResourceType.ANY, None, ACLResourcePatternType.ANY),
+)
 
 
 @dataclass
@@ -478,15 +486,9 @@ def test_a_principal_without_alter_on_the_cluster_cannot_change_acls(guarded: Gu
     # DescribeAcls answers CLUSTER_AUTHORIZATION_FAILED at the top; librdkafka drops that error
     # (rd_kafka_DescribeAclsResponse_parse reads it and returns an empty list), kafka-python raises it.
     python_admin = KafkaAdminClient(**guarded.python("bob"))
-    every = ACLFilter(
-        None,
-        None,
-        ACLOperation.ANY,
-        ACLPermissionType.ANY,
-        ResourcePatternFilter(KafkaResourceType.ANY, None, ACLResourcePatternType.ANY),
-    )
+
     with pytest.raises(ClusterAuthorizationFailedError):
-        python_admin.describe_acls(every)
+        python_admin.describe_acls(EVERY_ACL)
     python_admin.close()
     stored = guarded.server.server.broker.authorizer.store.current()[0].acls
     assert not [a for a in stored if a.resource_type is ResourceType.TOPIC and a.name == "*"]
@@ -554,15 +556,9 @@ def test_a_server_that_authorizes_nothing_refuses_the_acl_apis_and_stores_nothin
             next(iter(admin.create_acls([anyone]).values())).result(TIMEOUT_S)
         assert refused.value.args[0].code() == KafkaError.SECURITY_DISABLED
         python_admin = KafkaAdminClient(bootstrap_servers=running.bootstrap)
-        every = ACLFilter(
-            None,
-            None,
-            ACLOperation.ANY,
-            ACLPermissionType.ANY,
-            ResourcePatternFilter(KafkaResourceType.ANY, None, ACLResourcePatternType.ANY),
-        )
+
         with pytest.raises(SecurityDisabledError):
-            python_admin.describe_acls(every)
+            python_admin.describe_acls(EVERY_ACL)
         python_admin.close()
         acls, ever = running.server.broker.authorizer.store.current()
         assert len(acls) == 0 and not ever
