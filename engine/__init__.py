@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from oncelog import errors
     from oncelog.config import LogConfig
     from oncelog.errors import (
+        CleanerError,
         CorruptLogError,
         CorruptMetadataError,
         CorruptRecordError,
@@ -74,6 +75,7 @@ _HOME = {
     "LogConfig": "oncelog.config",
     **dict.fromkeys(
         [
+            "CleanerError",
             "CorruptLogError",
             "CorruptMetadataError",
             "CorruptRecordError",
@@ -127,6 +129,7 @@ _HOME = {
 __all__ = [
     "AppendResult",
     "BatchMetadata",
+    "CleanerError",
     "CorruptLogError",
     "CorruptMetadataError",
     "CorruptRecordError",

@@ -10,6 +10,9 @@ from oncelog.segments.compression import MAX_DECOMPRESSED_BYTES
 TimestampType = Literal["CreateTime", "LogAppendTime"]
 OnCorruption = Literal["raise", "truncate"]
 # Kafka's compression.type: "producer" stores batches as the client compressed them.
+# Kafka's cleanup.policy: delete whole old segments, keep each key's newest record, or both.
+CleanupPolicy = Literal["delete", "compact", "compact,delete"]
+CLEANUP_POLICIES: tuple[CleanupPolicy, ...] = ("delete", "compact", "compact,delete")
 CompressionType = Literal["producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"]
 COMPRESSION_TYPES: tuple[CompressionType, ...] = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
 
@@ -37,10 +40,21 @@ class LogConfig:
     # into this one (its records' bytes and every header field kept but the codec bits,
     # the length and the CRC), as Kafka's broker does; "producer" stores it as sent.
     compression_type: CompressionType = "producer"
-    # Kafka's delete.retention.ms: how long a compacted log keeps tombstones. Stored for
-    # the topic; a log whose segments are only deleted whole (every log here) ignores it,
-    # as Kafka's delete-policy logs do.
+    # Kafka's cleanup.policy. "compact" keeps each key's newest record (oncelog.log_cleaner)
+    # and refuses records without a key; "delete" applies retention_ms / retention_bytes;
+    # "compact,delete" does both.
+    cleanup_policy: CleanupPolicy = "delete"
+    # Kafka's delete.retention.ms: a compacted log keeps a tombstone (and an emptied
+    # transaction's marker) this long after the cleaning that first saw it.
     delete_retention_ms: int = 24 * 3600 * 1000
+    # Kafka's min.cleanable.dirty.ratio: a compacted log is cleaned once the part not yet
+    # cleaned is at least this share of its cleanable bytes.
+    min_cleanable_dirty_ratio: float = 0.5
+    # Kafka's min.compaction.lag.ms / max.compaction.lag.ms: a record stays uncompacted at
+    # least the first, and a dirty log is cleaned, whatever its ratio, once its oldest
+    # dirty segment is older than the second (by batch timestamps, as Kafka's).
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = 2**63 - 1
     # fsync after this many appended messages / this long since the last flush;
     # None leaves durability to explicit flush() calls (Kafka's default).
     flush_messages: int | None = None
@@ -107,6 +121,7 @@ class LogConfig:
             raise ValueError(f"producer_capacity must be positive, got {self.producer_capacity}")
         if self.delete_retention_ms < 0:
             raise ValueError(f"delete_retention_ms must be >= 0, got {self.delete_retention_ms}")
+        self._check_compaction()
         if self.compression_type not in COMPRESSION_TYPES:
             raise ValueError(
                 f"compression_type must be one of {COMPRESSION_TYPES}, got {self.compression_type!r}"
@@ -115,3 +130,25 @@ class LogConfig:
             raise ValueError(
                 f"timestamp_type must be CreateTime or LogAppendTime, got {self.timestamp_type!r}"
             )
+
+    @property
+    def compacted(self) -> bool:
+        """Whether the cleaner keeps only each key's newest record (and keys are required)."""
+        return self.cleanup_policy != "delete"
+
+    @property
+    def deletes_old_segments(self) -> bool:
+        """Whether retention_ms / retention_bytes delete whole old segments."""
+        return self.cleanup_policy != "compact"
+
+    def _check_compaction(self) -> None:
+        if self.cleanup_policy not in CLEANUP_POLICIES:
+            raise ValueError(f"cleanup_policy must be one of {CLEANUP_POLICIES}, got {self.cleanup_policy!r}")
+        if not 0.0 <= self.min_cleanable_dirty_ratio <= 1.0:
+            raise ValueError(
+                f"min_cleanable_dirty_ratio must be in [0, 1], got {self.min_cleanable_dirty_ratio}"
+            )
+        if self.min_compaction_lag_ms < 0:
+            raise ValueError(f"min_compaction_lag_ms must be >= 0, got {self.min_compaction_lag_ms}")
+        if self.max_compaction_lag_ms < 1:
+            raise ValueError(f"max_compaction_lag_ms must be >= 1, got {self.max_compaction_lag_ms}")

@@ -139,3 +139,8 @@ class TransactionCoordinatorFencedError(OncelogError):
 def read_only_error(what: str, path: str, other: str | None = None) -> PermissionError:
     """The error a read-only seam raises for a call that would create or change `path`."""
     return PermissionError(errno.EROFS, f"read-only: {what} refused", path, None, other)
+
+
+class CleanerError(OncelogError):
+    """A cleaning pass could not write its cleaned segment (a full disk, say); the segment
+    and the log are as they were, and the next pass tries again."""

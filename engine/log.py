@@ -27,6 +27,7 @@ from oncelog.errors import (
 )
 from oncelog.group_commit import GroupCommit
 from oncelog.log_appends import LogAppends, roll_needed
+from oncelog.log_cleaner import LogCleaning
 from oncelog.log_durability import LogDurability
 from oncelog.log_lifecycle import LogLifecycle
 from oncelog.log_reads import LogReads
@@ -63,9 +64,9 @@ LOCK_FILE = LEGACY_LOCK_FILE  # where a log outside a LogManager root keeps its 
 METADATA_DIR = "meta.lmdb"
 
 
-class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
+class Log(LogAppends, LogCleaning, LogDurability, LogLifecycle, LogReads):
     """One partition directory: open and close here, each other concern in its own module
-    (appends, durability, lifecycle, reads; see oncelog.log_state)."""
+    (appends, cleaning, durability, lifecycle, reads; see oncelog.log_state)."""
 
     def __init__(
         self,
@@ -108,6 +109,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
         self._last_flush_ms = clock()
         self._has_flush_policy = config.flush_messages is not None or config.flush_ms is not None
         self._log_append_time = config.timestamp_type == "LogAppendTime"
+        self._requires_keys = config.compacted  # a compacted log refuses records without a key
         self._stored_codec = stored_codec(config.compression_type)
         self._segment_bytes_limit = config.segment_bytes
         self._max_batch_bytes = config.max_batch_bytes
@@ -118,6 +120,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
         self._fsync_lock = threads.lock()
         self._recovery_point_lock = threads.lock()
         self._generation = 0
+        self._truncations = 0  # (oncelog.log_cleaner)
         # The last flush's fsynced end and its generation, and when the recovery point was
         # last committed: a flush commits it only every recovery_point_interval_ms.
         self._fsynced_point = (loaded.recovery_point, 0, 0, -1)  # (generation -1: none yet)
@@ -219,6 +222,7 @@ class Log(LogAppends, LogDurability, LogLifecycle, LogReads):
             self.config = dataclasses.replace(config, **kept)
             self._has_flush_policy = config.flush_messages is not None or config.flush_ms is not None
             self._log_append_time = config.timestamp_type == "LogAppendTime"
+            self._requires_keys = config.compacted
             self._stored_codec = stored_codec(config.compression_type)
             self._segment_bytes_limit = config.segment_bytes
             self._max_batch_bytes = config.max_batch_bytes

@@ -41,7 +41,7 @@ from oncelog.storage.checkpoint import (
     CLIENT_ONLY_KEY,
     write_offsets,
 )
-from oncelog.validation import Origin, batch_buffer, client_batch_header, validate_batch
+from oncelog.validation import Origin, batch_buffer, client_batch_header, refuse_keyless, validate_batch
 
 # Builds a NamedTuple without its Python-level __new__: half the cost on the append path.
 _new_result = tuple.__new__
@@ -85,6 +85,7 @@ class LogAppends(LogState):
             or self._failure is not None
             or self._log_append_time
             or self._stored_codec is not None
+            or self._requires_keys
             or not self._segments
         ):
             return
@@ -125,7 +126,12 @@ class LogAppends(LogState):
         if type(batch_bytes) is not bytes:
             batch_bytes = batch_buffer(batch_bytes)
         if not durable:
-            if origin != "client" or self._log_append_time or self._stored_codec is not None:
+            if (
+                origin != "client"
+                or self._log_append_time
+                or self._stored_codec is not None
+                or self._requires_keys
+            ):
                 return self.append_batches([batch_bytes], origin=origin)[0]
             compiled = self._compiled_appender
             if compiled is None and self._bind_pending:
@@ -288,6 +294,9 @@ class LogAppends(LogState):
             )
             for buffer in batches
         ]
+        if self._requires_keys and origin == "client":
+            for view in views:
+                refuse_keyless(view, self.directory)
         with self._lock:
             self._check_writable()
             now_ms = self._clock()

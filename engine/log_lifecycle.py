@@ -18,8 +18,10 @@ from oncelog.recovery.loader import LogLoader
 from oncelog.segments import format as fmt
 from oncelog.storage import snapshot as snapshots
 from oncelog.storage.checkpoint import (
+    CLEANER_CHECKPOINT_KEY,
     LOG_START_KEY,
     RecoveryPoint,
+    read_offset,
     write_offsets,
     write_recovery_point,
 )
@@ -56,6 +58,7 @@ class LogLifecycle(LogState):
             cut = self._segments[n]
             with self._fsync_lock, self._failing_closed(f"truncating {self.directory} to {offset}"):
                 self._raise_if_failed()  # a flush may have failed while this waited for the lock
+                self._truncations += 1  # a cleaning pass planned before this stops (log_cleaner)
                 # The end of the batches kept: `offset`, or below it when the cut takes a batch
                 # holding it or lands in a gap a leader's compaction left.
                 position, new_end = cut.batch_start_at_or_after(offset)
@@ -71,6 +74,10 @@ class LogLifecycle(LogState):
                     later.delete()  # fsyncs the directory
                 del self._segments[n + 1 :], self._base_offsets[n + 1 :]
                 cut.cut_at(position, new_end)
+                checkpoint = read_offset(self._store, CLEANER_CHECKPOINT_KEY)
+                if checkpoint is not None and checkpoint > new_end:
+                    # What is appended past the cut is dirty: the cleaner must not skip it.
+                    write_offsets(self._store, {CLEANER_CHECKPOINT_KEY: new_end})
                 if new_end < self._log_start_offset:
                     # The cut took the batch holding the start: the log starts afresh at the
                     # cut (Kafka truncates fully there), and durably, or a reload would put
@@ -110,7 +117,7 @@ class LogLifecycle(LogState):
         Whole segments only, oldest first, never the active one. A segment is past
         retention_ms when its newest timestamp is (when no batch is stamped, when its file
         was last written); past retention_bytes while the log stays at least that large
-        without it (Kafka's rules).
+        without it (Kafka's rules). A log whose cleanup_policy is "compact" alone deletes none.
         """
         if now_ms is not None:
             fmt.check_int("now_ms", now_ms, "i64")
@@ -118,6 +125,8 @@ class LogLifecycle(LogState):
             self._check_writable()
             now_ms = self._clock() if now_ms is None else now_ms
             retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
+            if not self.config.deletes_old_segments:
+                retention_ms = retention_bytes = None
             excess_bytes = self.size_bytes - retention_bytes if retention_bytes is not None else 0
             expired = 0
             for segment in self._segments[:-1]:

@@ -18,6 +18,9 @@ ones in a bounded thread pool, which overlaps the fsyncs that dominate their rec
 and the clean ones (Python throughout, which threads cannot overlap) in turn on one of
 its threads. `recovery_summary` says what it read and did.
 
+Long on purpose: one class per concept, as Kafka's LogManager; opening, per-topic
+config, maintenance (retention, cleaning, checkpoints) and deletes share its locks.
+
 Deleting a partition is made crash-safe with a durable intent, not a directory
 rename: `delete/<topic>-<partition>` is committed before the log is closed and
 cleared after the directory is gone, so a crash or a failed removal mid-delete is
@@ -48,6 +51,7 @@ from oncelog.errors import (
 from oncelog.layout import TopicPartition, parse_partition_dir_name, validate_topic_partition
 from oncelog.lock_wait import wait_while_locked
 from oncelog.log import Log
+from oncelog.log_cleaner_threads import BackgroundCleaner
 from oncelog.partition_opening import (
     PartitionLock,
     close_partitions,
@@ -74,6 +78,7 @@ from oncelog.root_config import (
 from oncelog.root_config import read_root_config as read_root_config
 from oncelog.root_config import read_topic_config as read_topic_config
 from oncelog.root_identity import ensure_root_id
+from oncelog.segment_cleaning import CleanStats
 from oncelog.storage.clean_marker import CleanMarker, take_clean_marker
 from oncelog.storage.fs import (
     DEFAULT_FS,
@@ -173,6 +178,7 @@ class LogManager:
         # Guards the partition map and the store; never held while a Log recovers.
         self._lock = threading.RLock()
         self._closed = False
+        self._cleaner: BackgroundCleaner | None = None
         self.recovery_summary = RecoverySummary.empty(recovery_threads)
 
     @classmethod
@@ -450,6 +456,38 @@ class LogManager:
             raise first_error
         return total
 
+    def clean(self, now_ms: int | None = None) -> CleanStats:
+        """One cleaning pass on every compacted partition now (Log.clean); the totals."""
+        totals = CleanStats()
+
+        def clean_one(log: Log) -> int:
+            totals.add(log.clean(now_ms).stats)
+            return 0
+
+        self._on_every_log(clean_one)
+        return totals
+
+    def start_cleaner(self, **options: Any) -> BackgroundCleaner:
+        """Start the background cleaner (oncelog.log_cleaner_threads; `options` are its
+        threads, io_bytes_per_s, backoff_ms and key_map_bytes); close() stops it."""
+        with self._lock:
+            self._check_open()
+            if self._cleaner is not None:
+                raise ValueError(f"the cleaner of {self.root} is already running")
+            self._cleaner = BackgroundCleaner(self.logs, **options)
+            return self._cleaner
+
+    def stop_cleaner(self) -> None:
+        """Stop the background cleaner, if running (a pass ends at its next segment)."""
+        with self._lock:
+            cleaner, self._cleaner = self._cleaner, None
+        if cleaner is not None:
+            cleaner.stop()
+
+    @property
+    def cleaner(self) -> BackgroundCleaner | None:
+        return self._cleaner
+
     def flush(self) -> None:
         for log in self.logs().values():
             log.flush()
@@ -459,6 +497,7 @@ class LogManager:
 
     def close(self) -> None:
         """Close every log (flush, snapshot, clean marker), the PID manager and the root lock."""
+        self.stop_cleaner()  # first: a pass ends at its next segment, before the logs close
         with self._lock:
             if self._closed:
                 return

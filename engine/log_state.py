@@ -94,6 +94,8 @@ class LogState:
     _has_flush_policy: bool
     _log_append_time: bool
     _stored_codec: int | None  # client batches are stored in this codec (None: as sent)
+    _requires_keys: bool  # a compacted log: client records without a key are refused
+    _truncations: int  # truncate_to calls: a cleaning pass planned before one stops
     _segment_bytes_limit: int
     _segment_ms: int
     _max_batch_bytes: int

@@ -15,6 +15,7 @@ import crc32c
 from oncelog.compiled_append import client_batch_passes
 from oncelog.config import CompressionType
 from oncelog.errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
+from oncelog.segments import compaction
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, check_batch_records
 from oncelog.segments.compression import compress, decompress
@@ -106,6 +107,18 @@ def validate_batch(
     return _stored_in(
         codec, with_records_max_timestamp(batch, max_ts_delta), max_batch_bytes, max_decompressed_bytes
     )
+
+
+def refuse_keyless(batch: RecordBatch, directory: str) -> None:
+    """InvalidRecordError for a batch with a record without a key: a compacted log keeps
+    each key's newest record, so one without a key could never be cleaned (Kafka's rule)."""
+    body = compaction.records_body(batch)
+    for index, span in enumerate(compaction.record_spans(body, batch.records_count)):
+        if span.key is None:
+            raise InvalidRecordError(
+                f"compacted topic cannot accept a record without a key: record {index} of the batch "
+                f"for {directory}"
+            )
 
 
 def _stored_in(

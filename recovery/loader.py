@@ -57,6 +57,7 @@ from oncelog.recovery.plan import (
     replay_starts_over,
     snapshot_limit,
 )
+from oncelog.recovery.swaps import settled_listing
 from oncelog.recovery.tail_rows import CompiledTailScan, ScanTail
 from oncelog.segments.batch import RecordBatch
 from oncelog.segments.control import decode_txn_marker
@@ -269,7 +270,7 @@ class LogLoader:
     # -- the steps -------------------------------------------------------------------
     def _load(self) -> int | None:
         # One listing for the start of the load: it grows with the segment count.
-        listing = self.fs.list_entries(self.directory)
+        listing = settled_listing(self.fs, self.directory)  # (a cleaning's swap a crash interrupted)
         names = listing.names
         self._remove_temp_files(names)  # removes only .tmp names, which nothing below reads
         self._snapshots_listed = snapshots.list_snapshot_offsets(self.fs, self.directory, names)

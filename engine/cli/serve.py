@@ -290,6 +290,30 @@ def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         "(Kafka's log.retention.check.interval.ms; default: %(default)s)",
     )
     parser.add_argument(
+        "--cleaner-threads",
+        type=int,
+        default=_DEFAULTS.cleaner_threads,
+        metavar="N",
+        help="threads cleaning compacted topics (cleanup.policy=compact) in the background; 0: none "
+        "(Kafka's log.cleaner.threads; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cleaner-io-bytes-per-s",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="the most bytes per second the cleaner reads and writes, all threads together "
+        "(Kafka's log.cleaner.io.max.bytes.per.second; default: no cap)",
+    )
+    parser.add_argument(
+        "--cleaner-backoff-ms",
+        type=int,
+        default=_DEFAULTS.cleaner_backoff_ms,
+        metavar="MS",
+        help="how long a cleaner thread sleeps when no compacted topic is due "
+        "(Kafka's log.cleaner.backoff.ms; default: %(default)s)",
+    )
+    parser.add_argument(
         "--max-unsent-bytes",
         type=int,
         default=_DEFAULTS.max_unsent_bytes,
@@ -386,6 +410,9 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         first_request_ms=args.first_request_ms,
         max_unsent_bytes=args.max_unsent_bytes,
         retention_check_ms=args.retention_check_ms,
+        cleaner_threads=args.cleaner_threads,
+        cleaner_io_bytes_per_s=args.cleaner_io_bytes_per_s,
+        cleaner_backoff_ms=args.cleaner_backoff_ms,
     )
     authorizing = config.authenticates_clients or bool(config.super_users) or root_has_acls(args.root)
     exposure = anonymous_exposure(listeners, args.allow_anonymous, args.ssl_ca is not None, authorizing)

@@ -94,6 +94,12 @@ class Server:
         self.port = self.listeners[0].port
         self.broker.config = _bound(self.config, self.listeners)
         self._retention = asyncio.create_task(self._apply_retention_periodically())
+        if self.config.cleaner_threads:
+            self.broker.manager.start_cleaner(
+                threads=self.config.cleaner_threads,
+                io_bytes_per_s=self.config.cleaner_io_bytes_per_s,
+                backoff_ms=self.config.cleaner_backoff_ms,
+            )
         self._coordination = [
             asyncio.create_task(self.broker.groups.run_sweeper()),
             asyncio.create_task(self.broker.transactions.run_timeouts()),
@@ -209,6 +215,7 @@ class Server:
             listening.close()
         if self._retention is not None:
             self._retention.cancel()
+        await self.broker.in_thread(self.broker.manager.stop_cleaner)
         for task in self._coordination:
             task.cancel()
         loop = asyncio.get_running_loop()

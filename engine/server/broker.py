@@ -153,6 +153,12 @@ class ServeConfig:
     max_unsent_bytes: int = 256 * 1024 * 1024
     # How often retention (retention_ms, retention_bytes) runs: Kafka's log.retention.check.interval.ms.
     retention_check_ms: int = 300_000
+    # The background cleaner of compacted topics: Kafka's log.cleaner.threads (0: none, as
+    # log.cleaner.enable=false), log.cleaner.io.max.bytes.per.second (None: no cap) and
+    # log.cleaner.backoff.ms (how long a thread sleeps when no log is due).
+    cleaner_threads: int = 1
+    cleaner_io_bytes_per_s: int | None = None
+    cleaner_backoff_ms: int = 15_000
     groups: GroupLimits = field(default_factory=GroupLimits)
     # Kafka's transaction.max.timeout.ms: a producer asking for more gets INVALID_TRANSACTION_TIMEOUT.
     transaction_max_timeout_ms: int = 900_000
@@ -189,6 +195,12 @@ class ServeConfig:
                 or not principal.isprintable()
             ):
                 raise ValueError(f"a super user is a principal such as User:alice, got {principal!r}")
+        if (
+            self.cleaner_threads < 0
+            or self.cleaner_backoff_ms <= 0
+            or (self.cleaner_io_bytes_per_s or 1) <= 0
+        ):
+            raise ValueError("cleaner threads must be 0 or more, its backoff and I/O cap positive")
         if self.failed_authentication_delay_ms < 0:
             raise ValueError("the failed authentication delay must be 0 or more")
         if not 1 <= self.partitions <= MAX_PARTITIONS_PER_TOPIC:

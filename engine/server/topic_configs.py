@@ -2,7 +2,7 @@
 
 Each Kafka topic config a client may name maps to one LogConfig field (a per-topic
 override, LogManager.set_topic_config) or to a fixed value this server does not let
-change (replication and compaction settings of a single node without a log cleaner).
+change (the replication settings of a single node).
 Values are Kafka's strings: "-1" for no limit where LogConfig has None.
 
 Sources are Kafka's DescribeConfigs codes: a topic's override is DYNAMIC_TOPIC_CONFIG,
@@ -25,7 +25,7 @@ DYNAMIC_TOPIC_CONFIG: Final = 1
 STATIC_BROKER_CONFIG: Final = 4
 DEFAULT_CONFIG: Final = 5
 # DescribeConfigs' config types (KIP-569).
-BOOLEAN, STRING, INT, LONG, LIST = 1, 2, 3, 5, 7
+BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
 # Kafka's "never" for the flush settings (Long.MAX_VALUE).
 _NEVER: Final = str(2**63 - 1)
 
@@ -134,11 +134,32 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfig]] = {
         ),
         TopicConfig(
             "cleanup.policy",
-            None,
+            "cleanup_policy",
             LIST,
-            "Whole segments past retention are deleted.",
+            "delete: whole segments past retention go; compact: each key's newest record is kept "
+            "(records need a key); compact,delete: both.",
             "log.cleanup.policy",
-            fixed="delete",
+        ),
+        TopicConfig(
+            "min.cleanable.dirty.ratio",
+            "min_cleanable_dirty_ratio",
+            DOUBLE,
+            "A compacted log is cleaned once its uncleaned part is at least this share of it.",
+            "log.cleaner.min.cleanable.ratio",
+        ),
+        TopicConfig(
+            "min.compaction.lag.ms",
+            "min_compaction_lag_ms",
+            LONG,
+            "A record stays uncompacted at least this long.",
+            "log.cleaner.min.compaction.lag.ms",
+        ),
+        TopicConfig(
+            "max.compaction.lag.ms",
+            "max_compaction_lag_ms",
+            LONG,
+            "A dirty compacted log is cleaned once its oldest uncleaned record is this old.",
+            "log.cleaner.max.compaction.lag.ms",
         ),
         TopicConfig(
             "compression.type",
@@ -151,7 +172,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfig]] = {
             "delete.retention.ms",
             "delete_retention_ms",
             LONG,
-            "How long a compacted topic keeps tombstones (none here: cleanup.policy delete, as in Kafka).",
+            "How long a compacted topic keeps a tombstone after the cleaning that first saw it.",
             "log.cleaner.delete.retention.ms",
         ),
         TopicConfig(
@@ -264,6 +285,7 @@ BROKER_CONFIGS: Final = (
 )
 
 
+_DEFAULT_POLICY = LogConfig().cleanup_policy
 # IncrementalAlterConfigs' operations.
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 _INT_FIELDS_WITH_NONE = {"retention_ms", "retention_bytes", "flush_messages", "flush_ms"}
@@ -296,6 +318,10 @@ def parse_value(name: str, value: str | None) -> tuple[str | None, Any]:
         if value.strip().lower() != (config.fixed or "").lower():
             raise InvalidConfigError(f"{name} is {config.fixed} on this server and cannot be {value!r}")
         return None, None
+    if config.config_type == LIST:
+        return config.field, _cleanup_policy(name, value.split(","))
+    if config.config_type == DOUBLE:
+        return config.field, _ratio(name, value)
     if config.config_type == STRING:
         choices = _STRING_CHOICES[config.field]
         value = value.strip()  # (as Kafka reads string configs)
@@ -314,6 +340,26 @@ def parse_value(name: str, value: str | None) -> tuple[str | None, Any]:
         unlimited = f" (or {config.unlimited}: no limit)" if config.field in _INT_FIELDS_WITH_NONE else ""
         raise InvalidConfigError(f"{name} must be at least 0{unlimited}, got {number}")
     return config.field, number
+
+
+def _cleanup_policy(name: str, items: Iterable[str]) -> str:
+    """cleanup.policy's LogConfig value for Kafka's list of policies (either order)."""
+    policies = {item.strip() for item in items if item.strip()}
+    if not policies or not policies <= {"compact", "delete"}:
+        raise InvalidConfigError(
+            f"{name} is a list of compact and delete, not {','.join(sorted(policies))!r}"
+        )
+    return ",".join(sorted(policies))  # "compact", "delete" or "compact,delete"
+
+
+def _ratio(name: str, value: str) -> float:
+    try:
+        ratio = float(value.strip())
+    except ValueError:
+        raise InvalidConfigError(f"{name} is a number between 0 and 1, not {value!r}") from None
+    if not 0.0 <= ratio <= 1.0:  # (NaN too)
+        raise InvalidConfigError(f"{name} is a number between 0 and 1, not {value!r}")
+    return ratio
 
 
 def overrides_of(configs: Iterable[tuple[str, str | None]]) -> dict[str, Any]:
@@ -341,10 +387,13 @@ def altered(current: Mapping[str, Any], operations: Iterable[tuple[str, int, str
             if config.field is not None:
                 overrides.pop(config.field, None)
         elif operation in (APPEND, SUBTRACT):
-            if config.config_type != LIST:
+            if config.config_type != LIST or config.field is None:
                 raise InvalidConfigError(f"{name} is not a list: it cannot be appended to or subtracted from")
-            if operation == SUBTRACT or (value or "").strip() != config.fixed:
-                raise InvalidConfigError(f"{name} is {config.fixed} on this server (no log compaction yet)")
+            now = set(str(overrides.get(config.field, _DEFAULT_POLICY)).split(","))
+            given = {item.strip() for item in (value or "").split(",")}
+            overrides[config.field] = _cleanup_policy(
+                name, now | given if operation == APPEND else now - given
+            )
         else:
             raise InvalidConfigError(f"unknown config operation {operation} for {name}")
     return overrides

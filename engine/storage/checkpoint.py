@@ -51,6 +51,12 @@ CLIENT_ONLY_KEY = "client_appends_only"
 # The first offset a read may ask for: moved by delete_records and retention, durable
 # before the segments below it are deleted.
 LOG_START_KEY = "log_start_offset"
+# The end of the last cleaning pass of a compacted log: what lies past it is dirty
+# (oncelog.log_cleaner). Lost, the next pass takes the whole log as dirty: slower, not wrong.
+CLEANER_CHECKPOINT_KEY = "cleaner_checkpoint"
+# The earliest delete horizon (KIP-534) the last pass left in a batch: a tombstone or marker
+# may be removed from then on, so the background cleaner takes the log again then.
+CLEANER_HORIZON_KEY = "cleaner_delete_horizon_ms"
 # RETIRED_PREFIX + producer id -> the log end when Log.retire_producers forgot it. Until
 # a snapshot written after it holds the table without them, recovery replaying the
 # tail must not bring them back (they would take slots). Removed once one is durable.

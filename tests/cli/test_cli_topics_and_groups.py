@@ -60,7 +60,7 @@ def test_topics_are_created_with_configs_described_altered_grown_and_deleted(ser
     _, described, _ = oncelog(server, "topics", "describe", "cli-orders")
     assert "* segment.ms=3600000" in described and "* retention.ms" not in described
     assert "cli-orders: 3 partitions" in described
-    status, _, err = oncelog(server, "topics", "alter", "cli-orders", "--config", "cleanup.policy=compact")
+    status, _, err = oncelog(server, "topics", "alter", "cli-orders", "--config", "cleanup.policy=shred")
     assert status == 2 and "cleanup.policy" in err  # refused by name, nothing applied
     assert oncelog(server, "topics", "delete", "cli-orders")[0] == 0
     assert "cli-orders" not in oncelog(server, "topics", "list")[1]

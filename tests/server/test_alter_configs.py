@@ -92,8 +92,8 @@ def test_an_incremental_change_applies_to_the_open_logs_at_once_and_survives_a_s
     ("name", "value", "operation"),
     [
         ("no.such.config", "1", AlterConfigOpType.SET),
-        ("cleanup.policy", "compact", AlterConfigOpType.SET),  # no log compaction yet
-        ("cleanup.policy", "compact", AlterConfigOpType.APPEND),
+        ("cleanup.policy", "compacted", AlterConfigOpType.SET),
+        ("cleanup.policy", "delete", AlterConfigOpType.SUBTRACT),  # nothing would be left
         ("segment.bytes", "-5", AlterConfigOpType.SET),
         ("segment.bytes", "12", AlterConfigOpType.SET),  # a value LogConfig refuses
         ("retention.ms", "soon", AlterConfigOpType.SET),

@@ -67,7 +67,10 @@ def test_no_limit_is_kafkas_minus_one_for_retention_and_long_max_for_the_flush_s
     ("name", "value", "says"),
     [
         ("log.retention.ms", "1", "Unknown topic config name: log.retention.ms"),
-        ("cleanup.policy", "compact", "cleanup.policy is delete"),
+        ("cleanup.policy", "compacted", "cleanup.policy is a list of compact and delete"),
+        ("cleanup.policy", "", "cleanup.policy is a list of compact and delete"),
+        ("min.cleanable.dirty.ratio", "1.5", "between 0 and 1"),
+        ("min.cleanable.dirty.ratio", "nan", "between 0 and 1"),
         ("min.insync.replicas", "2", "min.insync.replicas is 1"),
         ("segment.bytes", "1e9", "segment.bytes is a whole number"),
         ("message.timestamp.type", "createtime", "one of CreateTime, LogAppendTime"),
@@ -94,11 +97,12 @@ def test_a_value_log_config_refuses_is_named_by_its_kafka_config() -> None:
 def test_incremental_steps_set_delete_and_refuse_appending_to_what_is_not_a_list() -> None:
     current = {"retention_ms": 5, "segment_ms": 9}
     steps = [("retention.ms", DELETE, None), ("flush.ms", SET, "100"), ("cleanup.policy", APPEND, "delete")]
-    assert altered(current, steps) == {"segment_ms": 9, "flush_ms": 100}
+    assert altered(current, steps) == {"segment_ms": 9, "flush_ms": 100, "cleanup_policy": "delete"}
     assert current == {"retention_ms": 5, "segment_ms": 9}  # not changed in place
     for refused in (
         ("retention.ms", APPEND, "1"),
-        ("cleanup.policy", SUBTRACT, "delete"),
+        ("cleanup.policy", SUBTRACT, "delete"),  # nothing would be left
+        ("cleanup.policy", APPEND, "shred"),
         ("segment.ms", 9, "1"),
     ):
         with pytest.raises(InvalidConfigError):
@@ -131,4 +135,16 @@ def test_compression_and_tombstone_retention_are_stored_per_topic() -> None:
     assert overrides_of([("compression.type", " lz4"), ("delete.retention.ms", "900")]) == {
         "compression_type": "lz4",
         "delete_retention_ms": 900,
+    }
+
+
+def test_cleanup_policy_takes_either_order_and_appending_compact_to_delete_gives_both() -> None:
+    assert overrides_of([("cleanup.policy", "delete, compact")]) == {"cleanup_policy": "compact,delete"}
+    assert overrides_of([("cleanup.policy", "compact")]) == {"cleanup_policy": "compact"}
+    assert altered({}, [("cleanup.policy", APPEND, "compact")]) == {"cleanup_policy": "compact,delete"}
+    both = {"cleanup_policy": "compact,delete"}
+    assert altered(both, [("cleanup.policy", SUBTRACT, "delete")]) == {"cleanup_policy": "compact"}
+    assert overrides_of([("min.cleanable.dirty.ratio", "0.25"), ("min.compaction.lag.ms", "10")]) == {
+        "min_cleanable_dirty_ratio": 0.25,
+        "min_compaction_lag_ms": 10,
     }
