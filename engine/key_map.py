@@ -29,7 +29,8 @@ def key_digests(keys: Iterable[bytes]) -> npt.NDArray[np.bytes_]:
 
 
 class KeyMap:
-    """Newest offset per key digest; at most `capacity_keys` keys."""
+    """Newest offset per key digest. The cleaner puts a segment only while `room_for` says
+    its keys fit `capacity_keys`, and always the first (a pass cleans at least one segment)."""
 
     def __init__(self, capacity_keys: int):
         assert capacity_keys > 0, capacity_keys
@@ -63,7 +64,6 @@ class KeyMap:
         last_of_run[:-1] = all_digests[1:] != all_digests[:-1]
         self._digests, self._offsets = all_digests[last_of_run], all_offsets[last_of_run]
         self.last_offset = int(offsets[-1])
-        assert len(self._digests) <= self.capacity_keys, (len(self._digests), self.capacity_keys)
 
     def newest(self, digests: npt.NDArray[np.bytes_]) -> npt.NDArray[np.int64]:
         """For each digest, the newest offset put for it, or NOT_FOUND."""

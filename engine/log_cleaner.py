@@ -287,11 +287,20 @@ class LogCleaning(LogState):
         old = self._segments[n]
         stem = os.path.join(self.directory, f"{old.base_offset:020d}")
         self._write_cleaned(stem + CLEANED_SUFFIX, batches)
-        with self._fsync_lock, self._failing_closed(f"swapping the cleaned segment {stem}.log"):
+        with self._fsync_lock:
             self._raise_if_failed()
+            try:
+                self._fs.rename(stem + CLEANED_SUFFIX, stem + SWAP_SUFFIX)
+            except OSError as exc:  # not renamed: the old segment is still the truth
+                self._fs.unlink(stem + CLEANED_SUFFIX)
+                raise CleanerError(f"renaming {stem}{CLEANED_SUFFIX} failed: {exc}") from exc
+            self._finish_swap(n, old, stem)
+
+    def _finish_swap(self, n: int, old: LogSegment, stem: str) -> None:
+        """Steps 2-4 once the swap file exists: a failure fails the log (a reopen finishes them)."""
+        with self._failing_closed(f"swapping the cleaned segment {stem}.log"):
             with self._recovery_point_lock:
                 self._generation += 1  # a segment file is about to close: no flush may fsync it
-            self._fs.rename(stem + CLEANED_SUFFIX, stem + SWAP_SUFFIX)
             # fsync(dir): from here a crash finishes the swap at the next open (recovery.swaps).
             self._fs.fsync_dir(self.directory)
             old.close(durable=False)

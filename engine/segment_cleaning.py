@@ -148,16 +148,24 @@ class CleaningPass:
         """The batch's new bytes (b"" when it goes), or None when it stays as it is."""
         if batch.is_control:
             return self._clean_marker(batch, is_last)
+        cleaned = self._clean_data_batch(batch, spans, newest, is_last)
+        if batch.is_transactional and cleaned != b"":
+            # Kept, even empty: its marker must stay too, or a replay of the log would
+            # take the transaction for one still open.
+            self.txn_has_data[batch.producer_id] = True
+        return cleaned
+
+    def _clean_data_batch(
+        self, batch: RecordBatch, spans: list[RecordSpan], newest: Iterable[int], is_last: bool
+    ) -> bytes | None:
         keep_empty = is_last or batch.last_offset in self.protected_offsets
+        if batch.records_count == 0:  # emptied by an earlier pass: it stays only while it must
+            return None if keep_empty else self._emptied(batch, keep_empty)
         if self._aborted(batch):
             self.stats.records_removed += batch.records_count
             self.stats.aborted_records_removed += batch.records_count
             return self._emptied(batch, keep_empty)
-        if batch.records_count == 0:  # emptied by an earlier pass: it stays only while it must
-            return None if keep_empty else self._emptied(batch, keep_empty)
         kept = self._kept_records(batch, spans, iter(newest))
-        if batch.is_transactional and kept:
-            self.txn_has_data[batch.producer_id] = True
         horizon = self._new_horizon(batch) if any(span.value_is_null for span in kept) else None
         if len(kept) == len(spans) and horizon is None:
             return None

@@ -1,0 +1,343 @@
+"""Log.clean(): Kafka's cleaner rules on one partition, each as a scenario.
+
+What a cleaned log must still give: each key's newest record, tombstones for
+delete_retention_ms after the cleaning that first saw them, read_committed without aborted
+data, every producer's sequence and epoch, and the offsets and log end it had.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from log_helpers import read_all
+
+from oncelog import CleanerError, InvalidRecordError, Log, LogConfig
+from oncelog.key_map import BYTES_PER_KEY
+from oncelog.segments.batch import RecordBatch, encode_batch
+from oncelog.segments.compaction import delete_horizon_ms
+from oncelog.segments.records import Record
+
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "kafka"
+COMPACT = LogConfig(cleanup_policy="compact", segment_bytes=4096, retention_ms=None, delete_retention_ms=1000)
+T0 = 1_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_ms = T0
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def log(tmp_path: Path, clock: Clock) -> Iterator[Log]:
+    opened = Log.open(tmp_path / "p-0", COMPACT, clock=clock)
+    yield opened
+    opened.close()
+
+
+def put(
+    log: Log, *records: tuple[bytes, bytes | None], pid: int = -1, seq: int = -1, txn: bool = False
+) -> int:
+    result = log.append(
+        encode_batch(list(records), producer_id=pid, producer_epoch=0 if pid >= 0 else -1,
+                     base_sequence=seq, is_transactional=txn, timestamp_ms=T0)
+    )  # fmt: skip
+    return result.first_offset
+
+
+def records(log: Log, isolation: str = "read_uncommitted") -> list[Record]:
+    out: list[Record] = []
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        fetched = log.read(offset, isolation=isolation)  # type: ignore[arg-type]
+        if not fetched.batches:
+            break
+        out += list(fetched.records())
+        offset = fetched.next_offset
+    return out
+
+
+def fold(log: Log, isolation: str = "read_uncommitted") -> dict[bytes, bytes]:
+    state: dict[bytes, bytes] = {}
+    for record in records(log, isolation):
+        assert record.key is not None
+        if record.value is None:
+            state.pop(record.key, None)
+        else:
+            state[record.key] = record.value
+    return state
+
+
+def batches(log: Log) -> list[RecordBatch]:
+    return [RecordBatch(data) for _, data in read_all(log)]
+
+
+def updates(log: Log, rounds: int, keys: int) -> dict[bytes, bytes]:
+    for r in range(rounds):
+        for k in range(keys):
+            put(log, (f"k{k}".encode(), f"r{r}-{k}".encode()))
+    return {f"k{k}".encode(): f"r{rounds - 1}-{k}".encode() for k in range(keys)}
+
+
+def test_each_key_keeps_its_newest_record_and_offsets_do_not_change(log: Log) -> None:
+    expected = updates(log, rounds=20, keys=7)
+    log.roll()
+    before = {r.offset: (r.key, r.value) for r in records(log)}
+    end = log.log_end_offset
+    result = log.clean()
+    assert result.cleaned and result.stats.records_removed > 0
+    after = records(log)
+    assert fold(log) == expected
+    assert all(before[r.offset] == (r.key, r.value) for r in after)  # same offset, same record
+    assert [r.offset for r in after] == sorted({r.offset for r in after})
+    assert log.log_end_offset == end
+
+
+def test_the_active_segment_is_never_cleaned(log: Log) -> None:
+    updates(log, rounds=3, keys=2)  # all in the active segment: nothing sealed to clean
+    active = bytes(log.active_segment.path, "utf-8")
+    assert not log.clean().cleaned
+    assert len(records(log)) == 6 and bytes(log.active_segment.path, "utf-8") == active
+
+
+def test_each_segment_keeps_its_last_batch_so_segments_still_end_where_the_next_begins(log: Log) -> None:
+    updates(log, rounds=40, keys=1)
+    log.roll()
+    sealed = [(s.base_offset, s.next_offset) for s in log.segments[:-1]]
+    log.clean()
+    assert [(s.base_offset, s.next_offset) for s in log.segments[:-1]] == sealed
+    assert [r.value for r in records(log)] == [b"r39-0"]  # the other last batches are kept empty
+    assert sum(1 for b in batches(log) if b.records_count == 0) == len(sealed) - 1
+
+
+def test_a_producers_last_batches_are_kept_empty_so_a_retry_is_still_a_duplicate_after_reopen(
+    tmp_path: Path, log: Log
+) -> None:
+    sent = [encode_batch([(b"k", f"v{n}".encode())], producer_id=7, producer_epoch=0, base_sequence=n,
+                         timestamp_ms=T0) for n in range(5)]  # fmt: skip
+    firsts = [log.append(data).first_offset for data in sent]
+    put(log, (b"k", b"newest"))  # supersedes every record of producer 7
+    log.roll()
+    log.clean()
+    kept = [b for b in batches(log) if b.producer_id == 7]
+    assert [b.base_offset for b in kept] == firsts and all(b.records_count == 0 for b in kept)
+    log.close()
+    # Without its snapshots the producer's window comes back from the emptied batches alone.
+    for name in os.listdir(log.directory):
+        if name.endswith(".snapshot"):
+            os.unlink(os.path.join(log.directory, name))
+    reopened = Log.open(log.directory, COMPACT)
+    try:
+        for n, data in enumerate(sent):
+            result = reopened.append(data)
+            assert result.duplicate and result.first_offset == firsts[n]
+        assert reopened.producer_state(7) is not None
+        assert reopened.producer_state(7).last_sequence == 4  # type: ignore[union-attr]
+    finally:
+        reopened.close()
+
+
+def test_a_tombstone_lives_delete_retention_ms_after_the_cleaning_that_first_saw_it(
+    log: Log, clock: Clock
+) -> None:
+    put(log, (b"gone", b"value"))
+    put(log, (b"kept", b"value"))
+    put(log, (b"gone", None))
+    log.roll()
+    log.clean()
+    assert fold(log) == {b"kept": b"value"}
+    tombstones = [b for b in batches(log) if any(r.value is None for r in b.records())]
+    assert [delete_horizon_ms(b) for b in tombstones] == [T0 + 1000]
+    clock.now_ms = T0 + 999
+    log.clean()
+    assert [r.key for r in records(log) if r.value is None] == [b"gone"]  # before the horizon
+    clock.now_ms = T0 + 1000
+    log.clean()
+    assert [r.key for r in records(log)] == [b"kept"]  # the horizon has passed: gone
+
+
+def test_records_keep_their_timestamps_when_the_delete_horizon_moves_the_base_timestamp(log: Log) -> None:
+    log.append(encode_batch([Record(0, T0 - 5, b"a", None), Record(1, T0 + 7, b"b", b"x")], timestamp_ms=T0))
+    log.roll()
+    log.clean()
+    (batch,) = batches(log)
+    assert delete_horizon_ms(batch) == T0 + 1000
+    assert [(r.key, r.timestamp_ms) for r in batch.records()] == [(b"a", T0 - 5), (b"b", T0 + 7)]
+
+
+def test_aborted_transactions_lose_their_records_and_read_committed_stays_right(log: Log) -> None:
+    put(log, (b"k", b"committed"))
+    put(log, (b"k", b"aborted"), pid=9, seq=0, txn=True)
+    log.write_txn_marker(9, 0, commit=False, coordinator_epoch=0)
+    put(log, (b"other", b"x"))
+    log.roll()
+    assert fold(log, "read_committed") == {b"k": b"committed", b"other": b"x"}
+    result = log.clean()
+    assert result.stats.aborted_records_removed == 1
+    assert fold(log, "read_committed") == {b"k": b"committed", b"other": b"x"}
+    assert b"aborted" not in [r.value for r in records(log)]  # not even read_uncommitted sees it
+
+
+def test_a_commit_marker_goes_only_once_its_transaction_has_no_data_and_its_horizon_passed(
+    log: Log, clock: Clock
+) -> None:
+    put(log, (b"k", b"in-txn"), pid=9, seq=0, txn=True)
+    log.write_txn_marker(9, 0, commit=True, coordinator_epoch=0)
+    put(log, (b"k", b"newer"))  # the transaction's data is superseded...
+    for seq in range(1, 6):  # ...and out of the producer's window of 5 batches
+        put(log, (b"k", f"in-txn-{seq}".encode()), pid=9, seq=seq, txn=True)
+    log.write_txn_marker(9, 0, commit=True, coordinator_epoch=0)  # its data stays (kept empty)
+    put(log, (b"pad", b"x"), pid=5, seq=0)
+    put(log, (b"k", b"newest"))
+    log.roll()
+    log.clean()  # gives the first marker its horizon; its data is gone
+    markers = [b for b in batches(log) if b.is_control]
+    assert len(markers) == 2  # never deduplicated by their (equal) keys
+    clock.now_ms = T0 + 1000
+    log.clean()
+    remaining = [b for b in batches(log) if b.is_control]
+    assert [b.last_offset for b in remaining] == [markers[1].last_offset]  # the producer's last stays
+    assert fold(log, "read_committed") == {b"k": b"newest", b"pad": b"x"}
+
+
+def test_a_record_without_a_key_is_refused_and_nothing_is_written(log: Log) -> None:
+    with pytest.raises(InvalidRecordError, match="without a key"):
+        log.append(encode_batch([(b"k", b"v"), (None, b"v")]))
+    assert log.log_end_offset == 0
+    put(log, (b"k", b"v"), (b"j", None))  # a tombstone has a key: taken
+    assert log.log_end_offset == 2
+
+
+def test_min_compaction_lag_keeps_recent_segments_uncleaned(tmp_path: Path, clock: Clock) -> None:
+    config = LogConfig(cleanup_policy="compact", segment_bytes=4096, min_compaction_lag_ms=60_000)
+    with Log.open(tmp_path / "p-0", config, clock=clock) as log:
+        updates(log, rounds=10, keys=3)
+        log.roll()
+        assert not log.clean().cleaned  # every batch is stamped T0: younger than the lag
+        clock.now_ms = T0 + 60_000
+        assert log.clean().cleaned
+
+
+def test_if_due_waits_for_the_dirty_ratio_and_an_explicit_pass_does_not(tmp_path: Path) -> None:
+    config = LogConfig(cleanup_policy="compact", segment_bytes=4096, min_cleanable_dirty_ratio=0.9)
+    with Log.open(tmp_path / "p-0", config) as log:
+        updates(log, rounds=30, keys=3)
+        log.roll()
+        assert log.clean(if_due=True).cleaned  # everything is dirty: ratio 1.0
+        updates(log, rounds=1, keys=3)
+        log.roll()
+        due, ratio = log.cleaning_due()
+        assert not due and 0 < ratio < 0.9
+        assert not log.clean(if_due=True).cleaned
+        assert log.clean().cleaned
+
+
+def test_a_delete_policy_log_is_not_cleaned_and_a_compact_only_log_is_not_deleted_by_retention(
+    tmp_path: Path, clock: Clock
+) -> None:
+    with Log.open(tmp_path / "d-0", LogConfig(segment_bytes=4096), clock=clock) as deleting:
+        updates(deleting, rounds=10, keys=1)
+        deleting.roll()
+        assert not deleting.clean().cleaned and len(records(deleting)) == 10
+    config = LogConfig(cleanup_policy="compact", segment_bytes=4096, retention_ms=1)
+    with Log.open(tmp_path / "c-0", config, clock=clock) as compacted:
+        updates(compacted, rounds=40, keys=1)
+        compacted.roll()
+        clock.now_ms += 10_000
+        assert compacted.apply_retention() == 0 and compacted.log_start_offset == 0
+    both = LogConfig(cleanup_policy="compact,delete", segment_bytes=4096, retention_ms=1)
+    with Log.open(tmp_path / "c-0", both, clock=clock) as compacted_and_deleting:
+        assert compacted_and_deleting.apply_retention() > 0
+
+
+def test_a_full_key_map_ends_the_pass_at_a_segment_and_the_next_pass_goes_on(log: Log) -> None:
+    expected = updates(log, rounds=3, keys=200)
+    log.roll()
+    small = 30 * BYTES_PER_KEY  # fewer keys than a segment holds: one segment a pass
+    first = log.clean(key_map_bytes=small)
+    assert first.cleaned and first.cleaned_to < log.active_segment.base_offset
+    passes = 1
+    while log.cleanable_part().dirty_bytes:
+        assert log.clean(key_map_bytes=small).cleaned
+        passes += 1
+    assert passes > 2 and fold(log) == expected
+
+
+def test_a_cleaned_log_recovers_when_its_metadata_store_is_lost(log: Log) -> None:
+    expected = updates(log, rounds=10, keys=5)
+    log.roll()
+    log.clean()
+    put(log, (b"k0", b"after"))
+    expected[b"k0"] = b"after"
+    log.close()
+    shutil.rmtree(os.path.join(log.directory, "meta.lmdb"))
+    reopened = Log.open(log.directory, COMPACT)
+    try:
+        assert reopened.recovery_report.metadata_missing
+        assert fold(reopened) == expected
+    finally:
+        reopened.close()
+
+
+def test_a_truncation_during_a_pass_stops_it_with_the_checkpoint_unmoved(log: Log) -> None:
+    updates(log, rounds=30, keys=3)
+    log.roll()
+    cut_at = log.segments[1].base_offset
+
+    def truncate_once(_: int) -> None:
+        if log.log_end_offset > cut_at:
+            log.truncate_to(cut_at)
+
+    with pytest.raises(CleanerError, match="truncated"):
+        log.clean(throttle=truncate_once)
+    assert log.cleanable_part().first_dirty == 0  # the next pass takes everything as dirty again
+    log.roll()
+    assert log.clean().cleaned
+
+
+def test_a_failed_write_of_the_cleaned_segment_leaves_the_log_as_it_was(
+    log: Log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    updates(log, rounds=10, keys=2)
+    log.roll()
+    before = read_all(log)
+    real_open = log._fs.open
+
+    def full_disk(path: str, **kwargs: object) -> object:
+        if path.endswith(".cleaned"):
+            raise OSError(28, "No space left on device", path)
+        return real_open(path, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(log._fs, "open", full_disk)
+    with pytest.raises(CleanerError, match="left as it was"):
+        log.clean()
+    monkeypatch.undo()
+    assert read_all(log) == before and not [n for n in os.listdir(log.directory) if ".cleaned" in n]
+    put(log, (b"k0", b"still taking appends"))
+    assert log.clean().cleaned
+
+
+def test_a_kafka_consumer_offsets_partition_cleans_to_the_same_committed_view(tmp_path: Path) -> None:
+    source = FIXTURES / "LDI-POC" / "__consumer_offsets-6"
+    if not source.is_dir():
+        pytest.fail(f"fixture missing: {source}")
+    shutil.copytree(source, tmp_path / "__consumer_offsets-6")  # a scratch copy: opening writes to it
+    with Log.open(tmp_path / "__consumer_offsets-6", LogConfig(cleanup_policy="compact")) as log:
+        view = fold(log)
+        assert view
+        log.roll()
+        log.clean()
+        assert fold(log) == view
+        keys = [r.key for r in records(log) if r.offset < log.segments[-1].base_offset]
+        assert len(keys) == len(set(keys))  # below the cleaned point, one record per key
