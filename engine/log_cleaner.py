@@ -36,11 +36,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from oncelog.errors import CleanerError, CorruptLogError, CorruptRecordError
 from oncelog.key_map import BYTES_PER_KEY, KeyMap
 from oncelog.log_state import LogState
-from oncelog.recovery.swaps import CLEANED_SUFFIX, SWAP_SUFFIX, swap_into_place
+from oncelog.recovery.swaps import CLEANING, SWAPPING, settle_swaps, swap_into_place
 from oncelog.segment_cleaning import AbortedRanges, CleaningPass, CleanStats, digests_and_offsets
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch
-from oncelog.segments.segment import LogSegment
+from oncelog.segments.segment import LOG_SUFFIX, LogSegment
+from oncelog.segments.txn_index import TXN_INDEX_SUFFIX, AbortedTxn, encode_entries
 from oncelog.storage.checkpoint import (
     CLEANER_CHECKPOINT_KEY,
     CLEANER_HORIZON_KEY,
@@ -207,7 +208,9 @@ class LogCleaning(LogState):
                     continue
                 cleaned = cleaning.clean_segment(list(self._batches_of(segment)))
                 if cleaned is not None:
-                    self._swap_in(self._base_offsets.index(base), cleaned)
+                    entries = segment.txn_index.entries()
+                    kept = [txn for txn in entries if txn.last_offset not in cleaning.removed_markers]
+                    self._swap_in(self._base_offsets.index(base), cleaned, None if kept == entries else kept)
                 self._unmap_cold_indexes()
             if throttle is not None:
                 throttle(segment.size + sum(len(b) for b in cleaned or ()))
@@ -282,18 +285,32 @@ class LogCleaning(LogState):
                 ) from exc
             yield batch
 
-    def _swap_in(self, n: int, batches: list[bytes]) -> None:
-        """Replace segment n by `batches` (recovery.swaps: the protocol and its crash cases)."""
+    def _swap_in(self, n: int, batches: list[bytes], txn_entries: list[AbortedTxn] | None) -> None:
+        """Replace segment n by `batches`, and its transaction index by `txn_entries` when
+        markers went (None: kept as is). recovery.swaps holds the protocol and its crash cases."""
         old = self._segments[n]
         stem = os.path.join(self.directory, f"{old.base_offset:020d}")
-        self._write_cleaned(stem + CLEANED_SUFFIX, batches)
+        files = [(LOG_SUFFIX, batches)]
+        if txn_entries is not None:
+            files.insert(0, (TXN_INDEX_SUFFIX, [encode_entries(txn_entries)]))  # renamed first
+        try:
+            for suffix, data in files:
+                self._write_cleaned(stem + suffix + CLEANING, data)
+        except CleanerError:
+            settle_swaps(self._fs, self.directory, self._fs.listdir(self.directory))  # (removes them)
+            raise
         with self._fsync_lock:
             self._raise_if_failed()
             try:
-                self._fs.rename(stem + CLEANED_SUFFIX, stem + SWAP_SUFFIX)
-            except OSError as exc:  # not renamed: the old segment is still the truth
-                self._fs.unlink(stem + CLEANED_SUFFIX)
-                raise CleanerError(f"renaming {stem}{CLEANED_SUFFIX} failed: {exc}") from exc
+                if txn_entries is not None:
+                    self._fs.rename(stem + TXN_INDEX_SUFFIX + CLEANING, stem + TXN_INDEX_SUFFIX + SWAPPING)
+                    # fsync(dir): the index's swap must be durable before the log's, which a
+                    # reopen takes as the sign to swap both (recovery.swaps).
+                    self._fs.fsync_dir(self.directory)
+                self._fs.rename(stem + LOG_SUFFIX + CLEANING, stem + LOG_SUFFIX + SWAPPING)
+            except OSError as exc:  # no log swap: the old segment is still the truth
+                settle_swaps(self._fs, self.directory, self._fs.listdir(self.directory))
+                raise CleanerError(f"swapping in {stem}{LOG_SUFFIX} failed: {exc}; left as it was") from exc
             self._finish_swap(n, old, stem)
 
     def _finish_swap(self, n: int, old: LogSegment, stem: str) -> None:

@@ -92,12 +92,15 @@ class CleaningPass:
     stats: CleanStats = dataclasses.field(default_factory=CleanStats)
     # The earliest delete horizon of the batches kept (INT64_MAX: none).
     earliest_horizon_ms: int = fmt.INT64_MAX
+    # Markers removed from the segment cleaned last: its transaction index drops their entries.
+    removed_markers: set[int] = dataclasses.field(default_factory=set)
     # Producers whose current transaction has kept data so far (its marker must stay).
     txn_has_data: dict[int, bool] = dataclasses.field(default_factory=dict)
 
     def clean_segment(self, batches: Sequence[RecordBatch]) -> list[bytes] | None:
         """The segment's batches after cleaning, or None when nothing in it changes."""
         self.stats.segments_scanned += 1
+        self.removed_markers = set()
         data = [self._spans_of(b) for b in batches]
         keys = [span.key for spans in data for span in spans if span.key is not None]
         newest = iter(self.key_map.newest(key_digests(keys)).tolist() if keys else ())
@@ -205,6 +208,7 @@ class CleaningPass:
         had_data = self.txn_has_data.pop(batch.producer_id, False)
         keep = is_last or had_data or batch.last_offset in self.protected_offsets
         if not keep and self._horizon_passed(batch):
+            self.removed_markers.add(batch.last_offset)
             self.stats.markers_removed += 1
             self.stats.batches_removed += 1
             return b""

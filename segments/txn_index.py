@@ -55,6 +55,11 @@ class TxnIndexSearch(NamedTuple):
     complete: bool
 
 
+def encode_entries(entries: list[AbortedTxn]) -> bytes:
+    """The file holding exactly `entries` (a cleaner writes a segment's index anew)."""
+    return b"".join(ENTRY.pack(VERSION, *txn) for txn in entries)
+
+
 class TransactionIndex:
     def __init__(self, fs: SegmentFileSystem, path: str, base_offset: int) -> None:
         self.path = path

@@ -341,3 +341,25 @@ def test_a_kafka_consumer_offsets_partition_cleans_to_the_same_committed_view(tm
         assert fold(log) == view
         keys = [r.key for r in records(log) if r.offset < log.segments[-1].base_offset]
         assert len(keys) == len(set(keys))  # below the cleaned point, one record per key
+
+
+def test_an_abort_marker_and_its_index_entry_go_together_so_later_data_of_the_producer_is_read(
+    log: Log, clock: Clock
+) -> None:
+    put(log, (b"k", b"aborted"), pid=9, seq=0, txn=True)
+    log.write_txn_marker(9, 0, commit=False, coordinator_epoch=0)
+    for seq in range(1, 7):  # the aborted batch leaves the producer's window
+        put(log, (f"j{seq}".encode(), b"x"), pid=9, seq=seq)
+    put(log, (b"k", b"committed"), pid=9, seq=7, txn=True)
+    log.write_txn_marker(9, 0, commit=True, coordinator_epoch=0)
+    log.roll()
+    expected = {**{f"j{seq}".encode(): b"x" for seq in range(1, 7)}, b"k": b"committed"}
+    log.clean()
+    assert fold(log, "read_committed") == expected
+    clock.now_ms = T0 + 1000
+    assert log.clean().stats.markers_removed == 1
+    assert [txn.last_offset for s in log.segments for txn in s.txn_index.entries()] == []
+    assert fold(log, "read_committed") == expected
+    log.close()
+    with Log.open(log.directory, COMPACT) as reopened:  # the index as stored agrees
+        assert fold(reopened, "read_committed") == expected

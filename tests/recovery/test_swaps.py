@@ -11,15 +11,18 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 from oncelog import Log, LogConfig, LogFailedError
 from oncelog.recovery.swaps import CLEANED_SUFFIX, SWAP_SUFFIX, settle_swaps
-from oncelog.segments.batch import encode_batch
+from oncelog.segments.batch import RecordBatch, encode_batch
+from oncelog.segments.records import Record
 from oncelog.storage.fs import DEFAULT_FS
 
+NOW_MS = int(time.time() * 1000)  # (a batch stamped long ago rolls its segment: segment_ms)
 CONFIG = LogConfig(cleanup_policy="compact", segment_bytes=4096, retention_ms=None)
 
 
@@ -31,7 +34,7 @@ def _dirty_log(directory: Path) -> Log:
     log = Log.open(directory, CONFIG)
     for round_ in range(20):
         for key in range(4):
-            log.append(encode_batch([(f"k{key}".encode(), f"r{round_}".encode())], timestamp_ms=1))
+            log.append(encode_batch([(f"k{key}".encode(), f"r{round_}".encode())], timestamp_ms=NOW_MS))
     log.roll()
     return log
 
@@ -127,3 +130,84 @@ def test_a_stray_swap_name_that_is_not_a_segment_is_left_alone(tmp_path: Path) -
     (tmp_path / f"{5:020d}.log.cleaned").write_bytes(b"half written")
     assert settle_swaps(DEFAULT_FS, str(tmp_path), os.listdir(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["notes.log.swap"]
+
+
+def _log_whose_next_pass_removes_an_abort_marker(directory: Path) -> Log:
+    config = LogConfig(cleanup_policy="compact", segment_bytes=4096, delete_retention_ms=0)
+    log = Log.open(directory, config)
+    log.append(encode_batch([(b"k", b"aborted")], producer_id=9, producer_epoch=0, base_sequence=0,
+                            is_transactional=True, timestamp_ms=NOW_MS))  # fmt: skip
+    log.write_txn_marker(9, 0, commit=False, coordinator_epoch=0)
+    for seq in range(1, 7):
+        log.append(
+            encode_batch(
+                [(b"j", b"x")], producer_id=9, producer_epoch=0, base_sequence=seq, timestamp_ms=NOW_MS
+            )
+        )
+    log.append(encode_batch([(b"k", b"later")], producer_id=9, producer_epoch=0, base_sequence=7,
+                            is_transactional=True, timestamp_ms=NOW_MS))  # fmt: skip
+    log.write_txn_marker(9, 0, commit=True, coordinator_epoch=0)
+    log.roll()
+    log.clean()  # the marker gets its horizon (now: delete_retention_ms 0)
+    return log
+
+
+@pytest.mark.parametrize(
+    ("crash_on", "entries_after"),
+    [
+        (SWAP_SUFFIX, [1]),  # the log's swap rename: the old segment and its index entry stand
+        (".txnindex", []),  # the index's rename into place: the reopen finishes both
+    ],
+)
+def test_a_transaction_index_swaps_with_its_log_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash_on: str, entries_after: list[int]
+) -> None:
+    log = _log_whose_next_pass_removes_an_abort_marker(tmp_path / "p-0")
+    real_rename = log._fs.rename
+
+    def rename(src: str, dst: str) -> None:
+        if dst.endswith(crash_on):
+            raise Crash(dst)
+        real_rename(src, dst)
+
+    monkeypatch.setattr(log._fs, "rename", rename)
+    with pytest.raises(Crash):
+        log.clean()
+    monkeypatch.undo()
+    image = tmp_path / "image-0"
+    shutil.copytree(log.directory, image)
+    (image / ".clean_shutdown").unlink(missing_ok=True)
+    with contextlib.suppress(LogFailedError):
+        log.close()
+    with Log.open(image, CONFIG) as reopened:
+        entries = [txn.last_offset for s in reopened.segments for txn in s.txn_index.entries()]
+        assert entries == entries_after
+        markers = [b.last_offset for b in _batches(reopened) if b.is_control]
+        assert (1 in markers) == bool(entries_after)  # an entry exactly while its marker is there
+        committed = [r.value for r in _committed(reopened)]
+        assert committed.count(b"later") == 1 and b"aborted" not in committed
+        assert not [
+            n for n in os.listdir(image) if n.endswith((CLEANED_SUFFIX, SWAP_SUFFIX, ".swap", ".cleaned"))
+        ]
+
+
+def _batches(log: Log) -> list[RecordBatch]:
+    out: list[RecordBatch] = []
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        fetched = log.read(offset)
+        out += fetched.batches
+        offset = fetched.next_offset
+    return out
+
+
+def _committed(log: Log) -> list[Record]:
+    out: list[Record] = []
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        fetched = log.read(offset, isolation="read_committed")
+        if not fetched.batches:
+            break
+        out += list(fetched.records())
+        offset = fetched.next_offset
+    return out
