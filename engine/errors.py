@@ -144,3 +144,12 @@ def read_only_error(what: str, path: str, other: str | None = None) -> Permissio
 class CleanerError(OncelogError):
     """A cleaning pass could not write its cleaned segment (a full disk, say); the segment
     and the log are as they were, and the next pass tries again."""
+
+
+class KeylessRecordError(InvalidRecordError):
+    """A compacted log refused a batch holding records without a key; `record_indexes` are
+    their positions in the batch (Kafka's ProduceResponse names them: KIP-467)."""
+
+    def __init__(self, message: str, record_indexes: tuple[int, ...]):
+        super().__init__(message)
+        self.record_indexes = record_indexes

@@ -14,7 +14,7 @@ import crc32c
 
 from oncelog.compiled_append import client_batch_passes
 from oncelog.config import CompressionType
-from oncelog.errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
+from oncelog.errors import CorruptRecordError, InvalidRecordError, KeylessRecordError, RecordTooLargeError
 from oncelog.segments import compaction
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch, check_batch_records
@@ -113,12 +113,14 @@ def refuse_keyless(batch: RecordBatch, directory: str) -> None:
     """InvalidRecordError for a batch with a record without a key: a compacted log keeps
     each key's newest record, so one without a key could never be cleaned (Kafka's rule)."""
     body = compaction.records_body(batch)
-    for index, span in enumerate(compaction.record_spans(body, batch.records_count)):
-        if span.key is None:
-            raise InvalidRecordError(
-                f"compacted topic cannot accept a record without a key: record {index} of the batch "
-                f"for {directory}"
-            )
+    spans = compaction.record_spans(body, batch.records_count)
+    keyless = tuple(index for index, span in enumerate(spans) if span.key is None)
+    if keyless:
+        raise KeylessRecordError(
+            f"compacted topic cannot accept a record without a key: record {keyless[0]} of the batch "
+            f"({len(keyless)} in all) for {directory}",
+            keyless,
+        )
 
 
 def _stored_in(

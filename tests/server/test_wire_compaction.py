@@ -129,3 +129,14 @@ def test_a_record_without_a_key_is_refused_by_a_compacted_topic_with_invalid_rec
         assert producer.flush(TIMEOUT_S) == 0
         assert errors[0] is not None and errors[0].code() == KafkaError.INVALID_RECORD, errors
         assert errors[1] is None
+        # In one batch the whole batch is refused, as Kafka refuses it (the response names the
+        # keyless record, KIP-467: librdkafka's own 0011_produce_batch checks that, `make compat`).
+        errors.clear()
+        batching = Producer({"bootstrap.servers": running.bootstrap, "linger.ms": 1000})
+        for n in range(5):
+            key = None if n == 2 else f"k{n}".encode()
+            batching.produce(topic, key=key, value=b"v", on_delivery=lambda error, _: errors.append(error))
+        assert batching.flush(TIMEOUT_S) == 0
+        codes = [error.code() if error is not None else None for error in errors]
+        assert None not in codes and codes[2] == KafkaError.INVALID_RECORD, codes
+        assert [key for key, _ in _read_all(running.bootstrap, topic)] == [b"k"]  # nothing of the batch

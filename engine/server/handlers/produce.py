@@ -38,6 +38,7 @@ fsynced it (it survives power loss).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import struct
@@ -46,7 +47,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from oncelog.errors import OncelogError
+from oncelog.errors import KeylessRecordError, OncelogError
 from oncelog.layout import InvalidTopicError, TopicPartition
 from oncelog.log import Log
 from oncelog.segments import format as fmt
@@ -101,6 +102,9 @@ class _Outcome:
     written: bool = False
     # The producer whose open transaction admitted this batch (released once appended).
     transactional_pid: int = -1
+    # KIP-467: the records that made the batch invalid (their index in it), and why.
+    record_errors: tuple[tuple[int, str], ...] = ()
+    message: str | None = None
 
 
 async def handle_produce(broker: Broker, request: Request) -> Any:
@@ -250,6 +254,12 @@ def _append_all(broker: Broker, pending: list[tuple[str, _Outcome]]) -> None:
             (result,) = target.append_batches([outcome.records])
         except OncelogError as exc:
             outcome.code = error_code_for(exc)
+            if isinstance(exc, KeylessRecordError):
+                where = f"{topic}-{outcome.partition}"
+                outcome.message = (
+                    f"Compacted topic cannot accept message without key in topic partition {where}."
+                )
+                outcome.record_errors = tuple((index, outcome.message) for index in exc.record_indexes)
             continue
         outcome.base_offset = result.first_offset
         outcome.log_append_time_ms = result.log_append_time_ms
@@ -298,8 +308,8 @@ def _response(request: Request, topics: dict[str, dict[int, _Outcome]]) -> Any:
                     base_offset=outcome.base_offset if outcome.code == ErrorCode.none else -1,
                     log_append_time=_timestamp(outcome.log_append_time_ms),
                     log_start_offset=outcome.log_start_offset,
-                    record_errors=(),
-                    error_message=None,
+                    record_errors=_record_errors(partition_type, outcome),
+                    error_message=outcome.message,
                 )
                 for outcome in entries.values()
             ),
@@ -307,6 +317,19 @@ def _response(request: Request, topics: dict[str, dict[int, _Outcome]]) -> Any:
         for name, entries in topics.items()
     )
     return build(response, responses=answers, throttle_time=NO_THROTTLE)
+
+
+def _record_errors(partition_type: Any, outcome: _Outcome) -> tuple[Any, ...]:
+    """KIP-467's record errors (v8 and later; an older response has no such field)."""
+    if not outcome.record_errors or "record_errors" not in {
+        f.name for f in dataclasses.fields(partition_type)
+    }:
+        return ()
+    error_type = nested(partition_type, "record_errors")
+    return tuple(
+        build(error_type, batch_index=index, batch_index_error_message=why)
+        for index, why in outcome.record_errors
+    )
 
 
 def _timestamp(ms: int) -> datetime.datetime | None:
