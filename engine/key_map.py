@@ -49,21 +49,35 @@ class KeyMap:
     def room_for(self, more_keys: int) -> bool:
         return len(self) + more_keys <= self.capacity_keys
 
+    def new_keys(self, digests: npt.NDArray[np.bytes_]) -> int:
+        """How many distinct keys among `digests` the map does not hold yet."""
+        unique = np.unique(digests)
+        return int(np.count_nonzero(self.newest(unique) == NOT_FOUND))
+
     def put(self, digests: npt.NDArray[np.bytes_], offsets: npt.NDArray[np.int64]) -> None:
-        """Record `offsets[i]` as the newest of `digests[i]`; offsets increase and follow every one put."""
+        """Record `offsets[i]` as the newest of `digests[i]`; offsets increase and follow every one put.
+
+        Keys the map holds have their offset replaced in place; new ones are inserted where
+        they sort (one copy of the map at a time: the peak is about twice its size).
+        """
         if not len(digests):
             return
         assert len(digests) == len(offsets)
         assert offsets[0] > self.last_offset and bool(np.all(np.diff(offsets) > 0)), "offsets increase"
-        all_digests = np.concatenate((self._digests, digests))
-        all_offsets = np.concatenate((self._offsets, offsets))
-        order = np.argsort(all_digests, kind="stable")  # equal digests stay in offset order
-        all_digests, all_offsets = all_digests[order], all_offsets[order]
-        # The last of each run of equal digests holds its newest offset.
-        last_of_run = np.ones(len(all_digests), dtype=bool)
-        last_of_run[:-1] = all_digests[1:] != all_digests[:-1]
-        self._digests, self._offsets = all_digests[last_of_run], all_offsets[last_of_run]
         self.last_offset = int(offsets[-1])
+        order = np.argsort(digests, kind="stable")  # equal digests stay in offset order
+        digests, offsets = digests[order], offsets[order]
+        last_of_run = np.ones(len(digests), dtype=bool)  # the last of equal digests: the newest
+        last_of_run[:-1] = digests[1:] != digests[:-1]
+        digests, offsets = digests[last_of_run], offsets[last_of_run]
+        at = np.searchsorted(self._digests, digests)
+        held = np.zeros(len(digests), dtype=bool)
+        inside = at < len(self._digests)
+        held[inside] = self._digests[at[inside]] == digests[inside]
+        self._offsets[at[held]] = offsets[held]
+        fresh = ~held
+        self._digests = np.insert(self._digests, at[fresh], digests[fresh])
+        self._offsets = np.insert(self._offsets, at[fresh], offsets[fresh])
 
     def newest(self, digests: npt.NDArray[np.bytes_]) -> npt.NDArray[np.int64]:
         """For each digest, the newest offset put for it, or NOT_FOUND."""

@@ -40,7 +40,8 @@ from oncelog.recovery.swaps import CLEANING, SWAPPING, settle_swaps, swap_into_p
 from oncelog.segment_cleaning import AbortedRanges, CleaningPass, CleanStats, digests_and_offsets
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch
-from oncelog.segments.segment import LOG_SUFFIX, LogSegment
+from oncelog.segments.files import FileHandle
+from oncelog.segments.segment import LOG_SUFFIX, LogSegment, scan_file
 from oncelog.segments.txn_index import TXN_INDEX_SUFFIX, AbortedTxn, encode_entries
 from oncelog.storage.checkpoint import (
     CLEANER_CHECKPOINT_KEY,
@@ -202,33 +203,63 @@ class LogCleaning(LogState):
         ]
         cleaning = CleaningPass(key_map, aborted, protected, now, self.config.delete_retention_ms)
         for base, next_base in ranges:
-            with self._lock:
-                segment = self._segment_for_pass(base, next_base, truncations)
-                if segment is None:
-                    continue
-                cleaned = cleaning.clean_segment(list(self._batches_of(segment)))
-                if cleaned is not None:
-                    entries = segment.txn_index.entries()
-                    kept = [txn for txn in entries if txn.last_offset not in cleaning.removed_markers]
-                    self._swap_in(self._base_offsets.index(base), cleaned, None if kept == entries else kept)
-                self._unmap_cold_indexes()
-            if throttle is not None:
-                throttle(segment.size + sum(len(b) for b in cleaned or ()))
+            done_bytes = self._clean_one(base, next_base, cleaning, truncations)
+            if throttle is not None and done_bytes:
+                throttle(done_bytes)
         with self._lock:
             self._segment_for_pass(None, None, truncations)
-            end_offset = ranges[-1][1] if ranges else part.first_dirty
-            horizon = cleaning.earliest_horizon_ms
+            end_offset = max(ranges[-1][1] if ranges else part.first_dirty, part.first_dirty)
             self._commit_metadata(
                 write_offsets,
-                {CLEANER_CHECKPOINT_KEY: max(end_offset, part.first_dirty), CLEANER_HORIZON_KEY: horizon},
+                {CLEANER_CHECKPOINT_KEY: end_offset, CLEANER_HORIZON_KEY: cleaning.earliest_horizon_ms},
             )
-        result.cleaned, result.cleaned_to, result.stats = (
-            True,
-            max(end_offset, part.first_dirty),
-            cleaning.stats,
-        )
+        result.cleaned, result.cleaned_to, result.stats = True, end_offset, cleaning.stats
         result.keys, result.key_map_bytes = len(key_map), key_map.memory_bytes
         return result
+
+    def _clean_one(self, base: int, next_base: int, cleaning: CleaningPass, truncations: int) -> int:
+        """Clean the segment at `base`: read and rewritten outside the log's lock, swapped in
+        under it (if it is still the log's). The bytes read and written."""
+        pinned = self._pin(base, next_base, truncations)
+        if pinned is None:
+            return 0
+        segment, batches, txn_entries = pinned
+        cleaned = cleaning.clean_segment(batches)
+        if cleaned is None:
+            return segment.size
+        kept = [txn for txn in txn_entries if txn.last_offset not in cleaning.removed_markers]
+        stem = os.path.join(self.directory, f"{base:020d}")
+        self._write_replacements(stem, cleaned, None if kept == txn_entries else kept)
+        with self._lock:
+            try:
+                still = self._segment_for_pass(base, next_base, truncations) is segment
+            except BaseException:
+                self._remove_replacements()
+                raise
+            if not still:  # retention or delete_records took it meanwhile
+                self._remove_replacements()
+                return 0
+            self._swap_in(self._base_offsets.index(base), stem, kept != txn_entries)
+            self._unmap_cold_indexes()
+        return segment.size + sum(len(b) for b in cleaned)
+
+    def _pin(
+        self, base: int, next_base: int, truncations: int
+    ) -> tuple[LogSegment, list[RecordBatch], list[AbortedTxn]] | None:
+        """The segment at `base`, its batches and its transaction index entries. Its bytes are
+        read through a descriptor of the cleaner's own, outside the log's lock: a sealed
+        segment's bytes never change, and the file stays readable if retention deletes it."""
+        with self._lock:
+            segment = self._segment_for_pass(base, next_base, truncations)
+            if segment is None:
+                return None
+            size, txn_entries = segment.size, segment.txn_index.entries()
+            handle = self._fs.open(segment.path, writable=False)
+            self._unmap_cold_indexes()
+        try:
+            return segment, list(self._batches_in(handle, size)), txn_entries
+        finally:
+            handle.close()
 
     def _segment_for_pass(
         self, base: int | None, next_base: int | None, truncations: int
@@ -261,55 +292,63 @@ class LogCleaning(LogState):
         for n, (base, next_base) in enumerate(ranges):
             if next_base <= first_dirty:
                 continue
-            with self._lock:
-                segment = self._segment_for_pass(base, next_base, truncations)
-                if segment is None:
-                    continue
-                digests, offsets = digests_and_offsets(self._batches_of(segment), aborted, first_dirty)
-                if len(key_map) and not key_map.room_for(len(digests)):
-                    return n  # the map is full: this pass ends here, the next goes on
-                key_map.put(digests, offsets)
-                self._unmap_cold_indexes()
+            pinned = self._pin(base, next_base, truncations)
+            if pinned is None:
+                continue
+            segment, batches, _ = pinned
+            digests, offsets = digests_and_offsets(batches, aborted, first_dirty)
+            if len(key_map) and not key_map.room_for(key_map.new_keys(digests)):
+                return n  # the map is full: this pass ends here, the next goes on
+            key_map.put(digests, offsets)
             if throttle is not None:
                 throttle(segment.size)
         return len(ranges)
 
-    def _batches_of(self, segment: LogSegment) -> Iterator[RecordBatch]:
+    @staticmethod
+    def _batches_in(handle: FileHandle, size: int) -> Iterator[RecordBatch]:
         """The segment's batches, each CRC-checked: the cleaner never copies a bad one."""
-        for position, batch in segment.scan():
+        for position, batch in scan_file(handle, 0, size):
             try:
                 batch.validate()
             except CorruptRecordError as exc:
                 raise CorruptLogError(
-                    f"cleaning found a bad batch: {exc}", path=segment.path, position=position
+                    f"cleaning found a bad batch: {exc}", path=handle.path, position=position
                 ) from exc
             yield batch
 
-    def _swap_in(self, n: int, batches: list[bytes], txn_entries: list[AbortedTxn] | None) -> None:
-        """Replace segment n by `batches`, and its transaction index by `txn_entries` when
-        markers went (None: kept as is). recovery.swaps holds the protocol and its crash cases."""
-        old = self._segments[n]
-        stem = os.path.join(self.directory, f"{old.base_offset:020d}")
+    def _write_replacements(
+        self, stem: str, batches: list[bytes], txn_entries: list[AbortedTxn] | None
+    ) -> None:
+        """Step 1 of the swap (recovery.swaps), outside the log's lock: the cleaned segment and,
+        when markers went, its transaction index without their entries (None: kept as is)."""
         files = [(LOG_SUFFIX, batches)]
         if txn_entries is not None:
-            files.insert(0, (TXN_INDEX_SUFFIX, [encode_entries(txn_entries)]))  # renamed first
+            files.append((TXN_INDEX_SUFFIX, [encode_entries(txn_entries)]))
         try:
             for suffix, data in files:
                 self._write_cleaned(stem + suffix + CLEANING, data)
         except CleanerError:
-            settle_swaps(self._fs, self.directory, self._fs.listdir(self.directory))  # (removes them)
+            self._remove_replacements()
             raise
+
+    def _remove_replacements(self) -> None:
+        """Delete what step 1 wrote (no swap has begun: the old files are the truth)."""
+        settle_swaps(self._fs, self.directory, self._fs.listdir(self.directory))
+
+    def _swap_in(self, n: int, stem: str, new_txn_index: bool) -> None:
+        """Under the lock: steps 2-4 for segment n, whose replacement step 1 wrote."""
+        old = self._segments[n]
         with self._fsync_lock:
             self._raise_if_failed()
             try:
-                if txn_entries is not None:
+                if new_txn_index:
                     self._fs.rename(stem + TXN_INDEX_SUFFIX + CLEANING, stem + TXN_INDEX_SUFFIX + SWAPPING)
                     # fsync(dir): the index's swap must be durable before the log's, which a
                     # reopen takes as the sign to swap both (recovery.swaps).
                     self._fs.fsync_dir(self.directory)
                 self._fs.rename(stem + LOG_SUFFIX + CLEANING, stem + LOG_SUFFIX + SWAPPING)
             except OSError as exc:  # no log swap: the old segment is still the truth
-                settle_swaps(self._fs, self.directory, self._fs.listdir(self.directory))
+                self._remove_replacements()
                 raise CleanerError(f"swapping in {stem}{LOG_SUFFIX} failed: {exc}; left as it was") from exc
             self._finish_swap(n, old, stem)
 

@@ -28,9 +28,10 @@ from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch
 from oncelog.segments.compression import MAX_DECOMPRESSED_BYTES, compress, decompress
 from oncelog.segments.errors import CorruptRecordError
-from oncelog.segments.records import decode_varint, encode_varint
+from oncelog.segments.records import _varint, encode_varint
 
 DELETE_HORIZON_MASK = 0x40  # attributes bit 6 (KIP-534)
+_new_tuple = tuple.__new__  # a RecordSpan without the Python-level NamedTuple __new__
 
 
 class RecordSpan(NamedTuple):
@@ -58,24 +59,31 @@ def records_body(batch: RecordBatch, max_decompressed_bytes: int = MAX_DECOMPRES
 
 
 def record_spans(body: bytes, count: int) -> Iterator[RecordSpan]:
-    """Each of the `count` records in `body`, in order. CorruptRecordError when they do not fit."""
-    pos, size = 0, len(body)
+    """Each of the `count` records in `body`, in order. CorruptRecordError when they do not fit.
+
+    The cleaner's hot loop: one- and two-byte varints come from the codec's lookup tables
+    (segments.records), as the read path's do.
+    """
+    varint, new_span, size, pos = _varint, _new_tuple, len(body), 0
     for index in range(count):
-        length, at = decode_varint(body, pos, 5)
+        length, at = varint(body, pos, 5)
         end = at + length
         if length <= 0 or end > size:
             raise CorruptRecordError(f"record {index} of {count} has length {length}, past the records")
-        at += 1  # attributes (unused, always 0)
-        timestamp_delta, at = decode_varint(body, at, 10)
-        timestamp_end = at
-        offset_delta, at = decode_varint(body, at, 5)
-        key_length, at = decode_varint(body, at, 5)
+        timestamp_delta, timestamp_end = varint(body, at + 1, 10)  # (after the unused attributes byte)
+        offset_delta, at = varint(body, timestamp_end, 5)
+        key_length, at = varint(body, at, 5)
+        if key_length < -1:
+            raise CorruptRecordError(f"record {index} of {count} has key length {key_length}")
         key = None if key_length < 0 else body[at : at + key_length]
-        at += max(key_length, 0)
-        value_length, at = decode_varint(body, at, 5)
+        if key_length > 0:
+            at += key_length
+        value_length, at = varint(body, at, 5)
         if at + max(value_length, 0) > end:
             raise CorruptRecordError(f"record {index} of {count}: its value runs past the record")
-        yield RecordSpan(pos, end, offset_delta, timestamp_delta, timestamp_end, key, value_length < 0)
+        yield new_span(
+            RecordSpan, (pos, end, offset_delta, timestamp_delta, timestamp_end, key, value_length < 0)
+        )
         pos = end
     if pos != size:
         raise CorruptRecordError(f"{size - pos} bytes after the last of {count} records")

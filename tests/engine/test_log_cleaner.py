@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from log_helpers import read_all
 
 from oncelog import CleanerError, InvalidRecordError, Log, LogConfig
 from oncelog.key_map import BYTES_PER_KEY
+from oncelog.segment_cleaning import CleaningPass
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.compaction import delete_horizon_ms
 from oncelog.segments.records import Record
@@ -24,6 +26,7 @@ from oncelog.segments.records import Record
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "kafka"
 COMPACT = LogConfig(cleanup_policy="compact", segment_bytes=4096, retention_ms=None, delete_retention_ms=1000)
 T0 = 1_000_000
+WAIT_S = 120.0  # a bound for a busy machine, never a measurement
 
 
 class Clock:
@@ -363,3 +366,46 @@ def test_an_abort_marker_and_its_index_entry_go_together_so_later_data_of_the_pr
     log.close()
     with Log.open(log.directory, COMPACT) as reopened:  # the index as stored agrees
         assert fold(reopened, "read_committed") == expected
+
+
+def test_appends_and_reads_go_on_while_a_segment_is_being_cleaned(
+    log: Log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    updates(log, rounds=20, keys=3)
+    log.roll()
+    real = CleaningPass.clean_segment
+    done: list[int] = []
+
+    def cleaning_with_an_append_beside_it(self: CleaningPass, segment_batches: list[RecordBatch]) -> object:
+        if not done:  # another thread appends and reads while this segment is being cleaned
+            other = threading.Thread(
+                target=lambda: done.append(put(log, (b"beside", b"x")) + len(records(log)))
+            )
+            other.start()
+            other.join(WAIT_S)
+            assert done, "an append waited for the cleaning of a whole segment"
+        return real(self, segment_batches)
+
+    monkeypatch.setattr(CleaningPass, "clean_segment", cleaning_with_an_append_beside_it)
+    assert log.clean().cleaned
+    assert fold(log)[b"beside"] == b"x"
+
+
+def test_a_segment_that_retention_deletes_during_its_cleaning_is_left_to_retention(
+    log: Log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    updates(log, rounds=20, keys=3)
+    log.roll()
+    second = log.segments[1].base_offset
+    real = CleaningPass.clean_segment
+
+    def deleted_meanwhile(self: CleaningPass, segment_batches: list[RecordBatch]) -> object:
+        cleaned = real(self, segment_batches)
+        if segment_batches[0].base_offset == 0:
+            log.delete_records(second)  # the first segment goes while its replacement is written
+        return cleaned
+
+    monkeypatch.setattr(CleaningPass, "clean_segment", deleted_meanwhile)
+    assert log.clean().cleaned
+    assert log.segments[0].base_offset == second and log.log_start_offset == second
+    assert not [name for name in os.listdir(log.directory) if name.endswith((".cleaned", ".swap"))]
