@@ -158,6 +158,11 @@ class BenchSettings:
     wire_fetch_bytes: int = 50 * MIB
     spark_master: str = "local[2]"  # the Spark figures' master URL (a standalone cluster: spark://host:7077)
     append_rounds: int = 15  # rounds of each append row, engine and reference in turn
+    # The compaction figures (oncelog bench --compaction, oncelog.bench.cleaner): a log of this
+    # many bytes of keyed records over this many keys, cleaned this many rounds.
+    cleaner_log_bytes: int = 64 * MIB
+    cleaner_keys: int = 50_000
+    cleaner_rounds: int = 7
 
     def scaled(self, scale: float) -> BenchSettings:
         if scale == 1:
@@ -181,6 +186,9 @@ class BenchSettings:
             wire_repeats=max(2, min(self.wire_repeats, round(self.wire_repeats * scale))),
             wire_latency_s=max(0.5, self.wire_latency_s * scale),
             wire_fetch_bytes=max(MIB, int(self.wire_fetch_bytes * scale)),
+            cleaner_log_bytes=max(MIB, int(self.cleaner_log_bytes * scale)),
+            cleaner_keys=max(100, int(self.cleaner_keys * scale)),
+            cleaner_rounds=max(4, min(self.cleaner_rounds, round(self.cleaner_rounds * scale))),
         )
 
 
@@ -204,6 +212,9 @@ QUICK = BenchSettings(
     wire_repeats=3,
     wire_latency_s=1.5,
     append_rounds=9,
+    cleaner_log_bytes=16 * MIB,
+    cleaner_keys=12_500,
+    cleaner_rounds=5,
 )
 
 

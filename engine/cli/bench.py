@@ -102,6 +102,24 @@ Figures, and the reference each is measured against:
       resident memory per idle partition (≤ 1, ≤ 64 KiB) and, in a full run,
       10,000 partitions opened clean (≤ 5 s), read from and closed.
 
+With --compaction, the log cleaner's figures, on a compacted log of
+keyed records (~150 B: a 14-byte key, a 120-byte random value, 16 a batch; one in
+twenty a tombstone) over 50,000 keys, 64 MiB in 8 sealed segments (16 MiB over
+12,500 keys with --quick), built once; every round cleans a fresh copy (made and
+synced untimed); 7 rounds (5 with --quick):
+  log cleaning, N MiB dirty over K keys (vs read + CRC-32C)
+      Log.clean() of the whole dirty log (its first pass: the key map, then every
+      segment rewritten and swapped in, fsynced) vs a plain chunked read +
+      CRC-32C of the same segment files of the same copy, just before; MB/s of
+      dirty log, reported with the spread of the per-round ratios.
+  key map memory per key, K keys (vs Kafka's offset map entry)
+      KeyMap.memory_bytes / keys after the pass vs the 24 bytes of an entry of
+      Kafka's offset map (16-byte MD5, 8-byte offset); ≤ 24 B.
+  key map peak while merging, per key, K keys
+      The most tracemalloc sees while the same digests are put into a fresh map
+      segment by segment, as the pass does (the map grows by a sorted merge);
+      reported.
+
 With --wire, the Kafka wire figures of `oncelog serve` (issue 17), each against
 librdkafka's built-in mock cluster (test.mock.num.brokers=1: an in-memory broker
 inside the bench process, no disk) with the same confluent-kafka client code.
@@ -136,13 +154,15 @@ oncelog serve runs as a subprocess on a free port over a fresh root in --dir
       has target ratio ≤ 3 or ≤ 50 ms, p99 is reported.
 
 The full run takes a minute or two here; --quick under a minute (at most two);
---wire adds about three minutes (a minute with --quick)."""
+--wire adds about three minutes (a minute with --quick), --compaction about
+40 s (10 s with --quick)."""
 
 EPILOG = """\
 examples:
   oncelog bench --quick
   oncelog bench --json bench.json --plot bench/bench.png
   oncelog bench --wire               # add oncelog serve vs librdkafka's mock
+  oncelog bench --compaction         # add the log cleaner's throughput and key map
   oncelog bench --dir /mnt/data      # measure on that disk"""
 
 
@@ -201,6 +221,13 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         "and produce latency p50/p99 at 10,000 messages/s "
         "(needs confluent-kafka, a dev extra; adds about a minute)",
     )
+    parser.add_argument(
+        "--compaction",
+        action="store_true",
+        help="also measure the log cleaner: Log.clean() of a 64 MiB compacted log over 50,000 keys (16 MiB "
+        "with --quick), a fresh copy each round, against a plain read + CRC-32C of the same segments, and "
+        "the key map's memory per key (target ≤ 24 B, as Kafka's offset map); adds about 40 s",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -242,7 +269,14 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             for line in header:
                 print(f"bench: {line}", file=err)
             try:
-                results = run_benchmarks(settings, scratch, _progress(err), spark=args.spark, wire=args.wire)
+                results = run_benchmarks(
+                    settings,
+                    scratch,
+                    _progress(err),
+                    spark=args.spark,
+                    wire=args.wire,
+                    compaction=args.compaction,
+                )
             except Exception:
                 print("oncelog bench: a measurement failed:", file=err)
                 traceback.print_exc(file=err)
