@@ -117,8 +117,10 @@ class LogCleaning(LogState):
             self._check_open()
             return self._cleanable_part(self._clock() if now_ms is None else now_ms)
 
-    def _cleanable_part(self, now_ms: int) -> CleanablePart:
+    def _cleanable_part(self, now_ms: int, up_to: int | None = None) -> CleanablePart:
         stable = self._transactions.last_stable_offset(self.log_end_offset, self._log_start_offset)
+        if up_to is not None:
+            stable = min(stable, up_to)
         lag_ms = self.config.min_compaction_lag_ms
         part = cleanable_part(
             self._base_offsets,
@@ -166,6 +168,7 @@ class LogCleaning(LogState):
         if_due: bool = False,
         key_map_bytes: int = DEFAULT_KEY_MAP_BYTES,
         throttle: Callable[[int], None] | None = None,
+        up_to: int | None = None,
     ) -> CleanResult:
         """One cleaning pass now (see the module docstring); a log not compacted is left alone.
 
@@ -174,23 +177,30 @@ class LogCleaning(LogState):
         `throttle(bytes)` is called after each segment read or written, outside the log's
         lock (a rate cap sleeps there). The lock is taken per segment: appends and reads go
         on between them. A truncation meanwhile ends the pass early, checkpoint unmoved.
+
+        `up_to`: no record at or past this offset is relied on (a newer record of a key removes
+        an older one only below it). A broker that replicates passes its high watermark, as
+        Kafka's cleaner stops there: a follower may truncate past it (truncate_to), and a
+        record removed in favour of one cut later would be lost. None: the log end.
         """
         if key_map_bytes < BYTES_PER_KEY:
             raise ValueError(f"key_map_bytes must hold one key ({BYTES_PER_KEY} bytes), got {key_map_bytes}")
         with self._lock:
             self._check_writable()
             now = self._clock() if now_ms is None else now_ms
-            part = self._cleanable_part(now)
+            part = self._cleanable_part(now, up_to)
             result = CleanResult(False, part.dirty_ratio, part.first_dirty, part.first_dirty)
             if not self.config.compacted or part.count == 0 or (if_due and not self._due(part, now)):
                 return result
             truncations = self._truncations
             aborted = AbortedRanges(txn for segment in self._segments for txn in segment.txn_index.entries())
+            entries = list(self._producers.entries())
             protected = frozenset(
                 offset
-                for entry in self._producers.entries()
+                for entry in entries
                 for offset in (entry.last_offset, *(b.last_offset for b in entry.batches))
             )
+            tails = {entry.producer_id: (entry.producer_epoch, entry.last_offset) for entry in entries}
             ranges = [(self._base_offsets[n], self._base_offsets[n + 1]) for n in range(part.count)]
             if self._client_only:
                 # Durable before the first swap: a cleaned log has gaps, which a log of client
@@ -201,7 +211,7 @@ class LogCleaning(LogState):
         ranges = ranges[
             : self._build_key_map(ranges, part.first_dirty, key_map, aborted, truncations, throttle)
         ]
-        cleaning = CleaningPass(key_map, aborted, protected, now, self.config.delete_retention_ms)
+        cleaning = CleaningPass(key_map, aborted, protected, now, self.config.delete_retention_ms, tails)
         for base, next_base in ranges:
             done_bytes = self._clean_one(base, next_base, cleaning, truncations)
             if throttle is not None and done_bytes:

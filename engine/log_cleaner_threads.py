@@ -8,8 +8,9 @@ log.cleaner.io.max.bytes.per.second): the pass sleeps between segments, outside 
 lock, so appends never wait for the cap.
 
 `status()` reports the totals since start (oncelog.segment_cleaning.CleanStats), the passes
-run, what each thread is cleaning now and the last error. A pass that fails (a full disk:
-CleanerError; a closed log) is logged and the log is tried again after the backoff.
+run, what each thread is cleaning now, the last error and the logs set aside: a pass that
+fails (a full disk: CleanerError; corruption; a bug) is logged and its log is not picked
+again for UNCLEANABLE_RETRY_BACKOFFS backoffs, so one bad log cannot starve the others.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from oncelog.segment_cleaning import CleanStats
 log = logging.getLogger(__name__)
 
 DEFAULT_BACKOFF_MS = 15_000  # Kafka's log.cleaner.backoff.ms
+UNCLEANABLE_RETRY_BACKOFFS = 20  # a log whose pass failed waits this many backoffs
 
 
 class _Stopped(Exception):
@@ -41,6 +43,7 @@ class CleanerStatus:
     totals: CleanStats
     cleaning: tuple[TopicPartition, ...]  # what the threads are on now
     last_error: str | None
+    uncleanable: tuple[TopicPartition, ...]  # set aside after a failed pass
 
 
 class Throttle:
@@ -93,6 +96,7 @@ class BackgroundCleaner:
         self._totals = CleanStats()
         self._passes = 0
         self._last_error: str | None = None
+        self._uncleanable: dict[TopicPartition, float] = {}  # set aside until this monotonic time
         self._threads = [
             threading.Thread(target=self._run, args=(n,), name=f"oncelog-cleaner-{n}", daemon=True)
             for n in range(threads)
@@ -103,7 +107,11 @@ class BackgroundCleaner:
     def status(self) -> CleanerStatus:
         with self._lock:
             totals = dataclasses.replace(self._totals)
-            return CleanerStatus(self._passes, totals, tuple(self._cleaning.values()), self._last_error)
+            now_s = time.monotonic()
+            aside = tuple(tp for tp, until in self._uncleanable.items() if until > now_s)
+            return CleanerStatus(
+                self._passes, totals, tuple(self._cleaning.values()), self._last_error, aside
+            )
 
     def wake(self) -> None:
         """Look for a due log now instead of after the backoff (tests, an operator)."""
@@ -128,15 +136,15 @@ class BackgroundCleaner:
                 result = target.clean(if_due=True, key_map_bytes=self._key_map_bytes, throttle=self._throttle)
             except _Stopped:
                 return
-            except (OncelogError, OSError) as exc:
-                log.warning("cleaning %s failed: %s; trying again after the backoff", tp, exc)
-                with self._lock:
-                    self._last_error = f"{tp}: {exc}"
-                self._stopping.wait(self._backoff_s)
+            except Exception as exc:
+                self._set_aside(tp, exc)
                 continue
             finally:
                 with self._lock:
                     self._cleaning.pop(n, None)
+            if not result.stats.segments_rewritten:
+                self._wake.wait(self._backoff_s)  # nothing to rewrite: no pass again at once
+                self._wake.clear()
             if result.cleaned:
                 s = result.stats
                 log.info(
@@ -147,6 +155,15 @@ class BackgroundCleaner:
                     self._passes += 1
                     self._totals.add(s)
 
+    def _set_aside(self, tp: TopicPartition, exc: Exception) -> None:
+        """A failed log is not picked again for UNCLEANABLE_RETRY_BACKOFFS backoffs (Kafka's
+        uncleanable partitions, KIP-346): one that always fails must not starve the others."""
+        level = logging.WARNING if isinstance(exc, OncelogError | OSError) else logging.ERROR
+        log.log(level, "cleaning %s failed: %s; set aside", tp, exc, exc_info=level == logging.ERROR)
+        with self._lock:
+            self._last_error = f"{tp}: {exc}"
+            self._uncleanable[tp] = time.monotonic() + UNCLEANABLE_RETRY_BACKOFFS * self._backoff_s
+
     def _pick(self, n: int) -> tuple[TopicPartition, Log] | None:
         """The filthiest compacted log that is due and that no other thread holds."""
         try:
@@ -155,9 +172,10 @@ class BackgroundCleaner:
             self._stopping.set()
             return None
         best: tuple[float, TopicPartition, Log] | None = None
+        now_s = time.monotonic()
         for tp, candidate in logs.items():
             with self._lock:
-                if tp in self._cleaning.values():
+                if tp in self._cleaning.values() or self._uncleanable.get(tp, now_s) > now_s:
                     continue
             if not candidate.config.compacted:
                 continue

@@ -43,6 +43,10 @@ class LogLifecycle(LogState):
         crash at any later step finds either the old data (validated as a tail and
         served again: the truncation did not happen) or a prefix of it, never data
         it must trust past the cut. Each step is fsynced before the next.
+
+        A compacted log cleaned past `offset` may have removed a key's older record in
+        favour of a newer one this cut takes: a follower bounds its cleaning by its high
+        watermark (Log.clean's `up_to`), below which it is never truncated, as Kafka's does.
         """
         fmt.check_int("offset", offset, "i64", minimum=0)
         with self._lock:

@@ -89,6 +89,10 @@ class CleaningPass:
     protected_offsets: frozenset[int]  # last offsets of the batches in producers' windows
     now_ms: int
     delete_retention_ms: int
+    # Each live producer's epoch and newest data batch's last offset (-1: none): a marker of
+    # that epoch past it is the producer's newest batch, and holds its epoch (a marker that
+    # raised the epoch cleared the window) and coordinator epoch for a replay.
+    producer_tails: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
     stats: CleanStats = dataclasses.field(default_factory=CleanStats)
     # The earliest delete horizon of the batches kept (INT64_MAX: none).
     earliest_horizon_ms: int = fmt.INT64_MAX
@@ -135,14 +139,18 @@ class CleaningPass:
         horizon = delete_horizon_ms(batch)
         return horizon is not None and self.now_ms >= horizon
 
-    def _new_horizon(self, batch: RecordBatch) -> int | None:
-        """The horizon a kept batch with tombstones or a marker gets now; None when it has one."""
+    def _new_horizon(self, batch: RecordBatch, *, removable: bool = True) -> int | None:
+        """The horizon a kept batch with tombstones or a marker gets now; None when it has one.
+
+        `removable`: the batch's passing horizon alone would let a later pass remove something
+        (its tombstones, or a marker with no data left); only such horizons make the log due
+        again (`earliest_horizon_ms`), or a marker kept for its data would make it due forever.
+        """
         horizon = delete_horizon_ms(batch)
-        if horizon is not None:
-            self.earliest_horizon_ms = min(self.earliest_horizon_ms, horizon)
-            return None
-        new = self.now_ms + self.delete_retention_ms
-        self.earliest_horizon_ms = min(self.earliest_horizon_ms, new)
+        new = None if horizon is not None else min(self.now_ms + self.delete_retention_ms, fmt.INT64_MAX)
+        effective = new if new is not None else horizon
+        if removable and effective is not None:
+            self.earliest_horizon_ms = min(self.earliest_horizon_ms, effective)
         return new
 
     def _clean_batch(
@@ -206,13 +214,15 @@ class CleaningPass:
 
     def _clean_marker(self, batch: RecordBatch, is_last: bool) -> bytes | None:
         had_data = self.txn_has_data.pop(batch.producer_id, False)
-        keep = is_last or had_data or batch.last_offset in self.protected_offsets
+        tail = self.producer_tails.get(batch.producer_id)
+        newest = tail is not None and batch.producer_epoch == tail[0] and batch.last_offset > tail[1]
+        keep = is_last or had_data or newest or batch.last_offset in self.protected_offsets
         if not keep and self._horizon_passed(batch):
             self.removed_markers.add(batch.last_offset)
             self.stats.markers_removed += 1
             self.stats.batches_removed += 1
             return b""
-        horizon = self._new_horizon(batch)
+        horizon = self._new_horizon(batch, removable=not keep)
         if horizon is None:
             return None
         body = records_body(batch)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from log_helpers import read_all
 
-from oncelog import CleanerError, InvalidRecordError, Log, LogConfig
+from oncelog import CleanerError, InvalidProducerEpochError, InvalidRecordError, Log, LogConfig
 from oncelog.key_map import BYTES_PER_KEY
 from oncelog.segment_cleaning import CleaningPass
 from oncelog.segments.batch import RecordBatch, encode_batch
@@ -409,3 +409,55 @@ def test_a_segment_that_retention_deletes_during_its_cleaning_is_left_to_retenti
     assert log.clean().cleaned
     assert log.segments[0].base_offset == second and log.log_start_offset == second
     assert not [name for name in os.listdir(log.directory) if name.endswith((".cleaned", ".swap"))]
+
+
+def test_cleaning_up_to_a_high_watermark_keeps_what_a_truncation_to_it_needs(log: Log) -> None:
+    put(log, (b"k", b"A"))
+    put(log, (b"x", b"1"))
+    log.roll()
+    high_watermark = log.log_end_offset
+    put(log, (b"k", b"B"))  # not yet on every replica
+    log.roll()
+    log.clean(up_to=high_watermark)
+    log.truncate_to(high_watermark)  # the follower's log diverged after the high watermark
+    assert fold(log) == {b"k": b"A", b"x": b"1"}
+
+
+def test_a_marker_that_raised_the_epoch_stays_so_a_zombie_is_fenced_after_a_replay(
+    log: Log, clock: Clock
+) -> None:
+    put(log, (b"k", b"in-txn"), pid=7, seq=0, txn=True)
+    log.write_txn_marker(7, 1, commit=True, coordinator_epoch=3)  # a bumped epoch (KIP-890, timeouts)
+    put(log, (b"k", b"newer"))  # the producer's only data record is superseded
+    log.roll()
+    for _ in range(3):
+        log.clean()
+        clock.now_ms += 1000
+    log.close()
+    for name in os.listdir(log.directory):  # the state comes back from the log alone
+        if name.endswith(".snapshot"):
+            os.unlink(os.path.join(log.directory, name))
+    with Log.open(log.directory, COMPACT, clock=clock) as reopened:
+        state = reopened.producer_state(7)
+        assert state is not None and (state.producer_epoch, state.coordinator_epoch) == (1, 3)
+        with pytest.raises(InvalidProducerEpochError):
+            put(reopened, (b"k", b"zombie"), pid=7, seq=0)
+
+
+def test_a_log_whose_markers_must_stay_is_not_due_again_after_a_pass(log: Log, clock: Clock) -> None:
+    put(log, (b"k", b"committed"), pid=9, seq=0, txn=True)
+    log.write_txn_marker(9, 0, commit=True, coordinator_epoch=0)  # its data stays: so does it
+    log.roll()
+    assert log.clean().cleaned
+    clock.now_ms += 10 * COMPACT.delete_retention_ms
+    assert log.cleaning_due() == (False, 0.0)
+
+
+def test_tombstones_kept_forever_need_no_horizon_past_the_largest_timestamp(tmp_path: Path) -> None:
+    forever = LogConfig(cleanup_policy="compact", segment_bytes=4096, delete_retention_ms=2**63 - 1)
+    with Log.open(tmp_path / "p-0", forever) as log:
+        put(log, (b"k", b"v"))
+        put(log, (b"k", None))
+        log.roll()
+        assert log.clean().cleaned
+        assert [delete_horizon_ms(b) for b in batches(log) if b.records_count] == [2**63 - 1]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from oncelog import LogConfig, LogManager
+from oncelog import LogConfig, LogManager, TopicPartition
 from oncelog.log_cleaner_threads import BackgroundCleaner, Throttle
 from oncelog.segments.batch import encode_batch
 
@@ -81,3 +82,30 @@ def test_a_cleaner_refuses_a_thread_count_or_cap_that_cannot_work() -> None:
     for options in ({"threads": 0}, {"io_bytes_per_s": 0}, {"backoff_ms": 0}):
         with pytest.raises(ValueError):
             BackgroundCleaner(dict, **options)  # type: ignore[arg-type]
+
+
+def test_a_log_whose_pass_fails_is_set_aside_and_the_others_are_still_cleaned(tmp_path: Path) -> None:
+    manager = LogManager.open(tmp_path, CONFIG, progress=False)
+    try:
+        for topic in ("broken", "healthy"):
+            manager.set_topic_config(topic, cleanup_policy="compact")
+        _fill(manager, "broken", rounds=60)  # the dirtier: picked first
+        _fill(manager, "healthy")
+        broken = manager.log("broken", 0).segments[0].path
+        with open(broken, "r+b") as file:  # a flipped byte below the recovery point
+            file.seek(70)
+            byte = file.read(1)
+            file.seek(70)
+            file.write(bytes([byte[0] ^ 0xFF]))
+        cleaner = manager.start_cleaner(backoff_ms=20)
+        deadline = time.monotonic() + WAIT_S
+        while manager.log("healthy", 0).cleaning_due()[0] and time.monotonic() < deadline:
+            cleaner.wake()
+            time.sleep(0.02)
+        status = cleaner.status()
+        assert not manager.log("healthy", 0).cleaning_due()[0]
+        assert status.uncleanable == (TopicPartition("broken", 0),)
+        assert status.last_error is not None and "CRC mismatch" in status.last_error
+    finally:
+        with contextlib.suppress(Exception):
+            manager.close()
