@@ -33,7 +33,9 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from oncelog.errors import CleanerError, CorruptLogError, CorruptRecordError
+import numpy as np
+
+from oncelog.errors import CleanerError, CorruptLogError, CorruptRecordError, CorruptSnapshotError
 from oncelog.key_map import BYTES_PER_KEY, KeyMap
 from oncelog.log_state import LogState
 from oncelog.recovery.swaps import CLEANING, SWAPPING, settle_swaps, swap_into_place
@@ -43,6 +45,7 @@ from oncelog.segments.batch import RecordBatch
 from oncelog.segments.files import FileHandle
 from oncelog.segments.segment import LOG_SUFFIX, LogSegment, scan_file
 from oncelog.segments.txn_index import TXN_INDEX_SUFFIX, AbortedTxn, encode_entries
+from oncelog.storage import snapshot as snapshots
 from oncelog.storage.checkpoint import (
     CLEANER_CHECKPOINT_KEY,
     CLEANER_HORIZON_KEY,
@@ -50,6 +53,7 @@ from oncelog.storage.checkpoint import (
     read_offset,
     write_offsets,
 )
+from oncelog.storage.producer_row import WINDOW
 
 DEFAULT_KEY_MAP_BYTES = 128 * 1024 * 1024  # Kafka's log.cleaner.dedupe.buffer.size
 _WRITE_GROUP = 512  # buffers a pwritev takes at once (below IOV_MAX)
@@ -118,7 +122,11 @@ class LogCleaning(LogState):
             return self._cleanable_part(self._clock() if now_ms is None else now_ms)
 
     def _cleanable_part(self, now_ms: int, up_to: int | None = None) -> CleanablePart:
-        stable = self._transactions.last_stable_offset(self.log_end_offset, self._log_start_offset)
+        # Transactions whose markers a crash could still take count as open: the key map and
+        # the aborted ranges must follow outcomes that survive one.
+        stable = self._transactions.durable_stable_offset(
+            self.recovery_point, self.log_end_offset, self._log_start_offset
+        )
         if up_to is not None:
             stable = min(stable, up_to)
         lag_ms = self.config.min_compaction_lag_ms
@@ -201,6 +209,7 @@ class LogCleaning(LogState):
                 for offset in (entry.last_offset, *(b.last_offset for b in entry.batches))
             )
             tails = {entry.producer_id: (entry.producer_epoch, entry.last_offset) for entry in entries}
+            protected |= self._snapshot_windows(self.active_segment.base_offset)
             ranges = [(self._base_offsets[n], self._base_offsets[n + 1]) for n in range(part.count)]
             if self._client_only:
                 # Durable before the first swap: a cleaned log has gaps, which a log of client
@@ -270,6 +279,22 @@ class LogCleaning(LogState):
             return segment, list(self._batches_in(handle, size)), txn_entries
         finally:
             handle.close()
+
+    def _snapshot_windows(self, offset: int) -> frozenset[int]:
+        """The last offsets of the windowed batches in the snapshot at `offset`, the active
+        segment's base: a crash's recovery starts from it and replays only the tail, so a batch
+        it windows must stay even once newer (unflushed) batches pushed it out of the window in
+        memory, or its producer expired since. None readable: nothing (a replay from an older
+        one rebuilds windows from the cleaned log itself)."""
+        if offset not in snapshots.list_snapshot_offsets(self._fs, self.directory):
+            return frozenset()
+        try:
+            rows = snapshots.read_snapshot(self._fs, self.directory, offset)
+        except (CorruptSnapshotError, OSError):
+            return frozenset()
+        live = rows[rows["live"] == 1]
+        held = np.arange(WINDOW) < live["window_count"][:, None]
+        return frozenset(live["last_offset"][held].tolist())
 
     def _segment_for_pass(
         self, base: int | None, next_base: int | None, truncations: int

@@ -19,6 +19,17 @@ from oncelog.segments.txn_index import AbortedTxn
 class OpenTransactions:
     def __init__(self, first_offsets: dict[int, int]):
         self._first_offsets = first_offsets  # producer id -> first offset of its open transaction
+        # (marker offset, first offset) of transactions ended since the log opened, until the
+        # recovery point passes their marker: a crash may still reopen them.
+        self._recently_ended: list[tuple[int, int]] = []
+
+    def durable_stable_offset(self, recovery_point: int, log_end_offset: int, log_start_offset: int) -> int:
+        """The last stable offset a crash cannot move back: a transaction whose marker the
+        recovery point does not cover yet counts as open (Kafka's first unstable offset counts
+        one until its marker is replicated). What a cleaning pass may rely on."""
+        self._recently_ended = [ended for ended in self._recently_ended if ended[0] >= recovery_point]
+        first = min((first for _, first in self._recently_ended), default=log_end_offset)
+        return min(self.last_stable_offset(log_end_offset, log_start_offset), max(first, log_start_offset))
 
     def last_stable_offset(self, log_end_offset: int, log_start_offset: int) -> int:
         """The first offset of the oldest open transaction, never below the log start (records
@@ -40,6 +51,8 @@ class OpenTransactions:
         if completed is not None and completed.aborted:
             others = [first for pid, first in self._first_offsets.items() if pid != producer_id]
             segment.txn_index.append(aborted_txn_entry(completed, others))
+        if completed is not None:
+            self._recently_ended.append((completed.last_offset, completed.first_offset))
         if state.txn_first_offset >= 0:
             self._first_offsets.setdefault(producer_id, state.txn_first_offset)
         else:

@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from oncelog.torture.harness import TortureSummary, run_torture
 from oncelog.torture.model import FAULTS
 from oncelog.torture.process import run_process_mode
-from oncelog.torture.selftest import run_self_test
+from oncelog.torture.selftest import PLANTED, run_self_test
 
 DESCRIPTION = """\
 Crash-torture oncelog. Each crash state runs a seeded workload of idempotent
@@ -37,17 +37,25 @@ Fault classes: kill (process death at a random I/O call), drop (power loss keeps
 any subset of unsynced writes), torn (a write torn at 512/4096 bytes, zeros or
 garbage), dirent (unsynced directory entries vanish), bitflip (a flip in fsynced
 log bytes), enospc / eio (failing writes and fsyncs, then a crash), misdirect (a
-write lands at the wrong offset).
+write lands at the wrong offset), lost (a whole fsynced segment or index deleted or
+emptied), cleaning (a compacted log of keyed records, tombstones, retries and
+transactions, killed at an I/O call of a cleaning pass: writing the .cleaned files,
+a rename, a directory fsync, the new indexes, the cleaner checkpoint; then power
+lost. Checked: each key's latest durable value served, or a newer one, never an
+aborted record; only written records, offsets increasing, the log end never below
+durable data; producers' windows in the log and their retries duplicates; at most one
+record per key below the cleaner checkpoint).
 
 Every violation prints the one command that replays it exactly; the exit status
 is 1 if there was any."""
 
-EPILOG = """\
+_ALL_CAUGHT = f'{{"planted": {len(PLANTED)}, "caught": {len(PLANTED)}, "missed": []}}'
+EPILOG = f"""\
 examples:
   oncelog torture --crashes 2000
   oncelog torture --seed 7 --crashes 500 --faults kill,torn --json
   oncelog torture --seed 1000015 --crashes 1 --faults bitflip   # replay one state
-  oncelog torture --self-test --json      # {"planted": 15, "caught": 15, "missed": []}"""
+  oncelog torture --self-test --json      # {_ALL_CAUGHT}"""
 
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
@@ -84,7 +92,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     parser.add_argument(
         "--self-test",
         action="store_true",
-        help="plant nine known bugs in turn and check the harness catches each (exit 1 if one is missed)",
+        help=f"plant {len(PLANTED)} known bugs in turn and check the harness catches each "
+        "(exit 1 if one is missed)",
     )
     parser.set_defaults(handler=run)
 

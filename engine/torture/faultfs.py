@@ -401,6 +401,9 @@ class FaultFileSystem:
         self._locks: set[str] = set()
         # Called before every I/O call: the torture harness's scheduler switches threads there.
         self.on_io: Callable[[], None] | None = None
+        # When a list: every I/O call is appended as (its number, op, path), the one a kill
+        # lands on included (the cleaning class finds its crash points in a rehearsal's trace).
+        self.trace: list[tuple[int, str, str]] | None = None
 
     # -- fault injection -----------------------------------------------------------
     def kill_at(self, n: int | None) -> None:
@@ -455,6 +458,8 @@ class FaultFileSystem:
         if self._dead:
             raise SimulatedCrash(f"I/O after the simulated crash ({op} {path}; {self.lineage})")
         self.io_calls += 1
+        if self.trace is not None:
+            self.trace.append((self.io_calls, op, path))
         if self._kill_at is not None and self.io_calls == self._kill_at:
             self._pull_all()  # the page cache as it stood at the moment of death
             self._dead = True

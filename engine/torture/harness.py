@@ -39,11 +39,17 @@ served; a failed fsync must never be followed by an acknowledgement.
 
 Every crash state has its own seed; `replay_command` reproduces it exactly.
 
+The "cleaning" class is a compacted log crashed at an I/O call of a cleaning pass:
+invariants 1-3 become the compaction contract there, and its workload and checker are
+its own (oncelog.torture.cleaning, oncelog.torture.cleaning_check); run_crash_state
+hands its crash states to them.
+
 This module holds the crash-state checker (check_recovered and the per-invariant
 checks), run_crash_state and run_torture. The rest of the harness lives beside it:
 torture_model (constants, Model, Violation), torture_workload (the seeded workload),
-torture_cuts (the Model's side of truncation and retention) and torture_txn (the
-transaction view and the read_committed checks). This module re-exports their public
+torture_cuts (the Model's side of truncation and retention), torture_txn (the
+transaction view and the read_committed checks) and torture_recovered (the stored
+recovery point, and invariant 4's full replay). This module re-exports their public
 names (`__all__`), so `torture.X` still reaches all of them.
 """
 
@@ -55,15 +61,13 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from oncelog.errors import CorruptLogError, CorruptRecordError, OncelogError
-from oncelog.log import METADATA_DIR, Log
-from oncelog.producer_replay import ReplayBuffer
-from oncelog.producer_state import ProducerStateEntry, ProducerStateManager
+from oncelog.log import Log
 from oncelog.segments.batch import RecordBatch, iter_batches
-from oncelog.segments.control import decode_txn_marker
-from oncelog.storage.checkpoint import RecoveryPoint, read_recovery_point
+from oncelog.torture.cleaning import run_cleaning_crash_state
 from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.torture.model import (
     ABORTED,
+    CLEANING,
     CLOCK_MS,
     COMMITTED,
     CONFIG,
@@ -84,6 +88,7 @@ from oncelog.torture.model import (
     crash_seed,
     stamped,
 )
+from oncelog.torture.recovered import bytes_from_recovery_point, check_producer_state, stored_point
 from oncelog.torture.txn import (
     TxnView,
     check_read_committed,
@@ -147,14 +152,14 @@ def check_recovered(fs: FaultFileSystem, model: Model, fault: str, seed: int) ->
 
     if model.acked_after_fsync_failure:
         violation("no ack after a failed fsync", f"{model.acked_after_fsync_failure} acks followed it")
-    tail_bytes = _bytes_from_recovery_point(fs)
+    tail_bytes = bytes_from_recovery_point(fs)
     # A lost segment file: reporting it is right (CorruptLogError at open or on reading
     # the missing offsets); serving a shorter log is not. What the recovery point did not
     # cover the engine cannot know was there, and may be gone with the file.
     lost_segment = any(f.kind == "lost" and f.path.endswith(".log") for f in fs.faults)
     reportable = fault in ("bitflip", "misdirect") or lost_segment
     if lost_segment:
-        model.lost_from = _stored_recovery_point(fs)
+        model.lost_from = stored_point(fs).offset
     elif reportable:
         damaged = _damaged_past_recovery_point(fs)
         # Below where the point must have reached (a roll, close or checkpoint put it
@@ -220,23 +225,11 @@ def _place_in_flight(model: Model, present: dict[int, bytes]) -> None:
                 break
 
 
-def _stored_recovery_point(fs: FaultFileSystem) -> int:
-    return _stored_point(fs).offset
-
-
-def _stored_point(fs: FaultFileSystem) -> RecoveryPoint:
-    store = fs.open_store(f"{DIRECTORY}/{METADATA_DIR}")
-    try:
-        return read_recovery_point(store)
-    finally:
-        store.close()
-
-
 def _damaged_past_recovery_point(fs: FaultFileSystem) -> int | None:
     """The first offset of the batch a bit flip or misdirected write changed in fsynced
     bytes of a segment past the stored recovery point; None if it changed none there.
     (Below the point, the damage must be reported: no excuse.)"""
-    point = _stored_point(fs)
+    point = stored_point(fs)
     for fault in fs.faults:
         name = fault.path.rpartition("/")[2]
         if fault.damaged_at < 0 or not name.endswith(".log") or not name[:20].isdigit():
@@ -265,28 +258,6 @@ def _offset_of_batch_at(fs: FaultFileSystem, path: str, base: int, position: int
     except CorruptRecordError:
         pass
     return offset
-
-
-def _bytes_from_recovery_point(fs: FaultFileSystem) -> int:
-    """Bytes in the segments from the one holding the recovery point on: all recovery may read."""
-    store = fs.open_store(f"{DIRECTORY}/{METADATA_DIR}")
-    try:
-        point = read_recovery_point(store)
-    finally:
-        store.close()
-    total = 0
-    if not fs.exists(DIRECTORY):
-        return total
-    bases = [
-        int(name[:20]) for name in fs.listdir(DIRECTORY) if name.endswith(".log") and name[:20].isdigit()
-    ]
-    first = max([base for base in bases if base <= point.offset], default=0)
-    for base in bases:
-        if base >= first:
-            handle = fs.open(f"{DIRECTORY}/{base:020d}.log", writable=False)
-            total += handle.size()
-            handle.close()
-    return total
 
 
 def _check_log_start(start: int, end: int, model: Model, violation: Callable[[str, str], None]) -> None:
@@ -347,103 +318,6 @@ def _check_log_contents(
             violation("acknowledged data survives", f"{why} {kind} at {offset} is missing or changed")
 
 
-def _full_replay(batches: Sequence[RecordBatch], forget_at: frozenset[int]) -> dict[int, ProducerStateEntry]:
-    """Every producer's state after the loader's own replay of `batches` from offset 0, with
-    nothing expired, except that a producer is forgotten just before each offset in
-    `forget_at` (where the run saw it expire and restart)."""
-    replayed = ProducerStateManager(CONFIG.producer_capacity, CONFIG.producer_expiration_ms)
-    replay = ReplayBuffer(replayed, now_ms=0)
-    for batch in batches:
-        if batch.producer_id < 0:
-            continue
-        if batch.is_control:
-            marker = decode_txn_marker(batch)
-            if marker is not None:
-                replay.replay_marker(
-                    batch.producer_id, batch.producer_epoch, batch.base_offset, batch.max_timestamp, marker
-                )
-            continue
-        if batch.base_offset in forget_at:
-            replay.flush()
-            replayed.retire([batch.producer_id])
-        replay.replay_batch(
-            batch.producer_id,
-            batch.producer_epoch,
-            batch.base_sequence,
-            batch.last_sequence,
-            batch.base_offset,
-            batch.last_offset,
-            batch.max_timestamp,
-            False,
-            batch.is_transactional,
-        )
-    replay.flush()
-    return {entry.producer_id: entry._replace(last_append_ms=0) for entry in replayed.entries()}
-
-
-def check_producer_state(
-    log: Log,
-    present: dict[int, bytes],
-    violation: Callable[[str, str], None],
-    batches: Sequence[RecordBatch] | None = None,
-    *,
-    now_ms: int | None = None,
-    model: Model | None = None,
-) -> None:
-    """Producer state (windows, epochs, coordinator epochs, open transactions) equals a full replay.
-
-    With the `model` (the engine's time each offset was written, where producers
-    restarted after expiring) and `now_ms` (the recovery's clock): producers idle past
-    the expiration may be missing; last append times lie between the newest batch's
-    append and now; and a producer that restarted after expiring may have its state
-    from either replay, with or without the expiry (recovery replays a tail over a
-    snapshot taken before or after it: they differ only in the coordinator epoch the
-    expiry forgot). Without it (process mode, on the wall clock with Kafka's default
-    expiration) every producer must be there, equal to the plain replay.
-    """
-    if batches is None:
-        batches = [RecordBatch(present[offset]) for offset in sorted(present)]
-    forget_at = frozenset(model.restarted_at) if model is not None else frozenset()
-    plain = _full_replay(batches, frozenset())
-    with_expiry = _full_replay(batches, forget_at) if forget_at else plain
-    ours = {entry.producer_id: entry for entry in log.producers()}
-    # The engine's time of each producer's newest batch or marker in the history.
-    newest_ms: dict[int, int] = {}
-    if model is not None:
-        for batch in batches:
-            if batch.producer_id >= 0 and batch.base_offset in model.append_ms:
-                newest_ms[batch.producer_id] = model.append_ms[batch.base_offset]
-    for pid in sorted(set(plain) - set(ours)):
-        idle_since = newest_ms.get(pid)
-        may_expire = (
-            now_ms is not None
-            and idle_since is not None
-            and now_ms - idle_since >= EXPIRATION_MS
-            and plain[pid].current_txn_first_offset < 0
-        )
-        if not may_expire:
-            violation(
-                "producers appended within the expiration are kept",
-                f"producer {pid} (newest batch appended at {idle_since}, recovered at {now_ms}) is missing",
-            )
-    for pid, entry in ours.items():
-        untimed = entry._replace(last_append_ms=0)
-        if untimed not in (plain.get(pid), with_expiry.get(pid)):
-            violation(
-                "producer state equals a full replay",
-                f"recovered {entry} != replayed {plain.get(pid)} "
-                f"(with the run's expiries {with_expiry.get(pid)})",
-            )
-        earliest = newest_ms.get(pid)
-        if (earliest is not None and entry.last_append_ms < earliest) or (
-            now_ms is not None and entry.last_append_ms > now_ms
-        ):
-            violation(
-                "a producer's last append time is between its newest batch's and now",
-                f"producer {pid}: {entry.last_append_ms}, newest batch appended at {earliest}, now {now_ms}",
-            )
-
-
 def _check_retries(
     log: Log, present: dict[int, bytes], model: Model, violation: Callable[[str, str], None]
 ) -> None:
@@ -498,6 +372,8 @@ def run_crash_state(seed: int, fault: str) -> list[Violation]:
     """One workload, one crash of class `fault`, one recovery and check."""
     if fault not in FAULTS:
         raise ValueError(f"fault is one of {FAULTS}, got {fault!r}")
+    if fault == CLEANING:
+        return run_cleaning_crash_state(seed)  # a compacted log, and a checker of its own
     rng = random.Random(seed)
     fs = FaultFileSystem(
         seed,

@@ -9,12 +9,17 @@ It imports nothing of the harness, so every other torture module can import it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from oncelog.config import LogConfig
+from oncelog.segment_cleaning import CleanStats
 
-FAULTS = ("kill", "drop", "torn", "dirent", "bitflip", "enospc", "eio", "misdirect", "lost")
+# "cleaning" is a class of its own (oncelog.torture.cleaning): a compacted log crashed at
+# an I/O call of a cleaning pass, then power lost or the process killed.
+CLEANING = "cleaning"
+FAULTS = ("kill", "drop", "torn", "dirent", "bitflip", "enospc", "eio", "misdirect", "lost", CLEANING)
 # What a "lost" crash may delete or empty: a whole fsynced segment or index.
 LOSABLE_SUFFIXES = (".log", ".index", ".timeindex")
 DIRECTORY = "/torture/topic-0"
@@ -44,6 +49,18 @@ CONFIG = LogConfig(
     # Small enough that apply_retention() (called by the workload now and then) deletes
     # the oldest segment or two of a typical run; retention_ms is Kafka's default week.
     retention_bytes=4096,
+)
+# The cleaning class's log: compacted, with small segments, and tombstones kept a few
+# steps of the engine clock after the cleaning that first saw them.
+KEYS = 12  # few keys: most records are superseded, so passes remove records and whole batches
+DELETE_RETENTION_MS = 5_000
+CLEANING_CONFIG = dataclasses.replace(
+    CONFIG,
+    segment_bytes=1024,
+    index_interval_bytes=128,
+    retention_bytes=None,
+    cleanup_policy="compact",
+    delete_retention_ms=DELETE_RETENTION_MS,
 )
 PRODUCERS = (11, 12, 13)  # idempotent producers
 TXN_PRODUCERS = (21, 22)  # transactional producers: two, so their transactions interleave
@@ -166,6 +183,22 @@ class Model:
         batch damaged past the recovery point on."""
         cuts = (self.pending_cut, self.lost_from, self.damaged_from)
         return any(cut is not None and last_offset >= cut for cut in cuts)
+
+
+@dataclass
+class CleaningModel(Model):
+    """The Model of a crash state, and what the cleaning class adds to it."""
+
+    # Each producer's last (up to 5) acknowledged batches at its current epoch, as sent,
+    # with their offsets: a retry of any must be answered as a duplicate.
+    recent: dict[int, list[tuple[bytes, int]]] = field(default_factory=dict)
+    # Each pass begun: the engine's clock, and the offset below which it could clean (the
+    # last stable offset and the recovery point then): what lay below it was durable.
+    clean_times: list[tuple[int, int]] = field(default_factory=list)
+    # The I/O calls of each pass: (first, last); last < first for a pass that made none.
+    passes: list[tuple[int, int]] = field(default_factory=list)
+    cleaned: int = 0  # passes that cleaned something, for the tests' coverage figures
+    stats: CleanStats = field(default_factory=CleanStats)  # the passes' totals, likewise
 
 
 def stamped(batch: bytes, offset: int) -> bytes:

@@ -33,8 +33,8 @@ from oncelog.config import LogConfig
 from oncelog.log import Log
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.control import decode_txn_marker
-from oncelog.torture.harness import check_producer_state
 from oncelog.torture.model import PRODUCERS, TXN_PRODUCERS, Violation
+from oncelog.torture.recovered import check_producer_state
 from oncelog.torture.txn import check_read_committed, read_all
 
 CONFIG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=512, producer_capacity=64)

@@ -194,6 +194,10 @@ class Workload:
         """An idempotent batch of `pid`, stamped from its client clock."""
         return _batch(self.rng, pid, epoch, sequence, self.stamp(pid))
 
+    def txn_batch(self, pid: int, epoch: int, sequence: int) -> bytes:
+        """A transactional batch of `pid`, stamped from its client clock."""
+        return _batch(self.rng, pid, epoch, sequence, self.stamp(pid), transactional=True)
+
     def ack(self, offset: int, data: bytes, pid: int) -> None:
         if self.model.fsync_failed:
             self.model.acked_after_fsync_failure += 1
@@ -258,7 +262,7 @@ class Workload:
         restart = pid in self.expired
         if restart:
             p.epoch, p.sequence = self.restart_position(pid, p.epoch)
-        batch = _batch(self.rng, pid, p.epoch, p.sequence, self.stamp(pid), transactional=True)
+        batch = self.txn_batch(pid, p.epoch, p.sequence)
         offset = log.log_end_offset
         if p.txn is None:
             p.txn = Txn(pid, offset)

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from oncelog import log as log_module
+from oncelog import log_cleaner
 from oncelog.cli.main import main
+from oncelog.log_cleaner import LogCleaning
 from oncelog.producer_state import ProducerStateManager
 from oncelog.recovery import loader
 from oncelog.results import FetchResult
@@ -31,6 +33,7 @@ from oncelog.torture import harness as torture
 from oncelog.torture.faultfs import FaultFileSystem, SimulatedCrash
 from oncelog.torture.harness import (
     ABORTED,
+    CLEANING,
     COMMITTED,
     FAULTS,
     OPEN,
@@ -52,10 +55,15 @@ def quiet_recovery_logs() -> Iterator[None]:
     logger.setLevel(level)
 
 
+# The classes of a plain log; the cleaning class (a compacted log) has tests of its own
+# (test_cleaning.py).
+PLAIN_LOG_FAULTS = tuple(fault for fault in FAULTS if fault != CLEANING)
+
+
 def test_two_thousand_crash_states_across_every_fault_class_find_no_violation() -> None:
-    summary = run_torture(seed=20261122, crashes=2000)
+    summary = run_torture(seed=20261122, crashes=2000, faults=PLAIN_LOG_FAULTS)
     # Nine classes, round robin: 222 each and two more for the first two.
-    assert sum(summary.by_fault.values()) == 2000 and set(summary.by_fault) == set(FAULTS)
+    assert sum(summary.by_fault.values()) == 2000 and set(summary.by_fault) == set(PLAIN_LOG_FAULTS)
     assert min(summary.by_fault.values()) == 222 and max(summary.by_fault.values()) == 223
     assert [v.replay_command + " " + v.detail for v in summary.violations] == []
 
@@ -202,12 +210,13 @@ def test_the_checker_is_wired_to_every_fault_class() -> None:
         "eio",
         "misdirect",
         "lost",
+        "cleaning",
     }
 
 
-def test_the_self_test_catches_all_fifteen_planted_bugs(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_self_test_catches_all_eighteen_planted_bugs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["torture", "--self-test", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"planted": 15, "caught": 15, "missed": []}
+    assert json.loads(capsys.readouterr().out) == {"planted": 18, "caught": 18, "missed": []}
 
 
 # -- several threads: deterministic interleavings of one Log ------------------------------------
@@ -226,7 +235,7 @@ def test_the_workload_runs_concurrent_steps_and_races_flushes_against_cuts() -> 
 
 
 def test_a_concurrent_crash_state_replays_exactly_from_its_seed() -> None:
-    runs = [run_torture(20261123, 60) for _ in range(2)]
+    runs = [run_torture(20261123, 60, PLAIN_LOG_FAULTS) for _ in range(2)]
     assert runs[0].violations == runs[1].violations == []
 
 
@@ -303,6 +312,9 @@ def test_planted_bugs_are_restored_after_the_self_test() -> None:
         ProducerStateManager.open_transactions,
         log_module.write_offsets,
         index_module._MappedIndex._reserve,
+        LogCleaning._write_cleaned,
+        LogCleaning._swap_in,
+        log_cleaner.CleaningPass,
     )
     for plant, _ in PLANTED.values():
         with plant():
@@ -319,6 +331,9 @@ def test_planted_bugs_are_restored_after_the_self_test() -> None:
         ProducerStateManager.open_transactions,
         log_module.write_offsets,
         index_module._MappedIndex._reserve,
+        LogCleaning._write_cleaned,
+        LogCleaning._swap_in,
+        log_cleaner.CleaningPass,
     )
     assert before == after
 
