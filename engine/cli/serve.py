@@ -280,7 +280,8 @@ def _security_config(args: argparse.Namespace) -> dict[str, Any]:
 
 def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     """The connection limits: how many, from one address, how soon the first request, and
-    how many bytes of responses their clients have not read yet; and how often retention runs."""
+    how many bytes of responses their clients have not read yet; how often retention runs; and
+    the background cleaner of compacted topics."""
     parser.add_argument(
         "--retention-check-ms",
         type=int,
