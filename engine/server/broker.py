@@ -198,7 +198,7 @@ class ServeConfig:
         if (
             self.cleaner_threads < 0
             or self.cleaner_backoff_ms <= 0
-            or (self.cleaner_io_bytes_per_s or 1) <= 0
+            or (self.cleaner_io_bytes_per_s is not None and self.cleaner_io_bytes_per_s <= 0)
         ):
             raise ValueError("cleaner threads must be 0 or more, its backoff and I/O cap positive")
         if self.failed_authentication_delay_ms < 0:
