@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from oncelog.log import Log
+from oncelog.results import Isolation
+from oncelog.segments.records import Record
 
 
 def read_all(log: Log) -> list[tuple[int, bytes]]:
@@ -20,3 +22,16 @@ def read_all(log: Log) -> list[tuple[int, bytes]]:
 def stored_batches(log: Log) -> list[bytes]:
     """The stored bytes of every batch from the log start to the end."""
     return [data for _, data in read_all(log)]
+
+
+def read_records(log: Log, isolation: Isolation = "read_uncommitted") -> list[Record]:
+    """Every record a reader in `isolation` gets from the log start, in offset order."""
+    out: list[Record] = []
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        fetched = log.read(offset, isolation=isolation)
+        if not fetched.batches:
+            break  # read_committed: the last stable offset
+        out += list(fetched.records())
+        offset = fetched.next_offset
+    return out

@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from log_helpers import read_all
+from log_helpers import read_all, read_records
 
 from oncelog import CleanerError, InvalidProducerEpochError, InvalidRecordError, Log, LogConfig
 from oncelog.key_map import BYTES_PER_KEY
+from oncelog.results import Isolation
 from oncelog.segment_cleaning import CleaningPass
 from oncelog.segments.batch import RecordBatch, encode_batch
 from oncelog.segments.compaction import delete_horizon_ms
@@ -59,19 +60,11 @@ def put(
     return result.first_offset
 
 
-def records(log: Log, isolation: str = "read_uncommitted") -> list[Record]:
-    out: list[Record] = []
-    offset = log.log_start_offset
-    while offset < log.log_end_offset:
-        fetched = log.read(offset, isolation=isolation)  # type: ignore[arg-type]
-        if not fetched.batches:
-            break
-        out += list(fetched.records())
-        offset = fetched.next_offset
-    return out
+def records(log: Log, isolation: Isolation = "read_uncommitted") -> list[Record]:
+    return read_records(log, isolation)
 
 
-def fold(log: Log, isolation: str = "read_uncommitted") -> dict[bytes, bytes]:
+def fold(log: Log, isolation: Isolation = "read_uncommitted") -> dict[bytes, bytes]:
     state: dict[bytes, bytes] = {}
     for record in records(log, isolation):
         assert record.key is not None

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from log_helpers import read_records
 
 from oncelog import Log, LogConfig, LogFailedError
 from oncelog.recovery.swaps import CLEANED_SUFFIX, SWAP_SUFFIX, settle_swaps
 from oncelog.segments.batch import RecordBatch, encode_batch
-from oncelog.segments.records import Record
 from oncelog.storage.fs import DEFAULT_FS
 
 NOW_MS = int(time.time() * 1000)  # (a batch stamped long ago rolls its segment: segment_ms)
@@ -184,7 +184,7 @@ def test_a_transaction_index_swaps_with_its_log_or_not_at_all(
         assert entries == entries_after
         markers = [b.last_offset for b in _batches(reopened) if b.is_control]
         assert (1 in markers) == bool(entries_after)  # an entry exactly while its marker is there
-        committed = [r.value for r in _committed(reopened)]
+        committed = [r.value for r in read_records(reopened, "read_committed")]
         assert committed.count(b"later") == 1 and b"aborted" not in committed
         assert not [
             n for n in os.listdir(image) if n.endswith((CLEANED_SUFFIX, SWAP_SUFFIX, ".swap", ".cleaned"))
@@ -197,17 +197,5 @@ def _batches(log: Log) -> list[RecordBatch]:
     while offset < log.log_end_offset:
         fetched = log.read(offset)
         out += fetched.batches
-        offset = fetched.next_offset
-    return out
-
-
-def _committed(log: Log) -> list[Record]:
-    out: list[Record] = []
-    offset = log.log_start_offset
-    while offset < log.log_end_offset:
-        fetched = log.read(offset, isolation="read_committed")
-        if not fetched.batches:
-            break
-        out += list(fetched.records())
         offset = fetched.next_offset
     return out

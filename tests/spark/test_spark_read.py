@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from log_helpers import read_records
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -239,7 +240,7 @@ def test_a_cleaned_compacted_topic_reads_with_its_gaps_and_empty_batches(
         log.write_txn_marker(22, 0, commit=False, coordinator_epoch=0)
         log.roll()
         assert log.clean().stats.batches_emptied > 0  # producer 21's window, each segment's last batch
-        expected = sorted((r.offset, r.key, r.value) for r in _all_records(log))
+        expected = sorted((r.offset, r.key, r.value) for r in read_records(log, "read_committed"))
     oncelog.spark.register(spark)
     df = spark.read.format("oncelog").option("topic", "changelog").load(str(root))
     rows = sorted(
@@ -247,14 +248,3 @@ def test_a_cleaned_compacted_topic_reads_with_its_gaps_and_empty_batches(
     )
     assert rows == expected and len(rows) == 10  # one record per key, at its own offset
     assert b"aborted" not in [value for _, _, value in rows]
-
-
-def _all_records(log: Any) -> list[Any]:
-    out, offset = [], log.log_start_offset
-    while offset < log.log_end_offset:
-        fetched = log.read(offset, isolation="read_committed")
-        if not fetched.batches:
-            break
-        out += list(fetched.records())
-        offset = fetched.next_offset
-    return out
