@@ -38,7 +38,7 @@ import numpy as np
 from oncelog.errors import CleanerError, CorruptLogError, CorruptRecordError, CorruptSnapshotError
 from oncelog.key_map import BYTES_PER_KEY, KeyMap
 from oncelog.log_state import LogState
-from oncelog.recovery.swaps import CLEANING, SWAPPING, settle_swaps, swap_into_place
+from oncelog.recovery.swaps import CLEANING, SWAPPING, swap_into_place
 from oncelog.segment_cleaning import AbortedRanges, CleaningPass, CleanStats, digests_and_offsets
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import RecordBatch
@@ -253,10 +253,10 @@ class LogCleaning(LogState):
             try:
                 still = self._segment_for_pass(base, next_base, truncations) is segment
             except BaseException:
-                self._remove_replacements()
+                self._remove_replacements(stem)
                 raise
             if not still:  # retention or delete_records took it meanwhile
-                self._remove_replacements()
+                self._remove_replacements(stem)
                 return 0
             self._swap_in(self._base_offsets.index(base), stem, kept != txn_entries)
             self._unmap_cold_indexes()
@@ -363,12 +363,16 @@ class LogCleaning(LogState):
             for suffix, data in files:
                 self._write_cleaned(stem + suffix + CLEANING, data)
         except CleanerError:
-            self._remove_replacements()
+            self._remove_replacements(stem)
             raise
 
-    def _remove_replacements(self) -> None:
-        """Delete what step 1 wrote (no swap has begun: the old files are the truth)."""
-        settle_swaps(self._fs, self.directory, self._fs.listdir(self.directory))
+    def _remove_replacements(self, stem: str) -> None:
+        """Delete what step 1 wrote for `stem`, and an index swap not followed by its log's
+        (no log swap has begun: the old files are the truth). Only these paths: the log may
+        be closed by now, and the directory another Log's."""
+        for suffix in (LOG_SUFFIX + CLEANING, TXN_INDEX_SUFFIX + CLEANING, TXN_INDEX_SUFFIX + SWAPPING):
+            if self._fs.exists(stem + suffix):
+                self._fs.unlink(stem + suffix)
 
     def _swap_in(self, n: int, stem: str, new_txn_index: bool) -> None:
         """Under the lock: steps 2-4 for segment n, whose replacement step 1 wrote."""
@@ -383,7 +387,7 @@ class LogCleaning(LogState):
                     self._fs.fsync_dir(self.directory)
                 self._fs.rename(stem + LOG_SUFFIX + CLEANING, stem + LOG_SUFFIX + SWAPPING)
             except OSError as exc:  # no log swap: the old segment is still the truth
-                self._remove_replacements()
+                self._remove_replacements(stem)
                 raise CleanerError(f"swapping in {stem}{LOG_SUFFIX} failed: {exc}; left as it was") from exc
             self._finish_swap(n, old, stem)
 
