@@ -19,7 +19,8 @@ from typing import Any, TextIO
 from oncelog.cli.exits import EXIT_BAD_INPUT, EXIT_OK, PROG
 from oncelog.errors import CorruptRecordError
 from oncelog.segments import format as fmt
-from oncelog.segments.batch import RecordBatch, TruncatedBatchError, UnwrittenSpaceError
+from oncelog.segments.batch import RecordBatch, TruncatedBatchError
+from oncelog.segments.compaction import delete_horizon_ms
 from oncelog.segments.control import CONTROL_KEY, CONTROL_TYPE_NAMES, END_TXN_MARKER_VALUE
 from oncelog.segments.records import Record
 from oncelog.segments.segment import (
@@ -28,13 +29,13 @@ from oncelog.segments.segment import (
     TIME_INDEX_SUFFIX,
     parse_segment_file_name,
     scan_file,
-    zeros_to_end,
 )
 from oncelog.segments.txn_index import ENTRY, ENTRY_SIZE, TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex
 from oncelog.segments.txn_index import VERSION as TXN_INDEX_VERSION
 from oncelog.storage.fs import DEFAULT_FS, FileSystem, ReadOnlyFileSystem
 from oncelog.storage.snapshot import SNAPSHOT_SUFFIX
 from oncelog.tools import dump_state
+from oncelog.tools.partition_dirs import unwritten_tail
 
 # Key and payload are shown up to this many characters.
 MAX_SHOWN_CHARS = 200
@@ -55,6 +56,19 @@ position in the file, its max timestamp (CreateTime or LogAppendTime), size,
 compression codec, stored CRC and whether it is valid (CRC-32C and structure).
 With --records, a transaction marker (a control record) is shown as
 `endTxnMarker: COMMIT|ABORT coordinatorEpoch: N`. A summary line ends each file.
+
+A compacted log keeps its offsets but not every record. A batch may hold fewer
+records than its offsets (its line ends `offsetsWithoutRecord: N`) or none
+(`emptyBatch: true`: kept for its producer's sequence, or to end its segment),
+and whole batches may be gone: `gap: offsets A..B (N offsets) are in no batch`
+stands where they were (in a directory, also after a segment's last batch when
+the next segment starts later), and the summary counts those offsets. With
+--records, `| gap: offsets A..B (N offsets) have no record` marks the offsets
+of a batch that hold no record. A batch whose tombstones or transaction marker
+a cleaning kept shows `deleteHorizonMs: T` after isControl (KIP-534, attribute
+bit 6: its base timestamp is then that horizon; a cleaning from T on may remove
+them). In a log written by client appends only, a gap is lost data, which
+`oncelog verify` reports.
 
 A transaction index (%020d.txnindex: the aborted transactions whose ABORT marker
 is in that segment) is dumped one line per entry, as Kafka does:
@@ -121,7 +135,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         action="store_true",
         help="after each batch, print one line per record: offset, timestamp, key and value "
         "sizes, sequence, header keys, key and payload (UTF-8, escaped, truncated to "
-        f"{MAX_SHOWN_CHARS} characters); control records are decoded as transaction markers",
+        f"{MAX_SHOWN_CHARS} characters); control records are decoded as transaction markers, and the "
+        "offsets of a compacted batch that hold no record are shown as a gap line",
     )
     parser.add_argument(
         "--no-validate",
@@ -139,6 +154,7 @@ class _FileSummary:
     records: int = 0
     bytes: int = 0
     last_offset: int | None = None
+    gap_offsets: int = 0  # offsets in the file's range that no batch holds
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -161,6 +177,7 @@ def _dump_path(path: str, args: argparse.Namespace, out: TextIO, err: TextIO) ->
     if files is None:
         return EXIT_BAD_INPUT
     status = EXIT_OK
+    next_bases = _next_bases(files)
     for file_path in files:
         if file_path.endswith(TXN_INDEX_SUFFIX):
             ok = dump_txn_index(file_path, out, err, fs=DEFAULT_FS)
@@ -172,6 +189,7 @@ def _dump_path(path: str, args: argparse.Namespace, out: TextIO, err: TextIO) ->
                 records=args.records,
                 validate=args.validate,
                 fs=DEFAULT_FS,
+                next_base=next_bases.get(file_path),
             )
             if args.indexes and not dump_state.dump_segment_indexes(file_path, out, err):
                 ok = False
@@ -215,6 +233,16 @@ def _segment_files(path: str, err: TextIO) -> list[str] | None:
     return [path]
 
 
+def _next_bases(files: list[str]) -> dict[str, int]:
+    """Each segment file's next segment's base offset, where one follows it (the end of its range)."""
+    bases = [
+        (path, base)
+        for path in files
+        if (base := parse_segment_file_name(os.path.basename(path), LOG_SUFFIX)) is not None
+    ]
+    return {path: bases[n + 1][1] for n, (path, _) in enumerate(bases[:-1])}
+
+
 def dump_file(
     path: str,
     out: TextIO,
@@ -223,8 +251,13 @@ def dump_file(
     records: bool = False,
     validate: bool = True,
     fs: FileSystem = DEFAULT_FS,
+    next_base: int | None = None,
 ) -> bool:
-    """Dump one segment file to `out`; returns False (after reporting to `err`) on error."""
+    """Dump one segment file to `out`; returns False (after reporting to `err`) on error.
+
+    `next_base`: the next segment's base offset, when the file is dumped with its directory:
+    offsets between the file's last batch and it are shown as a gap too.
+    """
     try:
         handle = fs.open(path, writable=False)
     except OSError as exc:
@@ -236,8 +269,12 @@ def dump_file(
         print(f"Dumping {path}", file=out)
         print(f"Log starting offset: {'unknown' if base is None else base}", file=out)
         size = handle.size()
+        expected = base  # the offset the next batch starts at if nothing is missing
         try:
             for position, batch in scan_file(handle, 0, size):
+                if expected is not None and batch.base_offset > expected:
+                    summary.gap_offsets += _gap_line(expected, batch.base_offset - 1, out)
+                expected = batch.last_offset + 1 if expected is None else max(expected, batch.last_offset + 1)
                 print(_batch_line(batch, position, validate), file=out)
                 summary.batches += 1
                 summary.bytes = position + batch.size
@@ -246,7 +283,7 @@ def dump_file(
                     summary.records += _dump_records(batch, out)
         except CorruptRecordError as exc:
             start = exc.position or 0
-            if isinstance(exc, UnwrittenSpaceError) and zeros_to_end(handle, start, size):
+            if unwritten_tail(exc, handle, start):
                 # A live log's pre-allocated space, or what a crash left of it: the data ends here.
                 print(_summary_line(summary, records), file=out)
                 print(f"{size - start} bytes of unwritten space follow the last batch", file=out)
@@ -262,6 +299,8 @@ def dump_file(
             return False
     finally:
         handle.close()
+    if expected is not None and next_base is not None and next_base > expected:
+        summary.gap_offsets += _gap_line(expected, next_base - 1, out)
     print(_summary_line(summary, records), file=out)
     if size == 0 and base is None:
         # An empty segment is a fresh active one; an empty file by any other name is no segment.
@@ -351,7 +390,19 @@ def _describe_error(
 def _summary_line(summary: _FileSummary, records: bool) -> str:
     counted = f"{summary.records} records, " if records else ""
     last = "none" if summary.last_offset is None else str(summary.last_offset)
-    return f"Summary: {summary.batches} batches, {counted}{summary.bytes} bytes, last offset {last}"
+    gaps = f", {summary.gap_offsets} offsets in no batch" if summary.gap_offsets else ""
+    return f"Summary: {summary.batches} batches, {counted}{summary.bytes} bytes, last offset {last}{gaps}"
+
+
+def _gap_line(first: int, last: int, out: TextIO) -> int:
+    """Print that no batch holds offsets [first, last]; how many offsets that is."""
+    count = last - first + 1
+    print(f"gap: offsets {first}..{last} ({_offsets(count)}) are in no batch", file=out)
+    return count
+
+
+def _offsets(count: int) -> str:
+    return f"{count} offset" if count == 1 else f"{count} offsets"
 
 
 def _bool(value: bool) -> str:
@@ -367,25 +418,49 @@ def _batch_line(batch: RecordBatch, position: int, validate: bool) -> str:
         f" partitionLeaderEpoch: {batch.partition_leader_epoch}"
         f" isTransactional: {_bool(batch.is_transactional)}"
         f" isControl: {_bool(batch.is_control)}"
+    )
+    horizon = delete_horizon_ms(batch)
+    if horizon is not None:  # KIP-534: the base timestamp is the delete horizon (Kafka's field name)
+        line += f" deleteHorizonMs: {horizon}"
+    line += (
         f" position: {position} {batch.timestamp_type}: {batch.max_timestamp}"
         f" size: {batch.size} magic: {batch.magic} compresscodec: {batch.compression_name}"
         f" crc: {batch.crc}"  # unpacked as u32: unsigned decimal, like Kafka
     )
     if validate:
         line += f" isvalid: {_bool(batch.is_valid())}"
+    # Offsets of the batch's range without a record: compaction removed them (it keeps
+    # lastOffsetDelta), or, at all of them, left the batch empty.
+    without = batch.last_offset - batch.base_offset + 1 - batch.records_count
+    if without > 0:
+        line += f" offsetsWithoutRecord: {without}"
+    if batch.records_count == 0:
+        line += " emptyBatch: true"
     return line
 
 
 def _dump_records(batch: RecordBatch, out: TextIO) -> int:
-    """Print the batch's records; returns how many were decoded."""
+    """Print the batch's records, and the offsets between them that hold none (a compacted
+    batch keeps its offset range); returns how many records were decoded."""
     count = 0
+    expected = batch.base_offset
     try:
         for record in batch.records():
+            if record.offset > expected:
+                _record_gap_line(expected, record.offset - 1, out)
+            expected = max(expected, record.offset + 1)
             print(_record_line(batch, record), file=out)
             count += 1
     except CorruptRecordError as exc:
         print(f"| corrupt records: {exc}", file=out)
+        return count
+    if expected <= batch.last_offset:
+        _record_gap_line(expected, batch.last_offset, out)
     return count
+
+
+def _record_gap_line(first: int, last: int, out: TextIO) -> None:
+    print(f"| gap: offsets {first}..{last} ({_offsets(last - first + 1)}) have no record", file=out)
 
 
 def _record_line(batch: RecordBatch, record: Record) -> str:

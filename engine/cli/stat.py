@@ -11,15 +11,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from typing import Any, Literal, TextIO
 
 from oncelog.layout import TopicPartition
 from oncelog.storage.fs import DEFAULT_FS, ReadOnlyFileSystem
 from oncelog.tools.partition_dirs import (
+    KAFKA_CLEANER_CHECKPOINT,
     BadInputError,
+    Partition,
     find_partitions,
+    read_kafka_checkpoint,
     read_kafka_log_starts,
     root_store_error,
+    topic_cleanup_policy,
 )
 from oncelog.tools.partition_stat import PartitionStat, stat_partition
 
@@ -27,8 +32,9 @@ EXIT_OK, EXIT_BAD_INPUT = 0, 2
 
 DESCRIPTION = """\
 Print one row per partition under ROOT: topic, partition, segments, bytes of
-segment data, log start and end offsets, producers, open transactions and whether
-the last shutdown was clean, then a total row. ROOT is a partition directory (it
+segment data, log start and end offsets, producers, open transactions, whether
+the last shutdown was clean and, for a compacted log, its dirty ratio and where
+its last cleaning ended, then a total row. ROOT is a partition directory (it
 holds %020d.log segments) or a root of <topic>-<partition> directories (an
 oncelog LogManager root, or a Kafka log.dir).
 
@@ -43,14 +49,29 @@ oncelog LogManager root, or a Kafka log.dir).
   not yet closed by a COMMIT or ABORT marker.
 - clean: oncelog's .clean_shutdown marker, or Kafka's .kafka_cleanshutdown in the
   log.dir; "no" also for a log that is open right now.
+- dirty (shown, with the next column, when some partition is compacted): the
+  share of a compacted log's cleanable bytes past its cleaner checkpoint (what
+  the cleaner compares with min.cleanable.dirty.ratio). Cleanable are the sealed
+  segments below the last stable offset and (oncelog) the recovery point, as the
+  cleaner takes them, but as the files show them: the recovery point as of the
+  last flush, the last stable offset as replayed above, and no
+  min_compaction_lag_ms (the directory does not say it). "-" for a log never
+  cleaned whose LogManager root does not give its topic cleanup_policy compact
+  (or compact,delete).
+- cleaned to: the cleaner checkpoint, where the last cleaning pass ended (below
+  it each key has at most one record): oncelog's, stored with the partition, or
+  Kafka's cleaner-offset-checkpoint in the log.dir; "-" if never cleaned.
 
 A torn tail or an unreadable snapshot ends the scan where it is and is noted on
 stderr (`oncelog verify` tells corruption from a torn tail). Strictly read-only:
 files are opened read-only and no log is opened, so it is safe on a live log.
 
-The table is drawn with rich on a terminal and as aligned plain text otherwise;
---json prints a list of objects, one per partition (with last_stable_offset,
-format, path and notes besides the columns).
+The table is drawn with rich on a terminal wide enough for it (folding long
+topic names) and as aligned plain text otherwise; --json prints a list of
+objects, one per partition (with last_stable_offset, format, path, notes,
+cleanable_bytes, dirty_bytes, cleaner_delete_horizon_ms, cleanup_policy and
+compacted besides the columns; dirty_ratio is given for every log, compacted or
+not).
 
 Exit status: 0, or 2 for bad input: ROOT missing, or holding neither segments nor
 partition directories, or a file that cannot be read at all (a metadata store,
@@ -60,15 +81,31 @@ EPILOG = """\
 examples:
   oncelog stat data/orders-0
   oncelog stat /var/lib/kafka/data
-  oncelog stat --json data | jq '.[] | select(.open_transactions > 0)'"""
+  oncelog stat --json data | jq '.[] | select(.open_transactions > 0)'
+  oncelog stat --json data | jq '.[] | select(.compacted and .dirty_ratio >= 0.5) | .path'"""
 
-COLUMNS = ("topic", "partition", "segments", "bytes", "start", "end", "producers", "open txns", "clean")
+COLUMNS = (
+    "topic",
+    "partition",
+    "segments",
+    "bytes",
+    "start",
+    "end",
+    "producers",
+    "open txns",
+    "clean",
+    "dirty",
+    "cleaned to",
+)
+_LEFT = (0, 8)  # the columns of text, left-aligned; the others are numbers
+_COMPACTION_COLUMNS = 2  # the last two: shown only when some partition is compacted
 
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     parser = commands.add_parser(
         "stat",
-        help="one row per partition: segments, bytes, start/end offsets, producers, open transactions",
+        help="one row per partition: segments, bytes, start/end offsets, producers, open transactions, "
+        "dirty ratio",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=formatter,
@@ -90,13 +127,11 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if root_error is not None:
         print(f"oncelog stat: {root_error}", file=err)
         status = EXIT_BAD_INPUT
-    starts: dict[str, dict[TopicPartition, int]] = {}
+    roots = _RootFacts(fs)
     stats = []
     for partition in partitions:
         try:
-            if partition.root not in starts:
-                starts[partition.root] = read_kafka_log_starts(fs, partition.root)
-            stat = stat_partition(fs, partition, starts[partition.root])
+            stat = roots.stat(partition)
         except OSError as exc:
             where = exc.filename if isinstance(exc.filename, str) else partition.path
             print(f"oncelog stat: {partition.label}: cannot read {where}: {exc.strerror or exc}", file=err)
@@ -110,15 +145,49 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.json:
         print(json.dumps([dataclasses.asdict(stat) for stat in stats], indent=2), file=out)
     elif out.isatty():
-        _print_rich(table_rows(stats), out)
+        _print_rich(table_columns(stats), table_rows(stats), out)
     else:
-        for line in plain_table(table_rows(stats)):
+        for line in plain_table(table_columns(stats), table_rows(stats)):
             print(line, file=out)
     return status
 
 
+class _RootFacts:
+    """What each root holding partitions says about them, read once per root (and topic)."""
+
+    def __init__(self, fs: ReadOnlyFileSystem):
+        self._fs = fs
+        self._starts: dict[str, dict[TopicPartition, int]] = {}
+        self._cleaned_to: dict[str, dict[TopicPartition, int]] = {}
+        self._policies: dict[tuple[str, str], str | None] = {}
+
+    def stat(self, partition: Partition) -> PartitionStat:
+        root = partition.root
+        if root not in self._starts:
+            self._starts[root] = read_kafka_log_starts(self._fs, root)
+            self._cleaned_to[root] = read_kafka_checkpoint(self._fs, root, KAFKA_CLEANER_CHECKPOINT)
+        policy = None
+        if partition.tp is not None:
+            key = (root, partition.tp.topic)
+            if key not in self._policies:
+                self._policies[key] = topic_cleanup_policy(self._fs, root, partition.tp.topic)
+            policy = self._policies[key]
+        return stat_partition(
+            self._fs,
+            partition,
+            self._starts[root],
+            kafka_cleaned_to=self._cleaned_to[root],
+            cleanup_policy=policy,
+        )
+
+
+def table_columns(stats: list[PartitionStat]) -> tuple[str, ...]:
+    """The table's columns: dirty and cleaned to only when some partition is compacted."""
+    return COLUMNS if any(s.compacted for s in stats) else COLUMNS[:-_COMPACTION_COLUMNS]
+
+
 def table_rows(stats: list[PartitionStat]) -> list[list[str]]:
-    """The cells of each row, the total row last."""
+    """The cells of each row (those of table_columns), the total row last."""
     rows = [
         [
             s.topic,
@@ -130,37 +199,40 @@ def table_rows(stats: list[PartitionStat]) -> list[list[str]]:
             str(s.producers),
             str(s.open_transactions),
             "yes" if s.clean_shutdown else "no",
+            f"{s.dirty_ratio:.2f}" if s.compacted else "-",
+            "-" if s.cleaner_checkpoint is None else str(s.cleaner_checkpoint),
         ]
         for s in stats
     ]
     total = ["total", "", str(sum(s.segments for s in stats))]
     total += [str(sum(s.size_bytes for s in stats)), "", "", str(sum(s.producers for s in stats))]
-    total += [str(sum(s.open_transactions for s in stats)), ""]
-    return [*rows, total]
+    total += [str(sum(s.open_transactions for s in stats)), "", "", ""]
+    shown = len(table_columns(stats))
+    return [row[:shown] for row in [*rows, total]]
 
 
-def plain_table(rows: list[list[str]]) -> list[str]:
+def plain_table(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
     """Aligned columns: text left, numbers right."""
-    widths = [max(len(cell) for cell in column) for column in zip(COLUMNS, *rows, strict=True)]
+    widths = [max(len(cell) for cell in column) for column in zip(columns, *rows, strict=True)]
     lines = []
-    for row in [list(COLUMNS), *rows]:
+    for row in [list(columns), *rows]:
         cells = [
-            c.ljust(w) if n in (0, 8) else c.rjust(w)
-            for n, (c, w) in enumerate(zip(row, widths, strict=True))
+            c.ljust(w) if n in _LEFT else c.rjust(w) for n, (c, w) in enumerate(zip(row, widths, strict=True))
         ]
         lines.append("  ".join(cells).rstrip())
     return lines
 
 
-def _print_rich(rows: list[list[str]], out: TextIO) -> None:
+def _print_rich(columns: tuple[str, ...], rows: list[list[str]], out: TextIO) -> None:
     from rich import box
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
 
     table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    for n, name in enumerate(COLUMNS):
+    for n, name in enumerate(columns):
         # Headers whole: a narrow terminal folds the long topic names instead.
-        justify: Literal["left", "right"] = "right" if 0 < n < 8 else "left"
+        justify: Literal["left", "right"] = "left" if n in _LEFT else "right"
         table.add_column(
             name, justify=justify, overflow="fold", no_wrap=n > 0, min_width=8 if n == 0 else None
         )
@@ -168,4 +240,12 @@ def _print_rich(rows: list[list[str]], out: TextIO) -> None:
         table.add_row(*row)
     table.add_section()
     table.add_row(*rows[-1], style="bold")
-    Console(file=out).print(table)
+    console = Console(file=out)
+    unbounded = console.options.update(max_width=sys.maxsize)
+    if Measurement.get(console, unbounded, table).minimum > console.width:
+        # Too narrow even with the topics folded: rich would cut numbers short. Plain lines
+        # wrap on the terminal but keep every figure whole.
+        for line in plain_table(columns, rows):
+            print(line, file=out)
+        return
+    console.print(table)

@@ -34,7 +34,14 @@ Checked, each file streamed in bounded reads:
     strictly increasing across batches and segments (the first batch at or above
     its segment's base offset); in a log written only by client appends also
     recordsCount = lastOffsetDelta + 1, partitionLeaderEpoch -1 and no gaps
-    (a compacted Kafka batch legally holds fewer records than offsets);
+    (a compacted batch legally holds fewer records than offsets, or none, and a
+    compacted log has gaps: oncelog's cleaner clears the client-appends flag
+    before it changes a segment);
+  - a compacted log, below its cleaned point (the cleaner checkpoint: oncelog's,
+    stored with the partition, or Kafka's cleaner-offset-checkpoint): at most one
+    live record per key, from the log start on; records of aborted transactions
+    (by the .txnindex files) and transaction markers are not counted, and past the
+    cleaned point a key may appear again (that part is not cleaned yet);
   - every record of every batch decodes, compressed bodies inflated: each
     record's framing within the batch, recordsCount records exactly, offset
     deltas increasing within lastOffsetDelta (0..n-1 in a log of client appends);
@@ -49,11 +56,14 @@ Zeros up to the end of a segment or an index are pre-allocated space, not damage
 Each problem is one line naming the file and the byte position in it (and the
 batch's base offset): CORRUPT for damage that opening the log would refuse or
 serve (a metadata store that cannot be read, the partition's or the root's,
-included); WARNING for what recovery repairs by itself: a torn tail of the last
-segment ("recovery will cut N bytes at position P": in a Kafka directory a batch
-cut short by the end of the file, in an oncelog one anything past the recovery
-point), an index that an unclean open rebuilds, zeros after the batches of a
-sealed segment. A summary line follows.
+included; so is a key's second live record below the cleaned point, named at
+the batch of the newer one, with both offsets); WARNING for what recovery
+repairs by itself: a torn tail of the last segment ("recovery will cut N bytes
+at position P": in a Kafka directory a batch cut short by the end of the file,
+in an oncelog one anything past the recovery point), an index that an unclean
+open rebuilds, zeros after the batches of a sealed segment, a file a cleaning
+left when a crash interrupted its swap (.cleaned, .swap: the next open finishes
+or undoes the swap). A summary line follows.
 
 Strictly read-only: files are opened read-only, no lock is taken and no log is
 opened, so it is safe on a live or a damaged log. A progress bar (partitions

@@ -16,13 +16,17 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from oncelog.errors import CorruptMetadataError, OncelogError
+from oncelog.errors import CorruptMetadataError, CorruptRecordError, OncelogError
 from oncelog.layout import TopicPartition, is_pending_delete, parse_partition_dir_name
 from oncelog.log import METADATA_DIR
 from oncelog.log_manager import DELETE_INTENT_PREFIX
-from oncelog.root_config import ROOT_METADATA_DIR
-from oncelog.segments.segment import LOG_SUFFIX, parse_segment_file_name
+from oncelog.root_config import ROOT_METADATA_DIR, read_topic_config
+from oncelog.segments import format as fmt
+from oncelog.segments.batch import TruncatedBatchError, UnwrittenSpaceError
+from oncelog.segments.segment import LOG_SUFFIX, parse_segment_file_name, zeros_to_end
 from oncelog.storage.checkpoint import (
+    CLEANER_CHECKPOINT_KEY,
+    CLEANER_HORIZON_KEY,
     CLIENT_ONLY_KEY,
     RECOVERY_POINT_KEY,
     RecoveryPoint,
@@ -31,10 +35,11 @@ from oncelog.storage.checkpoint import (
     recorded_log_start,
 )
 from oncelog.storage.clean_marker import CLEAN_SHUTDOWN_FILE
-from oncelog.storage.fs import FileSystem
+from oncelog.storage.fs import FileHandle, FileSystem
 
 KAFKA_CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"  # in each Kafka log.dir after a clean stop
 KAFKA_LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
+KAFKA_CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"  # where each partition's last cleaning ended
 
 
 class BadInputError(OncelogError):
@@ -60,6 +65,11 @@ class PartitionMeta(NamedTuple):
     client_only: bool
     log_start_offset: int | None  # recorded_log_start: None if the store cannot say
     error: str | None = None
+    # Where the last cleaning pass of a compacted log ended (oncelog.log_cleaner): below it
+    # each key has at most one record. None: never cleaned.
+    cleaner_checkpoint: int | None = None
+    # The earliest delete horizon (KIP-534) that pass left in a batch; None: none left.
+    cleaner_horizon_ms: int | None = None
 
 
 def find_partitions(root: str, fs: FileSystem) -> list[Partition]:
@@ -106,6 +116,17 @@ def segment_bases(names: list[str]) -> tuple[list[int], list[str]]:
     return sorted(bases), bad
 
 
+def unwritten_tail(exc: CorruptRecordError, handle: FileHandle, position: int) -> bool:
+    """Whether a scan of `handle` stopped at pre-allocated space: zeros from `position` to the end.
+
+    Fewer zeros than a batch's size prefix (17 bytes) are that space too, though the scan
+    calls them a batch cut short: a live active segment's reservation can end there.
+    """
+    return isinstance(exc, (UnwrittenSpaceError, TruncatedBatchError)) and zeros_to_end(
+        handle, position, handle.size()
+    )
+
+
 def read_partition_meta(fs: FileSystem, directory: str) -> PartitionMeta:
     """The directory's metadata store read as the loader reads it; `error` if it cannot be."""
     store_path = os.path.join(directory, METADATA_DIR)
@@ -122,11 +143,15 @@ def read_partition_meta(fs: FileSystem, directory: str) -> PartitionMeta:
             point = read_recovery_point(store) if has_point else None
             client_only = read_offset(store, CLIENT_ONLY_KEY) == 1
             log_start = recorded_log_start(store)
+            cleaned_to = read_offset(store, CLEANER_CHECKPOINT_KEY)
+            horizon = read_offset(store, CLEANER_HORIZON_KEY)
         finally:
             store.close()
     except (OSError, OncelogError) as exc:  # CorruptMetadataError: the loader would refuse it too
         return PartitionMeta(True, clean, None, False, None, error=f"cannot read {METADATA_DIR}: {exc}")
-    return PartitionMeta(True, clean, point, client_only, log_start)
+    if horizon == fmt.INT64_MAX:  # the pass kept no tombstone or marker with a horizon
+        horizon = None
+    return PartitionMeta(True, clean, point, client_only, log_start, None, cleaned_to, horizon)
 
 
 def delete_intents(fs: FileSystem, root: str) -> set[str]:
@@ -157,9 +182,27 @@ def root_store_error(fs: FileSystem, root: str) -> str | None:
     return None
 
 
+def topic_cleanup_policy(fs: FileSystem, root: str, topic: str) -> str | None:
+    """The topic's cleanup policy as the LogManager root `root` stores it (its config and the
+    topic's overrides); None where no root says: a Kafka log.dir (the policy is the
+    cluster's), a log opened on its own, or a store that cannot be read."""
+    if not fs.exists(os.path.join(root, ROOT_METADATA_DIR)):
+        return None
+    try:
+        return read_topic_config(root, topic, fs).cleanup_policy
+    except (OncelogError, OSError, ValueError):
+        return None
+
+
 def read_kafka_log_starts(fs: FileSystem, root: str) -> dict[TopicPartition, int]:
-    """Kafka's `log-start-offset-checkpoint`: version 0, a count, then `topic partition offset` lines."""
-    path = os.path.join(root, KAFKA_LOG_START_CHECKPOINT)
+    """Kafka's `log-start-offset-checkpoint` in the log.dir `root` (read_kafka_checkpoint)."""
+    return read_kafka_checkpoint(fs, root, KAFKA_LOG_START_CHECKPOINT)
+
+
+def read_kafka_checkpoint(fs: FileSystem, root: str, name: str) -> dict[TopicPartition, int]:
+    """One of Kafka's offset checkpoint files in a log.dir (`log-start-offset-checkpoint`,
+    `cleaner-offset-checkpoint`): version 0, a count, then `topic partition offset` lines."""
+    path = os.path.join(root, name)
     if not fs.exists(path):
         return {}
     handle = fs.open(path, writable=False)

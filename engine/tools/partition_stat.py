@@ -7,6 +7,11 @@ the newest readable snapshot at or below the end (oncelog's or Kafka's v1), then
 batch headers after it, through the engine's own rules (`apply_batch`,
 `apply_marker`). Expiry is not applied: the directory does not say its
 `producer_expiration_ms`. Files are only ever opened with `writable=False`.
+
+A compacted log's dirty ratio is the cleaner's own rule (oncelog.log_cleaner's pure
+`cleanable_part`) over the segment sizes, from the cleaner checkpoint (oncelog's
+metadata store, or Kafka's `cleaner-offset-checkpoint`); see `_cleanable` for the limit
+a reader of the directory can know.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any, NamedTuple
 from oncelog.append_rules import apply_batch, apply_marker
 from oncelog.errors import CorruptRecordError, CorruptSnapshotError
 from oncelog.layout import TopicPartition
+from oncelog.log_cleaner import CleanablePart, cleanable_part
 from oncelog.producer_state import (
     UNKNOWN_APPEND_MS,
     BatchMetadata,
@@ -33,8 +39,10 @@ from oncelog.storage.snapshot import list_snapshot_offsets, read_snapshot
 from oncelog.tools.partition_dirs import (
     KAFKA_CLEAN_SHUTDOWN_FILE,
     Partition,
+    PartitionMeta,
     read_partition_meta,
     segment_bases,
+    unwritten_tail,
 )
 
 
@@ -59,12 +67,33 @@ class PartitionStat:
     # marker the replay saw. The writer appends the marker before its .txnindex entry, so
     # a reader of a live (or crashed) log may find the entry missing: these cover that.
     recent_aborted: tuple[tuple[int, int, int], ...] = ()
+    # Compaction. Where the last cleaning pass ended (None: never cleaned, as far as the
+    # directory says); the cleanable bytes (sealed segments below the limit, _cleanable),
+    # those past the checkpoint, and their ratio: the cleaner's min_cleanable_dirty_ratio
+    # test, as if min_compaction_lag_ms were 0 (stat does not know the topic's).
+    cleaner_checkpoint: int | None = None
+    cleanable_bytes: int = 0
+    dirty_bytes: int = 0
+    dirty_ratio: float = 0.0
+    # The earliest delete horizon (KIP-534) the last pass left: a tombstone or marker may go then.
+    cleaner_delete_horizon_ms: int | None = None
+    # The topic's cleanup.policy where its LogManager root stores one (None: not known).
+    cleanup_policy: str | None = None
+    # Whether the log is compacted: its topic says so, or a cleaning pass has run on it.
+    compacted: bool = False
 
 
 def stat_partition(
-    fs: FileSystem, partition: Partition, kafka_starts: dict[TopicPartition, int]
+    fs: FileSystem,
+    partition: Partition,
+    kafka_starts: dict[TopicPartition, int],
+    *,
+    kafka_cleaned_to: dict[TopicPartition, int] | None = None,
+    cleanup_policy: str | None = None,
 ) -> PartitionStat:
-    """`kafka_starts`: the log start offsets of the Kafka log.dir holding it (read_kafka_log_starts).
+    """`kafka_starts`: the log start offsets of the Kafka log.dir holding it (read_kafka_log_starts);
+    `kafka_cleaned_to`: its cleaner checkpoints (read_kafka_checkpoint of
+    KAFKA_CLEANER_CHECKPOINT); `cleanup_policy`: the topic's, if known (topic_cleanup_policy).
 
     OSError if a file cannot be read at all (a directory named like a segment, say).
     """
@@ -84,6 +113,12 @@ def stat_partition(
     )
     start = min(max(stored or 0, first), end)
     open_txns = replay.open_transactions()
+    stable = min(open_txns, default=end)
+    if meta.oncelog:
+        cleaned_to = meta.cleaner_checkpoint
+    else:
+        cleaned_to = (kafka_cleaned_to or {}).get(partition.tp) if partition.tp else None
+    part = _cleanable(bases, sizes, meta, stable, start, cleaned_to)
     if meta.oncelog:
         clean = meta.clean_shutdown
     else:
@@ -97,13 +132,54 @@ def stat_partition(
         log_end_offset=end,
         producers=len(replay.states),
         open_transactions=len(open_txns),
-        last_stable_offset=min(open_txns, default=end),
+        last_stable_offset=stable,
         clean_shutdown=clean,
         format="oncelog" if meta.oncelog else "kafka",
         path=directory,
         notes=tuple(notes),
         metadata_unreadable=meta.error is not None,
         recent_aborted=tuple(replay.aborted),
+        cleaner_checkpoint=cleaned_to,
+        cleanable_bytes=part.cleanable_bytes if part else 0,
+        dirty_bytes=part.dirty_bytes if part else 0,
+        dirty_ratio=part.dirty_ratio if part else 0.0,
+        cleaner_delete_horizon_ms=meta.cleaner_horizon_ms,
+        cleanup_policy=cleanup_policy,
+        # LogConfig.compacted: every policy but "delete" compacts.
+        compacted=cleaned_to is not None or cleanup_policy not in (None, "delete"),
+    )
+
+
+def _cleanable(
+    bases: list[int],
+    sizes: list[int],
+    meta: PartitionMeta,
+    stable: int,
+    start: int,
+    cleaned_to: int | None,
+) -> CleanablePart | None:
+    """What a cleaning pass could take now, by the cleaner's own rule (None: no segments).
+
+    The limit is what a reader of the directory can know, not what the live log knows:
+    the rule already stops at the active segment (the last), and the recovery point
+    (oncelog's, stored; a Kafka directory's is not read) and the last stable offset bound
+    it as they bound the cleaner. That last stable offset is the one replayed above, from
+    the newest snapshot and the batches after it: a live writer may have moved it since,
+    so on a live log the figure is as of the last flush. min_compaction_lag_ms is not
+    applied (the directory does not say it): the ratio is that of a topic without one.
+    """
+    if not bases:
+        return None
+    limit = min(bases[-1], stable)
+    if meta.oncelog:
+        limit = min(limit, meta.recovery_point.offset if meta.recovery_point is not None else start)
+    return cleanable_part(
+        bases,
+        sizes,
+        None,
+        limit_offset=limit,
+        first_dirty=max(cleaned_to or 0, start),
+        lag_cutoff_ms=0,
     )
 
 
@@ -180,7 +256,8 @@ def _scan(fs: FileSystem, path: str, base: int, replay: _Replay) -> _Scanned:
             replay.apply(batch)
             end_offset, data = batch.last_offset + 1, position + batch.size
     except CorruptRecordError as exc:
-        if not isinstance(exc, UnwrittenSpaceError):
+        at = data if exc.position is None else exc.position
+        if not isinstance(exc, UnwrittenSpaceError) and not unwritten_tail(exc, handle, at):
             error = str(exc)
     finally:
         handle.close()

@@ -7,6 +7,12 @@ segment's `.index` is walked alongside its batches (verify_indexes), then its
 `.timeindex` and `.txnindex` checked, and every producer snapshot's CRC. A problem
 names the file and the byte position in it.
 
+A compacted log keeps its offsets but not every record: gaps between batches and
+between the records of a batch, and empty batches, are what a cleaning leaves, and
+are damage only in a log that says it holds client appends only (the cleaner clears
+that flag, durably, before its first swap). Below its cleaned point (the cleaner
+checkpoint) a key has at most one live record (verify_keys).
+
 What is corruption follows what opening the log would do (recovery/loader.py): a
 tail that recovery cuts (a batch cut short at the end of the last segment; in an
 oncelog directory, anything bad past the recovery point in the last segment) and an
@@ -28,8 +34,11 @@ from typing import NamedTuple
 import numpy as np
 
 from oncelog.errors import CorruptRecordError, CorruptSnapshotError, InvalidRecordError
+from oncelog.layout import TopicPartition
 from oncelog.recovery.plan import NO_RECOVERY_POINT, Verdict, first_validated, judge_bad_batch
-from oncelog.segments.batch import RecordBatch, TruncatedBatchError, UnwrittenSpaceError
+from oncelog.recovery.swaps import CLEANING, SWAPPING
+from oncelog.segment_cleaning import AbortedRanges
+from oncelog.segments.batch import RecordBatch, TruncatedBatchError
 from oncelog.segments.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -37,13 +46,22 @@ from oncelog.segments.segment import (
     check_client_appended,
     scan_file,
     segment_file_name,
-    zeros_to_end,
 )
-from oncelog.segments.txn_index import ENTRY_SIZE, TXN_INDEX_SUFFIX, TransactionIndex
+from oncelog.segments.txn_index import ENTRY_SIZE, TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex
 from oncelog.storage.fs import FileHandle, FileSystem, ReadOnlyFileSystem
 from oncelog.storage.snapshot import list_snapshot_offsets, read_snapshot, snapshot_file_name
-from oncelog.tools.partition_dirs import Partition, PartitionMeta, read_partition_meta, segment_bases
+from oncelog.tools.partition_dirs import (
+    KAFKA_CLEANER_CHECKPOINT,
+    KAFKA_LOG_START_CHECKPOINT,
+    Partition,
+    PartitionMeta,
+    read_kafka_checkpoint,
+    read_partition_meta,
+    segment_bases,
+    unwritten_tail,
+)
 from oncelog.tools.verify_indexes import Flag, OffsetIndexWalk, index_entries
+from oncelog.tools.verify_keys import LiveKeyCheck
 
 CORRUPT, WARNING = "CORRUPT", "WARNING"
 
@@ -166,6 +184,8 @@ class PartitionVerifier:
         self.totals = VerifyTotals()
         self._report = report
         self._on_bytes = on_bytes
+        self._keys: LiveKeyCheck | None = None  # the partition's, when it has a cleaned point
+        self._kafka_checkpoints: dict[tuple[str, str], dict[TopicPartition, int]] = {}
 
     def problem(
         self, severity: str, path: str, position: int | None, reason: str, offset: int | None = None
@@ -191,6 +211,15 @@ class PartitionVerifier:
         bases, bad = segment_bases(names)
         for name in bad:
             self.problem(CORRUPT, os.path.join(directory, name), None, "a .log whose name is no base offset")
+        for name in sorted(names):
+            if name.endswith((CLEANING, SWAPPING)):
+                # What a crash mid-swap leaves; the segment checked here is the one it replaces.
+                self.problem(
+                    WARNING,
+                    os.path.join(directory, name),
+                    None,
+                    "left by a cleaning a crash interrupted: the next open finishes or undoes its swap",
+                )
         if not bases:
             self.problem(WARNING, directory, None, f"no {LOG_SUFFIX} segment files")
         if bases and meta.log_start_offset is not None and meta.log_start_offset < bases[0]:
@@ -203,6 +232,7 @@ class PartitionVerifier:
                 f"segment file starts at {bases[0]} (a lost segment)",
             )
         rebuilt_from = first_rebuilt(meta, bases)
+        self._keys = self._key_check(partition, meta, bases)
         prev: int | None = None
         for n, base in enumerate(bases):
             rebuilt = rebuilt_from is not None and base >= rebuilt_from
@@ -210,8 +240,61 @@ class PartitionVerifier:
             # Damage in a clean log's active segment fails its tail check: an open validates it then.
             judged = rebuilt or (is_last and meta.oncelog)
             prev = self._segment(directory, base, prev, meta, is_last=is_last, rebuilt=rebuilt, judged=judged)
+            if self._keys is not None:
+                self._keys.flush()  # this segment's repeated keys, before the next segment's problems
+        self._keys = None
         self._fsynced_data_present(directory, bases, prev, meta)
         self._snapshots(directory, names)
+
+    def _key_check(self, partition: Partition, meta: PartitionMeta, bases: list[int]) -> LiveKeyCheck | None:
+        """The check of a compacted log's keys below its cleaned point; None if never cleaned.
+
+        The cleaned point and log start are oncelog's (the partition's store) or, in a
+        Kafka log.dir, its cleaner-offset-checkpoint and log-start-offset-checkpoint.
+        """
+        if not bases:
+            return None
+        if meta.oncelog:
+            cleaned_to, start = meta.cleaner_checkpoint, meta.log_start_offset
+        elif partition.tp is None:
+            return None
+        else:
+            cleaned_to = self._kafka_checkpoint(partition.root, KAFKA_CLEANER_CHECKPOINT).get(partition.tp)
+            start = self._kafka_checkpoint(partition.root, KAFKA_LOG_START_CHECKPOINT).get(partition.tp)
+        if cleaned_to is None:
+            return None
+
+        def report(path: str, position: int, offset: int, reason: str) -> None:
+            self.problem(CORRUPT, path, position, reason, offset)
+
+        aborted = AbortedRanges(self._aborted_txns(partition.path, bases))
+        return LiveKeyCheck(cleaned_to, max(start or 0, bases[0]), aborted, report)
+
+    def _kafka_checkpoint(self, root: str, name: str) -> dict[TopicPartition, int]:
+        if (root, name) not in self._kafka_checkpoints:
+            try:
+                self._kafka_checkpoints[root, name] = read_kafka_checkpoint(self.fs, root, name)
+            except OSError as exc:
+                self.problem(CORRUPT, os.path.join(root, name), None, f"cannot read: {exc.strerror or exc}")
+                self._kafka_checkpoints[root, name] = {}
+        return self._kafka_checkpoints[root, name]
+
+    def _aborted_txns(self, directory: str, bases: list[int]) -> list[AbortedTxn]:
+        """Every segment's aborted transactions, as far as their indexes read (_txn_index
+        reports those that do not)."""
+        found: list[AbortedTxn] = []
+        for base in bases:
+            path = os.path.join(directory, segment_file_name(base, TXN_INDEX_SUFFIX))
+            if not self.fs.exists(path):
+                continue
+            index = TransactionIndex(self.fs, path, base)
+            try:
+                found += index.entries()
+            except (CorruptRecordError, OSError):
+                pass
+            finally:
+                index.close()
+        return found
 
     def _fsynced_data_present(
         self, directory: str, bases: list[int], last: int | None, meta: PartitionMeta
@@ -322,13 +405,15 @@ class PartitionVerifier:
                 elif (problem := records_problem(batch, meta.client_only)) is not None:
                     # Never a torn tail: recovery reads headers only and would serve it.
                     self.problem(CORRUPT, path, position, problem, batch.base_offset)
+                elif self._keys is not None:
+                    self._keys.add(batch, path, position)
                 walk.on_batch(position, batch.base_offset, batch.last_offset)
                 self._on_bytes(batch.size)
                 batches, end = batches + 1, position + batch.size
                 last = batch.last_offset if last is None else max(last, batch.last_offset)
         except CorruptRecordError as exc:
             at = end if exc.position is None else exc.position
-            if isinstance(exc, UnwrittenSpaceError) and zeros_to_end(handle, at, size):
+            if unwritten_tail(exc, handle, at):
                 if not is_last:  # the engine trims a segment when it seals it
                     self.problem(
                         WARNING, path, at, f"{size - at} bytes of zeros after a sealed segment's batches"
