@@ -121,6 +121,7 @@ class Log(LogAppends, LogCleaning, LogDurability, LogLifecycle, LogReads):
         self._recovery_point_lock = threads.lock()
         self._generation = 0
         self._truncations = 0  # (oncelog.log_cleaner)
+        self._cleaning_pass = threads.lock()
         # The last flush's fsynced end and its generation, and when the recovery point was
         # last committed: a flush commits it only every recovery_point_interval_ms.
         self._fsynced_point = (loaded.recovery_point, 0, 0, -1)  # (generation -1: none yet)

@@ -193,6 +193,17 @@ class LogCleaning(LogState):
         """
         if key_map_bytes < BYTES_PER_KEY:
             raise ValueError(f"key_map_bytes must hold one key ({BYTES_PER_KEY} bytes), got {key_map_bytes}")
+        with self._cleaning_pass:  # one pass at a time: two would write the same files
+            return self._clean(now_ms, if_due, key_map_bytes, throttle, up_to)
+
+    def _clean(
+        self,
+        now_ms: int | None,
+        if_due: bool,
+        key_map_bytes: int,
+        throttle: Callable[[int], None] | None,
+        up_to: int | None,
+    ) -> CleanResult:
         with self._lock:
             self._check_writable()
             now = self._clock() if now_ms is None else now_ms
@@ -209,7 +220,7 @@ class LogCleaning(LogState):
                 for offset in (entry.last_offset, *(b.last_offset for b in entry.batches))
             )
             tails = {entry.producer_id: (entry.producer_epoch, entry.last_offset) for entry in entries}
-            protected |= self._snapshot_windows(self.active_segment.base_offset)
+            protected |= self._recovery_snapshot_windows()
             ranges = [(self._base_offsets[n], self._base_offsets[n + 1]) for n in range(part.count)]
             if self._client_only:
                 # Durable before the first swap: a cleaned log has gaps, which a log of client
@@ -280,21 +291,25 @@ class LogCleaning(LogState):
         finally:
             handle.close()
 
-    def _snapshot_windows(self, offset: int) -> frozenset[int]:
-        """The last offsets of the windowed batches in the snapshot at `offset`, the active
-        segment's base: a crash's recovery starts from it and replays only the tail, so a batch
-        it windows must stay even once newer (unflushed) batches pushed it out of the window in
-        memory, or its producer expired since. None readable: nothing (a replay from an older
-        one rebuilds windows from the cleaned log itself)."""
-        if offset not in snapshots.list_snapshot_offsets(self._fs, self.directory):
-            return frozenset()
-        try:
-            rows = snapshots.read_snapshot(self._fs, self.directory, offset)
-        except (CorruptSnapshotError, OSError):
-            return frozenset()
-        live = rows[rows["live"] == 1]
-        held = np.arange(WINDOW) < live["window_count"][:, None]
-        return frozenset(live["last_offset"][held].tolist())
+    def _recovery_snapshot_windows(self) -> frozenset[int]:
+        """The last offsets of the batches windowed in the snapshot a crash's recovery would
+        load: the newest readable one at or below the segment holding the recovery point.
+        Recovery replays only the tail after it, so a batch it windows must stay even once
+        newer (unflushed) batches pushed it out of the window in memory, or its producer
+        expired since. None readable: nothing (a replay from the log start rebuilds every
+        window from the cleaned log itself)."""
+        base = self._base_offsets[max(bisect.bisect_right(self._base_offsets, self.recovery_point) - 1, 0)]
+        for offset in sorted(snapshots.list_snapshot_offsets(self._fs, self.directory), reverse=True):
+            if offset > base:
+                continue
+            try:
+                rows = snapshots.read_snapshot(self._fs, self.directory, offset)
+            except (CorruptSnapshotError, OSError):
+                continue  # recovery sets it aside too, and loads the next older one
+            live = rows[rows["live"] == 1]
+            held = np.arange(WINDOW) < live["window_count"][:, None]
+            return frozenset(live["last_offset"][held].tolist())
+        return frozenset()
 
     def _segment_for_pass(
         self, base: int | None, next_base: int | None, truncations: int

@@ -133,6 +133,8 @@ class LogDurability(LogState):
             if offset >= self.recovery_point:
                 self._commit_metadata(write_recovery_point, RecoveryPoint(offset, segment_base, position))
                 self.recovery_point = offset
+                if self._deferred_snapshot is None:  # (else nothing ended since the open)
+                    self._open_txns.forget_ended_before(offset)
                 self._point_committed_ms = self._clock()
 
     def _commit_metadata(self, write: Callable[[MetadataStore, T], None], value: T) -> None:

@@ -96,6 +96,7 @@ class LogState:
     _stored_codec: int | None  # client batches are stored in this codec (None: as sent)
     _requires_keys: bool  # a compacted log: client records without a key are refused
     _truncations: int  # truncate_to calls: a cleaning pass planned before one stops
+    _cleaning_pass: threads.Lock  # held by a cleaning pass from start to end (log_cleaner)
     _segment_bytes_limit: int
     _segment_ms: int
     _max_batch_bytes: int

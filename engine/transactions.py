@@ -9,8 +9,10 @@ transactions does a fetch overlap (the segments' .txnindex files).
 from __future__ import annotations
 
 import bisect
+import collections
 from collections.abc import Iterable, Sequence
 
+from oncelog import threads
 from oncelog.producer_state import CompletedTxn, WorkingState
 from oncelog.segments.segment import LogSegment
 from oncelog.segments.txn_index import AbortedTxn
@@ -19,16 +21,26 @@ from oncelog.segments.txn_index import AbortedTxn
 class OpenTransactions:
     def __init__(self, first_offsets: dict[int, int]):
         self._first_offsets = first_offsets  # producer id -> first offset of its open transaction
-        # (marker offset, first offset) of transactions ended since the log opened, until the
-        # recovery point passes their marker: a crash may still reopen them.
-        self._recently_ended: list[tuple[int, int]] = []
+        # (marker offset, first offset) of transactions ended since the log opened, in marker
+        # order, until the recovery point passes their marker: a crash may still reopen them.
+        # Its own lock: a flush forgets them outside the log's lock (forget_ended_before).
+        self._recently_ended: collections.deque[tuple[int, int]] = collections.deque()
+        self._ended_lock = threads.lock()
+
+    def forget_ended_before(self, recovery_point: int) -> None:
+        """The recovery point moved: transactions whose marker it covers are durably ended."""
+        with self._ended_lock:
+            ended = self._recently_ended
+            while ended and ended[0][0] < recovery_point:
+                ended.popleft()
 
     def durable_stable_offset(self, recovery_point: int, log_end_offset: int, log_start_offset: int) -> int:
         """The last stable offset a crash cannot move back: a transaction whose marker the
         recovery point does not cover yet counts as open (Kafka's first unstable offset counts
         one until its marker is replicated). What a cleaning pass may rely on."""
-        self._recently_ended = [ended for ended in self._recently_ended if ended[0] >= recovery_point]
-        first = min((first for _, first in self._recently_ended), default=log_end_offset)
+        self.forget_ended_before(recovery_point)
+        with self._ended_lock:
+            first = min((first for _, first in self._recently_ended), default=log_end_offset)
         return min(self.last_stable_offset(log_end_offset, log_start_offset), max(first, log_start_offset))
 
     def last_stable_offset(self, log_end_offset: int, log_start_offset: int) -> int:
@@ -52,7 +64,8 @@ class OpenTransactions:
             others = [first for pid, first in self._first_offsets.items() if pid != producer_id]
             segment.txn_index.append(aborted_txn_entry(completed, others))
         if completed is not None:
-            self._recently_ended.append((completed.last_offset, completed.first_offset))
+            with self._ended_lock:
+                self._recently_ended.append((completed.last_offset, completed.first_offset))
         if state.txn_first_offset >= 0:
             self._first_offsets.setdefault(producer_id, state.txn_first_offset)
         else:

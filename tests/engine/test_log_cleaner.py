@@ -454,3 +454,63 @@ def test_tombstones_kept_forever_need_no_horizon_past_the_largest_timestamp(tmp_
         log.roll()
         assert log.clean().cleaned
         assert [delete_horizon_ms(b) for b in batches(log) if b.records_count] == [2**63 - 1]
+
+
+def test_two_passes_on_one_log_run_one_after_the_other(log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
+    updates(log, rounds=20, keys=3)
+    log.roll()
+    real = CleaningPass.clean_segment
+    inside, most = [0], [0]
+
+    def counted(self: CleaningPass, segment_batches: list[RecordBatch]) -> object:
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        try:
+            time_to_overlap.wait(0.05)  # (gives the other pass every chance to come in)
+            return real(self, segment_batches)
+        finally:
+            inside[0] -= 1
+
+    time_to_overlap = threading.Event()
+    monkeypatch.setattr(CleaningPass, "clean_segment", counted)
+    passes = [threading.Thread(target=log.clean) for _ in range(2)]
+    for thread in passes:
+        thread.start()
+    for thread in passes:
+        thread.join(WAIT_S)
+    assert most[0] == 1 and fold(log) == {f"k{k}".encode(): f"r19-{k}".encode() for k in range(3)}
+    assert not [name for name in os.listdir(log.directory) if name.endswith((".cleaned", ".swap"))]
+
+
+def test_the_windows_of_the_snapshot_recovery_would_load_stay_when_the_newest_is_unreadable(
+    log: Log,
+) -> None:
+    for seq in range(5):
+        put(log, (b"k", b"p%d" % seq), pid=7, seq=seq)
+    log.roll()  # the snapshot at 5 windows producer 7's batches 0..4
+    put(log, (b"k", b"newer"))
+    log.roll()
+    newest = os.path.join(log.directory, f"{log.active_segment.base_offset:020d}.snapshot")
+    with open(newest, "r+b") as file:  # recovery would set it aside and load the one at 5
+        file.write(b"\xff" * 16)
+    for seq in range(5, 10):  # in memory, the window moves past 0..4
+        put(log, (b"j", b"p%d" % seq), pid=7, seq=seq)
+    log.clean()
+    assert [b.base_offset for b in batches(log) if b.producer_id == 7 and b.base_offset < 5] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
+
+
+def test_transactions_ended_below_the_recovery_point_are_not_remembered(tmp_path: Path) -> None:
+    with Log.open(tmp_path / "p-0", LogConfig()) as log:  # (not compacted: nothing ever asks)
+        for seq in range(200):
+            put(log, (b"k", b"v"), pid=9, seq=seq, txn=True)
+            log.write_txn_marker(9, 0, commit=True, coordinator_epoch=0)
+            if seq % 50 == 49:
+                log.flush()
+                log.checkpoint()
+        assert len(log._open_txns._recently_ended) < 50
