@@ -220,13 +220,16 @@ class LogCleaning(LogState):
                 for offset in (entry.last_offset, *(b.last_offset for b in entry.batches))
             )
             tails = {entry.producer_id: (entry.producer_epoch, entry.last_offset) for entry in entries}
-            protected |= self._recovery_snapshot_windows()
+            recovery_base = self._base_offsets[
+                max(bisect.bisect_right(self._base_offsets, self.recovery_point) - 1, 0)
+            ]
             ranges = [(self._base_offsets[n], self._base_offsets[n + 1]) for n in range(part.count)]
             if self._client_only:
                 # Durable before the first swap: a cleaned log has gaps, which a log of client
                 # appends only may not have (recovery and reads would take them for lost data).
                 self._commit_metadata(write_offsets, {CLIENT_ONLY_KEY: 0})
                 self._client_only = False
+        protected |= self._snapshot_windows_at_or_below(recovery_base)  # (read outside the lock)
         key_map = KeyMap(key_map_bytes // BYTES_PER_KEY)
         ranges = ranges[
             : self._build_key_map(ranges, part.first_dirty, key_map, aborted, truncations, throttle)
@@ -291,14 +294,14 @@ class LogCleaning(LogState):
         finally:
             handle.close()
 
-    def _recovery_snapshot_windows(self) -> frozenset[int]:
+    def _snapshot_windows_at_or_below(self, base: int) -> frozenset[int]:
         """The last offsets of the batches windowed in the snapshot a crash's recovery would
-        load: the newest readable one at or below the segment holding the recovery point.
+        load: the newest readable one at or below `base`, the segment holding the recovery point.
         Recovery replays only the tail after it, so a batch it windows must stay even once
         newer (unflushed) batches pushed it out of the window in memory, or its producer
         expired since. None readable: nothing (a replay from the log start rebuilds every
-        window from the cleaned log itself)."""
-        base = self._base_offsets[max(bisect.bisect_right(self._base_offsets, self.recovery_point) - 1, 0)]
+        window from the cleaned log itself). Read outside the log's lock: a snapshot file is
+        written whole by a rename, and one deleted meanwhile is skipped as unreadable."""
         for offset in sorted(snapshots.list_snapshot_offsets(self._fs, self.directory), reverse=True):
             if offset > base:
                 continue

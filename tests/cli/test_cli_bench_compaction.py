@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_cli_bench import ROW_KEYS, SMOKE_SCALE
 
 from oncelog.bench import cleaner as bench_cleaner
 from oncelog.bench import run as bench_run
@@ -25,22 +26,9 @@ from oncelog.key_map import BYTES_PER_KEY
 from oncelog.log_cleaner import CleanResult
 from oncelog.segment_cleaning import CleanStats
 
-SMOKE_SCALE = "0.01"
 CLEANING = "log cleaning, "
 PER_KEY = "key map memory per key, "
 PEAK = "key map peak while merging, per key, "
-ROW_KEYS = {
-    "figure": str,
-    "value": float,
-    "unit": str,
-    "reference": float,
-    "ratio": float,
-    "target": str,
-    "met": bool,
-    "spread_low": (float, type(None)),
-    "spread_high": (float, type(None)),
-    "unclear": bool,
-}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,12 +6,8 @@ switch them on.
 
 from __future__ import annotations
 
-import logging
 import random
 from collections import Counter
-from collections.abc import Iterator
-
-import pytest
 
 from oncelog.config import LogConfig
 from oncelog.log import Log
@@ -32,16 +28,6 @@ from oncelog.torture.model import CLEANING, CleaningModel, crash_seed
 from oncelog.torture.selftest import PLANTED
 
 NOW_MS = 1_800_000_000_000
-
-
-@pytest.fixture(autouse=True)
-def quiet_recovery_logs() -> Iterator[None]:
-    # Recovery warns for every torn tail it cuts; hundreds of crash states would flood the output.
-    logger = logging.getLogger("oncelog")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
 
 
 # Two cleaner bugs this class found, now fixed, each pinned below (test_a_pass_*).

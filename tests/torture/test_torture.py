@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import logging
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -43,17 +42,6 @@ from oncelog.torture.harness import (
     run_torture,
     run_workload,
 )
-
-
-@pytest.fixture(autouse=True)
-def quiet_recovery_logs() -> Iterator[None]:
-    # Recovery warns for every torn tail it cuts; thousands of crash states would flood the output.
-    logger = logging.getLogger("oncelog")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
-
 
 # The classes of a plain log; the cleaning class (a compacted log) has tests of its own
 # (test_cleaning.py).
