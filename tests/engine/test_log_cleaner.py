@@ -514,3 +514,21 @@ def test_transactions_ended_below_the_recovery_point_are_not_remembered(tmp_path
                 log.flush()
                 log.checkpoint()
         assert len(log._open_txns._recently_ended) < 50
+
+
+def test_a_tombstone_stamped_years_behind_by_its_client_still_lives_its_retention_on_the_engine_clock(
+    log: Log, clock: Clock
+) -> None:
+    two_years_ms = 2 * 365 * 24 * 3600 * 1000
+    log.append(encode_batch([(b"k", b"v")], timestamp_ms=T0 - two_years_ms))
+    log.append(encode_batch([(b"k", None)], timestamp_ms=T0 - two_years_ms))  # a skewed client clock
+    log.append(encode_batch([(b"j", b"w")], timestamp_ms=T0 + two_years_ms))
+    log.roll()
+    log.clean()
+    assert [(r.key, r.value) for r in records(log)] == [(b"k", None), (b"j", b"w")]
+    clock.now_ms = T0 + COMPACT.delete_retention_ms - 1
+    log.clean()
+    assert [r.key for r in records(log)] == [b"k", b"j"]  # the horizon is the engine's, not the batch's
+    clock.now_ms = T0 + COMPACT.delete_retention_ms
+    log.clean()
+    assert [r.key for r in records(log)] == [b"j"]
