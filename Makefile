@@ -15,11 +15,12 @@ COMPAT_STAMP := $(COMPAT_BUILD)/.built-node-rdkafka-3.6.0
 .PHONY: demo test lint typecheck imports layout-tree java-check pytest pytest-pure test-under-load bench torture serve-soak eos-soak soak-resources compat clean
 
 # The install builds the compiled append (engine/_append.c -> oncelog._append) in place;
-# with no C compiler it goes on without it, and oncelog takes the Python path.
-$(STAMP): pyproject.toml engine/_append.c
+# with no C compiler it goes on without it, and oncelog takes the Python path. The dev extra
+# is every other extra (kafka, spark, plot) and the tools of `make test`.
+$(STAMP): pyproject.toml build_backend/oncelog_build.py engine/_append.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@$(BIN)/python -c "import oncelog._append" 2>/dev/null \
 		&& echo "make: the compiled append is built (oncelog._append)" \
 		|| echo "make: no compiled append (no C compiler?): oncelog takes the Python path"
@@ -113,4 +114,4 @@ compat: $(STAMP) $(COMPAT_STAMP)
 		--json $(COMPAT_BUILD)/result.json
 
 clean:
-	rm -rf $(VENV) build data .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks
+	rm -rf $(VENV) build dist data .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks

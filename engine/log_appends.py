@@ -201,11 +201,14 @@ class LogAppends(LogState):
                     return self.append_batches([buffer])[0]  # makes room from expired producers, or refuses
             try:
                 segment.append_stamped(buffer, base, last, max_ts)
+                if after is not None:
+                    self._publish(after, None, segment)
             except OSError as exc:
                 self._fail(exc)
                 raise LogFailedError(f"write to {segment.path} failed: {exc}") from exc
-            if after is not None:
-                self._publish(after, None, segment)
+            except BaseException as exc:
+                self._fail_between_write_and_state(exc)
+                raise
             if self._has_flush_policy:
                 self._maybe_flush(header[12])
             return _new_result(AppendResult, (base, last, -1, False))
@@ -416,14 +419,27 @@ class LogAppends(LogState):
         for p in group:
             buffers.extend(stamped_buffers(p, self._log_append_time))
         metas = [BatchMeta(p.last, p.max_ts, p.batch.size) for p in group]
+        segment = self.active_segment
         try:
-            self.active_segment.append(buffers, metas)
+            segment.append(buffers, metas)
+            for p in group:
+                if p.producer_after is not None:
+                    self._publish(p.producer_after, p.completed, segment)
         except OSError as exc:
             self._fail(exc)
-            raise LogFailedError(f"write to {self.active_segment.path} failed: {exc}") from exc
-        for p in group:
-            if p.producer_after is not None:
-                self._publish(p.producer_after, p.completed, self.active_segment)
+            raise LogFailedError(f"write to {segment.path} failed: {exc}") from exc
+        except BaseException as exc:
+            self._fail_between_write_and_state(exc)
+            raise
+
+    def _fail_between_write_and_state(self, exc: BaseException) -> None:
+        """Anything else escaping between a write and its producer state (a Ctrl-C, a bug):
+        the segment may hold a batch the state does not know, and a retry of it would be
+        taken again. The log fails closed: close() leaves no clean-shutdown marker (and no
+        snapshot that does not match the segment), so the next open recovers as after a kill.
+        The first failure recorded stays (a failed transaction index write named its own)."""
+        if self._failure is None:
+            self._fail(exc)
 
     def _publish(self, after: WorkingState, completed: CompletedTxn | None, segment: LogSegment) -> None:
         """A producer's new state, once its batch or marker is in `segment`: both append paths."""

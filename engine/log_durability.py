@@ -75,21 +75,26 @@ class LogDurability(LogState):
             )
             self._set_recovery_point(base_offset, base_offset, 0)
             self._forget_retirements()  # the snapshot just written holds them
+            self._group_commit.mark_durable(base_offset)
+            self._segments.append(segment)
+            self._base_offsets.append(base_offset)
+            self._watch_index_maps([segment])
+            self._bind_compiled()  # (before it, the compiled appender is bound to the sealed segment)
         except BaseException as exc:
-            if segment is not None:
+            if segment is not None and segment is not self._segments[-1]:
                 try:
                     segment.close(durable=False)  # the half-done roll's new segment: reopen finds it
                 except Exception as close_error:
                     exc.add_note(f"closing {segment.path} after the failed roll also failed: {close_error}")
             if not isinstance(exc, (OSError, CorruptMetadataError)):
-                raise  # named already (a failed commit), or not ours to name
+                # Named and recorded already (a failed commit), or not ours to name (a Ctrl-C,
+                # a bug): either way the roll is half done, so the log fails closed and the
+                # next open recovers it, as after a kill.
+                if self._failure is None:
+                    self._fail(exc)
+                raise
             self._fail(exc)
             raise LogFailedError(f"rolling {old.path} failed: {exc}") from exc
-        self._group_commit.mark_durable(base_offset)
-        self._segments.append(segment)
-        self._base_offsets.append(base_offset)
-        self._watch_index_maps([segment])
-        self._bind_compiled()
         return segment
 
     @property

@@ -79,7 +79,7 @@ from oncelog.root_config import read_root_config as read_root_config
 from oncelog.root_config import read_topic_config as read_topic_config
 from oncelog.root_identity import ensure_root_id
 from oncelog.segment_cleaning import CleanStats
-from oncelog.storage.clean_marker import CleanMarker, take_clean_marker
+from oncelog.storage.clean_marker import CleanMarker, put_back_clean_marker, take_clean_marker
 from oncelog.storage.fs import (
     DEFAULT_FS,
     DirLock,
@@ -586,6 +586,7 @@ class LogManager:
         handed_over: set[TopicPartition] = set()  # locks a Log.open owns (and releases)
         opened: dict[TopicPartition, Log] = {}
         failures: dict[TopicPartition, BaseException] = {}
+        taken: dict[TopicPartition, CleanMarker | None] = {}  # the markers this open moved aside
         syncing: PendingSync | None = None
         try:
             # Every partition's lock before its marker is read: a process that opened the
@@ -595,7 +596,7 @@ class LogManager:
             self._lock_partitions(partitions, locks, failures)
             if failures:  # before any marker is taken: nothing on disk has changed
                 raise PartitionRecoveryError(self.root, failures)
-            clean, syncing = self._take_markers(partitions)
+            clean, syncing = self._take_markers(partitions, taken)
             tracker = RecoveryProgress(len(partitions), show=progress)
 
             def open_one(tp: TopicPartition) -> None:
@@ -628,6 +629,10 @@ class LogManager:
                 exc.add_note(
                     f"closing {tp} after the failed open also failed: {type(error).__name__}: {error}"
                 )
+            # A partition no open got to is as it was: its marker goes back (a Ctrl-C
+            # during a root's recovery must not leave the root's other partitions unclean).
+            untouched = [tp for tp, marker in taken.items() if marker is not None and tp not in handed_over]
+            self._put_back_markers(untouched, exc)
             unopened = [lock.release for tp, lock in locks.items() if tp not in handed_over]
             release_after_failure(exc, unopened)
             # Last: a second Ctrl-C while the sync is awaited finds the logs closed and the
@@ -638,13 +643,16 @@ class LogManager:
             raise
 
     def _take_markers(
-        self, partitions: list[TopicPartition]
+        self, partitions: list[TopicPartition], taken: dict[TopicPartition, CleanMarker | None]
     ) -> tuple[dict[TopicPartition, CleanMarker | None], PendingSync | None]:
         """Take every partition's clean-shutdown marker (the partitions are locked), and start
-        the sync that makes the takes durable: each marker taken, and the sync (None if none was)."""
+        the sync that makes the takes durable: each marker taken, and the sync (None if none was).
+        `taken` has each as it is taken, for a failure to put back."""
         # Before any marker is taken: a failure here leaves every partition clean.
         disks = {tp: self._fs.filesystem_of(self._partition_path(tp)) for tp in partitions}
-        clean = {tp: take_clean_marker(self._fs, self._partition_path(tp)) for tp in partitions}
+        for tp in partitions:
+            taken[tp] = take_clean_marker(self._fs, self._partition_path(tp))
+        clean = dict(taken)
         if not any(clean.values()):
             return clean, None
         # syncfs: a crash while loading must find no marker (it would trust a log recovery
@@ -659,6 +667,13 @@ class LogManager:
             for tp, marker in clean.items()
         }
         return marked, syncing
+
+    def _put_back_markers(self, partitions: list[TopicPartition], failure: BaseException) -> None:
+        for tp in partitions:
+            try:
+                put_back_clean_marker(self._fs, self._partition_path(tp))
+            except OSError as error:  # the partition is recovered at the next open: only slower
+                failure.add_note(f"putting back the clean-shutdown marker of {tp} failed: {error}")
 
     def _lock_partitions(
         self,

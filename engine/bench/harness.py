@@ -27,20 +27,24 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from oncelog.bench.references import kafka_python_batch
+from oncelog.bench.settings import APPEND_SIZES as APPEND_SIZES
+from oncelog.bench.settings import DURABLE_THREADS as DURABLE_THREADS
+from oncelog.bench.settings import FULL as FULL
+from oncelog.bench.settings import KIB as KIB
+from oncelog.bench.settings import MIB as MIB
+from oncelog.bench.settings import QUICK as QUICK
+from oncelog.bench.settings import RECOVERY_SEGMENT_COUNTS as RECOVERY_SEGMENT_COUNTS
+from oncelog.bench.settings import BenchSettings as BenchSettings
+from oncelog.bench.settings import settings_for as settings_for
 from oncelog.config import LogConfig
 from oncelog.log import Log
 from oncelog.segments.batch import RecordBatch, encode_batch
 
 REPORT = "report"
-KIB = 1024
-MIB = 1024 * 1024
 GB = 1e9  # decimal: GB/s and MB/s are 10^9 and 10^6 bytes per second
-APPEND_SIZES = (("170 B (1 record)", 170), ("1 KiB", KIB), ("16 KiB", 16 * KIB), ("1 MiB", MIB))
-RECOVERY_SEGMENT_COUNTS = (10, 30, 100)
-DURABLE_THREADS = 16
 # No roll inside a timed loop: one segment as large as an i32 position allows.
 APPEND_CONFIG = LogConfig(segment_bytes=2**31 - 1)
 
@@ -135,91 +139,6 @@ def ratio_spread(ratios: Sequence[float]) -> tuple[float, float]:
         quartiles = statistics.quantiles(ratios, n=4, method="inclusive")
         return quartiles[0], quartiles[2]
     return min(ratios), max(ratios)
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    mode: str  # "full" or "quick" (plus " x<scale>" when scaled)
-    repeats: int
-    append_counts: tuple[int, ...]  # batches per round, one per APPEND_SIZES entry
-    codec_batches: int  # batches encoded / decoded per repeat
-    recovery_segment_bytes: int
-    recovery_rounds: int
-    tail_scan_bytes: int  # size of the active segment the tail scan recovers
-    producers: int
-    durable_window_s: float  # each durable measurement runs this long
-    partitions: int  # partitions a LogManager opens (bench_manager)
-    partition_rounds: int
-    spark_records: int = 1_000_000  # records the Spark figure reads (oncelog bench --spark)
-    wire_messages: int = 160_000  # messages each wire throughput repeat sends (oncelog bench --wire)
-    wire_repeats: int = 5  # wire repeats: each one starts clients and sends wire_messages
-    wire_latency_s: float = 3.0  # each wire latency measurement offers its fixed rate this long
-    # What the big-fetch client asks per Fetch (Kafka's default fetch.max.bytes is 50 MiB).
-    wire_fetch_bytes: int = 50 * MIB
-    spark_master: str = "local[2]"  # the Spark figures' master URL (a standalone cluster: spark://host:7077)
-    append_rounds: int = 15  # rounds of each append row, engine and reference in turn
-    # The compaction figures (oncelog bench --compaction, oncelog.bench.cleaner): a log of this
-    # many bytes of keyed records over this many keys, cleaned this many rounds.
-    cleaner_log_bytes: int = 64 * MIB
-    cleaner_keys: int = 50_000
-    cleaner_rounds: int = 7
-
-    def scaled(self, scale: float) -> BenchSettings:
-        if scale == 1:
-            return self
-        return replace(
-            self,
-            mode=f"{self.mode} x{scale:g}",
-            repeats=max(2, min(self.repeats, round(self.repeats * scale))),
-            append_rounds=max(4, min(self.append_rounds, round(self.append_rounds * scale))),
-            append_counts=tuple(max(4, int(count * scale)) for count in self.append_counts),
-            codec_batches=max(4, int(self.codec_batches * scale)),
-            recovery_segment_bytes=max(64 * KIB, int(self.recovery_segment_bytes * scale)),
-            recovery_rounds=max(2, min(self.recovery_rounds, round(self.recovery_rounds * scale))),
-            tail_scan_bytes=max(MIB, int(self.tail_scan_bytes * scale)),
-            producers=max(1000, int(self.producers * scale)),
-            durable_window_s=max(0.02, self.durable_window_s * scale),
-            partitions=max(10, int(self.partitions * scale)),
-            partition_rounds=max(1, min(self.partition_rounds, round(self.partition_rounds * scale))),
-            spark_records=max(10_000, int(self.spark_records * scale)),
-            wire_messages=max(4000, int(self.wire_messages * scale)),
-            wire_repeats=max(2, min(self.wire_repeats, round(self.wire_repeats * scale))),
-            wire_latency_s=max(0.5, self.wire_latency_s * scale),
-            wire_fetch_bytes=max(MIB, int(self.wire_fetch_bytes * scale)),
-            cleaner_log_bytes=max(MIB, int(self.cleaner_log_bytes * scale)),
-            cleaner_keys=max(100, int(self.cleaner_keys * scale)),
-            cleaner_rounds=max(4, min(self.cleaner_rounds, round(self.cleaner_rounds * scale))),
-        )
-
-
-FULL = BenchSettings(
-    "full", 7, (20_000, 10_000, 1024, 16), 500, 2 * MIB, 15, 64 * MIB, 1_000_000, 1.0, 1000, 5
-)
-QUICK = BenchSettings(
-    "quick",
-    3,
-    (10_000, 5_000, 512, 8),
-    150,
-    2 * MIB,
-    3,
-    32 * MIB,
-    1_000_000,
-    0.3,
-    200,
-    1,
-    200_000,
-    wire_messages=40_000,
-    wire_repeats=3,
-    wire_latency_s=1.5,
-    append_rounds=9,
-    cleaner_log_bytes=16 * MIB,
-    cleaner_keys=12_500,
-    cleaner_rounds=5,
-)
-
-
-def settings_for(quick: bool, scale: float = 1.0) -> BenchSettings:
-    return (QUICK if quick else FULL).scaled(scale)
 
 
 @dataclass(frozen=True)
@@ -497,10 +416,12 @@ def codec_figures(settings: BenchSettings, directory: str, results: BenchResults
     try:
         from kafka.record.default_records import DefaultRecordBatch
     except ImportError:
+        # A dependency of oncelog (the server's fallback codec): missing only from a broken install.
         results.notes.append(
-            "kafka-python is not installed (pip install -e '.[dev]'): the encode and decode rows are skipped"
+            "kafka-python, a dependency of oncelog, cannot be imported (pip install --force-reinstall "
+            "oncelog brings it back): the encode and decode rows are skipped"
         )
-        progress("  kafka-python missing: skipping encode and decode")
+        progress("  kafka-python cannot be imported: skipping encode and decode")
         return
     stamp_ms = now_ms()
     records = [(b"key-%04d" % i, bytes(100)) for i in range(100)]
@@ -609,23 +530,30 @@ def _durable_rate(append: Callable[[bytes], object], batch: bytes, threads: int,
     errors: list[BaseException] = []
 
     def worker(n: int) -> None:
-        ready.wait()
         try:
+            ready.wait()
             while not stop.is_set():
                 append(batch)
                 counts[n] += 1
+        except threading.BrokenBarrierError:
+            pass  # stopped before the start (a Ctrl-C)
         except BaseException as exc:
             errors.append(exc)
 
     workers = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(threads)]
-    for thread in workers:
-        thread.start()
-    ready.wait()
-    start = time.perf_counter()
-    time.sleep(window_s)
-    stop.set()
-    for thread in workers:
-        thread.join()
+    try:
+        for thread in workers:
+            thread.start()
+        ready.wait()
+        start = time.perf_counter()
+        time.sleep(window_s)
+    finally:
+        # Also on a Ctrl-C: the workers stop before the log they append to is closed.
+        stop.set()
+        ready.abort()  # (a worker still at the barrier leaves it)
+        for thread in workers:
+            if thread.ident is not None:
+                thread.join()
     elapsed_s = time.perf_counter() - start  # includes the last appends, finished after stop
     if errors:
         raise errors[0]

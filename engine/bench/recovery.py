@@ -48,6 +48,8 @@ from oncelog.storage.fs import OsFileSystem
 _SPARSE_CHUNK_BYTES = MIB
 # The producer-table figures run on a fixed clock: the table never reads the wall clock.
 EXPIRATION_MS = 24 * 3600 * 1000
+# Unclean recovery of the most sealed segments against the fewest: the tail decides, not the size.
+RECOVERY_MAX_RATIO = 1.1
 NOW_MS = 1_800_000_000_000
 
 # -- recovery ------------------------------------------------------------------------
@@ -226,7 +228,7 @@ def recovery_figures(
             median(times[many]) * 1000,
             "ms",
             median(times[few]) * 1000,
-            Target(max_ratio=1.1),  # issue 30
+            Target(max_ratio=RECOVERY_MAX_RATIO),
             [long / short for long, short in zip(times[many], times[few], strict=True)],
         )
     )

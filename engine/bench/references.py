@@ -2,7 +2,7 @@
 
 One builder for the `oncelog bench` harness, the pytest-benchmark suite and the
 tests that cross-check the codec against an independent implementation.
-kafka-python is a dev extra: it is imported on first use.
+kafka-python (a dependency of oncelog: the server's fallback codec) is imported on first use.
 """
 
 from __future__ import annotations

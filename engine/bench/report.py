@@ -8,8 +8,8 @@ whose median meets its target while its spread does not is `unclear`, not met.
 
 The plot is one PNG with two panels: unclean recovery time against log size (10,
 30 and 100 sealed segments, same tail: it should be flat), and append throughput
-against batch size, oncelog beside the plain os.write loop. matplotlib is a dev
-extra, imported only when a plot is asked for.
+against batch size, oncelog beside the plain os.write loop. matplotlib (the `plot`
+extra) is imported only when a plot is asked for.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import statistics
 from typing import TextIO
 
 from oncelog.bench.harness import REPORT, BenchResults, BenchRow
+from oncelog.bench.recovery import RECOVERY_MAX_RATIO
 
 RATIO_CONVENTION = (
     "ratio = oncelog / reference in the row's unit: for rates higher is better, for times lower is better"
@@ -145,7 +146,10 @@ def write_plot(results: BenchResults, path: str) -> None:
     recovery_axes.set_ylim(0, top_ms * 1.4)
     if medians_ms:
         recovery_axes.axhline(
-            medians_ms[0] * 1.3, linestyle="--", color="gray", label="target: 1.3 x the smallest log's time"
+            medians_ms[0] * RECOVERY_MAX_RATIO,
+            linestyle="--",
+            color="gray",
+            label=f"target: {RECOVERY_MAX_RATIO:g} x the smallest log's time",
         )
         recovery_axes.legend(loc="lower right")
     tail_mb = points[0].bytes_scanned / MB if points else 0.0

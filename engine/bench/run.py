@@ -36,11 +36,11 @@ def benchmark_steps(
     if compaction:
         steps.append(("log compaction: Log.clean() vs read + CRC-32C", bench_cleaner.cleaner_figures))
     if spark:
-        from oncelog.bench import spark as spark_bench  # here: pyspark is an optional extra
+        from oncelog.bench import spark as spark_bench  # here: pyspark is the spark extra
 
         steps.append(("Spark read vs parquet", spark_bench.spark_read_figures))
     if wire:
-        from oncelog.bench import wire as wire_bench  # here: confluent-kafka is a dev extra
+        from oncelog.bench import wire as wire_bench  # here: confluent-kafka is the kafka extra
 
         steps.append(("Kafka wire: oncelog serve vs librdkafka's mock cluster", wire_bench.wire_figures))
     return steps

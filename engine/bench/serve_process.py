@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Final
 
+from oncelog.bench.sigint import sigint_deferred
+
 START_TIMEOUT_S: Final = 60.0
 STOP_TIMEOUT_S: Final = 60.0
 _LISTENING = "listening on"
@@ -63,21 +65,27 @@ class ServeProcess:
             "--listen",
             self.bootstrap,
         ]
-        self.proc = subprocess.Popen(
-            [*command, "--no-progress", *self.args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._listening.wait(0.05):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"oncelog serve exited {self.proc.returncode}:\n{self.log()}")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"oncelog serve did not start in {START_TIMEOUT_S:g} s:\n{self.log()}")
+        try:
+            with sigint_deferred():  # a Ctrl-C during the spawn comes once `self.proc` is held
+                self.proc = subprocess.Popen(
+                    [*command, "--no-progress", *self.args],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+            threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not self._listening.wait(0.05):
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"oncelog serve exited {self.proc.returncode}:\n{self.log()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"oncelog serve did not start in {START_TIMEOUT_S:g} s:\n{self.log()}")
+        except BaseException:
+            # (A Ctrl-C included: no `with` owns it yet.) Its recovery may be half done: a
+            # kill, which the next start recovers from as from any other.
+            self.kill()
+            raise
         return self
 
     def _pump(self, proc: subprocess.Popen[str]) -> None:
@@ -106,10 +114,21 @@ class ServeProcess:
 
     def terminate(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
         """SIGTERM (drain, close every log cleanly); the exit status."""
-        assert self.proc is not None
+        if self.proc is None:
+            raise RuntimeError("oncelog serve was never started")
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout_s)
+
+    def stop(self) -> None:
+        """End it however it stands (on the way out of an error or a Ctrl-C): SIGTERM, so that
+        it closes every log cleanly, then SIGKILL if it does not exit in time."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            self.terminate()
+        except subprocess.TimeoutExpired:
+            self.kill()
 
     def kill(self) -> None:
         """SIGKILL: no drain, no clean close; the next start recovers."""
@@ -126,8 +145,4 @@ class ServeProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.terminate()
-            except subprocess.TimeoutExpired:
-                self.kill()
+        self.stop()

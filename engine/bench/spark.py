@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import os
 import statistics
 import sys
@@ -69,6 +70,7 @@ from oncelog.bench.harness import (
     settings_for,
     timed,
 )
+from oncelog.bench.sigint import sigint_deferred
 from oncelog.config import LogConfig
 from oncelog.log_manager import LogManager
 from oncelog.segments.batch import encode_batch
@@ -228,9 +230,14 @@ def spark_read_figures(
     built = time.perf_counter()
     build_topic(root, layout)
     progress(f"  topic built in {time.perf_counter() - built:.1f} s")
-    spark = spark_session(settings.spark_master)
+    spark: Any = None
     spreads: list[str] = []
+    quiet = _Py4jQuiet()
+    logging.getLogger().addFilter(quiet)
     try:
+        # A Ctrl-C while the JVM starts would leave it running, half started: it waits for that.
+        with sigint_deferred():
+            spark = spark_session(settings.spark_master)
         oncelog.spark.register(spark)
 
         def load_ours() -> Any:
@@ -256,10 +263,22 @@ def spark_read_figures(
             spreads.append(f"{query.name}: {spread}")
             progress(f"  {query.name}: ratio {row.ratio:.3g} (rounds {spread})")
     finally:
-        spark.stop()
+        try:
+            if spark is not None:
+                spark.stop()
+        finally:
+            logging.getLogger().removeFilter(quiet)
     results.notes.append(
         f"Spark read vs parquet, per-round ratio min-max over {settings.repeats} rounds: {'; '.join(spreads)}"
     )
+
+
+class _Py4jQuiet(logging.Filter):
+    """py4j logs every call a Ctrl-C interrupts to the root logger, with a traceback (the
+    error reaches the bench anyway): not those."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}py4j{os.sep}" not in record.pathname
 
 
 def _measure(query: Query, ours: Any, theirs: Any, repeats: int) -> tuple[list[float], list[float]]:

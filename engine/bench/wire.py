@@ -58,6 +58,7 @@ needs CPU of its own beside it, which a machine with few CPUs shows in the ratio
 from __future__ import annotations
 
 import os
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -134,8 +135,12 @@ def wire_figures(settings: BenchSettings, directory: str, results: BenchResults,
                         f"rebalance {side.rebalance_s[-1] * 1000:6.0f} ms"
                     )
             beside_fetches = wire_fetch.measure(confluent_kafka, server.bootstrap, settings, progress)
-        except Exception as exc:
-            exc.add_note(f"oncelog serve's output:\n{server.log()}")
+        except BaseException as exc:  # a failure, or a Ctrl-C
+            if isinstance(exc, Exception):
+                exc.add_note(f"oncelog serve's output:\n{server.log()}")
+            # The clients in the frames it left are destroyed now, before both brokers stop
+            # (else librdkafka logs their connections being refused).
+            traceback.clear_frames(exc.__traceback__)
             raise
         status = server.terminate()
     if status != 0:

@@ -45,6 +45,7 @@ from typing import Any, Final
 import numpy as np
 
 from oncelog.bench.harness import MIB, BenchResults, BenchSettings, Progress, Target, make_row, median
+from oncelog.bench.sigint import sigint_deferred
 from oncelog.bench.wire_clients import (
     DELIVERY_TIMEOUT_S,
     LOG_LEVEL,
@@ -176,13 +177,18 @@ class Fetcher:
         self.value_bytes = self.requests = self.response_bytes = 0
 
     def __enter__(self) -> Fetcher:
-        self.proc = subprocess.Popen(
-            self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        if not self._ready.wait(FETCHER_START_TIMEOUT_S):
+        with sigint_deferred():  # a Ctrl-C during the spawn comes once `self.proc` is held
+            self.proc = subprocess.Popen(
+                self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        try:
+            threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
+            if not self._ready.wait(FETCHER_START_TIMEOUT_S):
+                raise RuntimeError("the fetcher received nothing:\n" + "\n".join(self.lines[-40:]))
+        except BaseException:  # (a Ctrl-C included: no `with` owns it yet)
             self.proc.kill()
-            raise RuntimeError("the fetcher received nothing:\n" + "\n".join(self.lines[-40:]))
+            self.proc.wait()
+            raise
         return self
 
     def _pump(self, proc: subprocess.Popen[str]) -> None:
@@ -192,8 +198,13 @@ class Fetcher:
             if line.startswith(_READY):
                 self._ready.set()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         assert self.proc is not None
+        if exc_type is not None:
+            # On the way out of an error or a Ctrl-C: ended, not summed up (nor a second error).
+            self.proc.kill()
+            self.proc.wait()
+            return
         self.proc.send_signal(signal.SIGTERM)
         try:
             status = self.proc.wait(DELIVERY_TIMEOUT_S)

@@ -32,6 +32,8 @@ from typing import Any, NamedTuple
 
 from oncelog.bench.relay import AckHoldingRelay
 from oncelog.bench.serve_process import ServeProcess, free_port
+from oncelog.bench.sigint import interrupted
+from oncelog.cli.demo_wire import KAFKA_EXTRA
 from oncelog.log import Log
 from oncelog.log_manager import LogManager
 from oncelog.segments.control import decode_txn_marker
@@ -60,7 +62,7 @@ def run_fences_step(data_dir: str, say: Say, failures: list[str]) -> None:
     try:
         import confluent_kafka
     except ImportError:
-        failures.append("step 7 needs confluent-kafka (`make demo` installs it)")
+        failures.append(f"step 7 needs confluent-kafka: {KAFKA_EXTRA}")
         return
     root = os.path.join(data_dir, FENCES_DIR)
     port = free_port()
@@ -93,6 +95,8 @@ def _step(failures: list[str], name: str, run: Callable[[], Any]) -> Any:
     try:
         return run()
     except Exception as exc:  # any of them fails the step, and the demo goes on
+        if interrupted(exc):  # (CPython wraps a Ctrl-C landing in librdkafka's log callback)
+            raise
         failures.append(f"{name}: {type(exc).__name__}: {exc}")
         return None
 

@@ -10,6 +10,7 @@ whose delivery was reported, the ones missing (loss) and the ones stored twice
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from collections import Counter
@@ -26,24 +27,34 @@ WIRE_DIR = "wire"
 # Messages sent but not yet acknowledged that the producer keeps in flight.
 _IN_FLIGHT = 5000
 _BURST = 1500
+# Steps 6 and 7 need confluent-kafka, which the `kafka` extra brings.
+KAFKA_EXTRA = "pip install 'oncelog[kafka]'"
+
+
+def kafka_client_missing() -> bool:
+    """Whether confluent-kafka, the client of steps 6 and 7, is not installed."""
+    return importlib.util.find_spec("confluent_kafka") is None
 
 
 def run_wire_step(data_dir: str, say: Callable[[str], None], failures: list[str]) -> None:
     try:
         import confluent_kafka
     except ImportError:
-        failures.append("step 6 needs confluent-kafka (`make demo` installs it)")
+        failures.append(f"step 6 needs confluent-kafka: {KAFKA_EXTRA}")
         return
-    server = ServeProcess(os.path.join(data_dir, WIRE_DIR)).start()
-    say(f"   oncelog serve {server.root} is listening on {server.bootstrap}")
-    acked, errors, left = _produce_across_kills(confluent_kafka, server, say)
-    say(f"   producer: {MESSAGES} sent, {len(acked)} acknowledged, {len(errors)} failed, {left} in flight")
-    seen = _consume_all(confluent_kafka, server.bootstrap)
-    duplicates = sum(count - 1 for count in seen.values() if count > 1)
-    lost = sum(1 for number in set(acked) if seen[number] == 0)
-    stored = sum(seen.values())
-    say(f"   consumer (assign, from offset 0): {stored} records; duplicates {duplicates}, lost {lost}")
-    status = server.terminate()
+    # `with`: an error or a Ctrl-C on the way stops the server too (SIGTERM: every log closed cleanly).
+    with ServeProcess(os.path.join(data_dir, WIRE_DIR)) as server:
+        say(f"   oncelog serve {server.root} is listening on {server.bootstrap}")
+        acked, errors, left = _produce_across_kills(confluent_kafka, server, say)
+        say(
+            f"   producer: {MESSAGES} sent, {len(acked)} acknowledged, {len(errors)} failed, {left} in flight"
+        )
+        seen = _consume_all(confluent_kafka, server.bootstrap)
+        duplicates = sum(count - 1 for count in seen.values() if count > 1)
+        lost = sum(1 for number in set(acked) if seen[number] == 0)
+        stored = sum(seen.values())
+        say(f"   consumer (assign, from offset 0): {stored} records; duplicates {duplicates}, lost {lost}")
+        status = server.terminate()
     say(f"   SIGTERM: the server closed every log cleanly and exited {status}")
     if duplicates or lost or errors or left or status != 0:
         failures.append(

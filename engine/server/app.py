@@ -13,7 +13,11 @@ so once a minute per address.
 
 Stop (SIGTERM or SIGINT): the listener closes, waiting fetches return what they have,
 every request being handled is answered, then every log is closed cleanly (flushed,
-snapshotted, clean-shutdown marker written) and the process exits 0.
+snapshotted, clean-shutdown marker written). `run_server` returns the signal that
+stopped it: `oncelog serve` exits 0 after SIGTERM (what service managers send) and 130
+after SIGINT (Ctrl-C), with one line. A SIGINT the process ignores (a background job)
+stays ignored. Once stopping, a SIGINT goes to the handler the caller names (the
+command line's ends the process at once: a second Ctrl-C for a drain that hangs).
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ import re
 import signal
 import socket
 import ssl
-from typing import Final, TextIO
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, Final, TextIO
 
 from oncelog.log_manager import LogManager
 from oncelog.server.broker import Broker, ServeConfig
@@ -261,13 +267,29 @@ def tls_context(config: ServeConfig, listener: Listener) -> ssl.SSLContext | Non
     return server_context(config.tls, client_certificates=not listener.uses_sasl)
 
 
-async def serve_until_signalled(manager: LogManager, config: ServeConfig, out: TextIO) -> None:
+SigintHandler = Callable[[int, FrameType | None], Any]
+
+
+async def serve_until_signalled(
+    manager: LogManager, config: ServeConfig, out: TextIO, sigint_while_stopping: SigintHandler | None = None
+) -> int:
+    """Serve until SIGTERM or SIGINT, then drain; the signal that stopped it (see run_server)."""
+    stop = asyncio.Event()
+    stopped_by: list[int] = []
+    loop = asyncio.get_running_loop()
+    previous_sigint = signal.getsignal(signal.SIGINT)
+    signals = [signal.SIGTERM] if previous_sigint == signal.SIG_IGN else [signal.SIGTERM, signal.SIGINT]
+
+    def stopping(signum: int) -> None:
+        if not stopped_by:
+            stopped_by.append(signum)
+            stop.set()
+
+    # Before the start: a signal while it runs stops the server as soon as it is up.
+    for signum in signals:
+        loop.add_signal_handler(signum, stopping, signum)
     server = Server(manager, config)
     await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     listening = ", ".join(
         f"{listener} (advertised as {format_address(*listener.advertised)})" for listener in server.listeners
     )
@@ -277,16 +299,32 @@ async def serve_until_signalled(manager: LogManager, config: ServeConfig, out: T
         flush=True,
     )
     await stop.wait()
+    if signal.SIGINT in signals:
+        # Taken from the loop (whose close would reset it): a SIGINT from here on, through
+        # the drain and the close of every log, goes to the caller's handler.
+        loop.remove_signal_handler(signal.SIGINT)
+        signal.signal(signal.SIGINT, sigint_while_stopping or previous_sigint or signal.default_int_handler)
     print("oncelog serve: draining and closing every log", file=out, flush=True)
     await server.stop()
     server.broker.close()
+    return stopped_by[0]
 
 
-def run_server(manager: LogManager, config: ServeConfig, out: TextIO) -> None:
-    """Serve `manager` until SIGTERM, then close it cleanly."""
+def run_server(
+    manager: LogManager,
+    config: ServeConfig,
+    out: TextIO,
+    *,
+    sigint_while_stopping: SigintHandler | None = None,
+) -> int:
+    """Serve `manager` until SIGTERM or SIGINT, then close it cleanly; the signal that stopped it.
+
+    `sigint_while_stopping`: the SIGINT handler from the stop on (default: the one the
+    process had before serving)."""
     keep_freed_read_buffers()  # (process-wide: this process only serves)
     try:
-        asyncio.run(serve_until_signalled(manager, config, out))
+        stopped_by = asyncio.run(serve_until_signalled(manager, config, out, sigint_while_stopping))
     finally:
         manager.close()
     print("oncelog serve: every log closed cleanly", file=out, flush=True)
+    return stopped_by

@@ -150,6 +150,14 @@ def take_clean_marker(fs: FileSystem, directory: str) -> CleanMarker | None:
     return CleanMarker(decode_marker(raw))
 
 
+def put_back_clean_marker(fs: FileSystem, directory: str) -> None:
+    """Undo take_clean_marker for a partition nothing has opened since (a root's open cut
+    short before it got there): its marker still tells the truth. Not made durable: a
+    crash that loses it leaves the partition unclean, which is only slower."""
+    # rename: the marker comes back whole, as it was taken; a crash before it recovers the log.
+    fs.rename(os.path.join(directory, TAKEN_MARKER_FILE), os.path.join(directory, CLEAN_SHUTDOWN_FILE))
+
+
 def store_copy_if_current(fs: FileSystem, store_path: str, marker: CleanMarker) -> StoreCopy | None:
     """The marker's copy if the store at `store_path` is still the one it copied (None:
     read the store). Errors as `FileSystem.store_version`."""

@@ -33,6 +33,7 @@ import random
 from collections.abc import Callable
 from typing import NamedTuple
 
+from oncelog.bench.sigint import raise_if_interrupted
 from oncelog.errors import CorruptLogError
 from oncelog.key_map import BYTES_PER_KEY
 from oncelog.log import METADATA_DIR, Log
@@ -263,6 +264,7 @@ def run_cleaning_crash_state(seed: int) -> list[Violation]:
     except OnlineCheckFailed as exc:
         return [Violation(seed, CLEANING, exc.invariant, str(exc))]
     except Exception as exc:  # the rehearsal runs the engine too: a failure there is a finding
+        raise_if_interrupted(exc)
         return [Violation(seed, CLEANING, "no unexpected error", f"rehearsal: {type(exc).__name__}: {exc}")]
     plan = random.Random(f"{seed}/cleaning-crash")
     step = draw_step(steps, plan)
@@ -285,6 +287,7 @@ def crash_during_cleaning(seed: int, step: CleaningStep | None, mode: str) -> li
     except OnlineCheckFailed as exc:
         return [Violation(seed, CLEANING, exc.invariant, str(exc))]
     except Exception as exc:
+        raise_if_interrupted(exc)
         return [Violation(seed, CLEANING, "no unexpected error", f"workload: {type(exc).__name__}: {exc}")]
     if step is not None and fs.trace[-1:] != [(step.call, step.op, step.path)]:
         return [
@@ -304,4 +307,5 @@ def crash_during_cleaning(seed: int, step: CleaningStep | None, mode: str) -> li
     except CorruptLogError as exc:
         return [Violation(seed, CLEANING, "recovery succeeds", f"{where}: {exc}")]
     except Exception as exc:  # an engine that misbehaves may raise anywhere: a finding too
+        raise_if_interrupted(exc)
         return [Violation(seed, CLEANING, "no unexpected error", f"{where}: {type(exc).__name__}: {exc}")]

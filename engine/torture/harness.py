@@ -60,6 +60,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from oncelog.bench.sigint import raise_if_interrupted
 from oncelog.errors import CorruptLogError, CorruptRecordError, OncelogError
 from oncelog.log import Log
 from oncelog.segments.batch import RecordBatch, iter_batches
@@ -392,6 +393,7 @@ def run_crash_state(seed: int, fault: str) -> list[Violation]:
     except AssertionError as exc:
         return [Violation(seed, fault, "retries are duplicates", str(exc))]
     except Exception as exc:
+        raise_if_interrupted(exc)
         return [Violation(seed, fault, "no unexpected error", f"workload: {type(exc).__name__}: {exc}")]
     in_run = _sigbus_risks(fs, seed, fault)
     mode = {"enospc": "kill", "eio": "drop"}.get(fault, fault)
@@ -406,6 +408,7 @@ def run_crash_state(seed: int, fault: str) -> list[Violation]:
     try:
         found = check_recovered(crashed, model, fault, seed)
     except Exception as exc:  # an engine that misbehaves may raise anywhere: that is a finding too
+        raise_if_interrupted(exc)
         found = [Violation(seed, fault, "no unexpected error", f"{type(exc).__name__}: {exc}")]
     return in_run + found + _sigbus_risks(crashed, seed, fault)
 

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from oncelog.bench.sigint import sigint_deferred
 from oncelog.config import LogConfig
 from oncelog.log import Log
 from oncelog.segments.batch import RecordBatch, encode_batch
@@ -45,6 +46,11 @@ CLIENT_SKEW_MS = {11: 0, 12: -2 * 365 * DAY_MS, 13: 3 * DAY_MS, 21: -2 * 365 * D
 
 
 def _child(directory: str, seed: int) -> None:
+    # A terminal's Ctrl-C reaches the whole process group: this child leaves it to the
+    # parent, whose way out kills it (as each round does). A parent gone (its end of the
+    # pipe closed) ends it at its next line, quietly.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     rng = random.Random(seed)
     log = Log.open(directory, CONFIG)
     # A transaction the last kill left open is ended first, at its stored epochs.
@@ -121,24 +127,29 @@ def run_process_mode(
     violations: list[Violation] = []
     for round_ in range(kills):
         child_seed = rng.getrandbits(32)
-        child = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                f"from oncelog.torture.process import _child; _child({directory!r}, {child_seed})",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert child.stdout is not None
         wanted = rng.randint(1, 60)
         lines: list[str] = []
-        for line in child.stdout:
-            lines.append(line)
-            if len(lines) >= wanted:
-                break
-        child.send_signal(signal.SIGKILL)
-        rest, _ = child.communicate()
+        child: subprocess.Popen[str] | None = None
+        try:
+            with sigint_deferred():  # a Ctrl-C during the spawn comes once `child` is held
+                child = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        f"from oncelog.torture.process import _child; _child({directory!r}, {child_seed})",
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            assert child.stdout is not None
+            for line in child.stdout:
+                lines.append(line)
+                if len(lines) >= wanted:
+                    break
+        finally:
+            if child is not None:  # (on a Ctrl-C too: the child appends forever)
+                child.send_signal(signal.SIGKILL)
+                rest, _ = child.communicate()
         lines.extend(line + "\n" for line in rest.split("\n")[:-1])  # a cut-off last line was no ack
         for line in lines:
             fields = line.split()

@@ -156,8 +156,10 @@ def test_bad_input_exits_2_with_one_line_and_stores_nothing(
 ) -> None:
     status, _, err = _run(str(tmp_path), *argv)
     assert status == 2 and says in err and len(err.splitlines()) == 1, err
-    if (tmp_path / STORE_DIR).exists():
-        assert _stored(tmp_path) == []
+    # Refused before anything is made: a typo's root and its store are not created.
+    assert not (tmp_path / STORE_DIR).exists()
+    assert _run(str(tmp_path / "typo"), *argv)[0] == 2
+    assert not (tmp_path / "typo").exists()
 
 
 def test_a_store_others_can_read_is_refused(tmp_path: Path) -> None:

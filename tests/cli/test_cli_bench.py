@@ -272,3 +272,25 @@ class TestPieces:
                 assert log.log_end_offset == n + 1
         has_parameter = "durable" in inspect.signature(Log.append).parameters
         assert (note is None) is has_parameter
+
+
+def test_every_missing_extra_is_named_in_one_line_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As installed from a wheel with no extras: none of the three optional modules is found.
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    absent = {"confluent_kafka", "pyspark", "matplotlib"}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in absent else real_find_spec(name, *a)
+    )
+    out, err = io.StringIO(), io.StringIO()
+    plot = str(tmp_path / "p.png")
+    argv = ["bench", "--quick", "--wire", "--spark", "--plot", plot, "--dir", str(tmp_path)]
+    assert cli.main(argv, out=out, err=err) == 2
+    assert err.getvalue() == (
+        "oncelog bench: --wire needs confluent-kafka; --spark needs pyspark and pyarrow; "
+        "--plot needs matplotlib: pip install 'oncelog[kafka,spark,plot]'\n"
+    )
+    assert out.getvalue() == "" and list(tmp_path.iterdir()) == []

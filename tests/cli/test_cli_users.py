@@ -62,6 +62,9 @@ def test_bad_input_exits_2_with_one_line_and_stores_nothing(
     status, _, err = _run(monkeypatch, str(tmp_path), *argv, stdin=stdin)
     assert status == 2 and says in err and err.count("\n") == 1, err
     assert _run(monkeypatch, str(tmp_path), "list")[1] == ""
+    # Refused before anything is made: a typo's root and its store are not created.
+    assert _run(monkeypatch, str(tmp_path / "typo"), *argv, stdin=stdin)[0] == 2
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "security.lmdb").exists()
 
 
 def test_the_first_users_of_a_new_root_create_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

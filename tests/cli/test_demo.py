@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +118,31 @@ def test_the_demo_shows_each_fence_refusing_a_zombie_kafka_client(demo_output: s
     )
     assert refused is not None, step
     assert "the group's committed offsets stay {0: 10, 1: 10}" in step
+
+
+def test_without_confluent_kafka_the_demo_skips_its_kafka_steps_names_the_extra_once_and_exits_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As installed without the `kafka` extra: `import confluent_kafka` fails.
+    monkeypatch.setitem(sys.modules, "confluent_kafka", None)
+    out = io.StringIO()
+    status = run_demo(str(tmp_path / "demo"), out)
+    text = out.getvalue()
+    assert status == 0, text
+    assert "FAILED" not in text and "every acknowledged batch is at its offset: True" in text
+    assert "6. Kafka clients" not in text and "7. The three fences" not in text
+    hints = [line for line in text.splitlines() if "oncelog[kafka]" in line or "confluent-kafka" in line]
+    assert hints == [
+        "Skipped (not failed) steps 6 and 7, real Kafka clients through `oncelog serve`: "
+        "they need confluent-kafka: pip install 'oncelog[kafka]'"
+    ]
+    assert text.rstrip("\n").endswith(hints[0])
+
+
+def test_a_second_demo_run_reuses_the_directory_of_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "confluent_kafka", None)  # (steps 1-5 leave every kind of root entry)
+    for run in range(2):
+        out = io.StringIO()
+        assert run_demo(str(tmp_path / "demo"), out) == 0, (run, out.getvalue())

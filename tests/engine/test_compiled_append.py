@@ -195,22 +195,25 @@ def _batch(
 
 
 @needs_compiled
-def test_plain_idempotent_and_request_appends_take_the_compiled_path(tmp_path: Any) -> None:
+def test_plain_idempotent_and_request_appends_take_the_compiled_path(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def python_path(*args: object, **kwargs: object) -> None:
         raise AssertionError("the Python path took an append the compiled one should")
 
     log = Log.open(tmp_path / "log", LogConfig(index_interval_bytes=100), clock=lambda: T0)
     log.append(_batch(-1, 0))  # the first maps the segment (the Python path's)
-    original = LogClass._append_one, LogClass._plan
-    LogClass._append_one, LogClass._plan = python_path, python_path  # type: ignore[assignment]
-    try:
+    # monkeypatch, not assignment: its undo deletes what it set on the class, so the methods
+    # are inherited again (from LogAppends, where later tests patch them).
+    with monkeypatch.context() as patched:
+        patched.setattr(LogClass, "_append_one", python_path)
+        patched.setattr(LogClass, "_plan", python_path)
         assert log.append(_batch(-1, 0)).first_offset == 1
         assert log.append(_batch(7, 0, 3)) == (2, 4, -1, False)
         assert log.append(_batch(7, 0, 3)) == (2, 4, -1, True)  # its retry
         results = log.append_batches([_batch(7, 3), _batch(8, 0, 2), _batch(7, 3), _batch(-1, 0)])
         assert results == [(5, 5, -1, False), (6, 7, -1, False), (5, 5, -1, True), (8, 8, -1, False)]
-    finally:
-        LogClass._append_one, LogClass._plan = original  # type: ignore[method-assign]
+    assert "_append_one" not in vars(LogClass) and "_plan" not in vars(LogClass)
     state = log.producer_state(7)
     assert state is not None and state.last_sequence == 3 and state.last_offset == 5
     assert log.active_segment.offset_index.entries > 0  # index entries written by the compiled path

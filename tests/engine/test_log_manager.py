@@ -759,13 +759,16 @@ class TestFailedOpen:
 
         with pytest.raises(KeyboardInterrupt):
             open_manager(tmp_path, fs=Interrupting(), recovery_threads=1)
-        # t-0 and t-1 opened (t-1 finished loading after the interrupt) and were closed.
+        # t-0 and t-1 opened (t-1 finished loading after the interrupt) and were closed;
+        # t-2, which no open reached, has the marker it had back: it is as it was.
         assert (tmp_path / "t-0" / CLEAN_SHUTDOWN_FILE).exists()
         assert (tmp_path / "t-1" / CLEAN_SHUTDOWN_FILE).exists()
+        assert (tmp_path / "t-2" / CLEAN_SHUTDOWN_FILE).exists()
         for name in ("t-0", "t-1", "t-2", ".lock", "producer_ids.lock"):
             assert not locked(tmp_path / name), name
         with open_manager(tmp_path) as manager:
             assert len(manager.logs()) == 3
+            assert manager.recovery_summary.clean == 3
 
     def test_a_ctrl_c_while_the_close_hands_logs_to_its_pool_still_closes_every_log(
         self, tmp_path: Path, sigint_raises: None, monkeypatch: pytest.MonkeyPatch
