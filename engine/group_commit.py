@@ -120,6 +120,10 @@ class GroupCommit:
             self._flush_running = True  # no new leader from here on
             return True
 
-    def end_close(self) -> None:
+    def end_close(self, *, closed: bool = True) -> None:
+        """The close is over: the log closed, or (not `closed`) it never began, and may close later."""
         with self._cond:
-            self._cond.notify_all()  # waiters wake to find the log closed
+            if not closed:
+                self._closing = False
+                self._flush_running = False  # (begin_close's: leaders may run again)
+            self._cond.notify_all()  # waiters wake to find the log closed, or open still

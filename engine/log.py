@@ -253,7 +253,9 @@ class Log(LogAppends, LogCleaning, LogDurability, LogLifecycle, LogReads):
             if now_ms is None and self._deferred_snapshot is not None:
                 return 0  # not read yet: reading it expires whatever is due then
             now = self._clock()
-            return self._producers.expire(now if now_ms is None else max(now_ms, now), exhaustive=exhaustive)
+            at_ms = now if now_ms is None else max(now_ms, now)
+            producers = self._producers
+            return self._changing_producers(lambda ms: producers.expire(ms, exhaustive=exhaustive), at_ms)
 
     def retire_producers(self, producer_ids: list[int]) -> int:
         """Forget finished producers now instead of after `producer_expiration_ms`.
@@ -276,7 +278,7 @@ class Log(LogAppends, LogCleaning, LogDurability, LogLifecycle, LogReads):
                 end = self.log_end_offset
                 write_offsets(self._store, {RETIRED_PREFIX + str(pid): end for pid in gone})
                 self._retirements_recorded = True
-            return self._producers.retire(gone)
+            return self._changing_producers(lambda _: self._producers.retire(gone), 0)
 
     def producers(self) -> Iterator[ProducerStateEntry]:
         """Every producer's state, oldest first (a snapshot taken under the lock)."""
@@ -311,7 +313,9 @@ class Log(LogAppends, LogCleaning, LogDurability, LogLifecycle, LogReads):
         try:
             self._close()
         finally:
-            self._group_commit.end_close()
+            # Cut short before it closed anything (a Ctrl-C on its way in): a later close()
+            # must be able to try again, not find it closing and return with the log open.
+            self._group_commit.end_close(closed=self._closed)
 
     def _close(self) -> None:
         with self._lock:

@@ -18,7 +18,8 @@ rolled and then idle, and an open should not make what only an append uses.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 from oncelog import compiled_append
 from oncelog.append_plan import PlannedBatch, stamped_buffers
@@ -45,6 +46,8 @@ from oncelog.validation import Origin, batch_buffer, client_batch_header, refuse
 
 # Builds a NamedTuple without its Python-level __new__: half the cost on the append path.
 _new_result = tuple.__new__
+
+T = TypeVar("T")
 
 
 class LogAppends(LogState):
@@ -182,7 +185,11 @@ class LogAppends(LogState):
             now_ms = 0
             if pid >= 0:
                 now_ms = self._clock()
-                self._producers.expire_due(now_ms)
+                try:
+                    self._producers.expire_due(now_ms)  # (moves rows and map slots: see _fail_midway)
+                except BaseException as exc:
+                    self._fail_midway(exc)
+                    raise
                 epoch, first_sequence = header[10], header[11]
                 is_transactional = bool(header[5] & fmt.TRANSACTIONAL_MASK)
                 last_sequence = (first_sequence + last_delta) % (fmt.INT32_MAX + 1)
@@ -207,7 +214,7 @@ class LogAppends(LogState):
                 self._fail(exc)
                 raise LogFailedError(f"write to {segment.path} failed: {exc}") from exc
             except BaseException as exc:
-                self._fail_between_write_and_state(exc)
+                self._fail_midway(exc)
                 raise
             if self._has_flush_policy:
                 self._maybe_flush(header[12])
@@ -303,12 +310,12 @@ class LogAppends(LogState):
         with self._lock:
             self._check_writable()
             now_ms = self._clock()
-            self._producers.expire_due(now_ms)
+            self._changing_producers(self._producers.expire_due, now_ms)
             try:
                 plan = self._plan(views, origin, now_ms)
             except ProducerStateFullError:
                 # A full ring: make room from expired producers once, then refuse.
-                if not self._producers.make_room(now_ms):
+                if not self._changing_producers(self._producers.make_room, now_ms):
                     raise
                 plan = self._plan(views, origin, now_ms)
             results = self._execute(plan)
@@ -429,17 +436,27 @@ class LogAppends(LogState):
             self._fail(exc)
             raise LogFailedError(f"write to {segment.path} failed: {exc}") from exc
         except BaseException as exc:
-            self._fail_between_write_and_state(exc)
+            self._fail_midway(exc)
             raise
 
-    def _fail_between_write_and_state(self, exc: BaseException) -> None:
-        """Anything else escaping between a write and its producer state (a Ctrl-C, a bug):
-        the segment may hold a batch the state does not know, and a retry of it would be
-        taken again. The log fails closed: close() leaves no clean-shutdown marker (and no
-        snapshot that does not match the segment), so the next open recovers as after a kill.
-        The first failure recorded stays (a failed transaction index write named its own)."""
+    def _fail_midway(self, exc: BaseException) -> None:
+        """Anything escaping a change made of several steps (a Ctrl-C, a bug): between a
+        write and its producer state, the segment may hold a batch the state does not know;
+        inside the producer table's own rearranging (expiry, making room, retiring), rows
+        may be cleared before the live ones are moved. Either way a retry of an acknowledged
+        batch could be taken again. The log fails closed: close() leaves no clean-shutdown
+        marker (and no snapshot of a broken table), so the next open recovers as after a
+        kill. The first failure recorded stays (a failed transaction index write named its own)."""
         if self._failure is None:
             self._fail(exc)
+
+    def _changing_producers(self, change: Callable[[int], T], now_ms: int) -> T:
+        """`change(now_ms)` on the producer table; whatever escapes it fails the log closed."""
+        try:
+            return change(now_ms)
+        except BaseException as exc:
+            self._fail_midway(exc)
+            raise
 
     def _publish(self, after: WorkingState, completed: CompletedTxn | None, segment: LogSegment) -> None:
         """A producer's new state, once its batch or marker is in `segment`: both append paths."""

@@ -14,6 +14,8 @@ anything is written changes nothing: the log goes on and closes cleanly.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -174,3 +176,133 @@ class TestInTheMiddleOfARoll:
         with Log.open(tmp_path, CONFIG) as reopened:
             assert reopened.recovery_report.clean
             assert reopened.log_end_offset == 10
+
+
+class TestInTheMiddleOfExpiry:
+    """Found by a red-team helper: expiry empties a run of the ring before it moves the live
+    producers of that run to the tail. A Ctrl-C in between left them out of the table; the
+    clean close then wrote that table, and a retry of their acknowledged batches was stored
+    again. Now whatever escapes expiry (or making room, or retiring) fails the log closed."""
+
+    EXPIRATION = LogConfig(producer_expiration_ms=10_000)
+    PRODUCERS = 40
+
+    @staticmethod
+    def idempotent(pid: int, sequence: int) -> bytes:
+        return encode_batch(
+            [(b"k", b"v%d" % sequence)], producer_id=pid, producer_epoch=0, base_sequence=sequence
+        )
+
+    def live_producers_due_for_a_second_chance(self, directory: Path, clock: list[int]) -> Log:
+        """Every producer appended at T0 and again at T0 + 9 s; at T0 + 10.5 s the ring's head
+        is due, every producer in it live: expiry keeps them all, moving each."""
+        log = Log.open(directory, self.EXPIRATION, clock=lambda: clock[0])
+        for sequence, at in enumerate((T0, T0 + 9_000)):
+            clock[0] = at
+            for pid in range(1, self.PRODUCERS + 1):
+                log.append(self.idempotent(pid, sequence))
+        clock[0] = T0 + 10_500
+        return log
+
+    def interrupt_expiry_at(self, directory: Path, line: int) -> bool:
+        """A Ctrl-C at `line` of expiry, in the append that runs it, then close and reopen:
+        every producer's last batch is still a duplicate. Whether the line was reached."""
+        code = ProducerStateManager.expire.__code__
+        clock = [T0]
+        reached = False
+
+        def at_line(frame: Any, event: str, _: Any) -> Any:
+            if event == "line" and frame.f_lineno == line:
+                raise KeyboardInterrupt
+            return at_line
+
+        with compiled_append.forced_pure():
+            log = self.live_producers_due_for_a_second_chance(directory, clock)
+            sys.settrace(lambda frame, event, arg: at_line if frame.f_code is code else None)
+            try:
+                log.append(self.idempotent(self.PRODUCERS + 1, 0))  # expiry runs first
+            except KeyboardInterrupt:
+                reached = True
+            finally:
+                sys.settrace(None)
+            with contextlib.suppress(LogFailedError):
+                log.close()
+            with Log.open(directory, self.EXPIRATION, clock=lambda: clock[0]) as reopened:
+                for pid in range(1, self.PRODUCERS + 1):
+                    retry = reopened.append(self.idempotent(pid, 1))
+                    assert retry.duplicate and retry.first_offset == self.PRODUCERS + pid - 1, (line, pid)
+        return reached
+
+    def test_a_ctrl_c_at_any_line_of_expiry_loses_no_producer_after_the_reopen(self, tmp_path: Path) -> None:
+        code = ProducerStateManager.expire.__code__
+        lines = sorted({line for _, _, line in code.co_lines() if line and line > code.co_firstlineno})
+        reached = [line for line in lines if self.interrupt_expiry_at(tmp_path / f"line-{line}", line)]
+        assert len(reached) >= 10  # (the loop body's lines were reached: the sweep means something)
+
+    @pytest.mark.parametrize(
+        ("what", "name", "call"),
+        [
+            ("expiry before an append", "expire_due", lambda log: log.append(batch(2))),
+            ("an explicit expiry", "expire", lambda log: log.expire_producers()),
+        ],
+    )
+    def test_whatever_escapes_expiry_fails_the_log_closed(
+        self,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        route: str,
+        what: str,
+        name: str,
+        call: Callable[[Log], object],
+    ) -> None:
+        # PID appends at T0 and T0 + 9 s, producer 99 at T0: at T0 + 10.5 s expiry is due (the
+        # compiled append hands a due expiry to the Python route), 99 goes and PID stays.
+        clock = [T0]
+        log = Log.open(tmp_path, self.EXPIRATION, clock=lambda: clock[0])
+        log.append(batch(0))
+        log.append(self.idempotent(99, 0))
+        clock[0] = T0 + 9_000
+        log.append(batch(1))
+        clock[0] = T0 + 10_500
+        interrupt_once(monkeypatch, ProducerStateManager, name)
+        with pytest.raises(KeyboardInterrupt):
+            call(log)
+        monkeypatch.undo()
+        with fails_closed_and_recovers(log, tmp_path, batch(1), end=3):
+            pass
+
+    def test_whatever_escapes_retiring_fails_the_log_closed(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str
+    ) -> None:
+        log = Log.open(tmp_path, CONFIG)
+        log.append(batch(0))
+        interrupt_once(monkeypatch, ProducerStateManager, "retire")
+        with pytest.raises(KeyboardInterrupt):
+            log.retire_producers([PID])
+        monkeypatch.undo()
+        with pytest.raises(LogFailedError, match="refuses appends until reopened"):
+            log.append(batch(1))
+        with pytest.raises(LogFailedError, match="without a flush"):
+            log.close()
+        # The retirement was durable before the table changed: the reopen recovers it retired.
+        with Log.open(tmp_path, CONFIG) as reopened:
+            assert not reopened.recovery_report.clean
+            assert reopened.producer_state(PID) is None
+
+
+class TestAsTheCloseBegins:
+    def test_a_ctrl_c_before_the_close_began_lets_a_later_close_close_the_log(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Found by a red-team helper: the close was marked begun, so the second close()
+        # returned at once and left the log open, its directory locked.
+        log = Log.open(tmp_path, CONFIG)
+        log.append(batch(0))
+        interrupt_once(monkeypatch, Log, "_close")
+        with pytest.raises(KeyboardInterrupt):
+            log.close()
+        monkeypatch.undo()
+        log.close()
+        with Log.open(tmp_path, CONFIG) as reopened:  # (the directory's lock was let go of)
+            assert reopened.recovery_report.clean
+            assert reopened.append(batch(0)).duplicate
