@@ -278,7 +278,8 @@ class Log(LogAppends, LogCleaning, LogDurability, LogLifecycle, LogReads):
                 end = self.log_end_offset
                 write_offsets(self._store, {RETIRED_PREFIX + str(pid): end for pid in gone})
                 self._retirements_recorded = True
-            return self._changing_producers(lambda _: self._producers.retire(gone), 0)
+            producers = self._producers
+            return self._changing_producers(lambda _: producers.retire(gone), 0)
 
     def producers(self) -> Iterator[ProducerStateEntry]:
         """Every producer's state, oldest first (a snapshot taken under the lock)."""

@@ -185,8 +185,10 @@ class LogAppends(LogState):
             now_ms = 0
             if pid >= 0:
                 now_ms = self._clock()
+                # Read before the try: a failed first read of a deferred state leaves the log writable.
+                producers = self._producers
                 try:
-                    self._producers.expire_due(now_ms)  # (moves rows and map slots: see _fail_midway)
+                    producers.expire_due(now_ms)  # (moves rows and map slots: see _fail_midway)
                 except BaseException as exc:
                     self._fail_midway(exc)
                     raise
