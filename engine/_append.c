@@ -1536,6 +1536,80 @@ static PyObject *py_crc32c_by_each_path(PyObject *module, PyObject *data) {
 /* check_batch for one buffer: what the Python path's validate_batch checks of a client
  * batch, stricter never looser (a compressed batch, or one with record headers, is 0:
  * the Python path decides). */
+/* oncelog.pid_map.PidSlotMap.load's placing of keys, one at a time: into an empty range of
+ * `buckets`, each id at the first empty bucket from its home (the probe the append makes).
+ * The homes of the keys a few places ahead are prefetched: the keys land at random in a
+ * range of megabytes, and a miss each would cost more than the rest of the work. */
+enum { MAP_PREFETCH_AHEAD = 16 };
+
+static int64_t load_pid_map(int64_t *keys, int32_t *values, int32_t *bucket_of, int64_t max_slot,
+                            const char *ids, Py_ssize_t id_stride, const int32_t *slots, int64_t count,
+                            int64_t buckets) {
+    for (int64_t n = 0; n < count; n++) {
+        if (n + MAP_PREFETCH_AHEAD < count) {
+            int64_t ahead;
+            memcpy(&ahead, ids + (n + MAP_PREFETCH_AHEAD) * id_stride, 8);
+            int64_t h = home_bucket(ahead, buckets);
+            __builtin_prefetch(keys + h, 1);
+            __builtin_prefetch(values + h, 1);
+        }
+        int64_t pid, slot = slots[n];
+        memcpy(&pid, ids + n * id_stride, 8);
+        if (pid < 0 || slot < 0 || slot > max_slot) return -2 - n;
+        int64_t i = home_bucket(pid, buckets), stored = ~pid;
+        while (keys[i] != MAP_EMPTY) {
+            if (keys[i] == stored) return n; /* the same id twice */
+            if (++i == buckets) i = 0;
+        }
+        keys[i] = stored;
+        values[i] = (int32_t)slot;
+        bucket_of[slot] = (int32_t)i;
+    }
+    return -1;
+}
+
+static PyObject *py_load_pid_map(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer keys, values, bucket_of, ids = {0}, slots;
+    PyObject *id_source;
+    long long buckets;
+    if (!PyArg_ParseTuple(args, "w*w*w*Oy*L", &keys, &values, &bucket_of, &id_source, &slots, &buckets))
+        return NULL;
+    PyObject *result = NULL;
+    /* The ids may be a column of the producer table: a strided view, read in place. */
+    if (PyObject_GetBuffer(id_source, &ids, PyBUF_STRIDED_RO) < 0) goto done;
+    int64_t count = ids.ndim == 1 ? ids.shape[0] : -1;
+    if (ids.itemsize != 8 || count < 0 || slots.len != count * 4 || buckets < 1 || keys.len < buckets * 8 ||
+        values.len < buckets * 4 || (double)count > (double)buckets * MAX_OCCUPIED_LOAD) {
+        PyErr_SetString(PyExc_ValueError, "load_pid_map: arrays that do not fit the map's layout");
+        goto done;
+    }
+    for (int64_t i = 0; i < buckets; i++) {
+        if (I64(keys)[i] != MAP_EMPTY) {
+            PyErr_SetString(PyExc_ValueError, "load_pid_map: the range in use is not empty");
+            goto done;
+        }
+    }
+    int64_t placed;
+    Py_BEGIN_ALLOW_THREADS
+    placed = load_pid_map(I64(keys), (int32_t *)values.buf, (int32_t *)bucket_of.buf, bucket_of.len / 4 - 1,
+                          (const char *)ids.buf, ids.strides[0], (const int32_t *)slots.buf, count, buckets);
+    Py_END_ALLOW_THREADS
+    if (placed <= -2) {
+        PyErr_Format(PyExc_ValueError, "load_pid_map: entry %lld has a negative id or a slot out of range",
+                     (long long)(-2 - placed));
+        goto done;
+    }
+    result = PyLong_FromLongLong(placed);
+done:
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&bucket_of);
+    if (ids.obj != NULL) PyBuffer_Release(&ids);
+    PyBuffer_Release(&slots);
+    return result;
+}
+
 static PyObject *py_check_client_batch(PyObject *module, PyObject *args) {
     (void)module;
     Py_buffer view;
@@ -1555,6 +1629,10 @@ static PyMethodDef module_methods[] = {
     {"check_client_batch", py_check_client_batch, METH_VARARGS,
      "check_client_batch(batch, max_batch_bytes) -> True when the client batch passes every check "
      "of oncelog.validation.validate_batch (False: the Python checks decide, and say why)."},
+    {"load_pid_map", py_load_pid_map, METH_VARARGS,
+     "load_pid_map(keys, values, bucket_of, producer_ids, slots, buckets) -> -1, or the index of the "
+     "first id met twice: each id placed into the empty range at the first empty bucket from its home "
+     "(oncelog.pid_map.PidSlotMap.load)."},
     {"scan_tail", (PyCFunction)(void (*)(void))py_scan_tail, METH_VARARGS | METH_KEYWORDS,
      "scan_tail(data, file_position, segment, offset_index, time_index, rows, client_only, "
      "first_base_offset) -> (batches, bytes, stop): recovery's loop over the common batch "

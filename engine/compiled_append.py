@@ -9,16 +9,15 @@ no C compiler has only the Python path, and says so once, at import, as a warnin
 from __future__ import annotations
 
 import contextlib
-import importlib
-import os
-import warnings
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, Protocol, TypeVar, cast
 
+from oncelog import compiled_module
+from oncelog.compiled_module import PURE_ENV
 from oncelog.segments.format import Buffer
 
-PURE_ENV = "ONCELOG_PURE"
+__all__ = ["PURE_ENV", "Appender", "append_method", "client_batch_passes", "enabled", "forced_pure"]
 
 
 class Appender(Protocol):
@@ -31,24 +30,8 @@ class Appender(Protocol):
     def close(self) -> None: ...
 
 
-def _load() -> ModuleType | None:
-    try:
-        module = importlib.import_module("oncelog._append")
-    except ImportError as exc:
-        if os.environ.get(PURE_ENV) != "1":
-            warnings.warn(
-                f"oncelog's compiled append (oncelog._append) is not built ({exc}); appends take the "
-                "Python path, several times slower. Install with a C compiler to build it, or set "
-                f"{PURE_ENV}=1 to choose the Python path and silence this.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return None
-    return module
-
-
-compiled: ModuleType | None = _load()
-_forced_pure = os.environ.get(PURE_ENV) == "1"
+compiled: ModuleType | None = compiled_module.compiled
+_forced_pure = compiled_module.pure_at_start
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])

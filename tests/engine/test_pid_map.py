@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from oncelog import pid_map
+from oncelog import compiled_module, pid_map
 from oncelog.pid_map import EMPTY, PidSlotMap
 
 MAX_PID = 2**63 - 1
@@ -357,6 +357,19 @@ class TestRangeInUse:
 
 
 # -- bulk load ----------------------------------------------------------------------------
+@pytest.fixture(params=["compiled", "vectorised"])
+def bulk_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each bulk load test runs on both placings: one probe per key in C, and numpy's rounds."""
+    if request.param == "compiled":
+        if compiled_module.compiled is None:
+            pytest.skip("oncelog._append is not built (tests/engine/test_compiled_append.py says why)")
+        monkeypatch.setattr(pid_map, "compiled_load", compiled_module.compiled.load_pid_map)
+    else:
+        monkeypatch.setattr(pid_map, "compiled_load", None)
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("bulk_path")
 def test_a_bulk_load_refused_for_a_repeated_id_leaves_no_key_behind() -> None:
     # The rounds place keys before they find the repeat: every one of them must go, or a
     # later put finds a stale key and reuses a slot nothing else knows is taken.
@@ -372,6 +385,7 @@ def test_a_bulk_load_refused_for_a_repeated_id_leaves_no_key_behind() -> None:
     check_against(table, model, [0, 99, 160])
 
 
+@pytest.mark.usefixtures("bulk_path")
 class TestBulkLoad:
     @given(
         pids=st.sets(st.integers(min_value=0, max_value=MAX_PID), max_size=60),
@@ -436,3 +450,68 @@ class TestBulkLoad:
             assert table.get(int(pids[i])) is None
         assert len(table) == count - 500
         assert all(table.get(int(pids[i])) == i for i in range(0, count, 97) if i not in deleted)
+
+
+@given(
+    pids=st.lists(st.integers(min_value=0, max_value=MAX_PID), min_size=pid_map.SMALL_LOAD + 1, max_size=300),
+    repeat_at=st.integers(min_value=0),
+)
+@settings(max_examples=150, deadline=None)
+def test_the_compiled_and_vectorised_loads_agree_on_every_key_and_every_repeat(
+    pids: list[int], repeat_at: int
+) -> None:
+    # The two placings may put a key in different buckets; what a lookup finds, which loads
+    # are refused, and the probing invariant must not differ.
+    if compiled_module.compiled is None:
+        pytest.skip("oncelog._append is not built")
+    if len(set(pids)) == len(pids) and repeat_at % 3 == 0:
+        pids = [*pids, pids[repeat_at % len(pids)]]  # a third of the distinct lists gain a repeat
+    outcomes = []
+    for place in (compiled_module.compiled.load_pid_map, None):
+        table = PidSlotMap(len(pids) + 5)
+        slots = np.arange(len(pids), dtype=np.int32)[::-1].copy()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(pid_map, "compiled_load", place)
+            try:
+                table.load(np.array(pids, dtype=np.int64), slots)
+            except pid_map.DuplicateProducerError:
+                assert len(table) == 0 and not np.any(table.keys)
+                outcomes.append(None)
+                continue
+        model = {pid: int(slot) for pid, slot in zip(pids, slots, strict=True)}
+        check_against(table, model, [0, MAX_PID])
+        outcomes.append(model)
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0] is None) == (len(set(pids)) < len(pids))
+
+
+def test_the_compiled_load_reads_the_producer_table_column_in_place() -> None:
+    # load_rows hands over rows["producer_id"], a strided view of the table: read through its
+    # strides, not as if contiguous (which would read other fields as ids).
+    if compiled_module.compiled is None:
+        pytest.skip("oncelog._append is not built")
+    rows = np.zeros(1000, dtype=[("producer_id", "<i8"), ("other", "<i8"), ("tag", "<i4")])
+    rows["producer_id"] = np.arange(1000) * 7 + 3
+    rows["other"] = -5  # a negative id, were it read as one: refused
+    table = PidSlotMap(1000)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pid_map, "compiled_load", compiled_module.compiled.load_pid_map)
+        table.load(rows["producer_id"], np.arange(1000, dtype=np.int32))
+    check_against(table, {n * 7 + 3: n for n in range(1000)}, [0, 1, 2, 7001])
+
+
+@pytest.mark.parametrize(
+    ("pids", "slots"), [([5, -1], [0, 1]), ([5, 6], [0, 4])], ids=["a negative id", "a slot past the table"]
+)
+def test_the_compiled_load_refuses_what_the_map_cannot_hold_and_leaves_it_empty(
+    pids: list[int], slots: list[int]
+) -> None:
+    if compiled_module.compiled is None:
+        pytest.skip("oncelog._append is not built")
+    table = PidSlotMap(2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pid_map, "compiled_load", compiled_module.compiled.load_pid_map)
+        patch.setattr(pid_map, "SMALL_LOAD", 0)  # (a few ids go one put at a time, not to C)
+        with pytest.raises(ValueError, match="negative id or a slot out of range"):
+            table.load(np.array(pids, dtype=np.int64), np.array(slots, dtype=np.int32))
+    assert len(table) == 0 and not np.any(table.keys)

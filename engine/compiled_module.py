@@ -1,0 +1,37 @@
+"""The compiled module (oncelog._append), loaded once for every layer that has a C path.
+
+The client append and recovery's tail scan reach it through oncelog.compiled_append;
+producer state's bulk map load (oncelog.pid_map) sits below that layer and reaches it
+here. None when it is not built: a build with no C compiler warns once, at import.
+`ONCELOG_PURE=1` silences the warning, and every C path is then left unused.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from types import ModuleType
+
+PURE_ENV = "ONCELOG_PURE"
+
+pure_at_start: bool = os.environ.get(PURE_ENV) == "1"
+
+
+def _load() -> ModuleType | None:
+    try:
+        module = importlib.import_module("oncelog._append")
+    except ImportError as exc:
+        if not pure_at_start:
+            warnings.warn(
+                f"oncelog's compiled append (oncelog._append) is not built ({exc}); appends take the "
+                "Python path, several times slower. Install with a C compiler to build it, or set "
+                f"{PURE_ENV}=1 to choose the Python path and silence this.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return None
+    return module
+
+
+compiled: ModuleType | None = _load()
