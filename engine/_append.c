@@ -1568,6 +1568,14 @@ static int64_t load_pid_map(int64_t *keys, int32_t *values, int32_t *bucket_of, 
     return -1;
 }
 
+/* Whether a buffer holds native-order signed 64-bit integers (ids of another type or byte
+ * order would be read as other ids). */
+static int native_int64(const Py_buffer *view) {
+    const char *format = view->format == NULL ? "B" : view->format;
+    if (*format == '@' || *format == '=' || (*format == '<' && PY_LITTLE_ENDIAN)) format++;
+    return view->itemsize == 8 && (strcmp(format, "q") == 0 || (strcmp(format, "l") == 0 && sizeof(long) == 8));
+}
+
 static PyObject *py_load_pid_map(PyObject *module, PyObject *args) {
     (void)module;
     Py_buffer keys, values, bucket_of, ids = {0}, slots;
@@ -1577,10 +1585,12 @@ static PyObject *py_load_pid_map(PyObject *module, PyObject *args) {
         return NULL;
     PyObject *result = NULL;
     /* The ids may be a column of the producer table: a strided view, read in place. */
-    if (PyObject_GetBuffer(id_source, &ids, PyBUF_STRIDED_RO) < 0) goto done;
+    if (PyObject_GetBuffer(id_source, &ids, PyBUF_STRIDED_RO | PyBUF_FORMAT) < 0) goto done;
     int64_t count = ids.ndim == 1 ? ids.shape[0] : -1;
-    if (ids.itemsize != 8 || count < 0 || slots.len != count * 4 || buckets < 1 || keys.len < buckets * 8 ||
-        values.len < buckets * 4 || (double)count > (double)buckets * MAX_OCCUPIED_LOAD) {
+    /* Compared by division: a huge `buckets` must not overflow past the check. */
+    if (!native_int64(&ids) || count < 0 || slots.len / 4 != count || slots.len % 4 != 0 || buckets < 1 ||
+        buckets > keys.len / 8 || buckets > values.len / 4 ||
+        (double)count > (double)buckets * MAX_OCCUPIED_LOAD) {
         PyErr_SetString(PyExc_ValueError, "load_pid_map: arrays that do not fit the map's layout");
         goto done;
     }

@@ -515,3 +515,30 @@ def test_the_compiled_load_refuses_what_the_map_cannot_hold_and_leaves_it_empty(
         with pytest.raises(ValueError, match="negative id or a slot out of range"):
             table.load(np.array(pids, dtype=np.int64), np.array(slots, dtype=np.int32))
     assert len(table) == 0 and not np.any(table.keys)
+
+
+@pytest.mark.parametrize(
+    ("ids", "buckets"),
+    [
+        (np.array([5, 6], dtype=">i8"), None),  # another byte order: other ids
+        (np.array([5.0, 6.0]), None),  # floats of the same width
+        (np.array([5, 6], dtype=np.int64), 2**61),  # past the arrays (and overflowing a product)
+    ],
+    ids=["big-endian ids", "float ids", "a range past the arrays"],
+)
+def test_the_compiled_load_refuses_arguments_that_do_not_fit_the_map(
+    ids: np.ndarray, buckets: int | None
+) -> None:
+    if compiled_module.compiled is None:
+        pytest.skip("oncelog._append is not built")
+    table = PidSlotMap(2)
+    with pytest.raises(ValueError, match="do not fit the map's layout"):
+        compiled_module.compiled.load_pid_map(
+            table.keys,
+            table.values,
+            table.bucket_of,
+            ids,
+            np.arange(2, dtype=np.int32),
+            table.buckets if buckets is None else buckets,
+        )
+    assert not np.any(table.keys)
