@@ -1576,6 +1576,59 @@ static int native_int64(const Py_buffer *view) {
     return view->itemsize == 8 && (strcmp(format, "q") == 0 || (strcmp(format, "l") == 0 && sizeof(long) == 8));
 }
 
+/* oncelog.pid_map.PidSlotMap.delete_slots: the keys of the producers in `slots` become
+ * tombstones, in one pass over a map of megabytes (each key found through bucket_of,
+ * prefetched ahead, checked to be live keys before any store).
+ * Returns -1, or the index of the first slot that holds no producer (nothing changed). */
+static int64_t delete_pid_slots(int64_t *keys, const int32_t *bucket_of, int64_t max_bucket, int64_t max_slot,
+                                const int64_t *slots, int64_t count) {
+    for (int64_t n = 0; n < count; n++) {
+        if (n + MAP_PREFETCH_AHEAD < count) {
+            int64_t ahead = slots[n + MAP_PREFETCH_AHEAD];
+            if (ahead >= 0 && ahead <= max_slot && bucket_of[ahead] >= 0 && bucket_of[ahead] <= max_bucket)
+                __builtin_prefetch(keys + bucket_of[ahead], 1);
+        }
+        int64_t slot = slots[n];
+        if (slot < 0 || slot > max_slot || bucket_of[slot] < 0 || bucket_of[slot] > max_bucket ||
+            keys[bucket_of[slot]] >= 0)
+            return n;
+    }
+    /* Each store checked again: the arrays may alias or change once the GIL is let go, and no
+     * store may land outside the range in use. (The keys are in cache from the pass above.) */
+    for (int64_t n = 0; n < count; n++) {
+        int64_t slot = slots[n];
+        if (slot < 0 || slot > max_slot) continue;
+        int64_t bucket = bucket_of[slot];
+        if (bucket >= 0 && bucket <= max_bucket) keys[bucket] = MAP_TOMBSTONE;
+    }
+    return -1;
+}
+
+static PyObject *py_delete_pid_slots(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer keys, bucket_of, slots = {0};
+    PyObject *slot_source;
+    long long buckets;
+    if (!PyArg_ParseTuple(args, "w*y*OL", &keys, &bucket_of, &slot_source, &buckets)) return NULL;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(slot_source, &slots, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
+    if (!native_int64(&slots) || bucket_of.len % 4 != 0 || buckets < 1 || buckets > keys.len / 8) {
+        PyErr_SetString(PyExc_ValueError, "delete_pid_slots: arrays that do not fit the map's layout");
+        goto done;
+    }
+    int64_t failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = delete_pid_slots(I64(keys), (const int32_t *)bucket_of.buf, buckets - 1, bucket_of.len / 4 - 1,
+                              (const int64_t *)slots.buf, slots.len / 8);
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromLongLong(failed);
+done:
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&bucket_of);
+    if (slots.obj != NULL) PyBuffer_Release(&slots);
+    return result;
+}
+
 static PyObject *py_load_pid_map(PyObject *module, PyObject *args) {
     (void)module;
     Py_buffer keys, values, bucket_of, ids = {0}, slots;
@@ -1639,6 +1692,10 @@ static PyMethodDef module_methods[] = {
     {"check_client_batch", py_check_client_batch, METH_VARARGS,
      "check_client_batch(batch, max_batch_bytes) -> True when the client batch passes every check "
      "of oncelog.validation.validate_batch (False: the Python checks decide, and say why)."},
+    {"delete_pid_slots", py_delete_pid_slots, METH_VARARGS,
+     "delete_pid_slots(keys, bucket_of, slots, buckets) -> -1, or the index of the first slot holding no "
+     "producer (then nothing is deleted): each slot's key becomes a tombstone "
+     "(oncelog.pid_map.PidSlotMap.delete_slots)."},
     {"load_pid_map", py_load_pid_map, METH_VARARGS,
      "load_pid_map(keys, values, bucket_of, producer_ids, slots, buckets) -> -1, or the index of the "
      "first id met twice: each id placed into the empty range at the first empty bucket from its home "

@@ -64,11 +64,13 @@ SMALL_LOAD = 32
 # The compiled placing of a bulk load (oncelog._append.load_pid_map): one probe per key in C,
 # prefetching the homes ahead, where the vectorised rounds below make a dozen passes over
 # megabyte arrays (1M producers: about 20 ms against 180 ms). None: not built, or pure.
-compiled_load: Callable[..., int] | None = (
-    None
-    if compiled_module.compiled is None or compiled_module.pure_at_start
-    else compiled_module.compiled.load_pid_map
+_compiled = (
+    None if compiled_module.compiled is None or compiled_module.pure_at_start else compiled_module.compiled
 )
+compiled_load: Callable[..., int] | None = None if _compiled is None else _compiled.load_pid_map
+# Expiry's removal of a run of slots in C (oncelog._append.delete_pid_slots): one pass with
+# the keys prefetched, where numpy's check and store each miss the cache once per key.
+compiled_delete: Callable[..., int] | None = None if _compiled is None else _compiled.delete_pid_slots
 
 
 class PidSlotMap:
@@ -186,6 +188,14 @@ class PidSlotMap:
     # -- many keys at once (snapshot load, expiry) -------------------------------------
     def delete_slots(self, slots: np.ndarray) -> None:
         """Remove the producers held in these table slots (expiry at the ring's head)."""
+        if compiled_delete is not None:
+            slots = np.ascontiguousarray(slots, dtype=np.int64)
+            failed = compiled_delete(self.keys, self.bucket_of, slots, self.buckets)
+            if failed >= 0:  # (raised, not asserted: under -O the counts would still move)
+                raise AssertionError(f"delete_slots on slot {int(slots[failed])}, which holds no producer")
+            self.count -= len(slots)
+            self.tombstones += len(slots)
+            return
         buckets = self.bucket_of[slots]
         assert np.all(self.keys[buckets] < 0), "delete_slots on a slot with no producer"
         self.keys[buckets] = TOMBSTONE

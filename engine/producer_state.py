@@ -554,7 +554,7 @@ class ProducerStateManager:
         `expiration_ms`, and a stream of short-lived producers fills the table.
         """
         slots = []
-        for producer_id in producer_ids:
+        for producer_id in dict.fromkeys(producer_ids):  # (once each: a slot twice would count twice)
             slot = self._slots.get(producer_id)
             if (
                 slot is not None

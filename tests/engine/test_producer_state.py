@@ -447,3 +447,12 @@ class TestLoadRows:
         loaded.load_rows(rows, T0)
         assert set(loaded.due_s[:count].tolist()) == {2**32 - 1}
         assert loaded.expire(T0 + 10**12, exhaustive=True) == 0
+
+
+def test_retiring_a_producer_named_twice_counts_it_once() -> None:
+    # The table's retire, below Log.retire_producers (which also names each once): a slot
+    # deleted twice would leave the map's count and the ring's holes off by one each time.
+    manager = filled({100: 1, 101: 1, 102: 1})
+    assert manager.retire([100, 100, 101, 100]) == 2
+    assert len(manager) == 1
+    assert manager.get(102) is not None and manager.get(100) is None and manager.get(101) is None
