@@ -61,13 +61,18 @@ java-check:
 $(COMPAT_STAMP): $(STAMP) tests/compat/build_librdkafka.sh
 	PIP=$(CURDIR)/$(BIN)/pip bash tests/compat/build_librdkafka.sh $(COMPAT_BUILD)
 
+# Two workers (a 2-core machine's cores): each test module is one unit of work, a few heavy
+# tests one each, heaviest first (tests/conftest.py's scheduler). PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
+
 pytest: $(STAMP) java-check $(COMPAT_STAMP)
-	$(BIN)/python -m pytest --durations=30
+	$(BIN)/python -m pytest $(XDIST) --durations=30
 
 # The engine's and the codec's tests again on the Python append path (the reference and
 # the fallback); the suite above runs the compiled one, and compares the two step by step.
 pytest-pure: $(STAMP)
-	ONCELOG_PURE=1 $(BIN)/python -m pytest tests/engine tests/segments -q
+	ONCELOG_PURE=1 $(BIN)/python -m pytest $(XDIST) tests/engine tests/segments -q
 
 test: lint typecheck imports pytest pytest-pure
 

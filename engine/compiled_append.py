@@ -8,8 +8,7 @@ no C compiler has only the Python path, and says so once, at import, as a warnin
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Protocol, TypeVar, cast
 
@@ -31,7 +30,9 @@ class Appender(Protocol):
 
 
 compiled: ModuleType | None = compiled_module.compiled
-_forced_pure = compiled_module.pure_at_start
+# Logs opened inside the block take the Python path (when `pure`; else as outside it); so
+# do the pid map's bulk load and expiry (oncelog.pid_map) while it lasts.
+forced_pure = compiled_module.forced_pure
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -56,23 +57,11 @@ def tail_scanner(on: bool) -> Callable[..., tuple[int, int, int]] | None:
 
 def enabled() -> bool:
     """Whether a log opened now takes the compiled path."""
-    return compiled is not None and not _forced_pure
+    return compiled_module.active() is not None
 
 
 def client_batch_passes(buffer: Buffer, max_batch_bytes: int) -> bool:
     """Whether the compiled append's checks pass `buffer` as a client batch: every check
     validation.validate_batch makes (False: not built, forced pure, or left to those)."""
-    if compiled is None or _forced_pure:
-        return False
-    return bool(compiled.check_client_batch(buffer, max_batch_bytes))
-
-
-@contextlib.contextmanager
-def forced_pure(pure: bool = True) -> Iterator[None]:
-    """Logs opened inside the block take the Python path (when `pure`; else as outside it)."""
-    global _forced_pure
-    previous, _forced_pure = _forced_pure, _forced_pure or pure
-    try:
-        yield
-    finally:
-        _forced_pure = previous
+    module = compiled_module.active()
+    return module is not None and bool(module.check_client_batch(buffer, max_batch_bytes))

@@ -3,14 +3,18 @@
 The client append and recovery's tail scan reach it through oncelog.compiled_append;
 producer state's bulk map load (oncelog.pid_map) sits below that layer and reaches it
 here. None when it is not built: a build with no C compiler warns once, at import.
-`ONCELOG_PURE=1` silences the warning, and every C path is then left unused.
+`ONCELOG_PURE=1` silences the warning, and every C path is then left unused; so is it
+inside `forced_pure()` (the tests' and the torture self-test's switch), which every
+layer reads through `active()` when it chooses a path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import warnings
+from collections.abc import Iterator
 from types import ModuleType
 
 PURE_ENV = "ONCELOG_PURE"
@@ -35,3 +39,27 @@ def _load() -> ModuleType | None:
 
 
 compiled: ModuleType | None = _load()
+_forced_pure = False  # inside forced_pure()
+
+
+def active() -> ModuleType | None:
+    """The compiled module if a C path may be taken now: built, and neither ONCELOG_PURE=1
+    nor inside forced_pure()."""
+    return None if pure_at_start or _forced_pure else compiled
+
+
+def forcing_pure() -> bool:
+    """Whether forced_pure() is on (a C path bound at import, under ONCELOG_PURE=1 none, is
+    left unused meanwhile)."""
+    return _forced_pure
+
+
+@contextlib.contextmanager
+def forced_pure(pure: bool = True) -> Iterator[None]:
+    """Inside the block no C path is chosen (when `pure`; else as outside it)."""
+    global _forced_pure
+    previous, _forced_pure = _forced_pure, _forced_pure or pure
+    try:
+        yield
+    finally:
+        _forced_pure = previous

@@ -63,7 +63,8 @@ SMALL_LOAD = 32
 
 # The compiled placing of a bulk load (oncelog._append.load_pid_map): one probe per key in C,
 # prefetching the homes ahead, where the vectorised rounds below make a dozen passes over
-# megabyte arrays (1M producers, cProfile: 36 ms against 180 ms). None: not built, or pure.
+# megabyte arrays (1M producers, cProfile: 36 ms against 180 ms). None: not built, or pure
+# (ONCELOG_PURE=1); inside compiled_module.forced_pure() neither is taken (see _c_path).
 _compiled = (
     None if compiled_module.compiled is None or compiled_module.pure_at_start else compiled_module.compiled
 )
@@ -71,6 +72,14 @@ compiled_load: Callable[..., int] | None = None if _compiled is None else _compi
 # Expiry's removal of a run of slots in C (oncelog._append.delete_pid_slots): one pass with
 # the keys prefetched, where numpy's check and store each miss the cache once per key.
 compiled_delete: Callable[..., int] | None = None if _compiled is None else _compiled.delete_pid_slots
+
+
+_CPath = Callable[..., int]
+
+
+def _c_path(function: _CPath | None) -> _CPath | None:
+    """`function` (one of the C paths above), unless compiled_module.forced_pure() is on."""
+    return None if compiled_module.forcing_pure() else function
 
 
 class PidSlotMap:
@@ -188,9 +197,10 @@ class PidSlotMap:
     # -- many keys at once (snapshot load, expiry) -------------------------------------
     def delete_slots(self, slots: np.ndarray) -> None:
         """Remove the producers held in these table slots (expiry at the ring's head)."""
-        if compiled_delete is not None:
+        delete = _c_path(compiled_delete)
+        if delete is not None:
             slots = np.ascontiguousarray(slots, dtype=np.int64)
-            failed = compiled_delete(self.keys, self.bucket_of, slots, self.buckets)
+            failed = delete(self.keys, self.bucket_of, slots, self.buckets)
             if failed >= 0:  # (raised, not asserted: under -O the counts would still move)
                 raise AssertionError(f"delete_slots on slot {int(slots[failed])}, which holds no producer")
             self.count -= len(slots)
@@ -242,8 +252,9 @@ class PidSlotMap:
                 self._put_new(ids, slots if isinstance(slots, list) else slots.tolist())
                 return
         pids = np.asarray(producer_ids, dtype=np.int64)
-        if compiled_load is not None:
-            self._load_compiled(compiled_load, pids, np.ascontiguousarray(slots, dtype=np.int32))
+        place = _c_path(compiled_load)
+        if place is not None:
+            self._load_compiled(place, pids, np.ascontiguousarray(slots, dtype=np.int32))
             return
         # The keys still to place, kept compacted so each round touches only them.
         homes = self._homes(pids)

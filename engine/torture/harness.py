@@ -431,14 +431,20 @@ def run_torture(
     crashes: int,
     faults: tuple[str, ...] = FAULTS,
     progress: Callable[[int, int], None] | None = None,
+    *,
+    first: int = 0,
 ) -> TortureSummary:
+    """`crashes` crash states of `seed`, the fault classes in turn. `first`: the index of the
+    first state, so that a long run split into parts (run side by side) covers the same states."""
+    assert first >= 0, first
     started = time.perf_counter()
     by_fault = dict.fromkeys(faults, 0)
     violations: list[Violation] = []
-    for index in range(crashes):
+    for done, index in enumerate(range(first, first + crashes), start=1):
         fault = faults[index % len(faults)]
-        violations.extend(run_crash_state(crash_seed(seed, index) if crashes > 1 else seed, fault))
+        single = crashes == 1 and first == 0  # (one state: the seed itself, as --crashes 1 replays)
+        violations.extend(run_crash_state(seed if single else crash_seed(seed, index), fault))
         by_fault[fault] += 1
         if progress is not None:
-            progress(index + 1, crashes)
+            progress(done, crashes)
     return TortureSummary(crashes, by_fault, violations, time.perf_counter() - started, seed)

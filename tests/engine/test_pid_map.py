@@ -9,6 +9,7 @@ runs are sure to form.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from oncelog import compiled_module, pid_map
+from oncelog import compiled_append, compiled_module, pid_map
 from oncelog.pid_map import EMPTY, PidSlotMap
 
 MAX_PID = 2**63 - 1
@@ -516,6 +517,36 @@ def test_the_compiled_and_vectorised_loads_agree_on_every_key_and_every_repeat(
         outcomes.append(model)
     assert outcomes[0] == outcomes[1]
     assert (outcomes[0] is None) == (len(set(pids)) < len(pids))
+
+
+def test_inside_forced_pure_the_bulk_load_and_delete_take_numpys_path_and_after_it_cs() -> None:
+    # compiled_append.forced_pure() is the tests' and the torture self-test's switch to the
+    # Python path: the pid map's C paths must follow it, not only ONCELOG_PURE at start.
+    if compiled_module.compiled is None:
+        pytest.skip("oncelog._append is not built")
+    module = compiled_module.compiled
+    calls: list[str] = []
+
+    def spy(name: str, real: Callable[..., int]) -> Callable[..., int]:
+        def call(*args: object) -> int:
+            calls.append(name)
+            return real(*args)
+
+        return call
+
+    pids = np.arange(10_000, 10_000 + 3 * pid_map.SMALL_LOAD, dtype=np.int64)
+    slots = np.arange(len(pids), dtype=np.int32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pid_map, "compiled_load", spy("load", module.load_pid_map))
+        patch.setattr(pid_map, "compiled_delete", spy("delete", module.delete_pid_slots))
+        for pure in (True, False):
+            table = PidSlotMap(len(pids))
+            with compiled_append.forced_pure(pure):
+                table.load(pids, slots)
+                table.delete_slots(np.array([0, 7], dtype=np.int64))
+            model = {int(pid): n for n, pid in enumerate(pids) if n not in (0, 7)}
+            check_against(table, model, [int(pids[0]), int(pids[7])])
+            assert calls == ([] if pure else ["load", "delete"])
 
 
 def test_the_compiled_load_reads_the_producer_table_column_in_place() -> None:
