@@ -1,4 +1,4 @@
-"""tests/conftest.py's units of work: every heavy unit it names is a test that exists.
+"""tests/work_units.py: every heavy unit it names is a test that exists.
 
 A renamed module or test would otherwise lose its place at the front of the queue, or
 its unit of its own, with nothing to say so.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import HEAVY_S, unit_of, weight_s
+from work_units import HEAVY_S, unit_of, weight_s
 
 REPO = Path(__file__).resolve().parent.parent
 
