@@ -62,7 +62,8 @@ $(COMPAT_STAMP): $(STAMP) tests/compat/build_librdkafka.sh
 	PIP=$(CURDIR)/$(BIN)/pip bash tests/compat/build_librdkafka.sh $(COMPAT_BUILD)
 
 # Two workers (a 2-core machine's cores): each test module is one unit of work, a few heavy
-# tests one each, heaviest first (tests/conftest.py's scheduler). PYTEST_WORKERS=0: one process.
+# tests one each, heaviest first (tests/conftest.py, tests/work_units.py). PYTEST_WORKERS=0:
+# one process.
 PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
