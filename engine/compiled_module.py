@@ -49,8 +49,7 @@ def active() -> ModuleType | None:
 
 
 def forcing_pure() -> bool:
-    """Whether forced_pure() is on (a C path bound at import, under ONCELOG_PURE=1 none, is
-    left unused meanwhile)."""
+    """Whether forced_pure() is on: a C path a module bound at import is left unused meanwhile."""
     return _forced_pure
 
 

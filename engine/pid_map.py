@@ -65,9 +65,7 @@ SMALL_LOAD = 32
 # prefetching the homes ahead, where the vectorised rounds below make a dozen passes over
 # megabyte arrays (1M producers, cProfile: 36 ms against 180 ms). None: not built, or pure
 # (ONCELOG_PURE=1); inside compiled_module.forced_pure() neither is taken (see _c_path).
-_compiled = (
-    None if compiled_module.compiled is None or compiled_module.pure_at_start else compiled_module.compiled
-)
+_compiled = compiled_module.active()  # (at import: built, and not ONCELOG_PURE=1)
 compiled_load: Callable[..., int] | None = None if _compiled is None else _compiled.load_pid_map
 # Expiry's removal of a run of slots in C (oncelog._append.delete_pid_slots): one pass with
 # the keys prefetched, where numpy's check and store each miss the cache once per key.

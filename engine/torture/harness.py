@@ -440,9 +440,9 @@ def run_torture(
     started = time.perf_counter()
     by_fault = dict.fromkeys(faults, 0)
     violations: list[Violation] = []
+    single = crashes == 1 and first == 0  # (one state: the seed itself, as --crashes 1 replays)
     for done, index in enumerate(range(first, first + crashes), start=1):
         fault = faults[index % len(faults)]
-        single = crashes == 1 and first == 0  # (one state: the seed itself, as --crashes 1 replays)
         violations.extend(run_crash_state(seed if single else crash_seed(seed, index), fault))
         by_fault[fault] += 1
         if progress is not None:
