@@ -14,7 +14,8 @@ Where each rule lives:
 - a Produce request reaching `Log.append_batches`: `oncelog.server.handlers.produce.handle_produce`
   (`oncelog.server.api_registry` maps every API key to its handler)
 - EndTxn writing its markers: `oncelog.server.txn_coordinator.TransactionCoordinator._complete`,
-  through `oncelog.server.broker.Broker._write_marker` into `Log.write_txn_marker`
+  through `oncelog.server.broker.Broker._write_marker` into `Log.write_txn_marker`; a marker a
+  crash took is written again at start by `oncelog.server.broker.Broker.restore_lost_markers`
 
 Layers (checked by import-linter in `make test`, `[tool.importlinter]` in pyproject.toml):
 segments < storage < producer state < recovery < log < manager < server, spark, tools <

@@ -71,7 +71,10 @@ class Server:
 
     async def start(self) -> None:
         # Transactions a crash left decided but unfinished: their markers go out before any
-        # client is answered, so no read_committed reader waits on them.
+        # client is answered, so no read_committed reader waits on them. Lost markers of
+        # completed ends first: the steps after would end that data otherwise.
+        for tp, producer_id in await self.broker.in_thread(self.broker.restore_lost_markers):
+            log.warning("wrote producer %d's lost transaction marker in %s again", producer_id, tp)
         for tp, producer_id in await self.broker.in_thread(self.broker.abort_orphan_transactions):
             log.warning(
                 "aborted producer %d's transaction in %s: no stored transaction holds it", producer_id, tp

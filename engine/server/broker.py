@@ -317,6 +317,7 @@ class Broker:
             self._write_marker,
             self.in_thread,
             self.appended,
+            sync_partition=self._sync_partition,
             max_timeout_ms=config.transaction_max_timeout_ms,
             expiration_ms=config.transactional_id_expiration_ms,
         )
@@ -442,6 +443,7 @@ class Broker:
         """The groups' committed offsets of a deleted topic, and those transactions hold for it,
         forgotten (as Kafka cleans them): a topic made again under the name starts anew."""
         self.transactions.drop_topic_offsets(topic)
+        self.transactions.drop_topic_ends(topic)
         for group_id, group in list(self.groups.groups.items()):
             stale = [key for key in group.offsets if key[0] == topic]
             if stale:
@@ -543,14 +545,49 @@ class Broker:
 
     def _write_marker(
         self, tp: TopicPartition, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
-    ) -> None:
-        """Write a transaction marker to `tp` and fsync it (in a worker thread)."""
+    ) -> int:
+        """Write a transaction marker to `tp` (in a worker thread); its offset. Not fsynced here:
+        the completion naming it is stored first, then `_sync_partition` (txn_coordinator, step 5)."""
         target = self.log(tp.topic, tp.partition)
-        target.write_txn_marker(
+        written = target.write_txn_marker(
             producer_id, producer_epoch, commit=commit, coordinator_epoch=coordinator_epoch
         )
-        # The transaction is stored complete next: a crash after that must find this marker on disk.
-        target.flush()
+        return written.first_offset
+
+    def _sync_partition(self, tp: TopicPartition) -> None:
+        """fsync `tp` (in a worker thread): the markers a stored completion names."""
+        self.log(tp.topic, tp.partition).flush()
+
+    def restore_lost_markers(self) -> list[tuple[TopicPartition, int]]:
+        """Write again each marker of a stored end that a crash took (in a thread, at start).
+
+        A completion is stored before its markers are fsynced, naming each marker's offset
+        (txn_coordinator). If the producer's transaction is open in the partition below
+        that offset, the marker was lost (with everything after it): the transaction's data
+        there is this end's, and gets the outcome stored for it. Runs before orphans are
+        aborted and unfinished ends completed, which would otherwise end that data with
+        another outcome. Returns what was written.
+        """
+        restored = []
+        for tp, producer_id, epoch, commit, offset in self.transactions.last_end_markers():
+            try:
+                target = self.log(tp.topic, tp.partition)  # (an unclean open fsyncs what it kept)
+            except UnknownTopicOrPartitionError:
+                continue
+            first = target.open_transactions().get(producer_id)
+            if first is None or first >= offset:
+                continue
+            state = target.producer_state(producer_id)
+            assert state is not None  # an open transaction is a known producer's
+            if state.producer_epoch > epoch:  # not this end's data: a newer epoch wrote it
+                log.warning("%s: producer %d's open transaction is not the stored end's", tp, producer_id)
+                continue
+            coordinator_epoch = max(self.transactions.coordinator_epoch, state.coordinator_epoch)
+            target.write_txn_marker(producer_id, epoch, commit=commit, coordinator_epoch=coordinator_epoch)
+            # Before the port opens: a crash after it finds the marker on disk, or writes it again.
+            target.flush()
+            restored.append((tp, producer_id))
+        return restored
 
     def abort_orphan_transactions(self) -> list[tuple[TopicPartition, int]]:
         """Abort every transaction open in a log that no stored transaction will end (in a thread).

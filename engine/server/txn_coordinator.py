@@ -7,12 +7,21 @@ answered. Ending a transaction:
 1. stores Prepare* (from here on the outcome is decided: a crash finishes it);
 2. waits for the producer's appends in flight, and answers EndTxn, as Kafka does: the
    rest runs in the background (`settled` waits for it);
-3. writes a COMMIT or ABORT marker to every partition of the transaction and fsyncs it
-   (the logs' group commit shares one fsync among the markers of transactions ending
-   together; a crash after step 4 must find the markers on disk, or read_committed
-   readers would wait on the partition forever);
+3. writes a COMMIT or ABORT marker to every partition of the transaction (not fsynced);
 4. stores Complete* together with the group offsets the transaction committed, in one
-   commit (a crash can never apply the offsets without the markers, or the reverse).
+   commit (a crash can never apply the offsets without the markers, or the reverse),
+   and the end itself as the record's `last_end`: the outcome and each marker's offset;
+5. fsyncs the markers' partitions, in the background: the next transaction does not
+   wait for it, only the next completion does (below).
+
+Why the markers need no fsync before step 4: a crash that loses one (power loss) leaves
+the transaction's data open in its partition, below the offset `last_end` names, and the
+next start writes the marker again with the stored outcome (`lost_markers`), before it
+aborts orphans or completes anything. The next transaction's data lands after the marker,
+so a partition whose marker was lost lost that data too, and a transaction open there
+below the named offset is this end's. This holds while the record names the end whose
+markers may not be durable, so at most one may be: a completion stores its `last_end`
+only once the previous one's partitions are fsynced.
 
 Until step 4 the transaction is still open in its partitions: their last stable offset
 stays below its data, so no read_committed reader sees it before its marker. The
@@ -30,6 +39,8 @@ Crash cases, by what the store holds at the next start:
 |   | nothing) and completes; the producer's retried EndTxn finds it complete |
 | Prepare*, EndTxn answered, | the same: the outcome the producer was told is the one |
 |   markers not all written | its markers carry |
+| any, with a `last_end` whose | writes that marker again with the stored outcome (first, |
+|   marker a crash took | so the next end's markers cannot close this end's data) |
 
 Every start bumps the coordinator epoch, so a marker a killed process was still
 writing is fenced by the logs once this process has written its own.
@@ -61,6 +72,7 @@ from oncelog.producer_ids import ProducerIdManager, next_epoch
 from oncelog.server.coordinator_store import TXN, CoordinatorStore, store_key
 from oncelog.server.group_coordinator import GroupCoordinator
 from oncelog.server.group_state import CommittedOffset
+from oncelog.server.marker_syncs import MarkerSyncs, PartitionSync, io_results
 from oncelog.server.txn_state import Transaction, TxnError, TxnState
 
 __all__ = ["TransactionCoordinator", "TxnError", "TxnState"]
@@ -79,9 +91,11 @@ SETTLE_WAIT_S: Final = 10.0
 GROUP_SETTLE_WAIT_S: Final = 1.0
 
 
-# Writes one marker to a partition and makes it durable: (partition, producer id, epoch,
-# commit, coordinator epoch). Runs in a worker thread.
-MarkerWriter = Callable[[TopicPartition, int, int, bool, int], None]
+# Writes one marker to a partition, not fsynced: (partition, producer id, epoch, commit,
+# coordinator epoch) -> the marker's offset (None if not known). Runs in a worker thread.
+MarkerWriter = Callable[[TopicPartition, int, int, bool, int], "int | None"]
+# A marker of a stored end: (partition, producer id, marker epoch, commit, marker offset).
+EndMarker = tuple[TopicPartition, int, int, bool, int]
 
 
 class TransactionCoordinator:
@@ -91,9 +105,10 @@ class TransactionCoordinator:
         producer_ids: ProducerIdManager,
         groups: GroupCoordinator,
         write_marker: MarkerWriter,
-        in_thread: Callable[[Callable[[], None]], Any],
+        in_thread: Callable[[Callable[[], Any]], Any],
         wake: Callable[[Iterable[TopicPartition]], None],
         *,
+        sync_partition: PartitionSync,
         max_timeout_ms: int,
         expiration_ms: int = 7 * 24 * 3600 * 1000,
         clock_ms: Clock | None = None,
@@ -109,6 +124,7 @@ class TransactionCoordinator:
         self._checking: dict[str, asyncio.Task[None]] = {}
         # Ends answered at Prepare whose markers and completion are still being written.
         self._completing: dict[str, asyncio.Task[bool]] = {}
+        self._marker_syncs = MarkerSyncs(in_thread, sync_partition)  # step 5
         # Timeouts and expiry are measured on the wall clock (it outlives a restart), never stepping
         # back: a clock set back must not hold an abandoned transaction open longer.
         self._clock_ms: Clock = clock_ms or MonotonicClock(wall_clock_ms)
@@ -130,6 +146,15 @@ class TransactionCoordinator:
             self._stored[txn.transactional_id] = record
         groups.pending_transactional = self._holds_offsets
         groups.drop_pending_offsets = self.drop_offsets
+
+    def last_end_markers(self) -> list[EndMarker]:
+        """Every marker the stored `last_end`s name (what `Broker.restore_lost_markers` checks)."""
+        return [
+            (TopicPartition(topic, partition), end["pid"], end["epoch"], end["commit"], offset)
+            for txn in self.transactions.values()
+            if (end := txn.last_end) is not None
+            for topic, partition, offset in end["markers"]
+        ]
 
     def unfinished(self) -> list[Transaction]:
         """Transactions whose end was decided but not completed (a crash in between)."""
@@ -265,10 +290,12 @@ class TransactionCoordinator:
             await asyncio.wait(pending, timeout=timeout_s)
 
     async def completions_finished(self, timeout_s: float) -> None:
-        """Wait (at most `timeout_s`) for every end answered to complete (a draining stop)."""
+        """Wait (at most `timeout_s`) for every end answered to complete, and its markers' fsync
+        (a draining stop)."""
         pending = [task for task in self._completing.values() if not task.done()]
         if pending:
             await asyncio.wait(pending, timeout=timeout_s)
+        await self._marker_syncs.finished(timeout_s)
 
     def _current(self, transactional_id: str, producer_id: int, producer_epoch: int) -> Transaction:
         txn = self.transactions.get(transactional_id)
@@ -388,14 +415,22 @@ class TransactionCoordinator:
             self._in_thread(functools.partial(self._write_one, tp, txn.producer_id, marker_epoch, commit))
             for tp in partitions
         ]
-        # Every write finishes before the outcome is judged, so no retry overlaps one still running.
-        failures = [r for r in await asyncio.gather(*writes, return_exceptions=True) if r is not None]
-        if failures:
-            exc = failures[0]
-            if not isinstance(exc, (OncelogError, OSError)):
-                raise exc
-            log.warning("transaction %r: markers not all written, retrying: %s", txn.transactional_id, exc)
+        written = await io_results(writes, txn.transactional_id, "markers not all written")
+        if written is None:
             return False
+        # This end's `last_end` replaces the previous one's: those markers must be durable first.
+        if not await self._marker_syncs.durable(txn):
+            return False
+        last_end = {
+            "pid": txn.producer_id,
+            "epoch": marker_epoch,
+            "commit": commit,
+            "markers": [
+                [tp.topic, tp.partition, offset]
+                for tp, offset in zip(partitions, written, strict=True)
+                if isinstance(offset, int)
+            ],
+        }
         records: dict[str, dict[str, Any]] = {}
         by_group: dict[str, list[tuple[str, int, CommittedOffset]]] = {}
         if commit:
@@ -408,7 +443,13 @@ class TransactionCoordinator:
             for group_id, offsets in by_group.items():
                 records.update(self.groups.commit_records(group_id, offsets))
         final = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
-        record = {**txn.record(), "state": final.value, "offsets": [], "updated_ms": self._clock_ms()}
+        record = {
+            **txn.record(),
+            "state": final.value,
+            "offsets": [],
+            "updated_ms": self._clock_ms(),
+            "last_end": last_end,
+        }
         records[store_key(TXN, txn.transactional_id)] = record
         try:
             # One commit: the offsets are the group's exactly when the transaction is complete.
@@ -418,26 +459,36 @@ class TransactionCoordinator:
             return False
         self._forget(txn)
         txn.state, txn.offsets, txn.updated_ms = final, {}, record["updated_ms"]
+        txn.last_end = last_end
         self._stored[txn.transactional_id] = record
+        self._marker_syncs.start(txn)
         for group_id, offsets in by_group.items():
             self.groups.apply_commit(group_id, offsets)
         self._wake(partitions)  # read_committed fetches waiting on these partitions' stable offsets
         return True
+
+    async def markers_durable(self, transactional_id: str) -> bool:
+        """Whether the markers of the end last completed for `transactional_id` are fsynced
+        (waiting for the fsync under way, and trying it again if it failed)."""
+        txn = self.transactions.get(transactional_id)
+        return txn is None or await self._marker_syncs.durable(txn)
 
     def holds(self, producer_id: int, tp: TopicPartition) -> bool:
         """Whether a transaction this coordinator will end holds `tp` for `producer_id`."""
         txn = self._by_producer.get(producer_id)
         return txn is not None and txn.transactional_id in self._unsettled and tp in txn.partitions
 
-    def _write_one(self, tp: TopicPartition, producer_id: int, epoch: int, commit: bool) -> None:
+    def _write_one(self, tp: TopicPartition, producer_id: int, epoch: int, commit: bool) -> int | None:
+        """The marker's offset; None when skipped (nothing of the transaction is left open there)."""
         try:
-            self._write_marker(tp, producer_id, epoch, commit, self.coordinator_epoch)
+            return self._write_marker(tp, producer_id, epoch, commit, self.coordinator_epoch)
         except UnknownTopicOrPartitionError:
             log.info("transaction marker to %s skipped: the partition is gone", tp)
         except InvalidProducerEpochError as exc:
             # A newer epoch already wrote to the partition, so this transaction's data there
             # was closed by that epoch's marker or fencing: nothing is left to end.
             log.info("transaction marker to %s skipped: %s", tp, exc)
+        return None
 
     async def run_timeouts(self) -> None:
         """Abort transactions open past their timeout; retry ends whose markers failed; expire idle ids."""
@@ -460,6 +511,7 @@ class TransactionCoordinator:
             txn
             for txn in self.transactions.values()
             if txn.transactional_id not in self._unsettled
+            and not self._marker_syncs.pending(txn.transactional_id)
             and not txn.ending
             and txn.appends_in_flight == 0
             and now - txn.updated_ms > self.expiration_ms
@@ -491,6 +543,7 @@ class TransactionCoordinator:
         """
         now = self._clock_ms()
         started = []
+        self._marker_syncs.retry_failed()
         for txn in list(self._unsettled.values()):
             if txn.ending or txn.transactional_id in self._checking:
                 continue
@@ -538,6 +591,16 @@ class TransactionCoordinator:
                     txn, f"offsets of transaction {txn.transactional_id!r} without group {group_id!r}'s"
                 )
                 self._index(txn)
+
+    def drop_topic_ends(self, topic: str) -> None:
+        """Forget a deleted topic's markers in every stored `last_end` (stored before it returns;
+        TxnError if a write fails): a topic made again under the name starts its offsets anew,
+        and a start must not take its transactions for ends whose markers were lost."""
+        for txn in self.transactions.values():
+            end = txn.last_end
+            if end is not None and any(marker[0] == topic for marker in end["markers"]):
+                txn.last_end = {**end, "markers": [m for m in end["markers"] if m[0] != topic]}
+                self._store(txn, f"the last end of {txn.transactional_id!r} without topic {topic!r}")
 
     def drop_topic_offsets(self, topic: str) -> None:
         """Forget the uncommitted offsets transactions hold for a deleted topic, in every group."""

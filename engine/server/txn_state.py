@@ -55,6 +55,9 @@ class Transaction:
     # When the record was last stored (wall clock): an id idle past transactional.id.expiration.ms
     # is forgotten.
     updated_ms: int = 0
+    # The last completed end: {"pid", "epoch" (the markers'), "commit", "markers": [[topic,
+    # partition, offset], ...]}, so a start can write again a marker a crash took.
+    last_end: dict[str, Any] | None = None
     # Not stored: appends of this transaction in flight, and who waits for them to finish.
     appends_in_flight: int = 0
     drained: asyncio.Event | None = None
@@ -74,6 +77,7 @@ class Transaction:
             "offsets": [[g, t, p, *c] for (g, t, p), c in self.offsets.items()],
             "started_ms": self.started_ms,
             "updated_ms": self.updated_ms,
+            "last_end": self.last_end,
         }
 
     @classmethod
@@ -91,3 +95,4 @@ class Transaction:
         self.groups = set(record["groups"])
         self.offsets = {(g, t, p): CommittedOffset(*c) for g, t, p, *c in record["offsets"]}
         self.started_ms, self.updated_ms = record["started_ms"], record["updated_ms"]
+        self.last_end = record.get("last_end")  # (absent from records stored before it)

@@ -27,18 +27,26 @@ Marker = tuple[TopicPartition, int, int, bool, int]
 
 
 class Markers:
-    """Records every marker; raises OSError for markers while `failing` is set."""
+    """Records every marker (its offset: its place in `written`); raises OSError for markers
+    while `failing` is set. `synced` records each partition fsynced, failing while
+    `sync_failing` is set."""
 
     def __init__(self) -> None:
         self.written: list[Marker] = []
         self.failing = False
+        self.synced: list[TopicPartition] = []
+        self.sync_failing = False
 
-    def __call__(
-        self, tp: TopicPartition, pid: int, epoch: int, commit: bool, coordinator_epoch: int
-    ) -> None:
+    def __call__(self, tp: TopicPartition, pid: int, epoch: int, commit: bool, coordinator_epoch: int) -> int:
         if self.failing:
             raise OSError(5, "injected marker failure")
         self.written.append((tp, pid, epoch, commit, coordinator_epoch))
+        return len(self.written) - 1
+
+    def sync(self, tp: TopicPartition) -> None:
+        if self.sync_failing:
+            raise OSError(5, "injected fsync failure")
+        self.synced.append(tp)
 
 
 class FailingStore(CoordinatorStore):
@@ -67,10 +75,10 @@ class World:
         ids = ProducerIdManager.open(self.root / "ids")
         groups = GroupCoordinator(store, GroupLimits())
 
-        async def in_thread(call: Callable[[], None]) -> None:
+        async def in_thread(call: Callable[[], Any]) -> Any:
             if self.marker_gate is not None:
                 await self.marker_gate.wait()
-            call()
+            return call()
 
         def wake(partitions: Iterable[TopicPartition]) -> None:
             self.woken.extend(partitions)
@@ -82,6 +90,7 @@ class World:
             self.markers,
             in_thread,
             wake,
+            sync_partition=self.markers.sync,
             max_timeout_ms=60_000,
             clock_ms=lambda: self.now_ms,
         )
@@ -465,6 +474,69 @@ def test_a_completion_that_cannot_be_stored_stays_prepared_and_is_retried(tmp_pa
     world.run(scenario)
 
 
+def stored_txn(world: World, transactional_id: str) -> dict[str, Any]:
+    (record,) = (r for r, _ in world.store.records(TXN, "id", dict) if r["id"] == transactional_id)
+    return record
+
+
+def test_a_completion_is_stored_naming_its_markers_before_they_are_fsynced(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0, TP1])
+        world.markers.sync_failing = True  # a slow or failing fsync holds up no next transaction
+        await c.end("app", pid, epoch, True)
+        await c.settled("app")
+        assert c.transactions["app"].state is TxnState.COMPLETE_COMMIT
+        assert world.markers.synced == []
+        record = stored_txn(world, "app")
+        assert record["state"] == TxnState.COMPLETE_COMMIT.value
+        # Each marker's partition and offset (the recorder's offsets are 0 and 1), and the outcome.
+        assert record["last_end"] == {
+            "pid": pid,
+            "epoch": epoch,
+            "commit": True,
+            "markers": [["out", 0, 0], ["out", 1, 1]],
+        }
+        c.add_partitions("app", pid, epoch, [TP0])  # the next transaction starts at once
+        assert c.transactions["app"].state is TxnState.ONGOING
+        assert not await c.markers_durable("app")  # tried again: still failing
+        world.markers.sync_failing = False
+        assert await c.markers_durable("app")
+        assert sorted(world.markers.synced) == [TP0, TP1]
+
+    world.run(scenario)
+
+
+def test_the_next_completion_waits_until_the_last_ends_markers_are_fsynced(tmp_path: Path) -> None:
+    """The record names one end whose markers may not be durable: a completion replacing it
+    waits for their fsync, so a crash never finds two ends' markers at risk."""
+    world = World(tmp_path)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0])
+        world.markers.sync_failing = True
+        await c.end("app", pid, epoch, False)
+        await c.settled("app")
+        first_end = stored_txn(world, "app")["last_end"]
+        assert first_end["commit"] is False and first_end["markers"] == [["out", 0, 0]]
+        c.add_partitions("app", pid, epoch, [TP1])
+        await c.end("app", pid, epoch, True)  # decided and answered, whatever the fsync
+        await c.settled("app")
+        assert c.transactions["app"].state is TxnState.PREPARE_COMMIT  # not completed over it
+        record = stored_txn(world, "app")
+        assert record["state"] == TxnState.PREPARE_COMMIT.value and record["last_end"] == first_end
+        world.markers.sync_failing = False
+        await asyncio.gather(*c.check_timeouts())
+        assert c.transactions["app"].state is TxnState.COMPLETE_COMMIT
+        assert TP0 in world.markers.synced
+        assert stored_txn(world, "app")["last_end"]["markers"] == [["out", 1, 2]]
+
+    world.run(scenario)
+
+
 def test_a_transaction_waiting_on_an_append_holds_up_no_other_transactions_timeout(tmp_path: Path) -> None:
     world = World(tmp_path)
 
@@ -528,6 +600,7 @@ def test_transactional_ids_idle_past_the_expiration_are_forgotten_but_not_open_o
         c.add_partitions("done", pid, epoch, [TP0])
         await c.end("done", pid, epoch, True)
         await c.settled("done")  # its markers, written after the answer
+        assert await c.markers_durable("done")  # (not expired before: a start may need its record)
         pid, epoch = await c.init_producer_id("open", 60_000, -1, -1)
         c.add_partitions("open", pid, epoch, [TP1])
         world.now_ms += 5_000

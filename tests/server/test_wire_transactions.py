@@ -38,6 +38,7 @@ from aiokafka.errors import ProducerFenced as AioProducerFenced
 from aiokafka.structs import TopicPartition as AioTopicPartition
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka import TopicPartition as ConfluentTopicPartition
+from confluent_kafka.admin import AdminClient
 from in_process import InProcessServer
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
@@ -50,6 +51,7 @@ from serve_process import ServeProcess
 from wire_client import WireSocket, decode_response, encode_request
 
 from oncelog.layout import TopicPartition
+from oncelog.log_manager import LogManager
 from oncelog.segments import RecordBatch, encode_batch
 from oncelog.segments import format as fmt
 from oncelog.segments.batch import batch_size_at
@@ -1343,6 +1345,82 @@ def test_a_transaction_a_crash_left_in_prepare_commit_is_completed_by_the_next_s
         assert (
             second.server.broker.transactions.transactions[transactional_id].state is TxnState.COMPLETE_COMMIT
         )
+
+
+def test_a_completed_ends_marker_a_power_loss_took_is_written_again_with_its_outcome_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """A completion is stored before its markers are fsynced, naming each marker's offset. Power
+    loss can then take a marker and everything after it in the partition, here the next
+    transaction's record, whose own record holds the partition. The next start ends the data below
+    the named offset with the stored outcome: left open, it would end with the next transaction,
+    whose abort (the producer's, after the restart) would take the committed records with it."""
+    root = tmp_path / "root"
+    topic, transactional_id = "lost-marker", "lost-marker"
+    with ServeProcess(root) as process:
+        bootstrap = process.bootstrap
+        producer = ConfluentTxn(bootstrap, transactional_id, LONG_TXN_TIMEOUT_MS)
+        try:
+            producer.begin()
+            producer.send(topic, b"a")
+            producer.send(topic, b"b")
+            producer.commit()
+            producer.begin()
+            producer.send(topic, b"next")
+            producer.flush()
+            assert layout(partition_batches(bootstrap, topic)) == "ttCt"
+            process.kill()
+            stored = stored_transaction(root, transactional_id)
+            assert stored["state"] == TxnState.ONGOING.value
+            assert stored["last_end"]["commit"] is True
+            assert stored["last_end"]["markers"] == [[topic, 0, 2]]
+            with LogManager.open(root, progress=False) as manager:  # what power loss may leave
+                log = manager.log(topic, 0, create=False)
+                assert log.truncate_to(2) == 2
+                assert log.open_transactions() == {stored["pid"]: 0}
+            process.start()
+            assert layout(partition_batches(bootstrap, topic)) == "ttC"  # written again: a commit
+            producer.abort()  # the open transaction, which holds nothing now
+        finally:
+            producer.close()
+        commit_end("confluent", bootstrap, topic)
+        assert layout(partition_batches(bootstrap, topic)) == "ttCAtC"  # the abort ended nothing
+        assert read_to_end("confluent", bootstrap, topic, "read_committed") == [
+            (0, b"a"),
+            (1, b"b"),
+            (4, END),
+        ]
+
+
+def test_a_topic_deleted_and_made_again_is_not_taken_for_an_end_whose_marker_was_lost(tmp_path: Path) -> None:
+    """The stored end names its marker's offset in the topic as it was; made again, the topic's
+    offsets start anew, and an open transaction of the same producer and epoch sits below that
+    offset (here at the next epoch: a new incarnation, whose metadata knows the new topic). Delete
+    forgets the topic's markers in every stored end, and the start writes no marker over a newer
+    epoch's data: it leaves the transaction open."""
+    topic, transactional_id = "made-again", "made-again"
+    with ServeProcess(tmp_path / "root") as process:
+        bootstrap = process.bootstrap
+        with transactional("confluent", bootstrap, transactional_id) as first:
+            first.begin()
+            for n in range(5):
+                first.send(topic, b"old-%d" % n)
+            first.commit()  # its marker at offset 5
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # (held: its futures need it)
+        admin.delete_topics([topic])[topic].result(TIMEOUT_S)
+        producer = ConfluentTxn(bootstrap, transactional_id, LONG_TXN_TIMEOUT_MS)
+        try:
+            producer.begin()
+            producer.send(topic, b"open")  # made again: offset 0
+            producer.flush()
+            process.restart()  # SIGKILL, then start on the same port
+            view = stable_view(bootstrap, topic)
+            assert (view.high_watermark, view.last_stable_offset) == (1, 0)  # still open
+            producer.abort()
+        finally:
+            producer.close()
+        commit_end("confluent", bootstrap, topic)
+        assert read_to_end("confluent", bootstrap, topic, "read_committed") == [(2, END)]
 
 
 # == 6. error codes on the wire ======================================================================
