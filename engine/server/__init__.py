@@ -30,6 +30,7 @@ The state behind the APIs:
 - `group_admin`: what an operator asks of the groups (list, describe, delete, delete offsets)
 - `topic_configs`: Kafka's topic config names and the LogConfig fields behind them, and the broker's
 - `txn_coordinator`, `txn_state`: transactional ids, epochs, the two-phase end of a transaction
+- `marker_syncs`: a transaction end's markers fsynced after its completion is stored
 - `coordinator_store`: what both coordinators keep across restarts
 
 Security:
