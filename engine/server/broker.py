@@ -318,6 +318,7 @@ class Broker:
             self.in_thread,
             self.appended,
             sync_partition=self._sync_partition,
+            topic_exists=lambda topic: topic in self._partitions,
             max_timeout_ms=config.transaction_max_timeout_ms,
             expiration_ms=config.transactional_id_expiration_ms,
         )

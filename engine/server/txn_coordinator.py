@@ -109,6 +109,7 @@ class TransactionCoordinator:
         wake: Callable[[Iterable[TopicPartition]], None],
         *,
         sync_partition: PartitionSync,
+        topic_exists: Callable[[str], bool],
         max_timeout_ms: int,
         expiration_ms: int = 7 * 24 * 3600 * 1000,
         clock_ms: Clock | None = None,
@@ -125,6 +126,7 @@ class TransactionCoordinator:
         # Ends answered at Prepare whose markers and completion are still being written.
         self._completing: dict[str, asyncio.Task[bool]] = {}
         self._marker_syncs = MarkerSyncs(in_thread, sync_partition)  # step 5
+        self._topic_exists = topic_exists
         # Timeouts and expiry are measured on the wall clock (it outlives a restart), never stepping
         # back: a clock set back must not hold an abandoned transaction open longer.
         self._clock_ms: Clock = clock_ms or MonotonicClock(wall_clock_ms)
@@ -410,27 +412,17 @@ class TransactionCoordinator:
         assert txn.state.preparing
         commit = txn.state is TxnState.PREPARE_COMMIT
         partitions = sorted(txn.partitions)
-        # One worker thread per partition: each marker's fsync overlaps the others'.
-        writes = [
+        # This end's `last_end` replaces the previous one's: those markers must be durable first
+        # (before any marker is written, so an fsync that keeps failing adds no marker per retry).
+        if not await self._marker_syncs.durable(txn):
+            return False
+        writes = [  # one worker thread per partition
             self._in_thread(functools.partial(self._write_one, tp, txn.producer_id, marker_epoch, commit))
             for tp in partitions
         ]
         written = await io_results(writes, txn.transactional_id, "markers not all written")
         if written is None:
             return False
-        # This end's `last_end` replaces the previous one's: those markers must be durable first.
-        if not await self._marker_syncs.durable(txn):
-            return False
-        last_end = {
-            "pid": txn.producer_id,
-            "epoch": marker_epoch,
-            "commit": commit,
-            "markers": [
-                [tp.topic, tp.partition, offset]
-                for tp, offset in zip(partitions, written, strict=True)
-                if isinstance(offset, int)
-            ],
-        }
         records: dict[str, dict[str, Any]] = {}
         by_group: dict[str, list[tuple[str, int, CommittedOffset]]] = {}
         if commit:
@@ -443,6 +435,18 @@ class TransactionCoordinator:
             for group_id, offsets in by_group.items():
                 records.update(self.groups.commit_records(group_id, offsets))
         final = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        # No await from here to the write: a topic deleted meanwhile (drop_topic_ends cleans only
+        # stored ends) is not named, or a topic made again under its name would be taken for it.
+        last_end = {
+            "pid": txn.producer_id,
+            "epoch": marker_epoch,
+            "commit": commit,
+            "markers": [
+                [tp.topic, tp.partition, offset]
+                for tp, offset in zip(partitions, written, strict=True)
+                if isinstance(offset, int) and self._topic_exists(tp.topic)
+            ],
+        }
         record = {
             **txn.record(),
             "state": final.value,

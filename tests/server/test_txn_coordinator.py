@@ -68,6 +68,7 @@ class World:
         self.woken: list[TopicPartition] = []
         # While set and not open, marker writes wait for it (a slow disk).
         self.marker_gate: asyncio.Event | None = None
+        self.deleted_topics: set[str] = set()
 
     def open(self) -> tuple[TransactionCoordinator, Callable[[], None]]:
         store = FailingStore.open(DEFAULT_FS, str(self.root))
@@ -91,6 +92,7 @@ class World:
             in_thread,
             wake,
             sync_partition=self.markers.sync,
+            topic_exists=lambda topic: topic not in self.deleted_topics,
             max_timeout_ms=60_000,
             clock_ms=lambda: self.now_ms,
         )
@@ -525,14 +527,41 @@ def test_the_next_completion_waits_until_the_last_ends_markers_are_fsynced(tmp_p
         c.add_partitions("app", pid, epoch, [TP1])
         await c.end("app", pid, epoch, True)  # decided and answered, whatever the fsync
         await c.settled("app")
+        for _ in range(3):  # retried, adding no marker while the fsync keeps failing
+            await asyncio.gather(*c.check_timeouts())
         assert c.transactions["app"].state is TxnState.PREPARE_COMMIT  # not completed over it
+        assert len(world.markers.written) == 1
         record = stored_txn(world, "app")
         assert record["state"] == TxnState.PREPARE_COMMIT.value and record["last_end"] == first_end
         world.markers.sync_failing = False
         await asyncio.gather(*c.check_timeouts())
         assert c.transactions["app"].state is TxnState.COMPLETE_COMMIT
         assert TP0 in world.markers.synced
-        assert stored_txn(world, "app")["last_end"]["markers"] == [["out", 1, 2]]
+        assert stored_txn(world, "app")["last_end"]["markers"] == [["out", 1, 1]]
+
+    world.run(scenario)
+
+
+def test_a_topic_deleted_while_an_end_completes_is_not_named_in_its_last_end(tmp_path: Path) -> None:
+    """Deleting a topic drops it from the ends stored; one completing meanwhile (its marker
+    written before the delete, its record after) must not name it either, or a topic made
+    again under the name would be taken for it at the next start."""
+    world = World(tmp_path)
+    gone = TopicPartition("gone", 0)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0, gone])
+        world.marker_gate = asyncio.Event()
+        await c.end("app", pid, epoch, True)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        world.deleted_topics.add("gone")  # (Broker's delete: the partitions, then drop_topic_ends)
+        c.drop_topic_ends("gone")
+        world.marker_gate.set()
+        await c.settled("app")
+        assert [marker[0] for marker in world.markers.written] == [gone, TP0]
+        assert stored_txn(world, "app")["last_end"]["markers"] == [["out", 0, 1]]
 
     world.run(scenario)
 
