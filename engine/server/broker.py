@@ -555,9 +555,12 @@ class Broker:
         )
         return written.first_offset
 
-    def _sync_partition(self, tp: TopicPartition) -> None:
-        """fsync `tp` (in a worker thread): the markers a stored completion names."""
-        self.log(tp.topic, tp.partition).flush()
+    def _sync_partition(self, tp: TopicPartition, end_offset: int) -> None:
+        """fsync `tp` below `end_offset` (in a worker thread): the markers a stored completion
+        names. Through the log's group commit, outside its append lock: the next transaction's
+        appends to the partition (on the event loop) do not wait for the fsync, and markers of
+        transactions ending together share one."""
+        self.log(tp.topic, tp.partition).wait_durable(end_offset)
 
     def restore_lost_markers(self) -> list[tuple[TopicPartition, int]]:
         """Write again each marker of a stored end that a crash took (in a thread, at start).

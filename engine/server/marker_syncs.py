@@ -24,8 +24,9 @@ from oncelog.server.txn_state import Transaction
 
 log = logging.getLogger("oncelog.server")
 
-# Makes what was written to a partition durable (fsync). Runs in a worker thread.
-PartitionSync = Callable[[TopicPartition], None]
+# Makes a partition durable up to an end offset (fsync), without holding up its appends.
+# Runs in a worker thread.
+PartitionSync = Callable[[TopicPartition, int], None]
 
 
 async def io_results(calls: Iterable[Awaitable[Any]], transactional_id: str, failed: str) -> list[Any] | None:
@@ -97,8 +98,8 @@ class MarkerSyncs:
         end = txn.last_end
         if end is not None:
             syncs = [
-                self._in_thread(functools.partial(self._sync_one, TopicPartition(topic, partition)))
-                for topic, partition, _ in end["markers"]
+                self._in_thread(functools.partial(self._sync_one, TopicPartition(topic, partition), offset))
+                for topic, partition, offset in end["markers"]
             ]
             if await io_results(syncs, txn.transactional_id, "markers not fsynced") is None:
                 return False
@@ -106,6 +107,6 @@ class MarkerSyncs:
             del self._unsynced[txn.transactional_id]
         return True
 
-    def _sync_one(self, tp: TopicPartition) -> None:
+    def _sync_one(self, tp: TopicPartition, marker_offset: int) -> None:
         with contextlib.suppress(UnknownTopicOrPartitionError):  # gone, and its marker with it
-            self._sync_partition(tp)
+            self._sync_partition(tp, marker_offset + 1)

@@ -11,8 +11,9 @@ answered. Ending a transaction:
 4. stores Complete* together with the group offsets the transaction committed, in one
    commit (a crash can never apply the offsets without the markers, or the reverse),
    and the end itself as the record's `last_end`: the outcome and each marker's offset;
-5. fsyncs the markers' partitions, in the background: the next transaction does not
-   wait for it, only the next completion does (below).
+5. fsyncs the markers' partitions, in the background and through each log's group
+   commit (outside its append lock): the next transaction neither waits for it nor has
+   its appends held up by it; only the next completion waits for it (below).
 
 Why the markers need no fsync before step 4: a crash that loses one (power loss) leaves
 the transaction's data open in its partition, below the offset `last_end` names, and the

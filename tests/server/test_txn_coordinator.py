@@ -43,7 +43,8 @@ class Markers:
         self.written.append((tp, pid, epoch, commit, coordinator_epoch))
         return len(self.written) - 1
 
-    def sync(self, tp: TopicPartition) -> None:
+    def sync(self, tp: TopicPartition, end_offset: int) -> None:
+        assert end_offset > 0
         if self.sync_failing:
             raise OSError(5, "injected fsync failure")
         self.synced.append(tp)
