@@ -586,12 +586,19 @@ class Broker:
             if state.producer_epoch > epoch:  # not this end's data: a newer epoch wrote it
                 log.warning("%s: producer %d's open transaction is not the stored end's", tp, producer_id)
                 continue
-            coordinator_epoch = max(self.transactions.coordinator_epoch, state.coordinator_epoch)
-            target.write_txn_marker(producer_id, epoch, commit=commit, coordinator_epoch=coordinator_epoch)
-            # Before the port opens: a crash after it finds the marker on disk, or writes it again.
-            target.flush()
+            self._marker_at_start(target, producer_id, epoch, commit=commit)
             restored.append((tp, producer_id))
         return restored
+
+    def _marker_at_start(self, target: Log, producer_id: int, epoch: int, *, commit: bool) -> None:
+        """A marker written at start, with a coordinator epoch no older than the producer's
+        last marker's, and fsynced before the port opens: a crash after it finds the marker on
+        disk, or writes it again."""
+        state = target.producer_state(producer_id)
+        assert state is not None  # a producer with a transaction open
+        coordinator_epoch = max(self.transactions.coordinator_epoch, state.coordinator_epoch)
+        target.write_txn_marker(producer_id, epoch, commit=commit, coordinator_epoch=coordinator_epoch)
+        target.flush()
 
     def abort_orphan_transactions(self) -> list[tuple[TopicPartition, int]]:
         """Abort every transaction open in a log that no stored transaction will end (in a thread).
@@ -612,12 +619,7 @@ class Broker:
                         continue
                     state = target.producer_state(producer_id)
                     assert state is not None  # an open transaction is a known producer's
-                    coordinator_epoch = max(self.transactions.coordinator_epoch, state.coordinator_epoch)
-                    target.write_txn_marker(
-                        producer_id, state.producer_epoch, commit=False, coordinator_epoch=coordinator_epoch
-                    )
-                    # Before the port opens: a crash after it finds the abort on disk, or aborts again.
-                    target.flush()
+                    self._marker_at_start(target, producer_id, state.producer_epoch, commit=False)
                     aborted.append((tp, producer_id))
         return aborted
 
