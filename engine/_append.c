@@ -24,10 +24,11 @@
  *     reserve room and index entries       reserve_room           oncelog.segments.segment.LogSegment._index_batch
  *     write the bytes                      write_request          oncelog.segments.segment.LogSegment.append
  *     publish indexes, cursor, producers   publish_request        oncelog.log_appends.LogAppends._publish
+ *     track the transactions it opens      track_opened           oncelog.transactions.OpenTransactions.track
  *
  * It never decides anything the Python path would decide differently. Anything
  * it does not handle (a refusal of any kind, compression, record headers, a roll,
- * expiry due, a full table, a transaction opening, no mapped room) returns None
+ * expiry due, a full table, no mapped room) returns None
  * before any state changed, and the caller runs the Python path from scratch,
  * which then raises or appends as the reference does. So every error message and
  * every rare case lives in one place, in Python.
@@ -222,7 +223,8 @@ __attribute__((target("sse4.2"))) static uint32_t crc_three_streams(
 enum { FOLD_128, FOLD_256, FOLD_384, FOLD_512, FOLD_1024, FOLD_1536, FOLD_2048, FOLD_DISTANCES };
 static const int fold_bits[FOLD_DISTANCES] = {128, 256, 384, 512, 1024, 1536, 2048};
 static uint64_t fold_k[FOLD_DISTANCES][2];
-static int have_vpclmul;
+static int have_vpclmul;    /* AVX-512 VPCLMULQDQ: four 512-bit registers */
+static int have_vpclmul256; /* VPCLMULQDQ on AVX2 only (AMD Zen 3, say): four 256-bit registers */
 
 static uint64_t x_power_mod_p(int e) { /* x^e mod P, bit i the coefficient of x^i */
     uint64_t r = 1;
@@ -294,8 +296,55 @@ FOLD_TARGET static uint32_t crc_folded(uint32_t crc, const uint8_t *p, size_t n)
     return crc_one_stream((uint32_t)c, p, n);
 }
 
+/* The same folds on four 256-bit registers, for CPUs with VPCLMULQDQ but no AVX-512:
+ * 128 bytes a step (each lane moved on by 1024 bits), the registers folded one onto the
+ * next by 256 bits, 32 bytes at a time, then the two lanes into one. */
+#define FOLD256_TARGET __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.2")))
+FOLD256_TARGET static inline __m256i fold_k2(int distance) {
+    return _mm256_broadcastsi128_si256(_mm_set_epi64x((long long)fold_k[distance][1], (long long)fold_k[distance][0]));
+}
+
+FOLD256_TARGET static inline __m256i fold_onto256(__m256i acc, __m256i k, __m256i next) {
+    return _mm256_xor_si256(_mm256_xor_si256(_mm256_clmulepi64_epi128(acc, k, 0x00), _mm256_clmulepi64_epi128(acc, k, 0x11)),
+                            next);
+}
+
+FOLD256_TARGET static uint32_t crc_folded256(uint32_t crc, const uint8_t *p, size_t n) {
+    assert(n >= FOLD_MIN_BYTES);
+    const __m256i *v = (const __m256i *)p;
+    __m256i a0 = _mm256_xor_si256(_mm256_loadu_si256(v), _mm256_zextsi128_si256(_mm_cvtsi32_si128((int)crc)));
+    __m256i a1 = _mm256_loadu_si256(v + 1), a2 = _mm256_loadu_si256(v + 2), a3 = _mm256_loadu_si256(v + 3);
+    p += 128;
+    n -= 128;
+    const __m256i k1024 = fold_k2(FOLD_1024);
+    for (; n >= 128; p += 128, n -= 128) {
+        v = (const __m256i *)p;
+        a0 = fold_onto256(a0, k1024, _mm256_loadu_si256(v));
+        a1 = fold_onto256(a1, k1024, _mm256_loadu_si256(v + 1));
+        a2 = fold_onto256(a2, k1024, _mm256_loadu_si256(v + 2));
+        a3 = fold_onto256(a3, k1024, _mm256_loadu_si256(v + 3));
+    }
+    const __m256i k256 = fold_k2(FOLD_256);
+    __m256i acc = fold_onto256(fold_onto256(fold_onto256(a0, k256, a1), k256, a2), k256, a3);
+    for (; n >= 32; p += 32, n -= 32) acc = fold_onto256(acc, k256, _mm256_loadu_si256((const __m256i *)p));
+    /* The low lane moves on by 128 bits onto the high one. */
+    const __m128i k128 = _mm_set_epi64x((long long)fold_k[FOLD_128][1], (long long)fold_k[FOLD_128][0]);
+    __m128i low = _mm256_castsi256_si128(acc);
+    __m128i lane = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(low, k128, 0x00), _mm_clmulepi64_si128(low, k128, 0x11)),
+                                 _mm256_extracti128_si256(acc, 1));
+    for (; n >= 16; p += 16, n -= 16) {
+        __m128i next = _mm_loadu_si128((const __m128i *)p);
+        lane = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(lane, k128, 0x00), _mm_clmulepi64_si128(lane, k128, 0x11)),
+                             next);
+    }
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(lane));
+    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(lane, 1));
+    return crc_one_stream((uint32_t)c, p, n);
+}
+
 static uint32_t crc_hardware(uint32_t crc, const uint8_t *p, size_t n) {
     if (have_vpclmul && n >= FOLD_MIN_BYTES) return crc_folded(crc, p, n);
+    if (have_vpclmul256 && n >= FOLD_MIN_BYTES) return crc_folded256(crc, p, n);
     if (n >= 3 * LONG_BLOCK) {
         size_t whole = n - n % (3 * LONG_BLOCK);
         crc = crc_three_streams(crc, p, whole, LONG_BLOCK, shift_long);
@@ -348,6 +397,8 @@ static void init_crc(void) {
     have_sse42 = __builtin_cpu_supports("sse4.2") != 0;
     have_vpclmul = have_sse42 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                    __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul");
+    have_vpclmul256 = have_sse42 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("vpclmulqdq") &&
+                      __builtin_cpu_supports("pclmul");
     init_fold_constants();
 #endif
 }
@@ -448,6 +499,8 @@ typedef struct {
     int transactional;
     /* the plan */
     int duplicate;
+    int opens;          /* opens its producer's transaction (the first transactional batch since a marker) */
+    int tracked;        /* track_opened added it to the open transactions */
     int64_t base, last; /* a duplicate's: the original's */
     int producer;       /* index into the request's producers, or -1 */
 } Batch;
@@ -489,6 +542,9 @@ static int check_batch(Batch *b, int64_t max_batch_bytes) {
 typedef struct {
     PyObject_HEAD
     PyObject *acquire, *release, *clock, *hot, *result_type;
+    /* The log's open transactions, producer id -> first offset (OpenTransactions.first_offsets):
+     * a batch that opens one is added here, under the lock, before anything is published. */
+    PyObject *open_txns;
     Py_buffer table, due, ring, keys, values, bucket_of, map_state, seg, offset_index, time_index;
     /* The wall clock's high mark (oncelog.clock.MonotonicWallClock.cell), when the log's
      * clock is the wall clock: then the time is read here, not by calling the clock. */
@@ -793,6 +849,7 @@ static int plan_request(Appender *self, Batch *batches, Py_ssize_t n, Plan *plan
     for (Py_ssize_t i = 0; i < n; i++) {
         Batch *b = &batches[i];
         b->duplicate = 0;
+        b->opens = 0;
         b->producer = -1;
         Producer *p = NULL;
         if (b->pid >= 0) {
@@ -828,9 +885,9 @@ static int plan_request(Appender *self, Batch *batches, Py_ssize_t n, Plan *plan
                         (double)map[MAP_BUCKETS] * MAX_OCCUPIED_LOAD)
                     return 0; /* full, or the map would rebuild: the Python path's */
             }
-            if (b->transactional && (is_new || le64(p->row + R_TXN_FIRST) < 0))
-                return 0; /* opens a transaction: the Python path tracks it */
+            b->opens = b->transactional && (is_new || le64(p->row + R_TXN_FIRST) < 0);
             apply_producer(p, b, plan->now_ms);
+            if (b->opens) put_le64(p->row + R_TXN_FIRST, b->base); /* (apply_batch: its first offset) */
         }
         plan->next = b->last + 1;
     }
@@ -913,6 +970,40 @@ static int write_request(Appender *self, const Batch *batches, Py_ssize_t n, con
         at += b->size;
     }
     if (seg[SEG_WRITE_FD] >= 0) populate_ahead(seg, view, at); /* a real file (not the twin's memory) */
+    return 1;
+}
+
+/* Track: each transaction the request opens joins the log's open transactions (what the
+ * last stable offset is read from) before the batches are published, so no reader sees
+ * them as stable. 1, or 0 to fall back with the map as it was (a failed allocation). */
+static void untrack(Appender *self, const Batch *batches, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!batches[i].tracked) continue;
+        PyObject *pid = PyLong_FromLongLong(batches[i].pid);
+        if (pid == NULL || PyDict_DelItem(self->open_txns, pid) < 0) PyErr_Clear();
+        Py_XDECREF(pid);
+    }
+}
+
+static int track_opened(Appender *self, Batch *batches, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Batch *b = &batches[i];
+        b->tracked = 0;
+        if (!b->opens) continue;
+        PyObject *pid = PyLong_FromLongLong(b->pid), *first = PyLong_FromLongLong(b->base);
+        int held = pid == NULL || first == NULL ? -1 : PyDict_Contains(self->open_txns, pid);
+        if (held == 0) { /* (held: kept, as the Python path's setdefault keeps it) */
+            held = PyDict_SetItem(self->open_txns, pid, first);
+            b->tracked = held == 0;
+        }
+        Py_XDECREF(pid);
+        Py_XDECREF(first);
+        if (held < 0) {
+            PyErr_Clear();
+            untrack(self, batches, i);
+            return 0;
+        }
+    }
     return 1;
 }
 
@@ -1049,6 +1140,7 @@ static PyObject *append_request(Appender *self, Batch *batches, Py_ssize_t n, in
     if (!plan_request(self, batches, n, &plan)) goto fallback;
     if (!reserve_room(self, batches, n, &plan, &room)) goto fallback;
     if (!write_request(self, batches, n, &room)) goto fallback;
+    if (!track_opened(self, batches, n)) goto fallback;
     publish_request(self, &plan, &room); /* nothing below can fail the append */
     result = request_results(self, batches, n, single, &plan);
     goto unlock;
@@ -1126,8 +1218,9 @@ static void release_buffers(Appender *self) {
 static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"lock", "clock", "hot", "result_type", "table", "due_s", "ring", "pid_keys",
                             "pid_values", "pid_bucket_of", "pid_map", "segment", "offset_index",
-                            "time_index", "max_batch_bytes", "segment_bytes", "segment_ms", "clock_cell", NULL};
-    PyObject *lock, *clock, *hot, *result_type, *table, *due, *ring, *keys, *values, *bucket_of, *map_state;
+                            "time_index", "max_batch_bytes", "segment_bytes", "segment_ms", "open_transactions",
+                            "clock_cell", NULL};
+    PyObject *lock, *clock, *hot, *result_type, *table, *due, *ring, *keys, *values, *bucket_of, *map_state, *open_txns;
     PyObject *clock_cell = Py_None;
     PyObject *seg, *offset_index, *time_index;
     long long max_batch_bytes, segment_bytes, segment_ms;
@@ -1135,10 +1228,11 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_TypeError, "an Appender is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!" "OOOOOOOOOO" "LLL|O", names, &lock, &clock,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!" "OOOOOOOOOO" "LLLO!|O", names, &lock, &clock,
                                      &PyDict_Type, &hot, &PyType_Type, &result_type, &table, &due, &ring, &keys,
                                      &values, &bucket_of, &map_state, &seg, &offset_index, &time_index,
-                                     &max_batch_bytes, &segment_bytes, &segment_ms, &clock_cell))
+                                     &max_batch_bytes, &segment_bytes, &segment_ms, &PyDict_Type, &open_txns,
+                                     &clock_cell))
         return -1;
     if (!PyType_IsSubtype((PyTypeObject *)result_type, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "result_type must be a tuple type");
@@ -1149,6 +1243,7 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
     if (self->acquire == NULL || self->release == NULL) return -1;
     self->clock = Py_NewRef(clock);
     self->hot = Py_NewRef(hot);
+    self->open_txns = Py_NewRef(open_txns);
     self->result_type = Py_NewRef(result_type);
     if (get_buffer(self, table, &self->table, ROW_BYTES, "table") < 0 ||
         get_buffer(self, due, &self->due, 4, "due_s") < 0 ||
@@ -1188,6 +1283,7 @@ static void Appender_dealloc(Appender *self) {
     Py_XDECREF(self->release);
     Py_XDECREF(self->clock);
     Py_XDECREF(self->hot);
+    Py_XDECREF(self->open_txns);
     Py_XDECREF(self->result_type);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -1511,17 +1607,18 @@ static PyObject *py_crc32c_by_each_path(PyObject *module, PyObject *data) {
     const uint8_t *p = (const uint8_t *)view.buf;
     size_t n = (size_t)view.len;
     uint32_t software = ~crc_software(0xFFFFFFFFu, p, n);
-    long long three_streams = -1, folded = -1;
+    long long three_streams = -1, folded = -1, folded256 = -1;
 #if defined(__x86_64__)
     if (have_sse42) three_streams = ~crc_three_streams(0xFFFFFFFFu, p, n, SHORT_BLOCK, shift_short) & 0xFFFFFFFFu;
     if (have_vpclmul && n >= FOLD_MIN_BYTES) folded = ~crc_folded(0xFFFFFFFFu, p, n) & 0xFFFFFFFFu;
+    if (have_vpclmul256 && n >= FOLD_MIN_BYTES) folded256 = ~crc_folded256(0xFFFFFFFFu, p, n) & 0xFFFFFFFFu;
 #endif
     PyBuffer_Release(&view);
     PyObject *paths = PyDict_New();
     if (paths == NULL) return NULL;
-    const char *names[3] = {"software", "three_streams", "folded"};
-    long long values[3] = {software, three_streams, folded};
-    for (int i = 0; i < 3; i++) {
+    const char *names[4] = {"software", "three_streams", "folded", "folded256"};
+    long long values[4] = {software, three_streams, folded, folded256};
+    for (int i = 0; i < 4; i++) {
         PyObject *value = values[i] < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(values[i]);
         if (value == NULL || PyDict_SetItemString(paths, names[i], value) < 0) {
             Py_XDECREF(value);

@@ -99,6 +99,7 @@ class LogAppends(LogState):
             max_batch_bytes=self._max_batch_bytes,
             segment_bytes=self._segment_bytes_limit,
             segment_ms=self._segment_ms,
+            open_transactions=self._transactions.first_offsets,
             **self._producers.shared_arrays(),
             **self._segments[-1].shared_cursors(),
             clock_cell=self._clock.cell if isinstance(self._clock, MonotonicWallClock) else None,
@@ -208,16 +209,7 @@ class LogAppends(LogState):
                     after = info.apply(pid, epoch, meta, False, is_transactional)
                 except ProducerStateFullError:
                     return self.append_batches([buffer])[0]  # makes room from expired producers, or refuses
-            try:
-                segment.append_stamped(buffer, base, last, max_ts)
-                if after is not None:
-                    self._publish(after, None, segment)
-            except OSError as exc:
-                self._fail(exc)
-                raise LogFailedError(f"write to {segment.path} failed: {exc}") from exc
-            except BaseException as exc:
-                self._fail_midway(exc)
-                raise
+            self._write_stamped(segment, buffer, base, last, max_ts, after, None)
             if self._has_flush_policy:
                 self._maybe_flush(header[12])
             return _new_result(AppendResult, (base, last, -1, False))
@@ -279,8 +271,44 @@ class LogAppends(LogState):
             )
             marker = TxnMarker(commit, coordinator_epoch)
             after, completed = info.apply_marker(producer_id, producer_epoch, base, now_ms, marker)
-            planned = PlannedBatch(RecordBatch(data), base, base, now_ms, False, after, completed=completed)
-            return self._execute([planned])[0]
+            segment = self._segments[-1]
+            if self._log_append_time or roll_needed(
+                segment.size,
+                segment.first_batch_timestamp_ms,
+                len(data),
+                now_ms,
+                base,
+                segment.last_offset_limit,
+                self._segment_bytes_limit,
+                self._segment_ms,
+            ):  # the request route rolls, and stamps LogAppendTime
+                batch = RecordBatch(data)
+                return self._execute(
+                    [PlannedBatch(batch, base, base, now_ms, False, after, completed=completed)]
+                )[0]
+            # The single-batch route, as _append_one writes a client batch (markers are a
+            # transaction's last step on each of its partitions: a broker writes many).
+            self._write_stamped(segment, data, base, base, now_ms, after, completed)
+            return _new_result(AppendResult, (base, base, -1, False))
+
+    def _write_stamped(
+        self,
+        segment: LogSegment,
+        buffer: Buffer,
+        base: int,
+        last: int,
+        max_ts: int,
+        after: WorkingState | None,
+        completed: CompletedTxn | None,
+    ) -> None:
+        """The single-batch route's write: the bytes, then (only then) the producer's new state.
+        An I/O error fails the log closed, as the request route's (`_write_group`) does."""
+        try:
+            segment.append_stamped(buffer, base, last, max_ts)
+            if after is not None:
+                self._publish(after, completed, segment)
+        except BaseException as exc:
+            raise self._write_failed(segment, exc)  # noqa: B904 (it sets the cause itself)
 
     def append_batches(self, batches: Sequence[Buffer], *, origin: Origin = "client") -> list[AppendResult]:
         """Append many batches with as few write() calls as the segments allow.
@@ -434,12 +462,20 @@ class LogAppends(LogState):
             for p in group:
                 if p.producer_after is not None:
                     self._publish(p.producer_after, p.completed, segment)
-        except OSError as exc:
-            self._fail(exc)
-            raise LogFailedError(f"write to {segment.path} failed: {exc}") from exc
         except BaseException as exc:
+            raise self._write_failed(segment, exc)  # noqa: B904 (it sets the cause itself)
+
+    def _write_failed(self, segment: LogSegment, exc: BaseException) -> BaseException:
+        """What a failed write (or the producer state after it) raises, once the log has failed
+        closed: an I/O error becomes LogFailedError naming the segment; anything else (a Ctrl-C,
+        a bug) stays as it is (`_fail_midway`)."""
+        if not isinstance(exc, OSError):
             self._fail_midway(exc)
-            raise
+            return exc
+        self._fail(exc)
+        failed = LogFailedError(f"write to {segment.path} failed: {exc}")
+        failed.__cause__ = exc
+        return failed
 
     def _fail_midway(self, exc: BaseException) -> None:
         """Anything escaping a change made of several steps (a Ctrl-C, a bug): between a

@@ -50,6 +50,12 @@ class OpenTransactions:
         first = min(self._first_offsets.values(), default=log_end_offset)
         return max(first, min(log_start_offset, log_end_offset))
 
+    @property
+    def first_offsets(self) -> dict[int, int]:
+        """The open transactions by producer (producer id -> first offset), shared with the
+        compiled append, which adds a transaction it opens here under the log's lock."""
+        return self._first_offsets
+
     def opened(self, producer_id: int, first_offset: int) -> None:
         self._first_offsets.setdefault(producer_id, first_offset)
 

@@ -162,21 +162,48 @@ def test_every_crc32c_path_this_cpu_has_matches_the_crc32c_package(data: bytes, 
     assert paths["software"] == expected
     assert paths["three_streams"] in (None, expected)
     assert paths["folded"] in (None, expected)
+    assert paths["folded256"] in (None, expected)
 
 
 @needs_compiled
 @pytest.mark.parametrize(
-    "length", [255, 256, 257, 319, 320, 511, 512, 513, 527, 528, 16_363, 16_384, 1_048_576 + 15]
+    "length",
+    # 512-bit folds: 256-, 64- and 16-byte steps; 256-bit folds: 128-, 32- and 16-byte steps.
+    [
+        255,
+        256,
+        257,
+        287,
+        288,
+        289,
+        303,
+        304,
+        319,
+        320,
+        383,
+        384,
+        385,
+        511,
+        512,
+        513,
+        527,
+        528,
+        16_363,
+        16_384,
+        1_048_576 + 15,
+    ],
 )
-def test_crc32c_folding_is_right_on_each_side_of_its_256_64_and_16_byte_steps(length: int) -> None:
+def test_crc32c_folding_is_right_on_each_side_of_its_steps(length: int) -> None:
     assert compiled is not None
     data = np.random.default_rng(length).integers(0, 256, length, dtype=np.uint8).tobytes()
     paths = compiled.crc32c_by_each_path(data)
-    assert set(paths) == {"software", "three_streams", "folded"}
+    assert set(paths) == {"software", "three_streams", "folded", "folded256"}
     assert paths["software"] == crc32c.crc32c(data)
     assert paths["folded"] in (None, crc32c.crc32c(data))
+    assert paths["folded256"] in (None, crc32c.crc32c(data))
     if length < 256:
-        assert paths["folded"] is None  # too short to fold: the crc32 instruction's path
+        # too short to fold: the crc32 instruction's path
+        assert paths["folded"] is None and paths["folded256"] is None
     assert compiled.crc32c(data) == crc32c.crc32c(data)
 
 
@@ -218,6 +245,44 @@ def test_plain_idempotent_and_request_appends_take_the_compiled_path(
     assert state is not None and state.last_sequence == 3 and state.last_offset == 5
     assert log.active_segment.offset_index.entries > 0  # index entries written by the compiled path
     log.close()
+
+
+@needs_compiled
+def test_batches_that_open_transactions_take_the_compiled_path_and_hold_the_stable_offset(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def python_path(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the Python path took an append the compiled one should")
+
+    log = Log.open(tmp_path / "log", LogConfig(), clock=lambda: T0)
+    log.append(_batch(-1, 0))  # the first maps the segment (the Python path's)
+    with monkeypatch.context() as patched:
+        patched.setattr(LogClass, "_append_one", python_path)
+        patched.setattr(LogClass, "_plan", python_path)
+        assert log.append(_batch(7, 0, 2, txn=True)) == (1, 2, -1, False)  # opens 7's transaction
+        assert log.last_stable_offset == 1
+        # A request opening another (8's) and continuing 7's: the oldest still bounds it.
+        results = log.append_batches([_batch(8, 0, txn=True), _batch(7, 2, txn=True), _batch(-1, 0)])
+        assert results == [(3, 3, -1, False), (4, 4, -1, False), (5, 5, -1, False)]
+        assert log.last_stable_offset == 1
+        assert log.append(_batch(7, 2, txn=True)) == (4, 4, -1, True)  # a retry: opens nothing
+    assert log.read(0, isolation="read_committed").next_offset == 1  # nothing of either is read
+    log.write_txn_marker(7, 0, commit=True, coordinator_epoch=0)  # at 6
+    assert log.last_stable_offset == 3  # 8's, still open
+    log.write_txn_marker(8, 0, commit=False, coordinator_epoch=0)  # at 7
+    assert log.last_stable_offset == log.log_end_offset == 8
+    with monkeypatch.context() as patched:
+        patched.setattr(LogClass, "_append_one", python_path)
+        assert log.append(_batch(7, 3, txn=True)) == (8, 8, -1, False)  # 7's next transaction
+    assert log.last_stable_offset == 8
+    # A request the compiled path leaves to Python (a poisoned batch in it) opens nothing.
+    with pytest.raises(OncelogError):
+        log.append_batches([_batch(9, 0, txn=True), _poison(_batch(-1, 0), "crc")])
+    assert log.last_stable_offset == 8 and log.producer_state(9) is None
+    log.close()
+    reopened = Log.open(tmp_path / "log", LogConfig(), clock=lambda: T0)
+    assert reopened.last_stable_offset == 8  # 7's second transaction is open still
+    reopened.close()
 
 
 @needs_compiled

@@ -55,6 +55,7 @@ from oncelog.errors import (
 from oncelog.log import Log
 from oncelog.results import AppendResult, FetchResult
 from oncelog.segments.batch import RecordBatch, encode_batch
+from oncelog.segments.control import encode_txn_marker
 from oncelog.segments.format import Buffer
 from oncelog.segments.records import Record
 from oncelog.storage.fs import DelegatingFileHandle, DelegatingFileSystem, FileHandle
@@ -1618,3 +1619,34 @@ def test_open_transactions_names_each_producer_with_one_open_and_its_first_offse
         assert log.open_transactions() == {8: 3}
         second.abort()
         assert log.open_transactions() == {}
+
+
+def test_a_marker_is_the_bytes_encode_txn_marker_makes_and_rolls_where_a_batch_would(log_dir: Path) -> None:
+    """A marker takes the single-batch route (one header, one copy) unless it rolls the segment
+    or the log stamps LogAppendTime: the stored bytes and the state are the same either way."""
+    config = LogConfig(segment_index_bytes=4096, segment_bytes=1024)
+    with open_log(log_dir, config) as log:
+        producer = Producer(log, PID, epoch=3)
+        producer.send(2)
+        marker = producer.commit(coordinator_epoch=5)
+        (stored,) = log.read(marker.first_offset, READ_ALL).batches
+        expected = encode_txn_marker(PID, 3, commit=True, coordinator_epoch=5, timestamp_ms=T0)
+        assert bytes(stored.buffer)[8:] == expected[8:]  # (past the base offset)
+        assert stored.base_offset == marker.first_offset == marker.last_offset == 2
+        assert log.last_stable_offset == log.log_end_offset == 3
+        # Filled to within a marker of the roll: the next marker starts a segment, as a batch would.
+        producer.send(1)
+        while log.active_segment.size + len(expected) <= config.segment_bytes:
+            plain(log, 1)
+        aborted = producer.abort(coordinator_epoch=5)
+        assert log.active_segment.base_offset == aborted.first_offset
+        assert log.last_stable_offset == log.log_end_offset == aborted.last_offset + 1
+        assert aborted_of(log.read(0, READ_ALL, isolation=COMMITTED)) == [(PID, 3)]
+    with open_log(log_dir, config) as reopened:  # the index entries and snapshot agree on reopen
+        assert reopened.last_stable_offset == reopened.log_end_offset
+        assert aborted_of(reopened.read(0, READ_ALL, isolation=COMMITTED)) == [(PID, 3)]
+    appended_at = LogConfig(segment_index_bytes=4096, timestamp_type="LogAppendTime")
+    with open_log(log_dir.with_name("append-time"), appended_at) as log:
+        producer = Producer(log, PID)
+        producer.send(1)
+        assert producer.commit().log_append_time_ms == T0
