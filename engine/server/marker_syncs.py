@@ -33,7 +33,11 @@ async def io_results(calls: Iterable[Awaitable[Any]], transactional_id: str, fai
     """Each call's result, every call finished first (so no retry overlaps one still running);
     None if one failed with an I/O error (logged as `failed`, to be retried), which any other
     exception is not: it is raised."""
-    results = await asyncio.gather(*calls, return_exceptions=True)
+    return checked_results(await asyncio.gather(*calls, return_exceptions=True), transactional_id, failed)
+
+
+def checked_results(results: list[Any], transactional_id: str, failed: str) -> list[Any] | None:
+    """`results` (an exception in place of a call that raised), as `io_results` answers them."""
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:
         if not isinstance(failures[0], (OncelogError, OSError)):

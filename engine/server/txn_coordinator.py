@@ -73,7 +73,7 @@ from oncelog.producer_ids import ProducerIdManager, next_epoch
 from oncelog.server.coordinator_store import TXN, CoordinatorStore, store_key
 from oncelog.server.group_coordinator import GroupCoordinator
 from oncelog.server.group_state import CommittedOffset
-from oncelog.server.marker_syncs import MarkerSyncs, PartitionSync, io_results
+from oncelog.server.marker_syncs import MarkerSyncs, PartitionSync, checked_results
 from oncelog.server.txn_state import Transaction, TxnError, TxnState
 
 __all__ = ["TransactionCoordinator", "TxnError", "TxnState"]
@@ -417,11 +417,9 @@ class TransactionCoordinator:
         # (before any marker is written, so an fsync that keeps failing adds no marker per retry).
         if not await self._marker_syncs.durable(txn):
             return False
-        writes = [  # one worker thread per partition
-            self._in_thread(functools.partial(self._write_one, tp, txn.producer_id, marker_epoch, commit))
-            for tp in partitions
-        ]
-        written = await io_results(writes, txn.transactional_id, "markers not all written")
+        write_all = functools.partial(self._write_all, partitions, txn.producer_id, marker_epoch, commit)
+        results = await self._in_thread(write_all)
+        written = checked_results(results, txn.transactional_id, "markers not all written")
         if written is None:
             return False
         records: dict[str, dict[str, Any]] = {}
@@ -482,6 +480,19 @@ class TransactionCoordinator:
         """Whether a transaction this coordinator will end holds `tp` for `producer_id`."""
         txn = self._by_producer.get(producer_id)
         return txn is not None and txn.transactional_id in self._unsettled and tp in txn.partitions
+
+    def _write_all(
+        self, partitions: list[TopicPartition], producer_id: int, epoch: int, commit: bool
+    ) -> list[int | Exception | None]:
+        """Each partition's marker in turn, in one worker thread (a thread each only added
+        hand-offs: the writes hold the GIL), every one tried: a failure is returned in its place."""
+        results: list[int | Exception | None] = []
+        for tp in partitions:
+            try:
+                results.append(self._write_one(tp, producer_id, epoch, commit))
+            except Exception as exc:  # (as asyncio.gather's return_exceptions keeps it)
+                results.append(exc)
+        return results
 
     def _write_one(self, tp: TopicPartition, producer_id: int, epoch: int, commit: bool) -> int | None:
         """The marker's offset; None when skipped (nothing of the transaction is left open there)."""

@@ -34,11 +34,14 @@ class Markers:
     def __init__(self) -> None:
         self.written: list[Marker] = []
         self.failing = False
+        self.failing_partitions: set[TopicPartition] = set()
+        self.tried: list[TopicPartition] = []
         self.synced: list[TopicPartition] = []
         self.sync_failing = False
 
     def __call__(self, tp: TopicPartition, pid: int, epoch: int, commit: bool, coordinator_epoch: int) -> int:
-        if self.failing:
+        self.tried.append(tp)
+        if self.failing or tp in self.failing_partitions:
             raise OSError(5, "injected marker failure")
         self.written.append((tp, pid, epoch, commit, coordinator_epoch))
         return len(self.written) - 1
@@ -473,6 +476,29 @@ def test_a_completion_that_cannot_be_stored_stays_prepared_and_is_retried(tmp_pa
         assert c.transactions["app"].state is TxnState.COMPLETE_COMMIT
         assert c.groups.committed("group")[("in", 0)].offset == 5
         assert len(world.markers.written) == 2  # written again: a second marker completes nothing
+
+    world.run(scenario)
+
+
+def test_a_marker_that_fails_in_one_partition_leaves_the_end_prepared_after_trying_every_other(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+    tp2 = TopicPartition("out", 2)
+
+    async def scenario(c: TransactionCoordinator) -> None:
+        pid, epoch = await c.init_producer_id("app", 10_000, -1, -1)
+        c.add_partitions("app", pid, epoch, [TP0, TP1, tp2])
+        world.markers.failing_partitions = {TP1}
+        await c.end("app", pid, epoch, True)  # decided: the answer is success
+        await c.settled("app")
+        assert c.transactions["app"].state is TxnState.PREPARE_COMMIT  # not complete: TP1 has none
+        assert world.markers.tried == [TP0, TP1, tp2]  # the one after the failure was tried too
+        assert [m[0] for m in world.markers.written] == [TP0, tp2]
+        world.markers.failing_partitions = set()
+        await asyncio.gather(*c.check_timeouts())  # the retry
+        assert c.transactions["app"].state is TxnState.COMPLETE_COMMIT
+        assert [m[0] for m in world.markers.written] == [TP0, tp2, TP0, TP1, tp2]
 
     world.run(scenario)
 
