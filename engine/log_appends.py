@@ -254,6 +254,8 @@ class LogAppends(LogState):
         with self._lock:
             self._check_writable()
             now_ms = self._clock()
+            # As every append: a marker for a producer the table no longer holds needs a slot.
+            self._changing_producers(self._producers.expire_due, now_ms)
             info = ProducerAppendInfo(self._producers, now_ms)
             info.check_marker(producer_id, producer_epoch, coordinator_epoch)
             base = self.log_end_offset

@@ -13,7 +13,10 @@ a producer the running engine would have kept, and keeps one at most one
 expiration period longer than it would have. Producers the log retired
 (Log.retire_producers, recorded in the store) are not replayed below the offset
 where they were retired: the running engine had forgotten them, and replaying them
-would take slots the live ones need.
+would take slots the live ones need. One exception: a snapshot older than a retirement
+can hold the producer's transaction open (retirement needs it closed), and its marker,
+below the retirement, closes it here too before the producer is forgotten again;
+skipping that marker would leave the transaction open for good and pin the stable offset.
 
 That can leave more producers than the table holds: a tail in which producers came
 and went by expiry replays them all. The engine's clock never goes back, so the
@@ -74,6 +77,9 @@ class ReplayBuffer:
         self._now_ms = now_ms
         self._pending: dict[int, WorkingState] = {}
         self._open: dict[int, int] | None = None  # see open_transactions
+        # Retired producers whose transaction a marker below the retirement closed: forgotten
+        # again at flush, as the running engine had forgotten them.
+        self._closed_retired: list[int] = []
         self.shed = 0  # producers dropped because the replay did not fit the table
 
     def replay_batch(
@@ -155,7 +161,11 @@ class ReplayBuffer:
     ) -> CompletedTxn | None:
         """Apply a stored transaction marker; returns the transaction it closed, if any."""
         if marker_offset < self._retired.get(producer_id, -1):
-            return None
+            if not self._holds_open(producer_id):
+                return None
+            # A snapshot older than the retirement holds the transaction open: its marker
+            # closes it here too (retirement needs it closed), then the producer goes again.
+            self._closed_retired.append(producer_id)
         self._last_seen[producer_id] = marker_offset
         w = self._working(producer_id, producer_epoch, timestamp_ms)
         completed = apply_marker(
@@ -179,6 +189,11 @@ class ReplayBuffer:
                 else:
                     self._open.pop(producer_id, None)
         return self._open
+
+    def _holds_open(self, producer_id: int) -> bool:
+        """Whether the producer's state so far (replayed, else the table's) has a transaction open."""
+        w = self._pending.get(producer_id) or self._manager.working(producer_id)
+        return w is not None and w.txn_first_offset >= 0
 
     def _working(self, producer_id: int, producer_epoch: int, timestamp_ms: int) -> WorkingState:
         w = self._pending.get(producer_id)
@@ -207,6 +222,11 @@ class ReplayBuffer:
             else:
                 new.append(w)
         self._pending.clear()
+        if self._closed_retired:
+            # (One that appended again past its retirement is the engine's again: it stays.)
+            seen, retired = self._last_seen, self._retired
+            manager.retire([pid for pid in self._closed_retired if seen[pid] < retired[pid]])
+            self._closed_retired = []
         room = manager.capacity - len(manager)
         if len(new) > room:
             manager.make_room(self._now_ms)

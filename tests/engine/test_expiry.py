@@ -715,7 +715,7 @@ def test_recovery_sheds_an_idle_producer_before_one_whose_last_append_was_a_mark
     log.append(batch(B, 0, ts=clock.now))  # B goes idle from here
     clock.now = 1_002_000
     log.write_txn_marker(A, 5, commit=True, coordinator_epoch=0)  # A's last append: a marker
-    assert log.expire_producers() == 1  # B
+    assert set(states(log)) == {A}  # B expired at the marker, as at any append
     clock.now += 1
     log.append(batch(C, 0, ts=clock.now))
     copy = crash_copy(log, tmp_path / "live", tmp_path / "copy")
@@ -748,6 +748,80 @@ def test_retired_producers_stay_retired_through_a_crash_and_leave_the_slots_to_l
         assert (retry.duplicate, retry.first_offset) == (True, sent[4].first_offset)
     with Log.open(copy, conf, clock=clock) as again:  # the records of retirement were cleared
         assert set(states(again)) == {A, B}
+
+
+def txn_batch(pid: int, seq: int) -> bytes:
+    return encode_batch(
+        [(b"k", b"t")],
+        producer_id=pid,
+        producer_epoch=0,
+        base_sequence=seq,
+        is_transactional=True,
+        timestamp_ms=T0,
+    )
+
+
+@pytest.mark.parametrize("reload", ["unclean open", "truncation"])
+def test_a_producer_retired_after_its_commit_does_not_come_back_with_its_transaction_open(
+    tmp_path: Path, clock: Clock, reload: str
+) -> None:
+    """A snapshot taken while the transaction was open, then its COMMIT, then the retirement:
+    a reload from that snapshot must close the transaction with the marker (below the
+    retirement) and forget the producer again, not keep it open and pin the stable offset."""
+    conf = config(producer_capacity=2)
+    log = Log.open(tmp_path / "live", conf, clock=clock)
+    log.append(txn_batch(A, 0))  # 0
+    log.roll()  # the snapshot at 1 holds A's transaction open
+    log.write_txn_marker(A, 0, commit=True, coordinator_epoch=0)  # 1
+    assert log.retire_producers([A]) == 1
+    log.append(txn_batch(B, 0))  # 2
+    log.append(txn_batch(C, 0))  # 3: two open transactions fill the table
+    if reload == "truncation":
+        log.truncate_to(3)  # reloads from the snapshot at 1
+        assert log.open_transactions() == {B: 2}
+        assert log.last_stable_offset == 2
+        log.write_txn_marker(B, 0, commit=True, coordinator_epoch=0)
+        assert log.last_stable_offset == log.log_end_offset
+        log.close()
+        return
+    copy = crash_copy(log, tmp_path / "live", tmp_path / "copy")
+    log.close()
+    with Log.open(copy, conf, clock=clock) as recovered:  # three producers once named, two slots
+        assert recovered.open_transactions() == {B: 2, C: 3}
+        assert set(states(recovered)) == {B, C}
+        assert recovered.recovery_report.producers_shed == 0
+        fetched = recovered.read(1, isolation="read_committed")
+        assert fetched.next_offset == 2  # A's transaction is stable; B's is not
+
+
+def test_a_producer_retired_then_back_past_its_retirement_keeps_its_state_through_a_crash(
+    tmp_path: Path, clock: Clock
+) -> None:
+    conf = config()
+    log = Log.open(tmp_path / "live", conf, clock=clock)
+    log.append(txn_batch(A, 0))
+    log.roll()
+    log.write_txn_marker(A, 0, commit=True, coordinator_epoch=0)
+    assert log.retire_producers([A]) == 1
+    sent = log.append(batch(A, 1, ts=T0))  # back after all: the engine holds it again
+    copy = crash_copy(log, tmp_path / "live", tmp_path / "copy")
+    log.close()
+    with Log.open(copy, conf, clock=clock) as recovered:
+        assert recovered.open_transactions() == {}
+        retry = recovered.append(batch(A, 1, ts=T0))  # its window came back with it
+        assert (retry.duplicate, retry.first_offset) == (True, sent.first_offset)
+
+
+def test_a_marker_for_a_producer_the_table_forgot_expires_the_due_ones_to_make_room(
+    tmp_path: Path, clock: Clock
+) -> None:
+    log = Log.open(tmp_path / "live", config(producer_capacity=2, producer_expiration_ms=1000), clock=clock)
+    for pid in (A, B):
+        log.append(batch(pid, 0, ts=clock.now))
+    clock.now += 10_000  # both expired
+    marker = log.write_txn_marker(C, 0, commit=False, coordinator_epoch=0)  # as an append would, it fits
+    assert marker.first_offset == 2 and set(states(log)) == {C}
+    log.close()
 
 
 def test_a_producer_that_expired_and_restarted_in_its_epoch_does_not_get_its_old_batches_back(
