@@ -221,13 +221,15 @@ def _batch(
     )
 
 
+def python_path(*args: object, **kwargs: object) -> None:
+    """Patched over a Python append route: the compiled path must take every append."""
+    raise AssertionError("the Python path took an append the compiled one should")
+
+
 @needs_compiled
 def test_plain_idempotent_and_request_appends_take_the_compiled_path(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def python_path(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the Python path took an append the compiled one should")
-
     log = Log.open(tmp_path / "log", LogConfig(index_interval_bytes=100), clock=lambda: T0)
     log.append(_batch(-1, 0))  # the first maps the segment (the Python path's)
     # monkeypatch, not assignment: its undo deletes what it set on the class, so the methods
@@ -251,9 +253,6 @@ def test_plain_idempotent_and_request_appends_take_the_compiled_path(
 def test_batches_that_open_transactions_take_the_compiled_path_and_hold_the_stable_offset(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def python_path(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the Python path took an append the compiled one should")
-
     log = Log.open(tmp_path / "log", LogConfig(), clock=lambda: T0)
     log.append(_batch(-1, 0))  # the first maps the segment (the Python path's)
     with monkeypatch.context() as patched:
