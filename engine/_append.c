@@ -248,6 +248,23 @@ static void init_fold_constants(void) {
     }
 }
 
+/* One 16-byte lane moved on by 128 bits, XORed onto `next`: the last step of both folds. */
+#define LANE_TARGET __attribute__((target("pclmul,sse4.2")))
+LANE_TARGET static inline __m128i fold_lane(__m128i lane, __m128i next) {
+    const __m128i k128 = _mm_set_epi64x((long long)fold_k[FOLD_128][1], (long long)fold_k[FOLD_128][0]);
+    return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(lane, k128, 0x00), _mm_clmulepi64_si128(lane, k128, 0x11)),
+                         next);
+}
+
+/* What both folds leave, one lane and a tail of `n` bytes at `p`, folded 16 bytes at a time and
+ * finished by the crc32 instruction from a zero register. */
+LANE_TARGET static uint32_t fold_finish(__m128i lane, const uint8_t *p, size_t n) {
+    for (; n >= 16; p += 16, n -= 16) lane = fold_lane(lane, _mm_loadu_si128((const __m128i *)p));
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(lane));
+    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(lane, 1));
+    return crc_one_stream((uint32_t)c, p, n);
+}
+
 #define FOLD_TARGET __attribute__((target("avx512f,avx512vl,vpclmulqdq,pclmul,sse4.2")))
 FOLD_TARGET static inline __m512i fold_k4(int distance) {
     return _mm512_broadcast_i32x4(_mm_set_epi64x((long long)fold_k[distance][1], (long long)fold_k[distance][0]));
@@ -285,15 +302,7 @@ FOLD_TARGET static uint32_t crc_folded(uint32_t crc, const uint8_t *p, size_t n)
     __m512i moved = _mm512_xor_si512(_mm512_clmulepi64_epi128(acc, k_lanes, 0x00), _mm512_clmulepi64_epi128(acc, k_lanes, 0x11));
     __m128i lane = _mm_xor_si128(_mm_xor_si128(_mm512_extracti32x4_epi32(moved, 0), _mm512_extracti32x4_epi32(moved, 1)),
                                  _mm_xor_si128(_mm512_extracti32x4_epi32(moved, 2), _mm512_extracti32x4_epi32(acc, 3)));
-    const __m128i k128 = _mm_set_epi64x((long long)fold_k[FOLD_128][1], (long long)fold_k[FOLD_128][0]);
-    for (; n >= 16; p += 16, n -= 16) {
-        __m128i next = _mm_loadu_si128((const __m128i *)p);
-        lane = _mm_ternarylogic_epi64(_mm_clmulepi64_si128(lane, k128, 0x00), _mm_clmulepi64_si128(lane, k128, 0x11),
-                                      next, 0x96);
-    }
-    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(lane));
-    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(lane, 1));
-    return crc_one_stream((uint32_t)c, p, n);
+    return fold_finish(lane, p, n);
 }
 
 /* The same folds on four 256-bit registers, for CPUs with VPCLMULQDQ but no AVX-512:
@@ -328,18 +337,7 @@ FOLD256_TARGET static uint32_t crc_folded256(uint32_t crc, const uint8_t *p, siz
     __m256i acc = fold_onto256(fold_onto256(fold_onto256(a0, k256, a1), k256, a2), k256, a3);
     for (; n >= 32; p += 32, n -= 32) acc = fold_onto256(acc, k256, _mm256_loadu_si256((const __m256i *)p));
     /* The low lane moves on by 128 bits onto the high one. */
-    const __m128i k128 = _mm_set_epi64x((long long)fold_k[FOLD_128][1], (long long)fold_k[FOLD_128][0]);
-    __m128i low = _mm256_castsi256_si128(acc);
-    __m128i lane = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(low, k128, 0x00), _mm_clmulepi64_si128(low, k128, 0x11)),
-                                 _mm256_extracti128_si256(acc, 1));
-    for (; n >= 16; p += 16, n -= 16) {
-        __m128i next = _mm_loadu_si128((const __m128i *)p);
-        lane = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(lane, k128, 0x00), _mm_clmulepi64_si128(lane, k128, 0x11)),
-                             next);
-    }
-    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(lane));
-    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(lane, 1));
-    return crc_one_stream((uint32_t)c, p, n);
+    return fold_finish(fold_lane(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1)), p, n);
 }
 
 static uint32_t crc_hardware(uint32_t crc, const uint8_t *p, size_t n) {
@@ -973,9 +971,7 @@ static int write_request(Appender *self, const Batch *batches, Py_ssize_t n, con
     return 1;
 }
 
-/* Track: each transaction the request opens joins the log's open transactions (what the
- * last stable offset is read from) before the batches are published, so no reader sees
- * them as stable. 1, or 0 to fall back with the map as it was (a failed allocation). */
+/* Take out of the open transactions the ones track_opened added, of the first `n` batches. */
 static void untrack(Appender *self, const Batch *batches, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
         if (!batches[i].tracked) continue;
@@ -985,6 +981,9 @@ static void untrack(Appender *self, const Batch *batches, Py_ssize_t n) {
     }
 }
 
+/* Track: each transaction the request opens joins the log's open transactions (what the
+ * last stable offset is read from) before the batches are published, so no reader sees
+ * them as stable. 1, or 0 to fall back with the map as it was (a failed allocation). */
 static int track_opened(Appender *self, Batch *batches, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
         Batch *b = &batches[i];

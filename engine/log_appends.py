@@ -170,17 +170,7 @@ class LogAppends(LogState):
             segment = self._segments[-1]
             base = segment.next_offset
             last = base + last_delta
-            # A roll goes to the request path.
-            if roll_needed(
-                segment.size,
-                segment.first_batch_timestamp_ms,
-                size,
-                max_ts,
-                last,
-                segment.last_offset_limit,
-                self._segment_bytes_limit,
-                self._segment_ms,
-            ):
+            if self._rolls_for(segment, size, max_ts, last):  # a roll goes to the request path
                 return self.append_batches([buffer])[0]
             after: WorkingState | None = None
             now_ms = 0
@@ -274,16 +264,8 @@ class LogAppends(LogState):
             marker = TxnMarker(commit, coordinator_epoch)
             after, completed = info.apply_marker(producer_id, producer_epoch, base, now_ms, marker)
             segment = self._segments[-1]
-            if self._log_append_time or roll_needed(
-                segment.size,
-                segment.first_batch_timestamp_ms,
-                len(data),
-                now_ms,
-                base,
-                segment.last_offset_limit,
-                self._segment_bytes_limit,
-                self._segment_ms,
-            ):  # the request route rolls, and stamps LogAppendTime
+            if self._log_append_time or self._rolls_for(segment, len(data), now_ms, base):
+                # (the request route rolls, and stamps LogAppendTime)
                 batch = RecordBatch(data)
                 return self._execute(
                     [PlannedBatch(batch, base, base, now_ms, False, after, completed=completed)]
@@ -292,6 +274,19 @@ class LogAppends(LogState):
             # transaction's last step on each of its partitions: a broker writes many).
             self._write_stamped(segment, data, base, base, now_ms, after, completed)
             return _new_result(AppendResult, (base, base, -1, False))
+
+    def _rolls_for(self, segment: LogSegment, size: int, max_ts: int, last_offset: int) -> bool:
+        """Whether one batch appended now must roll the active `segment` first (roll_needed)."""
+        return roll_needed(
+            segment.size,
+            segment.first_batch_timestamp_ms,
+            size,
+            max_ts,
+            last_offset,
+            segment.last_offset_limit,
+            self._segment_bytes_limit,
+            self._segment_ms,
+        )
 
     def _write_stamped(
         self,
